@@ -1,0 +1,258 @@
+//! `TurnEvent`, the run's observable stream, with upstream's exact JSON shape
+//! (`reference/upstream-caliban.md` §6.1): internally tagged by PascalCase `type`, snake_case
+//! fields, `Duration` as `{"secs","nanos"}`, `StopCondition` externally tagged.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::model::types::{ContentBlock, Message, StopReason, Usage};
+
+/// Upstream caps `ToolCallEnd.result_text` at this many characters (head kept).
+pub const STREAM_RESULT_TEXT_CAP: usize = 8 * 1024;
+
+/// Why a run ended (upstream `StopCondition`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum StopCondition {
+    EndOfTurn,
+    Cancelled,
+    MaxTokensExhausted,
+    MaxTurnsReached(u32),
+    ProviderError(String),
+    Refusal(String),
+    ContentFilter(String),
+    StreamIdle(Duration),
+}
+
+impl StopCondition {
+    pub fn to_json(&self) -> Value {
+        match self {
+            StopCondition::EndOfTurn => json!("EndOfTurn"),
+            StopCondition::Cancelled => json!("Cancelled"),
+            StopCondition::MaxTokensExhausted => json!("MaxTokensExhausted"),
+            StopCondition::MaxTurnsReached(n) => json!({"MaxTurnsReached": n}),
+            StopCondition::ProviderError(e) => json!({"ProviderError": e}),
+            StopCondition::Refusal(e) => json!({"Refusal": e}),
+            StopCondition::ContentFilter(e) => json!({"ContentFilter": e}),
+            StopCondition::StreamIdle(d) => json!({"StreamIdle": duration_json(*d)}),
+        }
+    }
+
+    /// Upstream's `is_failure`: everything but a normal end, max turns and cancel.
+    pub fn is_failure(&self) -> bool {
+        !matches!(
+            self,
+            StopCondition::EndOfTurn | StopCondition::MaxTurnsReached(_) | StopCondition::Cancelled
+        )
+    }
+}
+
+pub fn duration_json(d: Duration) -> Value {
+    json!({"secs": d.as_secs(), "nanos": d.subsec_nanos()})
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnEvent {
+    TurnStart {
+        turn_index: u32,
+        message_id: String,
+        model: String,
+    },
+    AssistantTextDelta {
+        turn_index: u32,
+        content_block_index: u32,
+        text: String,
+    },
+    AssistantThinkingDelta {
+        turn_index: u32,
+        content_block_index: u32,
+        text: String,
+    },
+    ToolCallStart {
+        turn_index: u32,
+        tool_use_id: String,
+        name: String,
+    },
+    ToolCallInputDelta {
+        turn_index: u32,
+        tool_use_id: String,
+        partial_json: String,
+    },
+    ToolCallEnd {
+        turn_index: u32,
+        tool_use_id: String,
+        is_error: bool,
+        content: Vec<ContentBlock>,
+        result_text: String,
+        truncated: bool,
+    },
+    TurnEnd {
+        turn_index: u32,
+        assistant_message: Message,
+        tool_results: Vec<Message>,
+        stop_reason: StopReason,
+        usage: Usage,
+        ttft: Option<Duration>,
+        tbt: Option<Duration>,
+    },
+    RunEnd {
+        final_messages: Vec<Message>,
+        total_usage: Usage,
+        turn_count: u32,
+        stopped_for: StopCondition,
+        turns_without_edit: u32,
+        no_edit_nudge_emitted: bool,
+    },
+}
+
+impl TurnEvent {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            TurnEvent::TurnStart { .. } => "TurnStart",
+            TurnEvent::AssistantTextDelta { .. } => "AssistantTextDelta",
+            TurnEvent::AssistantThinkingDelta { .. } => "AssistantThinkingDelta",
+            TurnEvent::ToolCallStart { .. } => "ToolCallStart",
+            TurnEvent::ToolCallInputDelta { .. } => "ToolCallInputDelta",
+            TurnEvent::ToolCallEnd { .. } => "ToolCallEnd",
+            TurnEvent::TurnEnd { .. } => "TurnEnd",
+            TurnEvent::RunEnd { .. } => "RunEnd",
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let ty = self.type_name();
+        match self {
+            TurnEvent::TurnStart {
+                turn_index,
+                message_id,
+                model,
+            } => json!({"type": ty, "turn_index": turn_index, "message_id": message_id, "model": model}),
+            TurnEvent::AssistantTextDelta {
+                turn_index,
+                content_block_index,
+                text,
+            }
+            | TurnEvent::AssistantThinkingDelta {
+                turn_index,
+                content_block_index,
+                text,
+            } => json!({"type": ty, "turn_index": turn_index,
+                        "content_block_index": content_block_index, "text": text}),
+            TurnEvent::ToolCallStart {
+                turn_index,
+                tool_use_id,
+                name,
+            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id, "name": name}),
+            TurnEvent::ToolCallInputDelta {
+                turn_index,
+                tool_use_id,
+                partial_json,
+            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
+                        "partial_json": partial_json}),
+            TurnEvent::ToolCallEnd {
+                turn_index,
+                tool_use_id,
+                is_error,
+                content,
+                result_text,
+                truncated,
+            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
+                        "is_error": is_error,
+                        "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
+                        "result_text": result_text, "truncated": truncated}),
+            TurnEvent::TurnEnd {
+                turn_index,
+                assistant_message,
+                tool_results,
+                stop_reason,
+                usage,
+                ttft,
+                tbt,
+            } => json!({"type": ty, "turn_index": turn_index,
+                        "assistant_message": assistant_message.to_json(),
+                        "tool_results": tool_results.iter().map(Message::to_json).collect::<Vec<_>>(),
+                        "stop_reason": stop_reason.as_str(), "usage": usage.to_json(),
+                        "ttft": ttft.map(duration_json), "tbt": tbt.map(duration_json)}),
+            TurnEvent::RunEnd {
+                final_messages,
+                total_usage,
+                turn_count,
+                stopped_for,
+                turns_without_edit,
+                no_edit_nudge_emitted,
+            } => json!({"type": ty,
+                        "final_messages": final_messages.iter().map(Message::to_json).collect::<Vec<_>>(),
+                        "total_usage": total_usage.to_json(), "turn_count": turn_count,
+                        "stopped_for": stopped_for.to_json(),
+                        "turns_without_edit": turns_without_edit,
+                        "no_edit_nudge_emitted": no_edit_nudge_emitted}),
+        }
+    }
+}
+
+/// Flattens a tool result to upstream's `result_text`: text blocks joined by `\n`, head-capped
+/// at `STREAM_RESULT_TEXT_CAP` characters. Returns the text and whether it was cut.
+pub fn result_text(content: &[ContentBlock]) -> (String, bool) {
+    let joined = content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    match joined.char_indices().nth(STREAM_RESULT_TEXT_CAP) {
+        Some((cut, _)) => (joined[..cut].to_owned(), true),
+        None => (joined, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_fixtures() {
+        let end = TurnEvent::ToolCallEnd {
+            turn_index: 0,
+            tool_use_id: "toolu_01".into(),
+            is_error: false,
+            content: vec![ContentBlock::text("ok")],
+            result_text: "ok".into(),
+            truncated: false,
+        };
+        assert_eq!(
+            end.to_json().to_string(),
+            r#"{"content":[{"text":"ok","type":"text"}],"is_error":false,"result_text":"ok","tool_use_id":"toolu_01","truncated":false,"turn_index":0,"type":"ToolCallEnd"}"#
+        );
+        let run_end = TurnEvent::RunEnd {
+            final_messages: vec![],
+            total_usage: Usage::default(),
+            turn_count: 1,
+            stopped_for: StopCondition::EndOfTurn,
+            turns_without_edit: 0,
+            no_edit_nudge_emitted: false,
+        };
+        let v = run_end.to_json();
+        assert_eq!(v["stopped_for"], json!("EndOfTurn"));
+        assert_eq!(v["total_usage"], json!({"input_tokens":0,"output_tokens":0}));
+        assert_eq!(
+            StopCondition::MaxTurnsReached(50).to_json(),
+            json!({"MaxTurnsReached": 50})
+        );
+        assert_eq!(
+            StopCondition::StreamIdle(Duration::from_millis(1500)).to_json(),
+            json!({"StreamIdle": {"secs": 1, "nanos": 500_000_000}})
+        );
+    }
+
+    #[test]
+    fn result_text_caps_by_chars() {
+        let long = "é".repeat(STREAM_RESULT_TEXT_CAP + 5);
+        let (text, truncated) = result_text(&[ContentBlock::text(long)]);
+        assert!(truncated);
+        assert_eq!(text.chars().count(), STREAM_RESULT_TEXT_CAP);
+        let (text, truncated) = result_text(&[ContentBlock::text("a"), ContentBlock::text("b")]);
+        assert_eq!((text.as_str(), truncated), ("a\nb", false));
+    }
+}

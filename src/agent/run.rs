@@ -1,0 +1,654 @@
+//! One agent run as a state machine: it turns model events, tool results and permission
+//! answers into `TurnEvent`s and into requests for work (`Effect`s) that the engine performs.
+//! It never touches a socket, a process or a clock it was not handed.
+//!
+//! LIFECYCLE (`Phase`): `Idle` → `Model` (one streamed model turn) → `Tools` (permission
+//! checks and tool execution for that turn) → `Model` … until the model stops asking for
+//! tools; then `Idle` again for an interactive run waiting for input, or `Done` after
+//! `RunEnd`, which is always the last event.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::agent::event::{StopCondition, TurnEvent, result_text};
+use crate::model::types::{
+    ContentBlock, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
+};
+use crate::permissions::{Action, Policy};
+use crate::tools::ToolOutput;
+
+/// Where the model's `tool_use` inputs stop being trusted: larger inputs are refused.
+pub const MAX_TOOL_INPUT_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub model: String,
+    pub max_tokens: u32,
+    pub max_turns: u32,
+    pub system: String,
+    pub tools: Vec<ToolSpec>,
+    /// Interactive runs stop at each turn boundary and wait for `send_input`.
+    pub interactive: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+}
+
+/// Work the run asks its engine to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    Emit(TurnEvent),
+    /// Start (or retry) a streamed model request built from `Run::model_request`.
+    RequestModel,
+    /// Execute an allowed tool call; answer with `on_tool_done`.
+    RunTool(ToolCall),
+    /// An Ask rule matched: someone must answer with `on_permission`.
+    Ask(ToolCall),
+    /// Stop the model stream and kill running tools (the run was cancelled).
+    AbortWork,
+    /// The turn ended and an interactive run now waits for input.
+    AwaitInput,
+    /// `RunEnd` was emitted; nothing more will happen.
+    Finished(StopCondition),
+}
+
+#[derive(Debug, Default)]
+struct BlockAcc {
+    kind: BlockKind,
+    text: String,
+    signature: Option<String>,
+    tool_id: String,
+    tool_name: String,
+}
+
+#[derive(Debug, Default, PartialEq)]
+enum BlockKind {
+    #[default]
+    Text,
+    Thinking,
+    ToolUse,
+}
+
+#[derive(Debug)]
+struct TurnAcc {
+    message_id: String,
+    model: String,
+    /// `TurnStart` is held back until the first content arrives, so a request that fails
+    /// before producing anything can be retried without a duplicate `TurnStart`.
+    announced: bool,
+    blocks: BTreeMap<u32, BlockAcc>,
+    usage: Usage,
+    stop: Option<StopReason>,
+    requested_at: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    gaps: Duration,
+    n_gaps: u32,
+}
+
+#[derive(Debug)]
+struct ToolsPhase {
+    assistant: Message,
+    stop_reason: StopReason,
+    usage: Usage,
+    ttft: Option<Duration>,
+    tbt: Option<Duration>,
+    calls: Vec<ToolCall>,
+    results: Vec<Option<ToolOutput>>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Idle,
+    Model(TurnAcc),
+    Tools(ToolsPhase),
+    Done,
+}
+
+pub struct Run {
+    config: RunConfig,
+    policy: Policy,
+    messages: Vec<Message>,
+    phase: Phase,
+    turn_index: u32,
+    turn_count: u32,
+    total_usage: Usage,
+    turns_without_edit: u32,
+    /// Tool calls that were allowed and began executing; used by the engine on cancel.
+    running: Vec<String>,
+}
+
+impl Run {
+    pub fn new(config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+        Run {
+            config,
+            policy,
+            messages: history,
+            phase: Phase::Idle,
+            turn_index: 0,
+            turn_count: 0,
+            total_usage: Usage::default(),
+            turns_without_edit: 0,
+            running: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &RunConfig {
+        &self.config
+    }
+
+    pub fn policy_mut(&mut self) -> &mut Policy {
+        &mut self.policy
+    }
+
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    pub fn total_usage(&self) -> Usage {
+        self.total_usage
+    }
+
+    pub fn turn_count(&self) -> u32 {
+        self.turn_count
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    pub fn is_idle(&self) -> bool {
+        matches!(self.phase, Phase::Idle)
+    }
+
+    /// The request for the turn in flight.
+    pub fn model_request(&self) -> ModelRequest<'_> {
+        ModelRequest {
+            model: &self.config.model,
+            max_tokens: self.config.max_tokens,
+            system: &self.config.system,
+            messages: &self.messages,
+            tools: &self.config.tools,
+        }
+    }
+
+    /// Delivers a user message: the first prompt, or follow-up input at a turn boundary.
+    pub fn send_user(&mut self, content: Vec<ContentBlock>, now: Instant) -> Vec<Effect> {
+        if !self.is_idle() {
+            return Vec::new();
+        }
+        self.messages.push(Message {
+            role: Role::User,
+            content,
+        });
+        self.begin_turn(now)
+    }
+
+    fn begin_turn(&mut self, now: Instant) -> Vec<Effect> {
+        self.phase = Phase::Model(TurnAcc {
+            message_id: String::new(),
+            model: self.config.model.clone(),
+            announced: false,
+            blocks: BTreeMap::new(),
+            usage: Usage::default(),
+            stop: None,
+            requested_at: now,
+            first_token: None,
+            last_token: None,
+            gaps: Duration::ZERO,
+            n_gaps: 0,
+        });
+        vec![Effect::RequestModel]
+    }
+
+    /// True while nothing of the current model turn has been shown, so a failed request may
+    /// be re-sent without the client seeing anything twice.
+    pub fn can_retry_turn(&self) -> bool {
+        matches!(&self.phase, Phase::Model(acc) if !acc.announced)
+    }
+
+    /// Forgets a failed attempt's partial state before a retry.
+    pub fn reset_turn_for_retry(&mut self, now: Instant) {
+        if let Phase::Model(acc) = &mut self.phase {
+            acc.blocks.clear();
+            acc.usage = Usage::default();
+            acc.stop = None;
+            acc.requested_at = now;
+        }
+    }
+
+    pub fn on_model_event(&mut self, event: ModelEvent, now: Instant) -> Vec<Effect> {
+        let turn_index = self.turn_index;
+        let Phase::Model(acc) = &mut self.phase else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let content = |acc: &mut TurnAcc, out: &mut Vec<Effect>| {
+            if !acc.announced {
+                acc.announced = true;
+                out.push(Effect::Emit(TurnEvent::TurnStart {
+                    turn_index,
+                    message_id: acc.message_id.clone(),
+                    model: acc.model.clone(),
+                }));
+            }
+            if let Some(last) = acc.last_token {
+                acc.gaps += now.saturating_duration_since(last);
+                acc.n_gaps += 1;
+            } else {
+                acc.first_token = Some(now);
+            }
+            acc.last_token = Some(now);
+        };
+        match event {
+            ModelEvent::Start { message_id, model } => {
+                if !message_id.is_empty() {
+                    acc.message_id = message_id;
+                }
+                if !model.is_empty() {
+                    acc.model = model;
+                }
+            }
+            ModelEvent::TextDelta { index, text } => {
+                if text.is_empty() {
+                    return out;
+                }
+                content(acc, &mut out);
+                acc.blocks.entry(index).or_default().text.push_str(&text);
+                out.push(Effect::Emit(TurnEvent::AssistantTextDelta {
+                    turn_index,
+                    content_block_index: index,
+                    text,
+                }));
+            }
+            ModelEvent::ThinkingDelta { index, text } => {
+                content(acc, &mut out);
+                let block = acc.blocks.entry(index).or_default();
+                block.kind = BlockKind::Thinking;
+                block.text.push_str(&text);
+                out.push(Effect::Emit(TurnEvent::AssistantThinkingDelta {
+                    turn_index,
+                    content_block_index: index,
+                    text,
+                }));
+            }
+            ModelEvent::ThinkingSignature { index, signature } => {
+                let block = acc.blocks.entry(index).or_default();
+                block.kind = BlockKind::Thinking;
+                block.signature = Some(signature);
+            }
+            ModelEvent::ToolCallStart { index, id, name } => {
+                content(acc, &mut out);
+                let block = acc.blocks.entry(index).or_default();
+                block.kind = BlockKind::ToolUse;
+                block.tool_id = id.clone();
+                block.tool_name = name.clone();
+                out.push(Effect::Emit(TurnEvent::ToolCallStart {
+                    turn_index,
+                    tool_use_id: id,
+                    name,
+                }));
+            }
+            ModelEvent::ToolCallInputDelta {
+                index,
+                partial_json,
+            } => {
+                if partial_json.is_empty() {
+                    return out;
+                }
+                let Some(block) = acc.blocks.get_mut(&index) else {
+                    return out;
+                };
+                if block.kind != BlockKind::ToolUse {
+                    return out;
+                }
+                content(acc, &mut out);
+                let Some(block) = acc.blocks.get_mut(&index) else {
+                    return out;
+                };
+                if block.text.len() + partial_json.len() <= MAX_TOOL_INPUT_BYTES {
+                    block.text.push_str(&partial_json);
+                }
+                out.push(Effect::Emit(TurnEvent::ToolCallInputDelta {
+                    turn_index,
+                    tool_use_id: block.tool_id.clone(),
+                    partial_json,
+                }));
+            }
+            ModelEvent::Usage(usage) => acc.usage = usage,
+            ModelEvent::Stop(reason) => acc.stop = Some(reason),
+            ModelEvent::Done | ModelEvent::Error { .. } => {}
+        }
+        out
+    }
+
+    /// The model stream ended normally: close the turn and decide what happens next.
+    pub fn on_model_complete(&mut self, now: Instant) -> Vec<Effect> {
+        let turn_index = self.turn_index;
+        let Phase::Model(mut acc) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if !acc.announced {
+            acc.announced = true;
+            out.push(Effect::Emit(TurnEvent::TurnStart {
+                turn_index,
+                message_id: acc.message_id.clone(),
+                model: acc.model.clone(),
+            }));
+        }
+        let mut content = Vec::new();
+        let mut calls = Vec::new();
+        let mut bad_inputs = Vec::new();
+        for block in std::mem::take(&mut acc.blocks).into_values() {
+            match block.kind {
+                BlockKind::Text if !block.text.is_empty() => {
+                    content.push(ContentBlock::Text { text: block.text })
+                }
+                BlockKind::Text => {}
+                BlockKind::Thinking => content.push(ContentBlock::Thinking {
+                    thinking: block.text,
+                    signature: block.signature,
+                }),
+                BlockKind::ToolUse => {
+                    let (input, error) = parse_tool_input(&block.text);
+                    content.push(ContentBlock::ToolUse {
+                        id: block.tool_id.clone(),
+                        name: block.tool_name.clone(),
+                        input: input.clone(),
+                    });
+                    if let Some(error) = error {
+                        bad_inputs.push((block.tool_id.clone(), error));
+                    }
+                    calls.push(ToolCall {
+                        id: block.tool_id,
+                        name: block.tool_name,
+                        input,
+                    });
+                }
+            }
+        }
+        let stop_reason = match acc.stop {
+            // Tool calls are authoritative over a provider that said `stop` (models.md §2.2).
+            Some(StopReason::EndTurn) | None if !calls.is_empty() => StopReason::ToolUse,
+            Some(reason) => reason,
+            None => StopReason::EndTurn,
+        };
+        let ttft = acc
+            .first_token
+            .map(|t| t.saturating_duration_since(acc.requested_at));
+        let tbt = (acc.n_gaps > 0).then(|| acc.gaps / acc.n_gaps);
+        self.total_usage.add(&acc.usage);
+        self.turn_count += 1;
+        let assistant = Message {
+            role: Role::Assistant,
+            content,
+        };
+        self.messages.push(assistant.clone());
+        let _ = now;
+
+        if calls.is_empty() {
+            out.push(Effect::Emit(TurnEvent::TurnEnd {
+                turn_index,
+                assistant_message: assistant,
+                tool_results: Vec::new(),
+                stop_reason,
+                usage: acc.usage,
+                ttft,
+                tbt,
+            }));
+            self.turn_index += 1;
+            self.turns_without_edit += 1;
+            let condition = match stop_reason {
+                StopReason::MaxTokens => StopCondition::MaxTokensExhausted,
+                StopReason::Refusal => StopCondition::Refusal("the model refused".to_owned()),
+                StopReason::ContentFilter => {
+                    StopCondition::ContentFilter("the provider's content filter stopped the turn".to_owned())
+                }
+                _ => StopCondition::EndOfTurn,
+            };
+            if self.config.interactive && condition == StopCondition::EndOfTurn {
+                out.push(Effect::AwaitInput);
+            } else {
+                out.extend(self.finish(condition));
+            }
+            return out;
+        }
+
+        let mut tools = ToolsPhase {
+            assistant,
+            stop_reason,
+            usage: acc.usage,
+            ttft,
+            tbt,
+            results: vec![None; calls.len()],
+            calls: calls.clone(),
+        };
+        let mut asks = Vec::new();
+        for (slot, call) in calls.into_iter().enumerate() {
+            if let Some((_, error)) = bad_inputs.iter().find(|(id, _)| *id == call.id) {
+                tools.results[slot] = Some(ToolOutput::error(error.clone()));
+                continue;
+            }
+            if !self.config.tools.iter().any(|t| t.name == call.name) {
+                tools.results[slot] = Some(ToolOutput::error(format!(
+                    "unknown tool '{}'; available tools: {}",
+                    call.name,
+                    self.config
+                        .tools
+                        .iter()
+                        .map(|t| t.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+                continue;
+            }
+            let decision = self.policy.decide(&call.name, &call.input);
+            match decision.action {
+                Action::Allow => {
+                    self.running.push(call.id.clone());
+                    out.push(Effect::RunTool(call));
+                }
+                Action::Deny => tools.results[slot] = Some(ToolOutput::error(decision.reason)),
+                Action::Ask => asks.push(call),
+            }
+        }
+        out.extend(asks.into_iter().map(Effect::Ask));
+        self.phase = Phase::Tools(tools);
+        // Denied calls are answered at once; emit their ToolCallEnds now.
+        let decided: Vec<(String, ToolOutput)> = match &self.phase {
+            Phase::Tools(t) => t
+                .calls
+                .iter()
+                .zip(&t.results)
+                .filter_map(|(c, r)| r.clone().map(|r| (c.id.clone(), r)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (id, result) in decided {
+            out.push(Effect::Emit(tool_call_end(turn_index, &id, &result)));
+        }
+        out.extend(self.maybe_close_tools(now));
+        out
+    }
+
+    /// A permission answer for an `Ask`. Denials become error results the model can read.
+    pub fn on_permission(&mut self, tool_use_id: &str, allow: bool, denial: &str) -> Vec<Effect> {
+        let turn_index = self.turn_index;
+        let Phase::Tools(tools) = &mut self.phase else {
+            return Vec::new();
+        };
+        let Some(slot) = tools.calls.iter().position(|c| c.id == tool_use_id) else {
+            return Vec::new();
+        };
+        if tools.results[slot].is_some() {
+            return Vec::new();
+        }
+        if allow {
+            self.running.push(tool_use_id.to_owned());
+            return vec![Effect::RunTool(tools.calls[slot].clone())];
+        }
+        let result = ToolOutput::error(denial);
+        tools.results[slot] = Some(result.clone());
+        let mut out = vec![Effect::Emit(tool_call_end(turn_index, tool_use_id, &result))];
+        out.extend(self.maybe_close_tools(Instant::now()));
+        out
+    }
+
+    pub fn on_tool_done(&mut self, tool_use_id: &str, output: ToolOutput, now: Instant) -> Vec<Effect> {
+        let turn_index = self.turn_index;
+        let Phase::Tools(tools) = &mut self.phase else {
+            return Vec::new();
+        };
+        let Some(slot) = tools.calls.iter().position(|c| c.id == tool_use_id) else {
+            return Vec::new();
+        };
+        if tools.results[slot].is_some() {
+            return Vec::new();
+        }
+        self.running.retain(|id| id != tool_use_id);
+        if !output.is_error && matches!(tools.calls[slot].name.as_str(), "Write" | "Edit") {
+            self.turns_without_edit = 0;
+        }
+        tools.results[slot] = Some(output.clone());
+        let mut out = vec![Effect::Emit(tool_call_end(turn_index, tool_use_id, &output))];
+        out.extend(self.maybe_close_tools(now));
+        out
+    }
+
+    fn maybe_close_tools(&mut self, now: Instant) -> Vec<Effect> {
+        let Phase::Tools(tools) = &self.phase else {
+            return Vec::new();
+        };
+        if tools.results.iter().any(Option::is_none) {
+            return Vec::new();
+        }
+        let Phase::Tools(tools) = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return Vec::new();
+        };
+        let blocks = tools
+            .calls
+            .iter()
+            .zip(tools.results)
+            .map(|(call, result)| {
+                let result = result.unwrap_or_else(|| ToolOutput::error("no result"));
+                ContentBlock::ToolResult {
+                    tool_use_id: call.id.clone(),
+                    content: vec![ContentBlock::text(result.text)],
+                    is_error: result.is_error,
+                }
+            })
+            .collect();
+        let results = Message {
+            role: Role::User,
+            content: blocks,
+        };
+        self.messages.push(results.clone());
+        let mut out = vec![Effect::Emit(TurnEvent::TurnEnd {
+            turn_index: self.turn_index,
+            assistant_message: tools.assistant,
+            tool_results: vec![results],
+            stop_reason: tools.stop_reason,
+            usage: tools.usage,
+            ttft: tools.ttft,
+            tbt: tools.tbt,
+        })];
+        self.turn_index += 1;
+        if !self.running.is_empty() {
+            self.running.clear();
+        }
+        if self.turn_count >= self.config.max_turns {
+            out.extend(self.finish(StopCondition::MaxTurnsReached(self.config.max_turns)));
+            return out;
+        }
+        out.extend(self.begin_turn(now));
+        out
+    }
+
+    /// The model request failed for good (retries exhausted, or output already shown).
+    pub fn on_model_failed(&mut self, condition: StopCondition) -> Vec<Effect> {
+        if self.is_done() {
+            return Vec::new();
+        }
+        self.finish(condition)
+    }
+
+    /// Cancels whatever is in flight and ends the run.
+    pub fn cancel(&mut self) -> Vec<Effect> {
+        if self.is_done() {
+            return Vec::new();
+        }
+        let mut out = vec![Effect::AbortWork];
+        out.extend(self.finish(StopCondition::Cancelled));
+        out
+    }
+
+    /// Ends an interactive run on end-of-input.
+    pub fn end_input(&mut self) -> Vec<Effect> {
+        if !self.is_idle() {
+            return Vec::new();
+        }
+        self.finish(StopCondition::EndOfTurn)
+    }
+
+    fn finish(&mut self, condition: StopCondition) -> Vec<Effect> {
+        self.phase = Phase::Done;
+        self.running.clear();
+        vec![
+            Effect::Emit(TurnEvent::RunEnd {
+                final_messages: self.messages.clone(),
+                total_usage: self.total_usage,
+                turn_count: self.turn_count,
+                stopped_for: condition.clone(),
+                turns_without_edit: self.turns_without_edit,
+                no_edit_nudge_emitted: false,
+            }),
+            Effect::Finished(condition),
+        ]
+    }
+}
+
+fn tool_call_end(turn_index: u32, tool_use_id: &str, output: &ToolOutput) -> TurnEvent {
+    let content = vec![ContentBlock::text(output.text.clone())];
+    let (text, truncated) = result_text(&content);
+    TurnEvent::ToolCallEnd {
+        turn_index,
+        tool_use_id: tool_use_id.to_owned(),
+        is_error: output.is_error,
+        content,
+        result_text: text,
+        truncated,
+    }
+}
+
+/// Streamed tool input is only JSON once complete; an empty stream means `{}`. Input that
+/// does not parse (a truncated stream, a confused local model) becomes a tool error rather
+/// than a crash or a call with made-up arguments.
+fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
+    if raw.trim().is_empty() {
+        return (Value::Object(Default::default()), None);
+    }
+    if raw.len() > MAX_TOOL_INPUT_BYTES {
+        return (
+            Value::Object(Default::default()),
+            Some(format!("tool input exceeds {MAX_TOOL_INPUT_BYTES} bytes")),
+        );
+    }
+    match serde_json::from_str::<Value>(raw) {
+        Ok(value @ Value::Object(_)) => (value, None),
+        Ok(_) => (
+            Value::Object(Default::default()),
+            Some("tool input must be a JSON object".to_owned()),
+        ),
+        Err(err) => (
+            Value::Object(Default::default()),
+            Some(format!("tool input is not valid JSON ({err}); the call was not executed")),
+        ),
+    }
+}

@@ -1,0 +1,374 @@
+//! The command line: one flag table (`FLAGS`) drives parsing, `--help` and the man page, so
+//! the three cannot drift apart. Parsing yields `Command` with validated values only; it
+//! makes no syscalls beyond reading argv.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use lexopt::prelude::*;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const GIT_HASH: &str = env!("CALIBAN_GIT_HASH");
+
+/// One documented flag. `value` is the metavariable for flags that take one.
+pub struct Flag {
+    pub long: &'static str,
+    pub short: Option<char>,
+    pub value: Option<&'static str>,
+    pub help: &'static str,
+    /// Which command accepts it: "" for the main (print) command, else the subcommand name.
+    pub scope: &'static str,
+}
+
+const fn flag(
+    long: &'static str,
+    short: Option<char>,
+    value: Option<&'static str>,
+    help: &'static str,
+    scope: &'static str,
+) -> Flag {
+    Flag {
+        long,
+        short,
+        value,
+        help,
+        scope,
+    }
+}
+
+pub const FLAGS: &[Flag] = &[
+    flag("print", Some('p'), None, "Run headless: answer PROMPT (or stdin) and exit. Also implied when a PROMPT is given.", ""),
+    flag("output-format", None, Some("FORMAT"), "text (default: the final answer), json (one result object) or stream-json (one JSON frame per line).", ""),
+    flag("input-format", None, Some("FORMAT"), "text (default) or stream-json: user messages as JSON lines on stdin, each answered in turn.", ""),
+    flag("include-partial-messages", None, None, "With stream-json output, stream text and thinking deltas as they arrive.", ""),
+    flag("provider", None, Some("NAME"), "anthropic or openai (any OpenAI-compatible server). Default: from settings, else whichever API key or base URL is set.", ""),
+    flag("model", None, Some("NAME"), "Model name (default claude-sonnet-4-6 for anthropic, gpt-5.5 for openai).", ""),
+    flag("max-tokens", None, Some("N"), "Output token limit per model turn (default 8192).", ""),
+    flag("max-turns", None, Some("N"), "Stop after N model turns (default 50); exit code 75.", ""),
+    flag("system-prompt", None, Some("TEXT"), "Replace the built-in system prompt.", ""),
+    flag("cwd", Some('C'), Some("DIR"), "Workspace root for tools and project settings (default: the current directory).", ""),
+    flag("allow", None, Some("PATTERN"), "Allow tool calls matching PATTERN, e.g. 'Bash(cargo test:*)' or 'Bash:git *'. Repeatable.", ""),
+    flag("ask", None, Some("PATTERN"), "Ask before tool calls matching PATTERN (denied in print mode). Repeatable.", ""),
+    flag("deny", None, Some("PATTERN"), "Deny tool calls matching PATTERN. Repeatable; deny rules are checked before allow rules.", ""),
+    flag("permission-mode", None, Some("MODE"), "default, acceptEdits, plan, dontAsk or bypassPermissions.", ""),
+    flag("max-retries", None, Some("N"), "Retries of a model request that failed before any output (default 4).", ""),
+    flag("first-byte-timeout", None, Some("SECS"), "Give up on a model request with no response byte after SECS (default 300).", ""),
+    flag("idle-timeout", None, Some("SECS"), "Fail a model stream silent for SECS once it started (default 90).", ""),
+    flag("verbose", Some('v'), None, "Log more to stderr (repeat for debug).", ""),
+    flag("version", Some('V'), None, "Print the version and git hash.", ""),
+    flag("help", Some('h'), None, "Print help.", ""),
+    flag("generate", None, Some("man"), "Print the man page (roff) to stdout.", ""),
+    flag("script", None, Some("FILE"), "JSON script of turns to serve (see README, \"stub-model\").", "stub-model"),
+    flag("addr", None, Some("ADDR"), "Loopback address to listen on (default 127.0.0.1:0, a free port).", "stub-model"),
+];
+
+pub const SUBCOMMANDS: &[(&str, &str)] = &[(
+    "stub-model",
+    "Serve scripted Anthropic and OpenAI streams on loopback, for offline tests, demos and benchmarks.",
+)];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    Text,
+    Json,
+    StreamJson,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputFormat {
+    Text,
+    StreamJson,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrintArgs {
+    pub prompt: Option<String>,
+    pub output_format: OutputFormat,
+    pub input_format: InputFormat,
+    pub include_partial_messages: bool,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub max_turns: Option<u32>,
+    pub system_prompt: Option<String>,
+    pub cwd: Option<PathBuf>,
+    pub allow: Vec<String>,
+    pub ask: Vec<String>,
+    pub deny: Vec<String>,
+    pub permission_mode: Option<String>,
+    pub max_retries: Option<u32>,
+    pub first_byte_timeout: Option<f64>,
+    pub idle_timeout: Option<f64>,
+    pub verbose: u8,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    Print(Box<PrintArgs>),
+    StubModel { script: PathBuf, addr: String },
+    Help,
+    Version,
+    GenerateMan,
+}
+
+/// Parses argv (without the program name).
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt::Error> {
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut print = PrintArgs {
+        prompt: None,
+        output_format: OutputFormat::Text,
+        input_format: InputFormat::Text,
+        include_partial_messages: false,
+        provider: None,
+        model: None,
+        max_tokens: None,
+        max_turns: None,
+        system_prompt: None,
+        cwd: None,
+        allow: Vec::new(),
+        ask: Vec::new(),
+        deny: Vec::new(),
+        permission_mode: None,
+        max_retries: None,
+        first_byte_timeout: None,
+        idle_timeout: None,
+        verbose: 0,
+    };
+    let mut positional: Vec<String> = Vec::new();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('p') | Long("print") => {}
+            Long("output-format") => {
+                print.output_format = match parser.value()?.string()?.as_str() {
+                    "text" => OutputFormat::Text,
+                    "json" => OutputFormat::Json,
+                    "stream-json" => OutputFormat::StreamJson,
+                    other => return Err(bad_value("--output-format", other, "text, json, stream-json")),
+                }
+            }
+            Long("input-format") => {
+                print.input_format = match parser.value()?.string()?.as_str() {
+                    "text" => InputFormat::Text,
+                    "stream-json" => InputFormat::StreamJson,
+                    other => return Err(bad_value("--input-format", other, "text, stream-json")),
+                }
+            }
+            Long("include-partial-messages") => print.include_partial_messages = true,
+            Long("provider") => print.provider = Some(parser.value()?.string()?),
+            Long("model") => print.model = Some(parser.value()?.string()?),
+            Long("max-tokens") => print.max_tokens = Some(parser.value()?.parse()?),
+            Long("max-turns") => {
+                let n: u32 = parser.value()?.parse()?;
+                if n == 0 {
+                    return Err(bad_value("--max-turns", "0", "a positive number"));
+                }
+                print.max_turns = Some(n);
+            }
+            Long("system-prompt") => print.system_prompt = Some(parser.value()?.string()?),
+            Short('C') | Long("cwd") => print.cwd = Some(parser.value()?.into()),
+            Long("allow") => print.allow.push(parser.value()?.string()?),
+            Long("ask") => print.ask.push(parser.value()?.string()?),
+            Long("deny") => print.deny.push(parser.value()?.string()?),
+            Long("permission-mode") => print.permission_mode = Some(parser.value()?.string()?),
+            Long("max-retries") => print.max_retries = Some(parser.value()?.parse()?),
+            Long("first-byte-timeout") => print.first_byte_timeout = Some(seconds(&mut parser, "--first-byte-timeout")?),
+            Long("idle-timeout") => print.idle_timeout = Some(seconds(&mut parser, "--idle-timeout")?),
+            Short('v') | Long("verbose") => print.verbose = print.verbose.saturating_add(1),
+            Short('V') | Long("version") => return Ok(Command::Version),
+            Short('h') | Long("help") => return Ok(Command::Help),
+            Long("generate") => {
+                let what = parser.value()?.string()?;
+                if what != "man" {
+                    return Err(bad_value("--generate", &what, "man"));
+                }
+                return Ok(Command::GenerateMan);
+            }
+            Value(v) if positional.is_empty() && v == "stub-model" && print.prompt.is_none() => {
+                return parse_stub_model(&mut parser);
+            }
+            Value(v) => positional.push(v.string()?),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    if !positional.is_empty() {
+        print.prompt = Some(positional.join(" "));
+    }
+    Ok(Command::Print(Box::new(print)))
+}
+
+fn parse_stub_model(parser: &mut lexopt::Parser) -> Result<Command, lexopt::Error> {
+    let mut script = None;
+    let mut addr = "127.0.0.1:0".to_owned();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("script") => script = Some(PathBuf::from(parser.value()?)),
+            Long("addr") => addr = parser.value()?.string()?,
+            Short('h') | Long("help") => return Ok(Command::Help),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    let script = script.ok_or_else(|| lexopt::Error::from("stub-model needs --script FILE"))?;
+    Ok(Command::StubModel { script, addr })
+}
+
+fn seconds(parser: &mut lexopt::Parser, name: &str) -> Result<f64, lexopt::Error> {
+    let raw = parser.value()?.string()?;
+    match raw.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(s),
+        _ => Err(bad_value(name, &raw, "seconds, greater than 0")),
+    }
+}
+
+fn bad_value(flag: &str, got: &str, expected: &str) -> lexopt::Error {
+    lexopt::Error::from(format!("invalid value `{got}` for {flag}: expected {expected}"))
+}
+
+fn flag_label(f: &Flag) -> String {
+    let mut label = match f.short {
+        Some(c) => format!("-{c}, --{}", f.long),
+        None => format!("    --{}", f.long),
+    };
+    if let Some(v) = f.value {
+        label.push(' ');
+        label.push_str(v);
+    }
+    label
+}
+
+pub fn help_text() -> String {
+    let mut out = format!(
+        "caliban {VERSION}\nA coding agent that other programs drive.\n\n\
+USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
+Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
+    );
+    for f in FLAGS.iter().filter(|f| f.scope.is_empty()) {
+        out.push_str(&format!("    {:<34} {}\n", flag_label(f), f.help));
+    }
+    out.push_str("\nCOMMANDS:\n");
+    for (name, help) in SUBCOMMANDS {
+        out.push_str(&format!("    {name:<12} {help}\n"));
+        for f in FLAGS.iter().filter(|f| f.scope == *name) {
+            out.push_str(&format!("        {:<30} {}\n", flag_label(f), f.help));
+        }
+    }
+    out.push_str(
+        "\nENVIRONMENT:\n    ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL,\n    \
+HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE, XDG_CONFIG_HOME\n\n\
+EXIT CODES:\n    0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input,\n    \
+75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice\n",
+    );
+    out
+}
+
+fn roff_escape(s: &str) -> String {
+    s.replace('\\', "\\e").replace('-', "\\-").replace('\'', "\\(aq")
+}
+
+/// The man page, generated from the same table as `--help`.
+pub fn man_page() -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        ".TH CALIBAN 1 \"\" \"caliban {VERSION}\" \"User Commands\"\n\
+.SH NAME\ncaliban \\- a coding agent that other programs drive\n\
+.SH SYNOPSIS\n.B caliban\n[\\fB\\-p\\fR] [\\fIOPTIONS\\fR] [\\fIPROMPT\\fR]\n.br\n\
+.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
+.SH DESCRIPTION\ncaliban is a coding agent (model, tools and permission rules) in one static \
+binary. Print mode answers a prompt headlessly; \\fBstub\\-model\\fR serves scripted model \
+streams on loopback for offline use.\n.SH OPTIONS\n"
+    ));
+    let entry = |out: &mut String, f: &Flag| {
+        let mut label = match f.short {
+            Some(c) => format!("\\fB\\-{c}\\fR, \\fB\\-\\-{}\\fR", roff_escape(f.long)),
+            None => format!("\\fB\\-\\-{}\\fR", roff_escape(f.long)),
+        };
+        if let Some(v) = f.value {
+            label.push_str(&format!(" \\fI{}\\fR", roff_escape(v)));
+        }
+        out.push_str(&format!(".TP\n{label}\n{}\n", roff_escape(f.help)));
+    };
+    for f in FLAGS.iter().filter(|f| f.scope.is_empty()) {
+        entry(&mut out, f);
+    }
+    out.push_str(".SH COMMANDS\n");
+    for (name, help) in SUBCOMMANDS {
+        out.push_str(&format!(".SS {}\n{}\n", roff_escape(name), roff_escape(help)));
+        for f in FLAGS.iter().filter(|f| f.scope == *name) {
+            entry(&mut out, f);
+        }
+    }
+    out.push_str(
+        ".SH ENVIRONMENT\n.TP\n\\fBANTHROPIC_API_KEY\\fR, \\fBANTHROPIC_BASE_URL\\fR\nAnthropic Messages API.\n\
+.TP\n\\fBOPENAI_API_KEY\\fR, \\fBOPENAI_BASE_URL\\fR\nOpenAI or any OpenAI\\-compatible server.\n\
+.TP\n\\fBHTTPS_PROXY\\fR, \\fBNO_PROXY\\fR\nProxy for model requests (HTTP CONNECT).\n\
+.TP\n\\fBSSL_CERT_FILE\\fR\nCA bundle to trust instead of the system one.\n\
+.SH EXIT STATUS\n0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input, \
+75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice.\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn print_flags() {
+        let cmd = parse(args(&[
+            "-p", "--output-format", "stream-json", "--allow", "Bash(cargo test:*)", "--max-turns", "3", "hello", "world",
+        ]))
+        .unwrap();
+        let Command::Print(p) = cmd else { panic!("not print") };
+        assert_eq!(p.prompt.as_deref(), Some("hello world"));
+        assert_eq!(p.output_format, OutputFormat::StreamJson);
+        assert_eq!(p.allow, vec!["Bash(cargo test:*)".to_owned()]);
+        assert_eq!(p.max_turns, Some(3));
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        assert!(parse(args(&["--output-format", "xml"])).is_err());
+        assert!(parse(args(&["--max-turns", "0"])).is_err());
+        assert!(parse(args(&["--idle-timeout", "-1"])).is_err());
+        assert!(parse(args(&["--nope"])).is_err());
+    }
+
+    #[test]
+    fn every_table_flag_parses() {
+        for f in FLAGS {
+            let mut argv = Vec::new();
+            if f.scope == "stub-model" {
+                argv.push("stub-model".to_owned());
+                if f.long != "script" {
+                    argv.extend(["--script".to_owned(), "x.json".to_owned()]);
+                }
+            }
+            argv.push(format!("--{}", f.long));
+            if let Some(v) = f.value {
+                argv.push(match (f.long, v) {
+                    ("output-format" | "input-format", _) => "text".to_owned(),
+                    (_, "N" | "SECS") => "5".to_owned(),
+                    ("generate", _) => "man".to_owned(),
+                    _ => "x".to_owned(),
+                });
+            }
+            let res = parse(argv.iter().map(OsString::from));
+            assert!(res.is_ok(), "flag --{} from the table does not parse: {res:?}", f.long);
+        }
+    }
+
+    #[test]
+    fn stub_model_subcommand() {
+        let cmd = parse(args(&["stub-model", "--script", "s.json"])).unwrap();
+        assert_eq!(
+            cmd,
+            Command::StubModel {
+                script: "s.json".into(),
+                addr: "127.0.0.1:0".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,906 @@
+//! The engine owns the reactor and every run's I/O: model exchanges, tool processes and
+//! worker threads. Runs (`agent::run::Run`) decide; the engine performs their `Effect`s and
+//! feeds the results back. A `Host` (print mode today, the drive surfaces later) sees the
+//! events and answers permission prompts; it talks back only through returned actions.
+//!
+//! Architecture Invariant: nothing here blocks the loop. DNS and file tools run on helper
+//! threads that post a `Completion` and wake the reactor; sockets and pipes are non-blocking.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use mio::Token;
+use mio::Waker;
+
+use crate::agent::event::{StopCondition, TurnEvent};
+use crate::agent::run::{Effect, Run, ToolCall};
+use crate::http::client::{ClientEvent, Exchange};
+use crate::http::sse::SseDecoder;
+use crate::log;
+use crate::model::retry::{self, RetryDecision, RetryPolicy};
+use crate::model::types::{ContentBlock, ModelEvent};
+use crate::model::{Provider, StreamDecoder};
+use crate::reactor::{Reactor, Signal, TimerId, Wake};
+use crate::stdio::{Stdin, StdinItem};
+use crate::tools::ToolOutput;
+use crate::tools::bash::{BashJob, Stream};
+
+/// Error bodies are read for their message and retry hints, never kept whole.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// After the shell exits, how long its pipes may stay open (a grandchild holding them).
+const PIPE_GRACE: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(pub u64);
+
+#[derive(Clone)]
+pub struct EngineConfig {
+    pub provider: Provider,
+    pub retry: RetryPolicy,
+    /// Connect plus time to the first response byte (local models may prefill for minutes).
+    pub first_byte_timeout: Duration,
+    /// Longest silence between bytes once the response started.
+    pub idle_timeout: Duration,
+}
+
+pub enum AskReply {
+    Allow,
+    Deny(String),
+    /// The host surfaced the prompt and will answer with `HostAction::Permit`.
+    Pending,
+}
+
+#[derive(Clone, Debug)]
+pub struct RetryNotice {
+    /// 1-based number of the attempt about to be made.
+    pub attempt: u32,
+    pub max_retries: u32,
+    pub delay: Duration,
+    pub status: Option<u16>,
+    pub category: &'static str,
+    pub message: String,
+}
+
+pub enum HostAction {
+    SendInput(RunId, Vec<ContentBlock>),
+    EndInput(RunId),
+    Cancel(RunId),
+    Permit {
+        run: RunId,
+        tool_use_id: String,
+        allow: bool,
+        message: String,
+    },
+    Quit,
+}
+
+pub trait Host {
+    fn on_event(&mut self, run: RunId, event: &TurnEvent) -> Vec<HostAction>;
+    fn on_ask(&mut self, run: RunId, call: &ToolCall) -> AskReply;
+    fn on_retry(&mut self, run: RunId, notice: &RetryNotice);
+    fn on_await_input(&mut self, run: RunId) -> Vec<HostAction>;
+    fn on_finished(&mut self, run: RunId, why: &StopCondition) -> Vec<HostAction>;
+    fn on_stdin(&mut self, item: StdinItem) -> Vec<HostAction>;
+    fn on_signal(&mut self, signal: Signal) -> Vec<HostAction>;
+}
+
+enum Owner {
+    Model(RunId),
+    BashOut(RunId, String),
+    BashErr(RunId, String),
+    Stdin,
+}
+
+enum TimerOwner {
+    Model(RunId),
+    Backoff(RunId),
+    BashTimeout(RunId, String),
+    BashGrace(RunId, String),
+}
+
+enum Completion {
+    Resolved {
+        run: RunId,
+        token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    },
+    Tool {
+        run: RunId,
+        tool_use_id: String,
+        output: ToolOutput,
+    },
+}
+
+struct ModelCall {
+    exchange: Exchange,
+    sse: SseDecoder,
+    decoder: StreamDecoder,
+    status: Option<u16>,
+    headers: Vec<(String, String)>,
+    error_body: Vec<u8>,
+    last_activity: Instant,
+    timer: TimerId,
+}
+
+struct BashTask {
+    job: BashJob,
+    tokens: [Token; 2],
+    timeout: TimerId,
+    grace: Option<TimerId>,
+}
+
+struct RunSlot {
+    run: Run,
+    workspace: PathBuf,
+    model: Option<ModelCall>,
+    attempt: u32,
+    backoff: Option<TimerId>,
+    bash: HashMap<String, BashTask>,
+}
+
+pub struct Engine {
+    reactor: Reactor,
+    config: EngineConfig,
+    runs: BTreeMap<RunId, RunSlot>,
+    next_run: u64,
+    owners: HashMap<Token, Owner>,
+    timers: HashMap<TimerId, TimerOwner>,
+    tx: Sender<Completion>,
+    rx: Receiver<Completion>,
+    waker: Arc<Waker>,
+    stdin: Option<Stdin>,
+    queue: VecDeque<(RunId, Effect)>,
+    actions: VecDeque<HostAction>,
+    notices: VecDeque<(RunId, RetryNotice)>,
+    quit: bool,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> std::io::Result<Engine> {
+        let reactor = Reactor::new()?;
+        let waker = reactor.waker();
+        let (tx, rx) = channel();
+        Ok(Engine {
+            reactor,
+            config,
+            runs: BTreeMap::new(),
+            next_run: 1,
+            owners: HashMap::new(),
+            timers: HashMap::new(),
+            tx,
+            rx,
+            waker,
+            stdin: None,
+            queue: VecDeque::new(),
+            actions: VecDeque::new(),
+            notices: VecDeque::new(),
+            quit: false,
+        })
+    }
+
+    pub fn attach_stdin(&mut self) -> std::io::Result<()> {
+        let token = self.reactor.token();
+        let stdin = Stdin::attach(self.reactor.registry(), token, self.reactor.waker())?;
+        self.owners.insert(token, Owner::Stdin);
+        self.stdin = Some(stdin);
+        Ok(())
+    }
+
+    pub fn provider(&self) -> &Provider {
+        &self.config.provider
+    }
+
+    /// Adds a run; nothing happens until input arrives through `HostAction::SendInput`.
+    pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
+        let id = RunId(self.next_run);
+        self.next_run += 1;
+        self.runs.insert(
+            id,
+            RunSlot {
+                run,
+                workspace,
+                model: None,
+                attempt: 0,
+                backoff: None,
+                bash: HashMap::new(),
+            },
+        );
+        id
+    }
+
+    pub fn run_ref(&self, id: RunId) -> Option<&Run> {
+        self.runs.get(&id).map(|slot| &slot.run)
+    }
+
+    /// Queues actions to perform when the loop starts (e.g. the first prompt).
+    pub fn push_action(&mut self, action: HostAction) {
+        self.actions.push_back(action);
+    }
+
+    /// Runs the loop until a host asks to quit; then kills whatever is still running.
+    pub fn run_loop(&mut self, host: &mut impl Host) -> std::io::Result<()> {
+        let mut wakes = Vec::new();
+        self.drain(host);
+        while !self.quit {
+            wakes.clear();
+            self.reactor.wait(&mut wakes, None)?;
+            for wake in wakes.drain(..) {
+                self.dispatch(wake, host);
+                self.drain(host);
+                if self.quit {
+                    break;
+                }
+            }
+        }
+        self.shutdown();
+        Ok(())
+    }
+
+    fn dispatch(&mut self, wake: Wake, host: &mut impl Host) {
+        match wake {
+            Wake::Io { token, .. } => match self.owners.get(&token) {
+                Some(Owner::Model(run)) => {
+                    let run = *run;
+                    self.on_model_ready(run);
+                }
+                Some(Owner::BashOut(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_bash_ready(run, &id, Stream::Stdout);
+                }
+                Some(Owner::BashErr(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_bash_ready(run, &id, Stream::Stderr);
+                }
+                Some(Owner::Stdin) => self.drain_stdin(host),
+                None => {}
+            },
+            Wake::Woken => {
+                while let Ok(done) = self.rx.try_recv() {
+                    self.on_completion(done);
+                }
+                self.drain_stdin(host);
+            }
+            Wake::Timer(id) => self.on_timer(id, host),
+            Wake::Signal(Signal::Child) => self.reap_children(),
+            Wake::Signal(signal) => {
+                let actions = host.on_signal(signal);
+                self.actions.extend(actions);
+            }
+        }
+    }
+
+    fn drain_stdin(&mut self, host: &mut impl Host) {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return;
+        };
+        let mut items = Vec::new();
+        stdin.drain(self.reactor.registry(), &mut items);
+        for item in items {
+            let actions = host.on_stdin(item);
+            self.actions.extend(actions);
+        }
+    }
+
+    /// Performs queued effects and host actions until both queues are empty.
+    fn drain(&mut self, host: &mut impl Host) {
+        loop {
+            if let Some((run, notice)) = self.notices.pop_front() {
+                host.on_retry(run, &notice);
+                continue;
+            }
+            if let Some((run, effect)) = self.queue.pop_front() {
+                self.perform(run, effect, host);
+                continue;
+            }
+            if let Some(action) = self.actions.pop_front() {
+                self.act(action);
+                continue;
+            }
+            break;
+        }
+    }
+
+    fn push_effects(&mut self, run: RunId, effects: Vec<Effect>) {
+        self.queue.extend(effects.into_iter().map(|e| (run, e)));
+    }
+
+    fn act(&mut self, action: HostAction) {
+        let now = Instant::now();
+        match action {
+            HostAction::SendInput(run, content) => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.send_user(content, now);
+                    self.push_effects(run, effects);
+                }
+            }
+            HostAction::EndInput(run) => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.end_input();
+                    self.push_effects(run, effects);
+                }
+            }
+            HostAction::Cancel(run) => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.cancel();
+                    self.push_effects(run, effects);
+                }
+            }
+            HostAction::Permit {
+                run,
+                tool_use_id,
+                allow,
+                message,
+            } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.on_permission(&tool_use_id, allow, &message);
+                    self.push_effects(run, effects);
+                }
+            }
+            HostAction::Quit => self.quit = true,
+        }
+    }
+
+    fn perform(&mut self, run: RunId, effect: Effect, host: &mut impl Host) {
+        match effect {
+            Effect::Emit(event) => {
+                let actions = host.on_event(run, &event);
+                self.actions.extend(actions);
+            }
+            Effect::RequestModel => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    slot.attempt = 0;
+                }
+                self.start_model(run);
+            }
+            Effect::RunTool(call) => self.start_tool(run, call),
+            Effect::Ask(call) => match host.on_ask(run, &call) {
+                AskReply::Allow => self.actions.push_back(HostAction::Permit {
+                    run,
+                    tool_use_id: call.id,
+                    allow: true,
+                    message: String::new(),
+                }),
+                AskReply::Deny(message) => self.actions.push_back(HostAction::Permit {
+                    run,
+                    tool_use_id: call.id,
+                    allow: false,
+                    message,
+                }),
+                AskReply::Pending => {}
+            },
+            Effect::AbortWork => self.abort_work(run),
+            Effect::AwaitInput => {
+                let actions = host.on_await_input(run);
+                self.actions.extend(actions);
+            }
+            Effect::Finished(why) => {
+                self.abort_work(run);
+                let actions = host.on_finished(run, &why);
+                self.actions.extend(actions);
+            }
+        }
+    }
+
+    // ---- model requests ------------------------------------------------------------------
+
+    fn start_model(&mut self, run: RunId) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let provider = &self.config.provider;
+        let request = provider.build_request(&slot.run.model_request());
+        let token = self.reactor.token();
+        let exchange = Exchange::new(
+            token,
+            provider.target.clone(),
+            provider.proxy.clone(),
+            provider.tls.clone(),
+            request,
+        );
+        let (host, port) = exchange.dial_target();
+        let timer = self.reactor.add_timer(self.config.first_byte_timeout);
+        self.timers.insert(timer, TimerOwner::Model(run));
+        self.owners.insert(token, Owner::Model(run));
+        slot.model = Some(ModelCall {
+            exchange,
+            sse: SseDecoder::new(),
+            decoder: provider.decoder(),
+            status: None,
+            headers: Vec::new(),
+            error_body: Vec::new(),
+            last_activity: Instant::now(),
+            timer,
+        });
+        // An address literal needs no lookup (and no thread).
+        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+            self.on_resolved(run, token, Ok(vec![std::net::SocketAddr::new(ip, port)]));
+            return;
+        }
+        let tx = self.tx.clone();
+        let waker = Arc::clone(&self.waker);
+        crate::transport::resolve_in_background(host, port, move |result| {
+            let _ = tx.send(Completion::Resolved { run, token, result });
+            let _ = waker.wake();
+        });
+    }
+
+    fn on_resolved(
+        &mut self,
+        run: RunId,
+        token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    ) {
+        let Some(call) = self
+            .runs
+            .get_mut(&run)
+            .and_then(|s| s.model.as_mut())
+            .filter(|c| c.exchange.token() == token)
+        else {
+            return;
+        };
+        let mut events = Vec::new();
+        call.exchange
+            .on_resolved(self.reactor.registry(), result, &mut events);
+        self.on_client_events(run, events);
+    }
+
+    fn on_model_ready(&mut self, run: RunId) {
+        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.as_mut()) else {
+            return;
+        };
+        let mut events = Vec::new();
+        call.exchange.on_ready(self.reactor.registry(), &mut events);
+        self.on_client_events(run, events);
+    }
+
+    fn on_client_events(&mut self, run: RunId, events: Vec<ClientEvent>) {
+        for event in events {
+            let Some(slot) = self.runs.get_mut(&run) else {
+                return;
+            };
+            let Some(call) = slot.model.as_mut() else {
+                return;
+            };
+            call.last_activity = Instant::now();
+            match event {
+                ClientEvent::Head(head) => {
+                    call.status = Some(head.status);
+                    call.headers = head.headers;
+                }
+                ClientEvent::Body(bytes) => {
+                    if call.status.is_some_and(|s| (200..300).contains(&s)) {
+                        let mut sse_events = Vec::new();
+                        if let Err(e) = call.sse.feed(&bytes, &mut sse_events) {
+                            self.model_failed(run, format!("bad event stream: {e}"), None, true);
+                            return;
+                        }
+                        let mut model_events = Vec::new();
+                        for ev in &sse_events {
+                            if let Err(e) = call.decoder.on_event(ev, &mut model_events) {
+                                self.model_failed(run, format!("bad model stream: {e}"), None, false);
+                                return;
+                            }
+                        }
+                        let now = Instant::now();
+                        for ev in model_events {
+                            if let ModelEvent::Error {
+                                kind,
+                                message,
+                                retryable,
+                            } = &ev
+                            {
+                                let msg = format!("{kind}: {message}");
+                                self.model_failed(run, msg, None, *retryable);
+                                return;
+                            }
+                            let Some(slot) = self.runs.get_mut(&run) else {
+                                return;
+                            };
+                            let effects = slot.run.on_model_event(ev, now);
+                            self.push_effects(run, effects);
+                        }
+                    } else {
+                        let room = MAX_ERROR_BODY.saturating_sub(call.error_body.len());
+                        call.error_body
+                            .extend_from_slice(&bytes[..room.min(bytes.len())]);
+                    }
+                }
+                ClientEvent::End => self.model_ended(run),
+                ClientEvent::Failed {
+                    error,
+                    before_response: _,
+                } => {
+                    self.model_failed(run, error, None, true);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn model_ended(&mut self, run: RunId) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let Some(mut call) = slot.model.take() else {
+            return;
+        };
+        self.release_model(&mut call);
+        self.finish_model(run, call);
+    }
+
+    fn finish_model(&mut self, run: RunId, call: ModelCall) {
+        let status = call.status.unwrap_or(0);
+        if (200..300).contains(&status) {
+            // Flush a final event that arrived without its blank line only if the decoder
+            // is not done yet; a complete stream needs nothing more.
+            if call.decoder.is_done() {
+                let now = Instant::now();
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.on_model_complete(now);
+                    self.push_effects(run, effects);
+                }
+            } else {
+                self.retry_or_fail(
+                    run,
+                    "the model stream ended before the response was complete".to_owned(),
+                    None,
+                    true,
+                );
+            }
+            return;
+        }
+        let err = self.config.provider.parse_error_body(status, &call.error_body);
+        let headers = call.headers.clone();
+        let header = move |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        let attempt = self.runs.get(&run).map_or(0, |s| s.attempt);
+        let decision = retry::decide_status(
+            &self.config.retry,
+            attempt,
+            status,
+            &header,
+            Some(err.kind.as_str()),
+            jitter(),
+        );
+        let message = err.to_string();
+        let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
+        match decision {
+            RetryDecision::Retry(delay) if can_retry => {
+                self.schedule_retry(run, delay, Some(status), retry::category(status), message)
+            }
+            _ => self.fail_run(run, StopCondition::ProviderError(message)),
+        }
+    }
+
+    /// A transport-level or stream-level failure of the current model call.
+    fn model_failed(&mut self, run: RunId, error: String, status: Option<u16>, retryable: bool) {
+        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take()) {
+            self.release_model(&mut call);
+        }
+        self.retry_or_fail(run, error, status, retryable);
+    }
+
+    fn retry_or_fail(&mut self, run: RunId, error: String, status: Option<u16>, retryable: bool) {
+        let Some(slot) = self.runs.get(&run) else {
+            return;
+        };
+        if retryable && slot.run.can_retry_turn() {
+            if let RetryDecision::Retry(delay) =
+                retry::decide_transport(&self.config.retry, slot.attempt, jitter())
+            {
+                self.schedule_retry(run, delay, status, "network", error);
+                return;
+            }
+        }
+        self.fail_run(run, StopCondition::ProviderError(error));
+    }
+
+    fn schedule_retry(
+        &mut self,
+        run: RunId,
+        delay: Duration,
+        status: Option<u16>,
+        category: &'static str,
+        message: String,
+    ) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        slot.attempt += 1;
+        slot.run.reset_turn_for_retry(Instant::now() + delay);
+        let notice = RetryNotice {
+            attempt: slot.attempt + 1,
+            max_retries: self.config.retry.max_retries,
+            delay,
+            status,
+            category,
+            message,
+        };
+        log::info(&format!(
+            "model request failed ({}); retry {} of {} in {} ms",
+            notice.message,
+            slot.attempt,
+            notice.max_retries,
+            delay.as_millis()
+        ));
+        let timer = self.reactor.add_timer(delay);
+        slot.backoff = Some(timer);
+        self.timers.insert(timer, TimerOwner::Backoff(run));
+        self.notices.push_back((run, notice));
+    }
+
+    fn fail_run(&mut self, run: RunId, condition: StopCondition) {
+        if let Some(slot) = self.runs.get_mut(&run) {
+            let effects = slot.run.on_model_failed(condition);
+            self.push_effects(run, effects);
+        }
+    }
+
+    fn release_model(&mut self, call: &mut ModelCall) {
+        call.exchange.close(self.reactor.registry());
+        self.owners.remove(&call.exchange.token());
+        self.timers.remove(&call.timer);
+        self.reactor.cancel_timer(call.timer);
+    }
+
+    // ---- timers --------------------------------------------------------------------------
+
+    fn on_timer(&mut self, id: TimerId, host: &mut impl Host) {
+        let Some(owner) = self.timers.remove(&id) else {
+            return;
+        };
+        match owner {
+            TimerOwner::Model(run) => self.on_model_timer(run, id),
+            TimerOwner::Backoff(run) => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    if slot.backoff == Some(id) {
+                        slot.backoff = None;
+                        self.start_model(run);
+                    }
+                }
+            }
+            TimerOwner::BashTimeout(run, tool) => {
+                if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(&tool)) {
+                    let secs = task.job.timeout.as_secs();
+                    task.job.kill(if secs == 1 {
+                        "timed out after 1 second; the process group was killed"
+                    } else {
+                        "timed out; the process group was killed"
+                    });
+                    self.reap_children();
+                }
+            }
+            TimerOwner::BashGrace(run, tool) => {
+                if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(&tool)) {
+                    task.job.close_pipes(self.reactor.registry());
+                }
+                self.maybe_finish_bash(run, &tool);
+            }
+        }
+        let _ = host;
+    }
+
+    fn on_model_timer(&mut self, run: RunId, id: TimerId) {
+        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.as_mut()) else {
+            return;
+        };
+        if call.timer != id {
+            return;
+        }
+        let limit = if call.exchange.got_response_byte() {
+            self.config.idle_timeout
+        } else {
+            self.config.first_byte_timeout
+        };
+        let quiet = call.last_activity.elapsed();
+        if quiet < limit {
+            // Activity since the timer was armed: push the deadline out instead of re-arming
+            // a timer per received chunk.
+            let timer = self.reactor.add_timer(limit - quiet);
+            call.timer = timer;
+            self.timers.insert(timer, TimerOwner::Model(run));
+            return;
+        }
+        let started = call.exchange.got_response_byte();
+        let message = if started {
+            format!("the model stream was idle for {} s", limit.as_secs_f64())
+        } else {
+            format!("no response from the model within {} s", limit.as_secs_f64())
+        };
+        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take()) {
+            self.release_model(&mut call);
+        }
+        let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
+        if can_retry {
+            self.retry_or_fail(run, message, None, true);
+        } else {
+            self.fail_run(run, StopCondition::StreamIdle(limit));
+        }
+    }
+
+    // ---- tools ---------------------------------------------------------------------------
+
+    fn start_tool(&mut self, run: RunId, call: ToolCall) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let workspace = slot.workspace.clone();
+        if call.name == "Bash" {
+            match BashJob::spawn(&call.input, &workspace) {
+                Ok(mut job) => {
+                    let tokens = [self.reactor.token(), self.reactor.token()];
+                    if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
+                        job.kill("could not watch the process");
+                        job.reap_blocking();
+                        let effects = slot.run.on_tool_done(
+                            &call.id,
+                            ToolOutput::error(format!("Bash: cannot watch pipes: {e}")),
+                            Instant::now(),
+                        );
+                        self.push_effects(run, effects);
+                        return;
+                    }
+                    self.owners.insert(tokens[0], Owner::BashOut(run, call.id.clone()));
+                    self.owners.insert(tokens[1], Owner::BashErr(run, call.id.clone()));
+                    let timeout = self.reactor.add_timer(job.timeout);
+                    self.timers
+                        .insert(timeout, TimerOwner::BashTimeout(run, call.id.clone()));
+                    slot.bash.insert(
+                        call.id,
+                        BashTask {
+                            job,
+                            tokens,
+                            timeout,
+                            grace: None,
+                        },
+                    );
+                }
+                Err(output) => {
+                    let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
+                    self.push_effects(run, effects);
+                }
+            }
+            return;
+        }
+        let tx = self.tx.clone();
+        let waker = Arc::clone(&self.waker);
+        let spawned = std::thread::Builder::new()
+            .name("caliban-tool".into())
+            .spawn(move || {
+                let output = crate::tools::fs::run(&call.name, &call.input, &workspace);
+                let _ = tx.send(Completion::Tool {
+                    run,
+                    tool_use_id: call.id,
+                    output,
+                });
+                let _ = waker.wake();
+            });
+        if let Err(e) = spawned {
+            log::error(&format!("cannot start a tool thread: {e}"));
+        }
+    }
+
+    fn on_completion(&mut self, done: Completion) {
+        match done {
+            Completion::Resolved { run, token, result } => self.on_resolved(run, token, result),
+            Completion::Tool {
+                run,
+                tool_use_id,
+                output,
+            } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.on_tool_done(&tool_use_id, output, Instant::now());
+                    self.push_effects(run, effects);
+                }
+            }
+        }
+    }
+
+    fn on_bash_ready(&mut self, run: RunId, tool: &str, stream: Stream) {
+        if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(tool)) {
+            task.job.drain(self.reactor.registry(), stream);
+        }
+        self.maybe_finish_bash(run, tool);
+    }
+
+    fn reap_children(&mut self) {
+        let mut check = Vec::new();
+        for (run_id, slot) in self.runs.iter_mut() {
+            for (tool, task) in slot.bash.iter_mut() {
+                if !task.job.exited() && task.job.try_reap() {
+                    check.push((*run_id, tool.clone()));
+                }
+            }
+        }
+        for (run, tool) in check {
+            self.maybe_finish_bash(run, &tool);
+        }
+    }
+
+    fn maybe_finish_bash(&mut self, run: RunId, tool: &str) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let Some(task) = slot.bash.get_mut(tool) else {
+            return;
+        };
+        if !task.job.exited() {
+            return;
+        }
+        if !task.job.is_complete() {
+            if task.grace.is_none() {
+                let timer = self.reactor.add_timer(PIPE_GRACE);
+                task.grace = Some(timer);
+                self.timers
+                    .insert(timer, TimerOwner::BashGrace(run, tool.to_owned()));
+            }
+            return;
+        }
+        let Some(task) = slot.bash.remove(tool) else {
+            return;
+        };
+        let output = task.job.output();
+        self.forget_bash(&task);
+        if let Some(slot) = self.runs.get_mut(&run) {
+            let effects = slot.run.on_tool_done(tool, output, Instant::now());
+            self.push_effects(run, effects);
+        }
+    }
+
+    fn forget_bash(&mut self, task: &BashTask) {
+        for token in task.tokens {
+            self.owners.remove(&token);
+        }
+        self.timers.remove(&task.timeout);
+        self.reactor.cancel_timer(task.timeout);
+        if let Some(grace) = task.grace {
+            self.timers.remove(&grace);
+            self.reactor.cancel_timer(grace);
+        }
+    }
+
+    /// Stops the model stream and kills every tool process of a run (cancel or end).
+    fn abort_work(&mut self, run: RunId) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let call = slot.model.take();
+        if let Some(timer) = slot.backoff.take() {
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
+        if let Some(mut call) = call {
+            self.release_model(&mut call);
+        }
+        for mut task in tasks {
+            task.job.kill("cancelled");
+            task.job.close_pipes(self.reactor.registry());
+            task.job.reap_blocking();
+            self.forget_bash(&task);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let ids: Vec<RunId> = self.runs.keys().copied().collect();
+        for run in ids {
+            self.abort_work(run);
+        }
+    }
+}
+
+/// A cheap jitter source for backoff; it only needs to de-synchronise clients.
+fn jitter() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    f64::from(nanos % 1000) / 1000.0
+}

@@ -1,0 +1,526 @@
+//! One outbound HTTP/1.1 exchange (request out, streamed response in) as a state machine
+//! driven by readiness: resolve → connect → (proxy CONNECT) → (TLS) → send → head → body.
+//!
+//! It turns socket bytes into `ClientEvent`s using the sans-IO codecs next door; it must not
+//! know what the body means (SSE decoding and provider semantics live above it). Time limits
+//! are the owner's: it arms timers and calls `close` when one fires.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use rustls::ClientConfig;
+
+use crate::http::body::BodyDecoder;
+use crate::http::head::{self, BodyKind, Parsed, ResponseHead};
+use crate::transport::Conn;
+
+/// Largest response body we will hold (error bodies) or stream (model output).
+pub const MAX_STREAM_BODY: u64 = 256 * 1024 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Target {
+    /// `Host` header value: the port only when it is not the scheme's default.
+    pub fn host_header(&self) -> String {
+        let default = if self.tls { 443 } else { 80 };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == default {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+/// An HTTP proxy reached with CONNECT (`HTTPS_PROXY=http://host:port`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proxy {
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Debug)]
+pub enum ClientEvent {
+    /// The final (non-1xx) response head arrived.
+    Head(ResponseHead),
+    /// De-chunked body bytes.
+    Body(Vec<u8>),
+    /// The body is complete; the exchange is over.
+    End,
+    /// The exchange failed. `before_response` means no response byte arrived, so even a
+    /// POST may be retried.
+    Failed {
+        error: String,
+        before_response: bool,
+    },
+}
+
+enum Phase {
+    Resolving,
+    Connecting {
+        tcp: TcpStream,
+        rest: Vec<SocketAddr>,
+        via_proxy: bool,
+    },
+    /// CONNECT sent to the proxy; waiting for its 2xx.
+    Tunnelling { conn: Conn },
+    Exchanging {
+        conn: Conn,
+        body: Option<BodyDecoder>,
+    },
+    Closed,
+}
+
+pub struct Exchange {
+    token: Token,
+    target: Target,
+    proxy: Option<Proxy>,
+    tls_config: Option<Arc<ClientConfig>>,
+    /// Bytes not yet handed to the socket (the request, or the CONNECT line first).
+    outbuf: Vec<u8>,
+    request: Vec<u8>,
+    inbuf: Vec<u8>,
+    phase: Phase,
+    got_response_byte: bool,
+}
+
+impl Exchange {
+    pub fn new(
+        token: Token,
+        target: Target,
+        proxy: Option<Proxy>,
+        tls_config: Option<Arc<ClientConfig>>,
+        request: Vec<u8>,
+    ) -> Exchange {
+        Exchange {
+            token,
+            target,
+            proxy,
+            tls_config,
+            outbuf: Vec::new(),
+            request,
+            inbuf: Vec::new(),
+            phase: Phase::Resolving,
+            got_response_byte: false,
+        }
+    }
+
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// The host and port to resolve: the proxy's when one is used.
+    pub fn dial_target(&self) -> (String, u16) {
+        match &self.proxy {
+            Some(proxy) => (proxy.host.clone(), proxy.port),
+            None => (self.target.host.clone(), self.target.port),
+        }
+    }
+
+    pub fn got_response_byte(&self) -> bool {
+        self.got_response_byte
+    }
+
+    pub fn on_resolved(
+        &mut self,
+        registry: &Registry,
+        result: Result<Vec<SocketAddr>, String>,
+        out: &mut Vec<ClientEvent>,
+    ) {
+        if !matches!(self.phase, Phase::Resolving) {
+            return;
+        }
+        match result {
+            Ok(addrs) => self.connect_next(registry, addrs, out),
+            Err(error) => self.fail(registry, error, out),
+        }
+    }
+
+    fn connect_next(
+        &mut self,
+        registry: &Registry,
+        mut addrs: Vec<SocketAddr>,
+        out: &mut Vec<ClientEvent>,
+    ) {
+        let mut last_err = String::from("no addresses to connect to");
+        while !addrs.is_empty() {
+            let addr = addrs.remove(0);
+            match TcpStream::connect(addr) {
+                Ok(mut tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    // Edge-triggered and registered once for both directions: every wake
+                    // tries to flush and to read, so no interest bookkeeping is needed.
+                    if let Err(e) =
+                        registry.register(&mut tcp, self.token, Interest::READABLE | Interest::WRITABLE)
+                    {
+                        last_err = format!("cannot register socket: {e}");
+                        continue;
+                    }
+                    self.phase = Phase::Connecting {
+                        tcp,
+                        rest: addrs,
+                        via_proxy: self.proxy.is_some(),
+                    };
+                    return;
+                }
+                Err(e) => last_err = format!("connect to {addr}: {e}"),
+            }
+        }
+        self.fail(registry, last_err, out);
+    }
+
+    /// Call on any readiness for this exchange's token.
+    pub fn on_ready(&mut self, registry: &Registry, out: &mut Vec<ClientEvent>) {
+        if let Phase::Connecting { .. } = self.phase {
+            self.finish_connect(registry, out);
+        }
+        if let Err(error) = self.pump(out) {
+            self.fail(registry, error, out);
+        }
+    }
+
+    fn finish_connect(&mut self, registry: &Registry, out: &mut Vec<ClientEvent>) {
+        let Phase::Connecting {
+            mut tcp,
+            rest,
+            via_proxy,
+        } = std::mem::replace(&mut self.phase, Phase::Closed)
+        else {
+            return;
+        };
+        // mio's non-blocking connect: an error here means this address refused us; a
+        // NotConnected peer address means the connect is still in flight (spurious wake).
+        let failed = match tcp.take_error() {
+            Ok(Some(err)) | Err(err) => Some(err),
+            Ok(None) => match tcp.peer_addr() {
+                Ok(_) => None,
+                Err(err) if err.kind() == io::ErrorKind::NotConnected => {
+                    self.phase = Phase::Connecting {
+                        tcp,
+                        rest,
+                        via_proxy,
+                    };
+                    return;
+                }
+                Err(err) => Some(err),
+            },
+        };
+        if let Some(err) = failed {
+            let _ = registry.deregister(&mut tcp);
+            let (host, port) = self.dial_target();
+            if rest.is_empty() {
+                self.fail(registry, format!("cannot connect to {host}:{port}: {err}"), out);
+            } else {
+                self.connect_next(registry, rest, out);
+            }
+            return;
+        }
+        if via_proxy {
+            let authority = format!("{}:{}", self.target.host, self.target.port);
+            self.outbuf = format!(
+                "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nProxy-Connection: keep-alive\r\n\r\n"
+            )
+            .into_bytes();
+            self.phase = Phase::Tunnelling {
+                conn: Conn::Plain(tcp),
+            };
+        } else {
+            match self.begin_request(Conn::Plain(tcp)) {
+                Ok(phase) => self.phase = phase,
+                Err(error) => self.fail(registry, error, out),
+            }
+        }
+    }
+
+    fn begin_request(&mut self, conn: Conn) -> Result<Phase, String> {
+        let conn = if self.target.tls {
+            let config = self
+                .tls_config
+                .clone()
+                .ok_or_else(|| "https target without a tls config".to_owned())?;
+            conn.start_tls(config, &self.target.host)?
+        } else {
+            conn
+        };
+        self.outbuf = std::mem::take(&mut self.request);
+        Ok(Phase::Exchanging { conn, body: None })
+    }
+
+    fn pump(&mut self, out: &mut Vec<ClientEvent>) -> Result<(), String> {
+        loop {
+            match &mut self.phase {
+                Phase::Resolving | Phase::Connecting { .. } | Phase::Closed => return Ok(()),
+                Phase::Tunnelling { conn } => {
+                    conn.flush(&mut self.outbuf).map_err(|e| format!("proxy write: {e}"))?;
+                    let status = conn
+                        .drain_read(&mut self.inbuf)
+                        .map_err(|e| format!("proxy read: {e}"))?;
+                    match head::parse_response_head(&self.inbuf) {
+                        Ok(Parsed::Partial) => {
+                            if status.eof {
+                                return Err("proxy closed the connection during CONNECT".into());
+                            }
+                            return Ok(());
+                        }
+                        Ok(Parsed::Complete(resp, used)) => {
+                            if !(200..300).contains(&resp.status) {
+                                return Err(format!(
+                                    "proxy refused CONNECT: {} {}",
+                                    resp.status, resp.reason
+                                ));
+                            }
+                            self.inbuf.drain(..used);
+                            let Phase::Tunnelling { conn } =
+                                std::mem::replace(&mut self.phase, Phase::Closed)
+                            else {
+                                return Ok(());
+                            };
+                            self.phase = self.begin_request(conn)?;
+                            continue;
+                        }
+                        Err(e) => return Err(format!("proxy response: {e}")),
+                    }
+                }
+                Phase::Exchanging { conn, body } => {
+                    conn.flush(&mut self.outbuf).map_err(|e| {
+                        if self.got_response_byte {
+                            format!("write failed: {e}")
+                        } else {
+                            format!("connection failed before the response: {e}")
+                        }
+                    })?;
+                    let before = self.inbuf.len();
+                    let status = conn.drain_read(&mut self.inbuf).map_err(|e| format!("read failed: {e}"))?;
+                    if self.inbuf.len() > before {
+                        self.got_response_byte = true;
+                    }
+                    loop {
+                        if body.is_none() {
+                            match head::parse_response_head(&self.inbuf) {
+                                Ok(Parsed::Partial) => break,
+                                Ok(Parsed::Complete(resp, used)) => {
+                                    self.inbuf.drain(..used);
+                                    if resp.is_interim() {
+                                        continue;
+                                    }
+                                    let kind = head::response_body_kind(&resp, false)
+                                        .map_err(|e| format!("bad response: {e}"))?;
+                                    let none = matches!(kind, BodyKind::None);
+                                    *body = Some(BodyDecoder::new(kind, MAX_STREAM_BODY));
+                                    out.push(ClientEvent::Head(resp));
+                                    if none {
+                                        self.finish(out);
+                                        return Ok(());
+                                    }
+                                }
+                                Err(e) => return Err(format!("bad response head: {e}")),
+                            }
+                        }
+                        let Some(decoder) = body.as_mut() else { break };
+                        let mut decoded = Vec::new();
+                        let (used, done) = decoder
+                            .decode(&self.inbuf, &mut decoded)
+                            .map_err(|e| format!("bad response body: {e}"))?;
+                        self.inbuf.drain(..used);
+                        if !decoded.is_empty() {
+                            out.push(ClientEvent::Body(decoded));
+                        }
+                        if done {
+                            self.finish(out);
+                            return Ok(());
+                        }
+                        break;
+                    }
+                    if status.eof {
+                        let Phase::Exchanging { body, .. } = &self.phase else {
+                            return Ok(());
+                        };
+                        return match body {
+                            Some(decoder) => match decoder.finish_eof() {
+                                Ok(()) => {
+                                    self.finish(out);
+                                    Ok(())
+                                }
+                                Err(e) => Err(format!("connection closed mid-response: {e}")),
+                            },
+                            None if self.got_response_byte => {
+                                Err("connection closed before the response head ended".into())
+                            }
+                            None => Err("connection closed before any response".into()),
+                        };
+                    }
+                    if status.more {
+                        // Budget exhausted: with edge-triggered readiness no new event will
+                        // come for bytes already buffered, so keep going.
+                        continue;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<ClientEvent>) {
+        self.phase = Phase::Closed;
+        out.push(ClientEvent::End);
+    }
+
+    fn fail(&mut self, registry: &Registry, error: String, out: &mut Vec<ClientEvent>) {
+        self.close(registry);
+        out.push(ClientEvent::Failed {
+            error,
+            before_response: !self.got_response_byte,
+        });
+    }
+
+    /// Drops the connection (cancel, timeout, done). Safe to call more than once.
+    pub fn close(&mut self, registry: &Registry) {
+        match std::mem::replace(&mut self.phase, Phase::Closed) {
+            Phase::Connecting { mut tcp, .. } => {
+                let _ = registry.deregister(&mut tcp);
+            }
+            Phase::Tunnelling { mut conn } | Phase::Exchanging { mut conn, .. } => {
+                let _ = registry.deregister(conn.tcp());
+            }
+            Phase::Resolving | Phase::Closed => {}
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        matches!(self.phase, Phase::Closed)
+    }
+}
+
+/// Splits an `http(s)://host[:port][/path]` base URL into a target and a path prefix.
+pub fn parse_base_url(url: &str) -> Result<(Target, String), String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("https://") {
+        (true, rest)
+    } else if let Some(rest) = url.strip_prefix("http://") {
+        (false, rest)
+    } else {
+        return Err(format!("unsupported url `{url}`: expected http:// or https://"));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    let default_port = if tls { 443 } else { 80 };
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("bad ipv6 address in `{url}`"))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| format!("bad port in `{url}`"))?,
+            None => default_port,
+        };
+        (host.to_owned(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (
+                host.to_owned(),
+                port.parse().map_err(|_| format!("bad port in `{url}`"))?,
+            ),
+            None => (authority.to_owned(), default_port),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("no host in `{url}`"));
+    }
+    Ok((
+        Target { tls, host, port },
+        path.trim_end_matches('/').to_owned(),
+    ))
+}
+
+/// The proxy for `target` from `HTTPS_PROXY`/`https_proxy` (or the `HTTP_` pair for plain
+/// targets), unless `NO_PROXY` lists the host. Loopback targets never use a proxy.
+pub fn proxy_for(target: &Target, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Proxy>, String> {
+    let names: &[&str] = if target.tls {
+        &["HTTPS_PROXY", "https_proxy"]
+    } else {
+        &["HTTP_PROXY", "http_proxy"]
+    };
+    let Some(url) = names.iter().find_map(|n| env(n)).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    if is_loopback_host(&target.host) {
+        return Ok(None);
+    }
+    let no_proxy = env("NO_PROXY").or_else(|| env("no_proxy")).unwrap_or_default();
+    for entry in no_proxy.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let entry = entry.trim_start_matches('.');
+        if entry == "*" || target.host == entry || target.host.ends_with(&format!(".{entry}")) {
+            return Ok(None);
+        }
+    }
+    let url = url.trim();
+    let url = if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("http://{url}")
+    };
+    let (proxy, _) = parse_base_url(&url).map_err(|e| format!("bad proxy setting: {e}"))?;
+    if proxy.tls {
+        return Err("https:// proxies are not supported; use an http:// proxy url".to_owned());
+    }
+    Ok(Some(Proxy {
+        host: proxy.host,
+        port: proxy.port,
+    }))
+}
+
+pub fn is_loopback_host(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls() {
+        let (t, p) = parse_base_url("https://api.anthropic.com").unwrap();
+        assert_eq!((t.tls, t.host.as_str(), t.port, p.as_str()), (true, "api.anthropic.com", 443, ""));
+        let (t, p) = parse_base_url("http://127.0.0.1:8080/v1/").unwrap();
+        assert_eq!((t.tls, t.host.as_str(), t.port, p.as_str()), (false, "127.0.0.1", 8080, "/v1"));
+        assert_eq!(t.host_header(), "127.0.0.1:8080");
+        let (t, _) = parse_base_url("http://[::1]:9/x").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("::1", 9));
+        assert_eq!(t.host_header(), "[::1]:9");
+        assert!(parse_base_url("ftp://x").is_err());
+        assert!(parse_base_url("http://:80").is_err());
+    }
+
+    #[test]
+    fn proxies() {
+        let target = Target { tls: true, host: "api.openai.com".into(), port: 443 };
+        let env = |k: &str| match k {
+            "HTTPS_PROXY" => Some("proxy.local:3128".to_owned()),
+            "NO_PROXY" => Some("example.com,.internal".to_owned()),
+            _ => None,
+        };
+        let proxy = proxy_for(&target, &env).unwrap().unwrap();
+        assert_eq!((proxy.host.as_str(), proxy.port), ("proxy.local", 3128));
+        let internal = Target { tls: true, host: "a.internal".into(), port: 443 };
+        assert_eq!(proxy_for(&internal, &env).unwrap(), None);
+        let local = Target { tls: true, host: "127.0.0.1".into(), port: 443 };
+        assert_eq!(proxy_for(&local, &env).unwrap(), None);
+    }
+}

@@ -1,0 +1,275 @@
+//! caliban: a coding agent that other programs drive. `main` parses the command line, builds
+//! the configuration, runs the chosen command and maps the outcome to an exit code.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod agent;
+mod cli;
+mod engine;
+mod glob;
+mod http;
+mod log;
+mod model;
+mod permissions;
+mod print;
+mod reactor;
+mod settings;
+mod stdio;
+mod stub_model;
+mod sys;
+mod tools;
+mod transport;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cli::{Command, InputFormat, PrintArgs};
+use engine::{Engine, EngineConfig, HostAction};
+use model::retry::RetryPolicy;
+use model::{Provider, ProviderKind};
+use permissions::{Mode, Policy};
+use print::Printer;
+
+fn main() -> ExitCode {
+    let command = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(command) => command,
+        Err(err) => {
+            eprintln!("caliban: {err}\nTry `caliban --help`.");
+            return ExitCode::from(print::EXIT_USAGE);
+        }
+    };
+    match command {
+        Command::Help => {
+            print!("{}", cli::help_text());
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
+            println!("caliban {} ({})", cli::VERSION, cli::GIT_HASH);
+            ExitCode::SUCCESS
+        }
+        Command::GenerateMan => {
+            print!("{}", cli::man_page());
+            ExitCode::SUCCESS
+        }
+        Command::StubModel { script, addr } => {
+            let args = stub_model::StubArgs { script, addr };
+            match stub_model::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    log::error(&err);
+                    ExitCode::from(print::EXIT_CONFIG)
+                }
+            }
+        }
+        Command::Print(args) => ExitCode::from(run_print(*args)),
+    }
+}
+
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// A random RFC 4122 version-4 id for the session.
+fn new_session_id() -> String {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 16];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes = (nanos ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn config_error(msg: &str) -> u8 {
+    log::error(msg);
+    print::EXIT_CONFIG
+}
+
+fn run_print(args: PrintArgs) -> u8 {
+    log::set_level(match args.verbose {
+        0 => log::Level::Warn,
+        1 => log::Level::Info,
+        _ => log::Level::Debug,
+    });
+    let workspace = match resolve_workspace(args.cwd.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return config_error(&e),
+    };
+    let settings = match settings::load(&workspace, &env_var) {
+        Ok(s) => s,
+        Err(e) => return config_error(&e.to_string()),
+    };
+    for warning in &settings.warnings {
+        log::warn(warning);
+    }
+
+    let provider_kind = match args.provider.as_deref().or(settings.provider.as_deref()) {
+        Some(name) => match ProviderKind::parse(name) {
+            Some(kind) => Some(kind),
+            None => {
+                return config_error(&format!(
+                    "unknown provider `{name}`: expected anthropic or openai"
+                ));
+            }
+        },
+        None => None,
+    };
+    let model = args.model.clone().or(settings.model.clone());
+    let provider = match Provider::from_env(provider_kind, model, &env_var) {
+        Ok(Some(p)) => p,
+        Ok(None) => return config_error(model::NOT_CONFIGURED),
+        Err(e) => return config_error(&e),
+    };
+
+    let mode = match args
+        .permission_mode
+        .as_deref()
+        .map(|m| Mode::parse(m).ok_or(m))
+        .transpose()
+    {
+        Ok(mode) => mode.or(settings.default_mode).unwrap_or(Mode::Default),
+        Err(bad) => {
+            log::error(&format!(
+                "invalid --permission-mode `{bad}`: expected default, acceptEdits, plan, dontAsk or bypassPermissions"
+            ));
+            return print::EXIT_USAGE;
+        }
+    };
+    let mut rules = match settings::rules_from_cli(&args.allow, &args.deny, &args.ask) {
+        Ok(r) => r,
+        Err(e) => {
+            log::error(&format!("invalid permission pattern: {e}"));
+            return print::EXIT_USAGE;
+        }
+    };
+    rules.extend(settings.rules.iter().cloned());
+    rules.extend(permissions::default_rules());
+    let policy = Policy::new(rules, mode, workspace.clone());
+
+    let tool_specs = tools::spec::all();
+    let tool_names: Vec<&str> = tool_specs.iter().map(|t| t.name).collect();
+    let workspace_str = workspace.display().to_string();
+    let run_config = agent::run::RunConfig {
+        model: provider.model.clone(),
+        max_tokens: args.max_tokens.or(settings.max_tokens).unwrap_or(8192),
+        max_turns: args.max_turns.or(settings.max_turns).unwrap_or(50),
+        system: args
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
+        tools: tool_specs.clone(),
+        interactive: args.input_format == InputFormat::StreamJson,
+    };
+
+    // Text input: the prompt comes from argv or, failing that, all of stdin.
+    let prompt = match args.input_format {
+        InputFormat::StreamJson if args.prompt.is_some() => {
+            log::error("a prompt argument cannot be combined with --input-format stream-json");
+            return print::EXIT_USAGE;
+        }
+        InputFormat::StreamJson => None,
+        InputFormat::Text => match args.prompt.clone() {
+            Some(p) if !p.trim().is_empty() && p != "-" => Some(p),
+            _ => match read_stdin_prompt() {
+                Ok(p) if !p.trim().is_empty() => Some(p),
+                Ok(_) => {
+                    log::error("no prompt: pass one as an argument or on stdin");
+                    return print::EXIT_NO_INPUT;
+                }
+                Err(code) => return code,
+            },
+        },
+    };
+
+    let engine_config = EngineConfig {
+        provider: provider.clone(),
+        retry: RetryPolicy {
+            max_retries: args.max_retries.unwrap_or(RetryPolicy::default().max_retries),
+            ..RetryPolicy::default()
+        },
+        first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
+        idle_timeout: Duration::from_secs_f64(args.idle_timeout.unwrap_or(90.0)),
+    };
+    let mut engine = match Engine::new(engine_config) {
+        Ok(e) => e,
+        Err(e) => {
+            log::error(&format!("cannot start the event loop: {e}"));
+            return print::EXIT_RUNTIME;
+        }
+    };
+    let run = agent::run::Run::new(run_config, policy, Vec::new());
+    let run_id = engine.add_run(run, workspace.clone());
+    let mut printer = Printer::new(
+        run_id,
+        args.output_format,
+        args.input_format,
+        args.include_partial_messages,
+        new_session_id(),
+        provider.model.clone(),
+    );
+    printer.init_frame(&tool_names, &workspace_str, mode.as_str());
+    match prompt {
+        Some(prompt) => {
+            let action = printer.start_text(prompt);
+            engine.push_action(action);
+        }
+        None => {
+            printer.wait_for_first_line();
+            if let Err(e) = engine.attach_stdin() {
+                log::error(&format!("cannot read stdin: {e}"));
+                return print::EXIT_RUNTIME;
+            }
+        }
+    }
+    if let Err(e) = engine.run_loop(&mut printer) {
+        log::error(&format!("event loop failed: {e}"));
+        return print::EXIT_RUNTIME;
+    }
+    let _ = HostAction::Quit;
+    printer.exit_code
+}
+
+fn resolve_workspace(cwd: Option<&Path>) -> Result<PathBuf, String> {
+    let dir = match cwd {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?,
+    };
+    dir.canonicalize()
+        .map_err(|e| format!("workspace {}: {e}", dir.display()))
+}
+
+fn read_stdin_prompt() -> Result<String, u8> {
+    use std::io::Read;
+    if sys::is_tty(0) {
+        log::error("no prompt: pass one as an argument or pipe it on stdin");
+        return Err(print::EXIT_NO_INPUT);
+    }
+    let mut buf = Vec::new();
+    let limit = print::MAX_STDIN_PROMPT as u64 + 1;
+    if let Err(e) = std::io::stdin().lock().take(limit).read_to_end(&mut buf) {
+        log::error(&format!("cannot read stdin: {e}"));
+        return Err(print::EXIT_NO_INPUT);
+    }
+    if buf.len() > print::MAX_STDIN_PROMPT {
+        log::error(&format!(
+            "stdin prompt exceeds {} bytes",
+            print::MAX_STDIN_PROMPT
+        ));
+        return Err(print::EXIT_CONFIG);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}

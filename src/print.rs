@@ -1,0 +1,420 @@
+//! Print mode (`caliban -p`): one run driven from argv or stdin, reported on stdout as text,
+//! one JSON result, or upstream's stream-json frames (`reference/upstream-caliban.md` §6.3),
+//! ending with the exit codes of upstream's headless protocol.
+//!
+//! It is a `Host` of the engine: it renders events and answers Asks (always "deny, here is
+//! how to allow it": nobody can be asked). It holds no agent logic.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::agent::event::{StopCondition, TurnEvent};
+use crate::agent::run::ToolCall;
+use crate::cli::{InputFormat, OutputFormat};
+use crate::engine::{AskReply, Host, HostAction, RetryNotice, RunId};
+use crate::model::types::{ContentBlock, Message, Usage};
+use crate::permissions;
+use crate::reactor::Signal;
+use crate::stdio::{self, StdinItem};
+
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_RUNTIME: u8 = 1;
+pub const EXIT_ASSISTANT: u8 = 2;
+pub const EXIT_USAGE: u8 = 64;
+pub const EXIT_NO_INPUT: u8 = 66;
+pub const EXIT_MAX_TURNS: u8 = 75;
+pub const EXIT_CONFIG: u8 = 78;
+pub const EXIT_CANCELLED: u8 = 124;
+pub const EXIT_INTERRUPTED_TWICE: u8 = 130;
+
+/// The largest prompt read from stdin in text mode (upstream's cap).
+pub const MAX_STDIN_PROMPT: usize = 10 * 1024 * 1024;
+
+pub struct Printer {
+    run: RunId,
+    output: OutputFormat,
+    input: InputFormat,
+    partial: bool,
+    session_id: String,
+    model: String,
+    started: Instant,
+    /// stream-json input: messages that arrived while a turn was still running.
+    queued: VecDeque<Vec<ContentBlock>>,
+    stdin_done: bool,
+    awaiting_input: bool,
+    /// The text of the latest completed assistant turn (the `result`).
+    last_text: String,
+    tool_calls_seen: u32,
+    /// tool_use frames wait until the model finished the turn, when inputs are complete.
+    pending_tool_inputs: Vec<(String, String, String)>,
+    turns: u32,
+    usage: Usage,
+    input_error: Option<String>,
+    interrupts: u32,
+    stdout_gone: bool,
+    pub exit_code: u8,
+}
+
+impl Printer {
+    pub fn new(
+        run: RunId,
+        output: OutputFormat,
+        input: InputFormat,
+        partial: bool,
+        session_id: String,
+        model: String,
+    ) -> Printer {
+        Printer {
+            run,
+            output,
+            input,
+            partial,
+            session_id,
+            model,
+            started: Instant::now(),
+            queued: VecDeque::new(),
+            stdin_done: input == InputFormat::Text,
+            awaiting_input: false,
+            last_text: String::new(),
+            tool_calls_seen: 0,
+            pending_tool_inputs: Vec::new(),
+            turns: 0,
+            usage: Usage::default(),
+            input_error: None,
+            interrupts: 0,
+            stdout_gone: false,
+            exit_code: EXIT_RUNTIME,
+        }
+    }
+
+    /// Writes one stream-json frame (only in that format).
+    fn frame(&mut self, value: Value) {
+        if self.output == OutputFormat::StreamJson {
+            let mut line = value.to_string();
+            line.push('\n');
+            self.write(line.as_bytes());
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        if self.stdout_gone {
+            return;
+        }
+        if stdio::write_stdout(bytes).is_err() {
+            // The reader went away (EPIPE): keep running to a clean end, print nothing more.
+            self.stdout_gone = true;
+        }
+    }
+
+    pub fn init_frame(&mut self, tools: &[&str], cwd: &str, permission_mode: &str) {
+        self.frame(json!({
+            "type": "system", "subtype": "init", "session_id": self.session_id,
+            "model": self.model, "tools": tools, "plugins": [],
+            "settingSources": ["user", "project"], "mcp_servers": [], "bare_mode": false,
+            "cwd": cwd, "permission_mode": permission_mode,
+        }));
+    }
+
+    fn flush_tool_uses(&mut self) {
+        for (id, name, raw) in std::mem::take(&mut self.pending_tool_inputs) {
+            let input = if raw.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(&raw).unwrap_or(Value::String(raw))
+            };
+            self.frame(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
+        }
+    }
+
+    fn result(&mut self, why: &StopCondition) {
+        let (subtype, code, error) = match why {
+            StopCondition::EndOfTurn => ("success", EXIT_OK, None),
+            StopCondition::MaxTurnsReached(_) => ("max_turns", EXIT_MAX_TURNS, None),
+            StopCondition::Cancelled => ("cancelled", EXIT_CANCELLED, None),
+            StopCondition::MaxTokensExhausted => ("max_tokens", EXIT_ASSISTANT, None),
+            StopCondition::Refusal(e) | StopCondition::ContentFilter(e) => {
+                ("error", EXIT_ASSISTANT, Some(e.clone()))
+            }
+            StopCondition::ProviderError(e) => ("error", EXIT_RUNTIME, Some(e.clone())),
+            StopCondition::StreamIdle(d) => (
+                "error",
+                EXIT_RUNTIME,
+                Some(format!("the model stream was idle for {} s", d.as_secs_f64())),
+            ),
+        };
+        let (subtype, code, error) = match &self.input_error {
+            Some(e) => ("error", EXIT_USAGE, Some(e.clone())),
+            None => (subtype, code, error),
+        };
+        self.exit_code = code;
+        let mut frame = json!({
+            "type": "result", "subtype": subtype, "session_id": self.session_id,
+            "total_cost_usd": cost_usd(&self.model, &self.usage),
+            "turns": self.turns, "num_turns": self.turns,
+            "total_input_tokens": self.usage.input_tokens,
+            "total_output_tokens": self.usage.output_tokens,
+            "is_error": subtype != "success",
+            "duration_ms": self.started.elapsed().as_millis() as u64,
+            "usage": self.usage.to_json(),
+            "turns_without_edit": 0, "no_edit_nudge_emitted": false,
+        });
+        if subtype == "success" {
+            frame["result"] = json!(self.last_text);
+        } else {
+            if !self.last_text.is_empty() {
+                frame["last_assistant_text"] = json!(self.last_text);
+            }
+            frame["tool_calls_seen"] = json!(self.tool_calls_seen);
+            if let Some(error) = &error {
+                frame["error"] = json!(error);
+            }
+        }
+        match self.output {
+            OutputFormat::StreamJson => self.frame(frame),
+            OutputFormat::Json => {
+                let line = format!("{frame}\n");
+                self.write(line.as_bytes());
+            }
+            OutputFormat::Text => {
+                if subtype == "success" {
+                    let mut text = self.last_text.clone();
+                    if !text.ends_with('\n') {
+                        text.push('\n');
+                    }
+                    self.write(text.as_bytes());
+                } else {
+                    let detail = error.unwrap_or_else(|| subtype.replace('_', " "));
+                    crate::log::error(&format!("run ended: {detail}"));
+                    if !self.last_text.is_empty() {
+                        let text = format!("{}\n", self.last_text);
+                        self.write(text.as_bytes());
+                    }
+                }
+            }
+        }
+    }
+
+    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Vec<ContentBlock>>, String> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let value: Value =
+            serde_json::from_slice(line).map_err(|e| format!("stream-json input: {e}"))?;
+        let obj = value
+            .as_object()
+            .ok_or("stream-json input: each line must be a JSON object")?;
+        match obj.get("type").and_then(Value::as_str) {
+            Some("user") => {
+                if let Some(extra) = obj.keys().find(|k| *k != "type" && *k != "content") {
+                    return Err(format!("stream-json input: unexpected field `{extra}` in a user message"));
+                }
+                let content = match obj.get("content") {
+                    Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
+                    Some(Value::Array(blocks)) => blocks
+                        .iter()
+                        .map(|b| match ContentBlock::from_json(b) {
+                            Ok(block @ ContentBlock::Text { .. }) => Ok(block),
+                            Ok(_) => Err("stream-json input: only text blocks are accepted".to_owned()),
+                            Err(e) => Err(format!("stream-json input: {e}")),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?,
+                    _ => return Err("stream-json input: `content` must be a string or an array of text blocks".into()),
+                };
+                Ok(Some(content))
+            }
+            Some("control") => match obj.get("subtype").and_then(Value::as_str) {
+                Some("interrupt") => Err(String::new()),
+                other => Err(format!("stream-json input: unknown control subtype {other:?}")),
+            },
+            Some(other) => Err(format!("stream-json input: unknown message type `{other}`")),
+            None => Err("stream-json input: missing `type`".into()),
+        }
+    }
+
+    fn feed_pending(&mut self) -> Vec<HostAction> {
+        if !self.awaiting_input {
+            return Vec::new();
+        }
+        if let Some(content) = self.queued.pop_front() {
+            self.awaiting_input = false;
+            return vec![HostAction::SendInput(self.run, content)];
+        }
+        if self.stdin_done {
+            self.awaiting_input = false;
+            return vec![HostAction::EndInput(self.run)];
+        }
+        Vec::new()
+    }
+}
+
+impl Host for Printer {
+    fn on_event(&mut self, _run: RunId, event: &TurnEvent) -> Vec<HostAction> {
+        match event {
+            TurnEvent::AssistantTextDelta { text, .. } if self.partial => {
+                self.frame(json!({"type": "text", "delta": text}));
+            }
+            TurnEvent::AssistantThinkingDelta { text, .. } if self.partial => {
+                self.frame(json!({"type": "thinking", "delta": text}));
+            }
+            TurnEvent::ToolCallStart {
+                tool_use_id, name, ..
+            } => {
+                self.tool_calls_seen += 1;
+                self.pending_tool_inputs
+                    .push((tool_use_id.clone(), name.clone(), String::new()));
+            }
+            TurnEvent::ToolCallInputDelta {
+                tool_use_id,
+                partial_json,
+                ..
+            } => {
+                if let Some(entry) = self
+                    .pending_tool_inputs
+                    .iter_mut()
+                    .find(|(id, _, _)| id == tool_use_id)
+                {
+                    entry.2.push_str(partial_json);
+                }
+            }
+            TurnEvent::ToolCallEnd {
+                tool_use_id,
+                is_error,
+                content,
+                ..
+            } => {
+                self.flush_tool_uses();
+                self.frame(json!({
+                    "type": "tool_result", "tool_use_id": tool_use_id, "is_error": is_error,
+                    "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
+                }));
+            }
+            TurnEvent::TurnEnd {
+                assistant_message,
+                usage,
+                ..
+            } => {
+                self.flush_tool_uses();
+                self.turns += 1;
+                self.usage.add(usage);
+                self.last_text = assistant_message.text();
+                if !self.partial {
+                    let Message { content, .. } = assistant_message;
+                    self.frame(json!({
+                        "type": "message", "role": "assistant",
+                        "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
+                    }));
+                }
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    fn on_ask(&mut self, _run: RunId, call: &ToolCall) -> AskReply {
+        AskReply::Deny(permissions::ask_denied_message(&call.name, &call.input))
+    }
+
+    fn on_retry(&mut self, _run: RunId, notice: &RetryNotice) {
+        let mut frame = json!({
+            "type": "system", "subtype": "api_retry", "attempt": notice.attempt,
+            "max_retries": notice.max_retries, "retry_delay_ms": notice.delay.as_millis() as u64,
+            "error_category": notice.category,
+        });
+        if let Some(status) = notice.status {
+            frame["error_status"] = json!(status);
+        }
+        self.frame(frame);
+    }
+
+    fn on_await_input(&mut self, _run: RunId) -> Vec<HostAction> {
+        self.awaiting_input = true;
+        self.feed_pending()
+    }
+
+    fn on_finished(&mut self, _run: RunId, why: &StopCondition) -> Vec<HostAction> {
+        self.result(why);
+        vec![HostAction::Quit]
+    }
+
+    fn on_stdin(&mut self, item: StdinItem) -> Vec<HostAction> {
+        if self.input != InputFormat::StreamJson {
+            return Vec::new();
+        }
+        match item {
+            StdinItem::Eof => {
+                self.stdin_done = true;
+                self.feed_pending()
+            }
+            StdinItem::Oversized => {
+                self.input_error = Some(format!(
+                    "stream-json input: a line exceeds {} bytes",
+                    stdio::MAX_LINE
+                ));
+                vec![HostAction::Cancel(self.run)]
+            }
+            StdinItem::Line(line) => match self.parse_input_line(&line) {
+                Ok(None) => Vec::new(),
+                Ok(Some(content)) => {
+                    self.queued.push_back(content);
+                    self.feed_pending()
+                }
+                // `control/interrupt`: stop the current turn, like a first Ctrl-C.
+                Err(e) if e.is_empty() => vec![HostAction::Cancel(self.run)],
+                Err(e) => {
+                    self.input_error = Some(e);
+                    vec![HostAction::Cancel(self.run)]
+                }
+            },
+        }
+    }
+
+    fn on_signal(&mut self, signal: Signal) -> Vec<HostAction> {
+        self.interrupts += 1;
+        if signal == Signal::Interrupt && self.interrupts >= 2 {
+            self.exit_code = EXIT_INTERRUPTED_TWICE;
+            return vec![HostAction::Quit];
+        }
+        vec![HostAction::Cancel(self.run)]
+    }
+}
+
+impl Printer {
+    /// Marks the printer as started by a text-mode prompt: no more input will come.
+    pub fn start_text(&mut self, prompt: String) -> HostAction {
+        HostAction::SendInput(self.run, vec![ContentBlock::text(prompt)])
+    }
+
+    /// stream-json input: the run starts with the first user line.
+    pub fn wait_for_first_line(&mut self) {
+        self.awaiting_input = true;
+    }
+
+    pub fn result_for_early_exit(&mut self, why: StopCondition, input_error: Option<String>) {
+        self.input_error = input_error;
+        self.result(&why);
+    }
+}
+
+/// Published list prices (USD per million tokens, input/output) for models we know; other
+/// models report null rather than a guess.
+fn cost_usd(model: &str, usage: &Usage) -> Value {
+    const PRICES: &[(&str, f64, f64)] = &[
+        ("claude-opus-4", 15.0, 75.0),
+        ("claude-sonnet-4", 3.0, 15.0),
+        ("claude-haiku-4", 1.0, 5.0),
+        ("claude-3-5-haiku", 0.8, 4.0),
+        ("gpt-4.1-mini", 0.4, 1.6),
+        ("gpt-4.1", 2.0, 8.0),
+        ("gpt-4o-mini", 0.15, 0.6),
+        ("gpt-4o", 2.5, 10.0),
+    ];
+    match PRICES.iter().find(|(prefix, _, _)| model.starts_with(prefix)) {
+        Some((_, input, output)) => {
+            let cost = usage.input_tokens as f64 * input / 1e6 + usage.output_tokens as f64 * output / 1e6;
+            json!((cost * 1e6).round() / 1e6)
+        }
+        None => Value::Null,
+    }
+}

@@ -1,0 +1,265 @@
+//! Stdin as a line source on the reactor, and stdout as a byte sink.
+//!
+//! Stdin is polled when it is a pipe, socket or terminal. epoll refuses regular files and
+//! /dev/null (EPERM), so for those a helper thread reads and posts chunks through a channel
+//! and the `Waker`. O_NONBLOCK set on an inherited descriptor is shared with our parent, so
+//! the old flags are restored on drop.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token, Waker};
+
+use crate::sys::{self, FdKind};
+
+const STDIN_FD: i32 = 0;
+const STDOUT_FD: i32 = 1;
+
+/// The longest stdin line we accept (a stream-json user message with a pasted file fits;
+/// a peer that never sends a newline does not grow us without bound).
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// What stdin produced since the last call.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StdinItem {
+    Line(Vec<u8>),
+    /// A line longer than `MAX_LINE`; its bytes were discarded up to the next newline.
+    Oversized,
+    Eof,
+}
+
+enum Mode {
+    Polled { saved_flags: libc::c_int },
+    Thread { rx: Receiver<Option<Vec<u8>>> },
+    Finished,
+}
+
+pub struct Stdin {
+    mode: Mode,
+    partial: Vec<u8>,
+    discarding: bool,
+}
+
+impl Stdin {
+    /// Registers stdin under `token`, or starts the fallback reader thread.
+    pub fn attach(registry: &Registry, token: Token, waker: Arc<Waker>) -> io::Result<Stdin> {
+        let mode = match sys::fd_kind(STDIN_FD) {
+            FdKind::Closed => Mode::Finished,
+            FdKind::Pollable => {
+                let saved_flags = sys::set_nonblocking(STDIN_FD, true)?;
+                match registry.register(&mut SourceFd(&STDIN_FD), token, Interest::READABLE) {
+                    Ok(()) => Mode::Polled { saved_flags },
+                    Err(_) => {
+                        sys::restore_flags(STDIN_FD, saved_flags);
+                        spawn_reader(waker)?
+                    }
+                }
+            }
+            FdKind::NotPollable => spawn_reader(waker)?,
+        };
+        let mut stdin = Stdin {
+            mode,
+            partial: Vec::new(),
+            discarding: false,
+        };
+        if matches!(stdin.mode, Mode::Finished) {
+            stdin.partial.clear();
+        }
+        Ok(stdin)
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.mode, Mode::Finished)
+    }
+
+    /// Collects complete lines (and EOF) available now. Call on readiness of the stdin token
+    /// and on every `Woken`.
+    pub fn drain(&mut self, registry: &Registry, out: &mut Vec<StdinItem>) {
+        match &self.mode {
+            Mode::Finished => {}
+            Mode::Polled { saved_flags } => {
+                let saved = *saved_flags;
+                let mut buf = [0u8; 64 * 1024];
+                loop {
+                    match sys::read_fd(STDIN_FD, &mut buf) {
+                        Ok(0) => {
+                            let _ = registry.deregister(&mut SourceFd(&STDIN_FD));
+                            sys::restore_flags(STDIN_FD, saved);
+                            self.finish(out);
+                            return;
+                        }
+                        Ok(n) => self.push(&buf[..n], out),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(_) => {
+                            let _ = registry.deregister(&mut SourceFd(&STDIN_FD));
+                            sys::restore_flags(STDIN_FD, saved);
+                            self.finish(out);
+                            return;
+                        }
+                    }
+                }
+            }
+            Mode::Thread { rx } => {
+                let mut chunks = Vec::new();
+                let mut eof = false;
+                while let Ok(item) = rx.try_recv() {
+                    match item {
+                        Some(chunk) => chunks.push(chunk),
+                        None => {
+                            eof = true;
+                            break;
+                        }
+                    }
+                }
+                for chunk in chunks {
+                    self.push(&chunk, out);
+                }
+                if eof {
+                    self.finish(out);
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, mut bytes: &[u8], out: &mut Vec<StdinItem>) {
+        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+            let (head, rest) = bytes.split_at(nl);
+            bytes = &rest[1..];
+            if self.discarding {
+                self.discarding = false;
+                self.partial.clear();
+                continue;
+            }
+            if self.partial.len() + head.len() > MAX_LINE {
+                self.partial.clear();
+                out.push(StdinItem::Oversized);
+                continue;
+            }
+            let mut line = std::mem::take(&mut self.partial);
+            line.extend_from_slice(head);
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            out.push(StdinItem::Line(line));
+        }
+        if self.discarding {
+            return;
+        }
+        if self.partial.len() + bytes.len() > MAX_LINE {
+            self.partial.clear();
+            self.discarding = true;
+            out.push(StdinItem::Oversized);
+            return;
+        }
+        self.partial.extend_from_slice(bytes);
+    }
+
+    fn finish(&mut self, out: &mut Vec<StdinItem>) {
+        if !self.partial.is_empty() && !self.discarding {
+            out.push(StdinItem::Line(std::mem::take(&mut self.partial)));
+        }
+        self.mode = Mode::Finished;
+        out.push(StdinItem::Eof);
+    }
+}
+
+impl Drop for Stdin {
+    fn drop(&mut self) {
+        if let Mode::Polled { saved_flags } = self.mode {
+            sys::restore_flags(STDIN_FD, saved_flags);
+        }
+    }
+}
+
+fn spawn_reader(waker: Arc<Waker>) -> io::Result<Mode> {
+    let (tx, rx): (Sender<Option<Vec<u8>>>, _) = channel();
+    std::thread::Builder::new()
+        .name("caliban-stdin".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match sys::read_fd(STDIN_FD, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if tx.send(Some(buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                        let _ = waker.wake();
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(None);
+            let _ = waker.wake();
+        })?;
+    Ok(Mode::Thread { rx })
+}
+
+/// Writes all of `bytes` to stdout, blocking. Print mode's consumer is a pipe or a file; a
+/// reader that went away (EPIPE) is reported so the caller can stop producing.
+pub fn write_stdout(bytes: &[u8]) -> io::Result<()> {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match sys::write_fd(STDOUT_FD, rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Someone made our stdout non-blocking; wait briefly rather than spin.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(stdin: &mut Stdin, chunks: &[&[u8]]) -> Vec<StdinItem> {
+        let mut out = Vec::new();
+        for c in chunks {
+            stdin.push(c, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn splits_lines_across_chunks() {
+        let mut s = Stdin {
+            mode: Mode::Finished,
+            partial: Vec::new(),
+            discarding: false,
+        };
+        let out = lines(&mut s, &[b"ab", b"c\r\nd", b"\n\n"]);
+        assert_eq!(
+            out,
+            vec![
+                StdinItem::Line(b"abc".to_vec()),
+                StdinItem::Line(b"d".to_vec()),
+                StdinItem::Line(Vec::new())
+            ]
+        );
+    }
+
+    #[test]
+    fn oversized_lines_are_dropped_whole() {
+        let mut s = Stdin {
+            mode: Mode::Finished,
+            partial: Vec::new(),
+            discarding: false,
+        };
+        let big = vec![b'x'; MAX_LINE + 1];
+        let out = lines(&mut s, &[&big, b"tail\nok\n"]);
+        assert_eq!(
+            out,
+            vec![StdinItem::Oversized, StdinItem::Line(b"ok".to_vec())]
+        );
+    }
+}

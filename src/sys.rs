@@ -1,0 +1,211 @@
+//! Every `unsafe` block and every direct libc call in caliban lives here, each with a SAFETY
+//! note. The rest of the crate sees safe functions with io::Result.
+//!
+//! It owns: signal handlers that write to a self-pipe, file-status-flag changes, process
+//! groups (setsid in the child, group kill), fd-type probes, and the terminal check. It must
+//! not know about runs, protocols or the reactor's tokens.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The write end of the signal self-pipe; -1 until `install_signal_pipe` ran. A plain atomic
+/// because a signal handler may only touch async-signal-safe state.
+static SIGNAL_PIPE_FD: AtomicI32 = AtomicI32::new(-1);
+
+pub const SIGINT: i32 = libc::SIGINT;
+pub const SIGTERM: i32 = libc::SIGTERM;
+pub const SIGCHLD: i32 = libc::SIGCHLD;
+
+extern "C" fn on_signal(signum: libc::c_int) {
+    let fd = SIGNAL_PIPE_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let byte = signum as u8;
+        // SAFETY: write(2) is async-signal-safe; `byte` lives for the call. A full pipe
+        // (EAGAIN) only loses a duplicate wake-up, which the reader tolerates because it
+        // re-checks all children and the shutdown flag on any byte.
+        unsafe {
+            libc::write(fd, (&byte as *const u8).cast(), 1);
+        }
+    }
+}
+
+/// Routes SIGINT, SIGTERM and SIGCHLD to `write_fd` (one byte per signal, the signal number).
+/// `write_fd` must be non-blocking and stay open for the life of the process.
+pub fn install_signal_pipe(write_fd: RawFd) -> io::Result<()> {
+    SIGNAL_PIPE_FD.store(write_fd, Ordering::Relaxed);
+    for signum in [SIGINT, SIGTERM, SIGCHLD] {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; we then set a
+        // handler that only performs async-signal-safe work (see `on_signal`).
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = on_signal as *const () as usize;
+        // SA_RESTART keeps blocking reads on helper threads from failing with EINTR.
+        action.sa_flags = libc::SA_RESTART | libc::SA_NOCLDSTOP;
+        // SAFETY: `action.sa_mask` is a valid sigset_t owned by us.
+        unsafe { libc::sigemptyset(&mut action.sa_mask) };
+        // SAFETY: valid signal number and a fully initialised sigaction; we pass null for the
+        // old action, which sigaction(2) permits.
+        let rc = unsafe { libc::sigaction(signum, &action, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Ignore SIGPIPE so a vanished reader turns into EPIPE on write instead of killing us.
+/// (Rust's runtime already does this for the main binary; tests and embedders may not.)
+pub fn ignore_sigpipe() {
+    // SAFETY: setting a signal to SIG_IGN has no memory-safety requirements.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
+fn get_fl(fd: RawFd) -> io::Result<libc::c_int> {
+    // SAFETY: F_GETFL on any fd value is safe; an invalid fd yields EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(flags)
+    }
+}
+
+/// Sets or clears O_NONBLOCK and returns the previous flags so the caller can restore them:
+/// stdio descriptors are shared with our parent, and leaving them non-blocking breaks it.
+pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<libc::c_int> {
+    let old = get_fl(fd)?;
+    let new = if on {
+        old | libc::O_NONBLOCK
+    } else {
+        old & !libc::O_NONBLOCK
+    };
+    if new != old {
+        // SAFETY: F_SETFL with flags derived from F_GETFL on the same fd.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, new) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(old)
+}
+
+/// Restores flags saved by `set_nonblocking`.
+pub fn restore_flags(fd: RawFd, flags: libc::c_int) {
+    // SAFETY: F_SETFL with flags previously read from this fd; failure is harmless here.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFL, flags);
+    }
+}
+
+/// What kind of file a descriptor is, as far as epoll cares: pipes, sockets and terminals can
+/// be polled; regular files and /dev/null cannot (epoll_ctl answers EPERM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdKind {
+    Pollable,
+    NotPollable,
+    Closed,
+}
+
+pub fn fd_kind(fd: RawFd) -> FdKind {
+    // SAFETY: a zeroed stat is a valid out-parameter; fstat writes it fully on success.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable stat buffer.
+    let rc = unsafe { libc::fstat(fd, &mut st) };
+    if rc != 0 {
+        return FdKind::Closed;
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFIFO | libc::S_IFSOCK => FdKind::Pollable,
+        libc::S_IFCHR if is_tty(fd) => FdKind::Pollable,
+        _ => FdKind::NotPollable,
+    }
+}
+
+pub fn is_tty(fd: RawFd) -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// Makes the child a session and process-group leader and resets what it inherited from us:
+/// the signal mask and the dispositions of signals we handle. Killing the group then reaches
+/// every grandchild a shell command starts.
+pub fn detach_into_own_group(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (setsid, sigprocmask, signal); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            for signum in [libc::SIGINT, libc::SIGTERM, libc::SIGCHLD, libc::SIGPIPE] {
+                libc::signal(signum, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `signal` to every process in group `pgid`. ESRCH (group already gone) is success.
+pub fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    if pgid <= 1 {
+        // Never signal "every process" (-1) or our own group (0) by accident.
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill(2) with a negative pid targets one process group; no memory involved.
+    let rc = unsafe { libc::kill(-pgid, signal) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ESRCH) {
+            return Ok(());
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+pub const SIGKILL: i32 = libc::SIGKILL;
+
+/// Raw fd of anything that has one; a tiny helper so callers need not import the trait.
+pub fn raw_fd(source: &impl AsRawFd) -> RawFd {
+    source.as_raw_fd()
+}
+
+/// Reads the process's resident set size in KiB from /proc (used by `caliban --version
+/// --verbose` style diagnostics and benches). None where /proc is unavailable.
+pub fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// read(2) on a raw descriptor we do not own (stdin), so no `File` ever closes it.
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable region of `buf.len()` bytes for the whole call.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// write(2) on a raw descriptor we do not own (stdout).
+pub fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid readable region of `buf.len()` bytes for the whole call.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}

@@ -1,0 +1,285 @@
+//! The `Bash` tool: a shell command in its own process group with non-blocking pipes that
+//! the engine registers on the reactor, a timeout, capped capture and group kill.
+//!
+//! It owns the child and its pipes; it must not know about tokens' meaning or runs. The
+//! engine calls `drain` on readiness, `try_reap` on SIGCHLD and `kill` on timeout/cancel.
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use mio::unix::pipe;
+use mio::{Interest, Registry, Token};
+use serde_json::Value;
+
+use crate::sys;
+use crate::tools::ToolOutput;
+
+/// Upstream keeps 30 KiB of each stream; the rest is drained and counted so the child never
+/// blocks on a full pipe.
+pub const STREAM_CAP: usize = 30 * 1024;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const MAX_TIMEOUT_SECS: u64 = 600;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Default)]
+struct Capture {
+    kept: Vec<u8>,
+    dropped: u64,
+}
+
+impl Capture {
+    fn push(&mut self, bytes: &[u8]) {
+        let room = STREAM_CAP.saturating_sub(self.kept.len());
+        let take = room.min(bytes.len());
+        self.kept.extend_from_slice(&bytes[..take]);
+        self.dropped += (bytes.len() - take) as u64;
+    }
+
+    fn render(&self) -> String {
+        let mut text = String::from_utf8_lossy(&self.kept).into_owned();
+        if self.dropped > 0 {
+            text.push_str(&format!("\n[… {} more bytes not shown]", self.dropped));
+        }
+        text
+    }
+}
+
+pub struct BashJob {
+    child: Child,
+    pgid: u32,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
+    out: Capture,
+    err: Capture,
+    exit: Option<ExitStatus>,
+    killed_for: Option<&'static str>,
+    pub timeout: Duration,
+}
+
+/// Where a shell can be found, preferring bash for the syntax models expect.
+fn shell() -> &'static str {
+    if Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    }
+}
+
+fn resolve_cwd(workspace: &Path, cwd: Option<&str>) -> Result<PathBuf, String> {
+    let Some(cwd) = cwd.filter(|c| !c.is_empty()) else {
+        return Ok(workspace.to_path_buf());
+    };
+    let joined = workspace.join(cwd);
+    let canonical = joined
+        .canonicalize()
+        .map_err(|e| format!("Bash: cwd `{cwd}`: {e}"))?;
+    let root = workspace
+        .canonicalize()
+        .unwrap_or_else(|_| workspace.to_path_buf());
+    if !canonical.starts_with(&root) {
+        return Err(format!("Bash: cwd `{cwd}` is outside the workspace"));
+    }
+    if !canonical.is_dir() {
+        return Err(format!("Bash: cwd `{cwd}` is not a directory"));
+    }
+    Ok(canonical)
+}
+
+impl BashJob {
+    /// Validates the input and starts the child. Errors are tool results for the model.
+    pub fn spawn(input: &Value, workspace: &Path) -> Result<BashJob, ToolOutput> {
+        let command = match input.get("command") {
+            Some(Value::String(c)) if !c.trim().is_empty() => c.clone(),
+            Some(Value::String(_)) => return Err(ToolOutput::error("Bash: `command` is empty")),
+            _ => {
+                return Err(ToolOutput::error(
+                    "Bash: missing required string field `command`",
+                ));
+            }
+        };
+        let timeout = match input.get("timeout_seconds") {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT,
+            Some(v) => match v.as_u64() {
+                Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
+                _ => {
+                    return Err(ToolOutput::error(format!(
+                        "Bash: `timeout_seconds` must be an integer from 1 to {MAX_TIMEOUT_SECS}"
+                    )));
+                }
+            },
+        };
+        let cwd = resolve_cwd(workspace, input.get("cwd").and_then(Value::as_str))
+            .map_err(ToolOutput::error)?;
+        let mut cmd = Command::new(shell());
+        cmd.arg("-c")
+            .arg(&command)
+            .current_dir(&cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        sys::detach_into_own_group(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ToolOutput::error(format!("Bash: cannot start {}: {e}", shell())))?;
+        let pgid = child.id();
+        let pipes = (|| -> io::Result<(pipe::Receiver, pipe::Receiver)> {
+            let out = pipe::Receiver::from(child.stdout.take().ok_or(io::ErrorKind::BrokenPipe)?);
+            let err = pipe::Receiver::from(child.stderr.take().ok_or(io::ErrorKind::BrokenPipe)?);
+            out.set_nonblocking(true)?;
+            err.set_nonblocking(true)?;
+            Ok((out, err))
+        })();
+        let (stdout, stderr) = match pipes {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = sys::kill_group(pgid, sys::SIGKILL);
+                let _ = child.wait();
+                return Err(ToolOutput::error(format!("Bash: pipe setup failed: {e}")));
+            }
+        };
+        Ok(BashJob {
+            child,
+            pgid,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            out: Capture::default(),
+            err: Capture::default(),
+            exit: None,
+            killed_for: None,
+            timeout,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pgid
+    }
+
+    pub fn register(&mut self, registry: &Registry, out: Token, err: Token) -> io::Result<()> {
+        if let Some(p) = self.stdout.as_mut() {
+            registry.register(p, out, Interest::READABLE)?;
+        }
+        if let Some(p) = self.stderr.as_mut() {
+            registry.register(p, err, Interest::READABLE)?;
+        }
+        Ok(())
+    }
+
+    /// Reads one pipe until `WouldBlock` or EOF; at EOF the pipe is deregistered and closed.
+    pub fn drain(&mut self, registry: &Registry, which: Stream) {
+        let (slot, capture) = match which {
+            Stream::Stdout => (&mut self.stdout, &mut self.out),
+            Stream::Stderr => (&mut self.stderr, &mut self.err),
+        };
+        let Some(pipe) = slot.as_mut() else { return };
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => capture.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        if let Some(mut pipe) = slot.take() {
+            let _ = registry.deregister(&mut pipe);
+        }
+    }
+
+    /// Non-blocking reap. Once the shell has exited, anything it left running in its group
+    /// is killed: a tool call must not leak background processes or hold our pipes open.
+    pub fn try_reap(&mut self) -> bool {
+        if self.exit.is_some() {
+            return true;
+        }
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.exit = Some(status);
+                let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+                true
+            }
+            Ok(None) => false,
+            Err(_) => {
+                // ECHILD: someone else reaped it; treat as exited with unknown status.
+                let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+                true
+            }
+        }
+    }
+
+    /// Kills the whole process group (timeout or cancel); the exit is reaped later.
+    pub fn kill(&mut self, why: &'static str) {
+        if self.killed_for.is_none() {
+            self.killed_for = Some(why);
+        }
+        let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+    }
+
+    /// Blocking reap used at shutdown, after `kill`.
+    pub fn reap_blocking(&mut self) {
+        if self.exit.is_none() {
+            if let Ok(status) = self.child.wait() {
+                self.exit = Some(status);
+            }
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.exit.is_some() && self.stdout.is_none() && self.stderr.is_none()
+    }
+
+    pub fn exited(&self) -> bool {
+        self.exit.is_some()
+    }
+
+    /// Closes pipes that a surviving grandchild holds open, so the job can complete.
+    pub fn close_pipes(&mut self, registry: &Registry) {
+        for mut pipe in [self.stdout.take(), self.stderr.take()].into_iter().flatten() {
+            let _ = registry.deregister(&mut pipe);
+        }
+    }
+
+    pub fn output(&self) -> ToolOutput {
+        use std::os::unix::process::ExitStatusExt;
+        let mut text = self.out.render();
+        let err = self.err.render();
+        if !err.is_empty() {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("[stderr]\n");
+            text.push_str(&err);
+        }
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        let mut is_error = false;
+        match (self.killed_for, self.exit) {
+            (Some(why), _) => {
+                is_error = true;
+                text.push_str(&format!("[{why}]"));
+            }
+            (None, Some(status)) => match (status.code(), status.signal()) {
+                (Some(0), _) => text.push_str("[exit code: 0]"),
+                (Some(code), _) => {
+                    is_error = true;
+                    text.push_str(&format!("[exit code: {code}]"));
+                }
+                (None, Some(sig)) => {
+                    is_error = true;
+                    text.push_str(&format!("[killed by signal {sig}]"));
+                }
+                (None, None) => text.push_str("[exit status unknown]"),
+            },
+            (None, None) => text.push_str("[exit status unknown]"),
+        }
+        ToolOutput { is_error, text }
+    }
+}

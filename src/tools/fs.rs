@@ -1,0 +1,2061 @@
+//! The file tools the model may call: `Read`, `Write`, `Edit`, `Glob` and `Grep`.
+//!
+//! They run on a worker thread, so plain blocking filesystem calls are fine here, but every
+//! result is bounded: files over 5 MB are refused, directory walks stop after a fixed number
+//! of entries, and no output is longer than 64 KiB. Every path is rooted in the workspace:
+//! relative paths resolve against it, absolute paths must point inside it, and a `..` or a
+//! symlink that leads out is refused. Results name files relative to the workspace.
+//!
+//! Failures are returned to the model as error results (`ToolOutput::error`), never logged
+//! and never panicked on. This module must not know about the reactor, permissions or
+//! surfaces: by the time `run` is called the caller has decided the call may go ahead.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::fs::{self, File, Metadata};
+use std::io::{self, Write as _};
+use std::ops::ControlFlow;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use regex::{Regex, RegexBuilder};
+use serde_json::{Map, Value};
+
+use crate::glob::{Glob, GlobOptions};
+use crate::tools::ToolOutput;
+
+/// Hard cap on the text of any result.
+const MAX_OUTPUT_BYTES: usize = 64 * 1024;
+/// Files larger than this are neither read, edited nor searched.
+const MAX_FILE_BYTES: u64 = 5 * 1024 * 1024;
+/// A NUL byte in this many leading bytes marks a file as binary (the heuristic git uses).
+const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+
+const READ_DEFAULT_LIMIT: u64 = 2000;
+const READ_MAX_LINE_CHARS: usize = 2000;
+
+const EDIT_DIFF_MAX_BYTES: usize = 8 * 1024;
+const EDIT_CONTEXT_LINES: usize = 2;
+const EDIT_DIFF_MAX_LINE_CHARS: usize = 300;
+
+const GLOB_MAX_RESULTS: usize = 200;
+
+const GREP_DEFAULT_MATCHES: u64 = 100;
+const GREP_MAX_MATCHES: u64 = 500;
+const GREP_MAX_LINE_CHARS: usize = 500;
+/// Compiled-size budget for a `Grep` regex, so a pattern like `\w{1000}{1000}` is refused
+/// instead of eating memory.
+const GREP_REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// Directory entries one walk may visit before it stops and says so.
+const WALK_MAX_ENTRIES: usize = 100_000;
+
+/// A tool failure as text for the model; `run` prefixes the tool name.
+type ToolResult = Result<String, String>;
+
+pub fn is_fs_tool(name: &str) -> bool {
+    matches!(name, "Read" | "Write" | "Edit" | "Glob" | "Grep")
+}
+
+/// Runs one file tool call. Blocking; call it from a worker thread, not the reactor.
+pub fn run(name: &str, input: &Value, workspace: &Path) -> ToolOutput {
+    let res = match name {
+        "Read" => read(input, workspace),
+        "Write" => write(input, workspace),
+        "Edit" => edit(input, workspace),
+        "Glob" => glob(input, workspace),
+        "Grep" => grep(input, workspace),
+        _ => return ToolOutput::error(cap_output(format!("unknown file tool `{name}`"))),
+    };
+    match res {
+        Ok(text) => ToolOutput::ok(cap_output(text)),
+        Err(err) => ToolOutput::error(cap_output(format!("{name}: {err}"))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read
+
+fn read(input: &Value, workspace: &Path) -> ToolResult {
+    let obj = object(input)?;
+    let raw_path = required_str(obj, "path")?;
+    let offset = optional_int(obj, "offset", 1, u64::MAX)?.unwrap_or(1);
+    let limit = optional_int(obj, "limit", 1, u64::MAX)?.unwrap_or(READ_DEFAULT_LIMIT);
+    let target = resolve(workspace, raw_path)?;
+    let (text, lossy) = load_text(&target)?;
+    let rel = &target.rel;
+
+    let lines: Vec<&str> = text.lines().collect();
+    let total = lines.len();
+    if total == 0 {
+        return Ok(format!("→ Read {rel}, lines 0-0 of 0 (empty file)"));
+    }
+    let first = usize::try_from(offset).unwrap_or(usize::MAX);
+    if first > total {
+        return Err(format!(
+            "`offset` {offset} is past the end of `{rel}` ({total} lines)"
+        ));
+    }
+    let wanted_end = first
+        .saturating_sub(1)
+        .saturating_add(usize::try_from(limit).unwrap_or(usize::MAX))
+        .min(total);
+
+    // Stop adding lines before the output cap rather than letting `cap_output` cut a line in
+    // half, so the header can say exactly which lines were shown.
+    let budget = MAX_OUTPUT_BYTES.saturating_sub(512 + 2 * rel.len());
+    let mut body = String::new();
+    let mut last = first - 1;
+    let mut hit_budget = false;
+    for (idx, line) in lines.iter().enumerate().take(wanted_end).skip(first - 1) {
+        let entry = format!("{:>5}  {}\n", idx + 1, cap_line(line, READ_MAX_LINE_CHARS));
+        if body.len() + entry.len() > budget {
+            hit_budget = true;
+            break;
+        }
+        body.push_str(&entry);
+        last = idx + 1;
+    }
+
+    let mut out = format!("→ Read {rel}, lines {first}-{last} of {total}\n");
+    if lossy {
+        out.push_str("(note: the file is not valid UTF-8; invalid bytes are shown as U+FFFD)\n");
+    }
+    out.push_str(&body);
+    if hit_budget {
+        let _ = write!(
+            out,
+            "(output capped at 64 KiB after line {last}; continue with offset={})",
+            last + 1
+        );
+    } else if last < total {
+        let _ = write!(
+            out,
+            "({} more lines; continue with offset={})",
+            total - last,
+            last + 1
+        );
+    }
+    Ok(out.trim_end_matches('\n').to_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Write
+
+fn write(input: &Value, workspace: &Path) -> ToolResult {
+    let obj = object(input)?;
+    let raw_path = required_str(obj, "path")?;
+    let content = required_str(obj, "content")?;
+    let target = resolve(workspace, raw_path)?;
+    let rel = &target.rel;
+
+    let existing = match fs::metadata(&target.abs) {
+        Ok(meta) if meta.is_dir() => return Err(format!("`{rel}` is a directory")),
+        Ok(meta) if !meta.is_file() => return Err(format!("`{rel}` is not a regular file")),
+        Ok(meta) => Some(meta),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => None,
+        Err(err) => return Err(io_message(rel, &err)),
+    };
+    if let Some(parent) = target.abs.parent() {
+        fs::create_dir_all(parent)
+            .map_err(|err| format!("cannot create the parent directories of `{rel}`: {err}"))?;
+    }
+    atomic_write(&target.abs, content.as_bytes(), existing.as_ref())
+        .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
+
+    let n_bytes = content.len();
+    let n_lines = content.lines().count();
+    let how = if existing.is_some() {
+        "overwrote the existing file"
+    } else {
+        "created"
+    };
+    Ok(format!(
+        "→ Wrote {n_bytes} bytes ({n_lines} lines) to {rel} ({how})"
+    ))
+}
+
+/// Replaces `path` with `bytes` so that readers see either the old or the new content, never
+/// a torn file: write a temp file in the same directory, fsync it, then rename it over.
+fn atomic_write(path: &Path, bytes: &[u8], existing: Option<&Metadata>) -> io::Result<()> {
+    static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("the path has no parent directory"))?;
+    // A short fixed-shape name, so a long target name cannot push it past NAME_MAX.
+    let temp = dir.join(format!(
+        ".caliban-write-{}-{}.tmp",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let res = (|| {
+        let mut file = File::options().write(true).create_new(true).open(&temp)?;
+        file.write_all(bytes)?;
+        if let Some(meta) = existing {
+            file.set_permissions(meta.permissions())?;
+        }
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&temp, path)
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    res?;
+    // Sync the directory too so the rename survives a crash; the content is already safe,
+    // so a failure here is not worth failing the call for.
+    if let Ok(dir_file) = File::open(dir) {
+        let _ = dir_file.sync_all();
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Edit
+
+fn edit(input: &Value, workspace: &Path) -> ToolResult {
+    let obj = object(input)?;
+    let raw_path = required_str(obj, "path")?;
+    let old = required_str(obj, "old_string")?;
+    let new = required_str(obj, "new_string")?;
+    let replace_all = optional_bool(obj, "replace_all")?.unwrap_or(false);
+    if old.is_empty() {
+        return Err(
+            "`old_string` is empty; use Write to create a file or replace its whole content"
+                .to_owned(),
+        );
+    }
+    if old == new {
+        return Err("`old_string` and `new_string` are identical; nothing to change".to_owned());
+    }
+    let target = resolve(workspace, raw_path)?;
+    let rel = &target.rel;
+    let meta = match fs::metadata(&target.abs) {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            return Err(format!(
+                "`{rel}` does not exist; use Write to create a new file"
+            ));
+        }
+        Err(err) => return Err(io_message(rel, &err)),
+        Ok(meta) => meta,
+    };
+    let (text, lossy) = load_text(&target)?;
+    if lossy {
+        return Err(format!(
+            "`{rel}` is not valid UTF-8; Edit only changes UTF-8 text (use Write to replace it)"
+        ));
+    }
+
+    let plan = plan_edit(&text, old, new, replace_all).map_err(|miss| miss.describe(rel))?;
+    let new_text = apply_edit(&text, &plan.ranges, &plan.replacement);
+    atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
+        .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
+
+    let diff = diff_summary(&text, &plan.ranges, &plan.replacement);
+    let n = plan.ranges.len();
+    let mut out = format!(
+        "→ Edited {rel}: {n} replacement{}, -{} +{} lines",
+        if n == 1 { "" } else { "s" },
+        diff.removed,
+        diff.added
+    );
+    if plan.tier == MatchTier::Whitespace {
+        out.push_str(" (matched ignoring trailing whitespace and line endings)");
+    }
+    out.push('\n');
+    out.push_str(&diff.text);
+    Ok(out.trim_end_matches('\n').to_owned())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MatchTier {
+    Exact,
+    /// Matched after dropping trailing whitespace on every line and `\r` before `\n`.
+    Whitespace,
+}
+
+#[derive(Debug)]
+struct EditPlan {
+    /// Byte ranges of `text` to replace, sorted and non-overlapping.
+    ranges: Vec<(usize, usize)>,
+    /// `new_string`, with line endings converted to CRLF when the matched text used CRLF.
+    replacement: String,
+    tier: MatchTier,
+}
+
+/// Why an `Edit` found nothing to change.
+#[derive(Debug, PartialEq, Eq)]
+enum EditMiss {
+    NotFound { hint: Option<String> },
+    Ambiguous { count: usize, tier: MatchTier },
+}
+
+impl EditMiss {
+    fn describe(&self, rel: &str) -> String {
+        match self {
+            EditMiss::NotFound { hint } => {
+                let mut msg = format!(
+                    "`old_string` was not found in `{rel}` (also tried ignoring trailing \
+                     whitespace and line endings); Read the file again and copy the exact text, \
+                     including indentation"
+                );
+                if let Some(hint) = hint {
+                    msg.push_str("; ");
+                    msg.push_str(hint);
+                }
+                msg
+            }
+            EditMiss::Ambiguous {
+                count,
+                tier: MatchTier::Exact,
+            } => format!(
+                "`old_string` was found {count} times in `{rel}`; include more surrounding lines \
+                 to make it unique, or set `replace_all` to true to change every occurrence"
+            ),
+            EditMiss::Ambiguous {
+                count,
+                tier: MatchTier::Whitespace,
+            } => format!(
+                "`old_string` was not found exactly, and ignoring trailing whitespace and line \
+                 endings it matches {count} places in `{rel}`; copy the exact text from a fresh \
+                 Read, with enough surrounding lines to make it unique"
+            ),
+        }
+    }
+}
+
+fn plan_edit(text: &str, old: &str, new: &str, replace_all: bool) -> Result<EditPlan, EditMiss> {
+    let exact: Vec<(usize, usize)> = text
+        .match_indices(old)
+        .map(|(start, found)| (start, start + found.len()))
+        .collect();
+    match exact.len() {
+        0 => {}
+        1 => {
+            return Ok(EditPlan {
+                ranges: exact,
+                replacement: new.to_owned(),
+                tier: MatchTier::Exact,
+            });
+        }
+        count if !replace_all => {
+            return Err(EditMiss::Ambiguous {
+                count,
+                tier: MatchTier::Exact,
+            });
+        }
+        _ => {
+            return Ok(EditPlan {
+                ranges: exact,
+                replacement: new.to_owned(),
+                tier: MatchTier::Exact,
+            });
+        }
+    }
+
+    // Second tier: models often get trailing spaces or CRLF wrong. Accept a match on the
+    // normalised text, but only a unique one, since the normalisation can merge places.
+    let (norm_text, byte_map) = normalize_whitespace(text);
+    let (norm_old, _) = normalize_whitespace(old);
+    if !norm_old.is_empty() {
+        let found: Vec<usize> = norm_text
+            .match_indices(norm_old.as_str())
+            .map(|(start, _)| start)
+            .collect();
+        if found.len() > 1 {
+            return Err(EditMiss::Ambiguous {
+                count: found.len(),
+                tier: MatchTier::Whitespace,
+            });
+        }
+        if let [norm_start] = found[..] {
+            let norm_last = norm_start + norm_old.len() - 1;
+            let (Some(&start), Some(&last)) = (byte_map.get(norm_start), byte_map.get(norm_last))
+            else {
+                return Err(EditMiss::NotFound { hint: None });
+            };
+            let end = last + 1;
+            let replacement = if text.get(start..end).is_some_and(|s| s.contains("\r\n")) {
+                to_crlf(new)
+            } else {
+                new.to_owned()
+            };
+            return Ok(EditPlan {
+                ranges: vec![(start, end)],
+                replacement,
+                tier: MatchTier::Whitespace,
+            });
+        }
+    }
+    Err(EditMiss::NotFound {
+        hint: first_line_hint(text, old),
+    })
+}
+
+/// `text` without trailing whitespace on any line (which also drops the `\r` of CRLF), and
+/// for each byte kept, its offset in `text`.
+fn normalize_whitespace(text: &str) -> (String, Vec<usize>) {
+    let mut out = String::with_capacity(text.len());
+    let mut byte_map = Vec::with_capacity(text.len());
+    let mut line_start = 0;
+    for line in text.split_inclusive('\n') {
+        let (body, has_newline) = match line.strip_suffix('\n') {
+            Some(body) => (body, true),
+            None => (line, false),
+        };
+        let kept = body.trim_end();
+        out.push_str(kept);
+        byte_map.extend(line_start..line_start + kept.len());
+        if has_newline {
+            out.push('\n');
+            byte_map.push(line_start + body.len());
+        }
+        line_start += line.len();
+    }
+    (out, byte_map)
+}
+
+fn to_crlf(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 16);
+    let mut prev = '\0';
+    for c in text.chars() {
+        if c == '\n' && prev != '\r' {
+            out.push('\r');
+        }
+        out.push(c);
+        prev = c;
+    }
+    out
+}
+
+/// Where the first non-blank line of `old` appears with indentation ignored, which usually
+/// means the model got the indentation or a later line wrong.
+fn first_line_hint(text: &str, old: &str) -> Option<String> {
+    let first = old.lines().map(str::trim).find(|line| !line.is_empty())?;
+    let hits: Vec<String> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| line.trim() == first)
+        .map(|(idx, _)| (idx + 1).to_string())
+        .take(4)
+        .collect();
+    match hits.len() {
+        0 => None,
+        1 => Some(format!(
+            "its first line matches line {} when indentation is ignored",
+            hits[0]
+        )),
+        _ => Some(format!(
+            "its first line matches lines {} when indentation is ignored",
+            hits.join(", ")
+        )),
+    }
+}
+
+fn apply_edit(text: &str, ranges: &[(usize, usize)], replacement: &str) -> String {
+    let mut out = String::with_capacity(text.len() + replacement.len() * ranges.len());
+    let mut pos = 0;
+    for &(start, end) in ranges {
+        out.push_str(&text[pos..start]);
+        out.push_str(replacement);
+        pos = end;
+    }
+    out.push_str(&text[pos..]);
+    out
+}
+
+/// Replacements whose touched lines overlap, shown as one hunk: lines `first..=last`.
+struct LineGroup {
+    first: usize,
+    last: usize,
+    ranges: Vec<(usize, usize)>,
+}
+
+struct DiffSummary {
+    text: String,
+    removed: usize,
+    added: usize,
+}
+
+/// A unified-diff-like view of the replacements: one hunk per group of touched lines, with a
+/// little context, capped at `EDIT_DIFF_MAX_BYTES`. Line counts cover every hunk even when
+/// the text is cut.
+fn diff_summary(text: &str, ranges: &[(usize, usize)], replacement: &str) -> DiffSummary {
+    let mut line_starts = vec![0];
+    line_starts.extend(
+        text.match_indices('\n')
+            .map(|(idx, _)| idx + 1)
+            .filter(|&start| start < text.len()),
+    );
+    let line_of = |pos: usize| line_starts.partition_point(|&start| start <= pos) - 1;
+    let line_end = |line: usize| line_starts.get(line + 1).copied().unwrap_or(text.len());
+    let lines: Vec<&str> = text.lines().collect();
+
+    // Group replacements that touch the same lines so each line shows once.
+    let mut groups: Vec<LineGroup> = Vec::new();
+    for &(start, end) in ranges {
+        let first = line_of(start);
+        let last = line_of(end.saturating_sub(1).max(start));
+        match groups.last_mut() {
+            Some(group) if first <= group.last => {
+                group.last = group.last.max(last);
+                group.ranges.push((start, end));
+            }
+            _ => groups.push(LineGroup {
+                first,
+                last,
+                ranges: vec![(start, end)],
+            }),
+        }
+    }
+
+    let mut out = String::new();
+    let mut cut = false;
+    let mut removed = 0;
+    let mut added = 0;
+    let mut shift: isize = 0;
+    for group in &groups {
+        let (first, last) = (group.first, group.last);
+        let chunk_start = line_starts[first];
+        let chunk_end = line_end(last);
+        let mut new_chunk = String::new();
+        let mut pos = chunk_start;
+        for &(start, end) in &group.ranges {
+            new_chunk.push_str(&text[pos..start]);
+            new_chunk.push_str(replacement);
+            pos = end;
+        }
+        new_chunk.push_str(&text[pos..chunk_end]);
+        let old_lines: Vec<&str> = text[chunk_start..chunk_end].lines().collect();
+        let new_lines: Vec<&str> = new_chunk.lines().collect();
+        removed += old_lines.len();
+        added += new_lines.len();
+
+        let ctx_start = first.saturating_sub(EDIT_CONTEXT_LINES);
+        let ctx_end = (last + 1 + EDIT_CONTEXT_LINES).min(lines.len());
+        let before = lines.get(ctx_start..first).unwrap_or_default();
+        let after = lines
+            .get((last + 1).min(ctx_end)..ctx_end)
+            .unwrap_or_default();
+        let old_count = before.len() + old_lines.len() + after.len();
+        let new_count = before.len() + new_lines.len() + after.len();
+        let new_start = (ctx_start as isize + 1 + shift).max(1);
+        shift += new_lines.len() as isize - old_lines.len() as isize;
+        if cut {
+            continue;
+        }
+
+        let mut hunk = vec![format!(
+            "@@ -{},{old_count} +{new_start},{new_count} @@",
+            ctx_start + 1
+        )];
+        let marked =
+            |mark: char, line: &&str| format!("{mark}{}", cap_line(line, EDIT_DIFF_MAX_LINE_CHARS));
+        hunk.extend(before.iter().map(|line| marked(' ', line)));
+        hunk.extend(old_lines.iter().map(|line| marked('-', line)));
+        hunk.extend(new_lines.iter().map(|line| marked('+', line)));
+        hunk.extend(after.iter().map(|line| marked(' ', line)));
+        for line in hunk {
+            if out.len() + line.len() + 1 > EDIT_DIFF_MAX_BYTES {
+                cut = true;
+                break;
+            }
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    if cut {
+        out.push_str("… (diff cut at 8 KiB)\n");
+    }
+    DiffSummary {
+        text: out,
+        removed,
+        added,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Glob
+
+fn glob(input: &Value, workspace: &Path) -> ToolResult {
+    let obj = object(input)?;
+    let pattern = required_str(obj, "pattern")?;
+    let raw_dir = optional_str(obj, "path")?.unwrap_or(".");
+    let dir = resolve(workspace, raw_dir)?;
+    require_dir(&dir)?;
+
+    let pattern = pattern.strip_prefix("./").unwrap_or(pattern);
+    if pattern.is_empty() {
+        return Err("`pattern` is empty".to_owned());
+    }
+    if pattern.starts_with('/') {
+        return Err(
+            "`pattern` must be relative to the search directory (e.g. `**/*.rs`); put the \
+             directory in `path`"
+                .to_owned(),
+        );
+    }
+    let matcher = Glob::new(
+        pattern,
+        GlobOptions {
+            literal_separator: true,
+        },
+    )
+    .map_err(|err| format!("invalid glob pattern `{pattern}`: {err}"))?;
+
+    let mut hits: Vec<(SystemTime, String)> = Vec::new();
+    let walked = walk(
+        &dir.abs,
+        WALK_MAX_ENTRIES,
+        SymlinkedFiles::Include,
+        |entry| {
+            if matcher.is_match(entry.rel) {
+                let modified = entry.meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                hits.push((modified, join_rel(&dir.rel, entry.rel)));
+            }
+            ControlFlow::Continue(())
+        },
+    );
+    hits.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+
+    let mut out = String::new();
+    if hits.is_empty() {
+        let _ = writeln!(out, "no files matched `{pattern}` in {}", dir.rel);
+    }
+    for (_, path) in hits.iter().take(GLOB_MAX_RESULTS) {
+        out.push_str(path);
+        out.push('\n');
+    }
+    if hits.len() > GLOB_MAX_RESULTS {
+        let _ = writeln!(out, "(truncated: {} more)", hits.len() - GLOB_MAX_RESULTS);
+    }
+    walked.write_notes(&mut out);
+    Ok(out.trim_end_matches('\n').to_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grep
+
+fn grep(input: &Value, workspace: &Path) -> ToolResult {
+    let obj = object(input)?;
+    let pattern = required_str(obj, "pattern")?;
+    let raw_path = optional_str(obj, "path")?.unwrap_or(".");
+    let include =
+        optional_str(obj, "include")?.map(|include| include.strip_prefix("./").unwrap_or(include));
+    let max_matches =
+        optional_int(obj, "max_matches", 1, GREP_MAX_MATCHES)?.unwrap_or(GREP_DEFAULT_MATCHES);
+    let regex = RegexBuilder::new(pattern)
+        .size_limit(GREP_REGEX_SIZE_LIMIT)
+        .dfa_size_limit(GREP_REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|err| format!("invalid regex `{pattern}`: {err}"))?;
+    let include_glob = match include {
+        Some(include) => Some(
+            Glob::new(
+                include,
+                GlobOptions {
+                    literal_separator: true,
+                },
+            )
+            .map_err(|err| format!("invalid `include` glob `{include}`: {err}"))?,
+        ),
+        None => None,
+    };
+    // `*.rs` filters on the file name; `src/**/*.rs` on the path below the search directory.
+    let include_on_path = include.is_some_and(|include| include.contains('/'));
+
+    let target = resolve(workspace, raw_path)?;
+    let meta = fs::metadata(&target.abs).map_err(|err| io_message(&target.rel, &err))?;
+    let mut sink = GrepSink {
+        regex: &regex,
+        max_matches: usize::try_from(max_matches).unwrap_or(usize::MAX),
+        budget: MAX_OUTPUT_BYTES.saturating_sub(1024),
+        out: String::new(),
+        n_matches: 0,
+        stop: None,
+    };
+    let mut skipped_binary = 0;
+    let mut skipped_large = 0;
+    let mut unreadable = 0;
+    let mut walked = None;
+
+    if meta.is_file() {
+        // A file named explicitly gets a clear error rather than a silent skip.
+        let (text, _) = load_text(&target)?;
+        let _ = sink.search(&target.rel, &text);
+    } else if meta.is_dir() {
+        walked = Some(walk(
+            &target.abs,
+            WALK_MAX_ENTRIES,
+            SymlinkedFiles::Skip,
+            |entry| {
+                if let Some(include_glob) = &include_glob {
+                    let subject = if include_on_path {
+                        entry.rel
+                    } else {
+                        entry.rel.rsplit('/').next().unwrap_or(entry.rel)
+                    };
+                    if !include_glob.is_match(subject) {
+                        return ControlFlow::Continue(());
+                    }
+                }
+                if entry.meta.len() > MAX_FILE_BYTES {
+                    skipped_large += 1;
+                    return ControlFlow::Continue(());
+                }
+                let Ok(bytes) = fs::read(entry.abs) else {
+                    unreadable += 1;
+                    return ControlFlow::Continue(());
+                };
+                if looks_binary(&bytes) {
+                    skipped_binary += 1;
+                    return ControlFlow::Continue(());
+                }
+                let text = String::from_utf8_lossy(&bytes);
+                sink.search(&join_rel(&target.rel, entry.rel), &text)
+            },
+        ));
+    } else {
+        return Err(format!(
+            "`{}` is neither a file nor a directory",
+            target.rel
+        ));
+    }
+
+    let mut out = sink.out;
+    if sink.n_matches == 0 {
+        let _ = writeln!(out, "no matches for `{pattern}` in {}", target.rel);
+    }
+    match sink.stop {
+        Some(GrepStop::MaxMatches) => {
+            let _ = writeln!(
+                out,
+                "(truncated at {max_matches} matches; narrow the pattern, `path` or \
+                 `include`, or raise `max_matches` up to {GREP_MAX_MATCHES})"
+            );
+        }
+        Some(GrepStop::OutputCap) => {
+            let _ = writeln!(
+                out,
+                "(truncated at {} matches: output reached 64 KiB; narrow the search)",
+                sink.n_matches
+            );
+        }
+        None => {}
+    }
+    if skipped_binary + skipped_large + unreadable > 0 {
+        let _ = writeln!(
+            out,
+            "(skipped {skipped_binary} binary, {skipped_large} over 5 MB and {unreadable} \
+             unreadable files)"
+        );
+    }
+    if let Some(walked) = walked {
+        walked.write_notes(&mut out);
+    }
+    Ok(out.trim_end_matches('\n').to_owned())
+}
+
+enum GrepStop {
+    MaxMatches,
+    OutputCap,
+}
+
+struct GrepSink<'a> {
+    regex: &'a Regex,
+    max_matches: usize,
+    budget: usize,
+    out: String,
+    n_matches: usize,
+    stop: Option<GrepStop>,
+}
+
+impl GrepSink<'_> {
+    /// Appends `rel:line: text` for each matching line; breaks once the search should stop.
+    fn search(&mut self, rel: &str, text: &str) -> ControlFlow<()> {
+        for (idx, line) in text.lines().enumerate() {
+            if !self.regex.is_match(line) {
+                continue;
+            }
+            if self.n_matches >= self.max_matches {
+                self.stop = Some(GrepStop::MaxMatches);
+                return ControlFlow::Break(());
+            }
+            let entry = format!(
+                "{rel}:{}: {}\n",
+                idx + 1,
+                cap_line(line, GREP_MAX_LINE_CHARS)
+            );
+            if self.out.len() + entry.len() > self.budget {
+                self.stop = Some(GrepStop::OutputCap);
+                return ControlFlow::Break(());
+            }
+            self.out.push_str(&entry);
+            self.n_matches += 1;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Directory walks
+
+/// Whether a walk reports symlinks that point at regular files. Symlinked directories are
+/// never followed, so a walk cannot loop or leave the tree through them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SymlinkedFiles {
+    Include,
+    Skip,
+}
+
+struct WalkEntry<'a> {
+    abs: &'a Path,
+    /// Relative to the walk root, `/`-separated.
+    rel: &'a str,
+    meta: &'a Metadata,
+}
+
+#[derive(Debug, Default)]
+struct WalkNotes {
+    stopped_at: Option<usize>,
+    unreadable_dirs: usize,
+}
+
+impl WalkNotes {
+    fn write_notes(&self, out: &mut String) {
+        if let Some(max) = self.stopped_at {
+            let _ = writeln!(
+                out,
+                "(walk stopped after visiting {max} entries; results are incomplete, narrow \
+                 `path`)"
+            );
+        }
+        if self.unreadable_dirs > 0 {
+            let _ = writeln!(
+                out,
+                "({} directories could not be read)",
+                self.unreadable_dirs
+            );
+        }
+    }
+}
+
+/// Visits every regular file below `root` (files of a directory first, then its
+/// subdirectories, each in name order), skipping `.git`. Iterative, so depth costs heap not
+/// stack, and it stops after `max_entries` directory entries.
+fn walk(
+    root: &Path,
+    max_entries: usize,
+    symlinked_files: SymlinkedFiles,
+    mut visit: impl FnMut(&WalkEntry<'_>) -> ControlFlow<()>,
+) -> WalkNotes {
+    let mut notes = WalkNotes::default();
+    let mut n_visited = 0;
+    let mut stack: Vec<(PathBuf, String)> = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, dir_rel)) = stack.pop() {
+        let Ok(read_dir) = fs::read_dir(&dir) else {
+            notes.unreadable_dirs += 1;
+            continue;
+        };
+        let mut entries = Vec::new();
+        for entry in read_dir {
+            n_visited += 1;
+            if n_visited > max_entries {
+                notes.stopped_at = Some(max_entries);
+                break;
+            }
+            if let Ok(entry) = entry {
+                entries.push(entry);
+            }
+        }
+        entries.sort_by_key(|entry| entry.file_name());
+
+        let mut subdirs = Vec::new();
+        for entry in entries {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name == ".git" {
+                continue;
+            }
+            let Ok(file_type) = entry.file_type() else {
+                continue;
+            };
+            let rel = if dir_rel.is_empty() {
+                name.into_owned()
+            } else {
+                format!("{dir_rel}/{name}")
+            };
+            let abs = entry.path();
+            let meta = if file_type.is_dir() {
+                subdirs.push((abs, rel));
+                continue;
+            } else if file_type.is_file() {
+                entry.metadata()
+            } else if file_type.is_symlink() && symlinked_files == SymlinkedFiles::Include {
+                fs::metadata(&abs)
+            } else {
+                continue;
+            };
+            let Ok(meta) = meta else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            let walk_entry = WalkEntry {
+                abs: &abs,
+                rel: &rel,
+                meta: &meta,
+            };
+            if visit(&walk_entry).is_break() {
+                return notes;
+            }
+        }
+        if notes.stopped_at.is_some() {
+            return notes;
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    notes
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspace rooting
+
+/// A path the model named, resolved inside the workspace.
+#[derive(Debug)]
+struct Resolved {
+    /// Absolute, with every existing component canonicalised.
+    abs: PathBuf,
+    /// Relative to the canonical workspace, `/`-separated; `.` for the workspace itself.
+    rel: String,
+}
+
+/// Roots `raw` in the workspace. `..` is resolved lexically and may not climb above the
+/// workspace; then the longest existing ancestor is canonicalised, so a symlink anywhere on
+/// the way that leads outside is refused too.
+fn resolve(workspace: &Path, raw: &str) -> Result<Resolved, String> {
+    let root = workspace.canonicalize().map_err(|err| {
+        format!(
+            "the workspace {} is not accessible: {err}",
+            workspace.display()
+        )
+    })?;
+    if raw.is_empty() {
+        return Err("`path` is empty".to_owned());
+    }
+    let raw_path = Path::new(raw);
+    let inside = if raw_path.is_absolute() {
+        let absolute = normalize_lexically(raw_path).unwrap_or_default();
+        // Accept the workspace as the caller spelled it too (it may sit behind a symlink,
+        // as /tmp does on macOS).
+        let spelled = std::path::absolute(workspace)
+            .ok()
+            .and_then(|path| normalize_lexically(&path));
+        let stripped = absolute.strip_prefix(&root).ok().or_else(|| {
+            spelled
+                .as_deref()
+                .and_then(|spelled| absolute.strip_prefix(spelled).ok())
+        });
+        match stripped {
+            Some(rest) => rest.to_path_buf(),
+            None => {
+                return Err(format!(
+                    "`{raw}` is outside the workspace ({}); use a path inside it",
+                    root.display()
+                ));
+            }
+        }
+    } else {
+        normalize_lexically(raw_path)
+            .ok_or_else(|| format!("`{raw}` escapes the workspace through `..`"))?
+    };
+
+    let full = root.join(&inside);
+    let mut existing = full.as_path();
+    let mut missing_tail = Vec::new();
+    let canonical = loop {
+        match existing.canonicalize() {
+            Ok(canonical) => break canonical,
+            Err(err) => {
+                // A dangling symlink has metadata of its own but no target; writing through
+                // it could create a file anywhere, so refuse it.
+                if existing.symlink_metadata().is_ok() {
+                    return Err(if err.kind() == io::ErrorKind::NotFound {
+                        format!("`{raw}` goes through a symlink whose target does not exist")
+                    } else {
+                        format!("cannot resolve `{raw}`: {err}")
+                    });
+                }
+                let (Some(name), Some(parent)) = (existing.file_name(), existing.parent()) else {
+                    return Err(format!("cannot resolve `{raw}`: {err}"));
+                };
+                missing_tail.push(name);
+                existing = parent;
+            }
+        }
+    };
+    if !canonical.starts_with(&root) {
+        return Err(format!(
+            "`{raw}` resolves outside the workspace through a symlink"
+        ));
+    }
+    let abs = missing_tail
+        .iter()
+        .rev()
+        .fold(canonical, |path, name| path.join(name));
+    let rel = match abs.strip_prefix(&root) {
+        Ok(rest) if rest.as_os_str().is_empty() => ".".to_owned(),
+        Ok(rest) => rest.to_string_lossy().into_owned(),
+        Err(_) => return Err(format!("`{raw}` is outside the workspace")),
+    };
+    Ok(Resolved { abs, rel })
+}
+
+/// Drops `.` and folds `..` into its parent. `None` if a relative path climbs above its
+/// start; an absolute path's `..` at the root stays at the root, as the kernel does.
+fn normalize_lexically(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    let mut depth = 0usize;
+    for component in path.components() {
+        match component {
+            Component::Prefix(_) | Component::RootDir => out.push(component.as_os_str()),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if depth > 0 {
+                    out.pop();
+                    depth -= 1;
+                } else if !path.is_absolute() {
+                    return None;
+                }
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                depth += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+fn join_rel(base: &str, rel: &str) -> String {
+    if base == "." {
+        rel.to_owned()
+    } else {
+        format!("{base}/{rel}")
+    }
+}
+
+fn require_dir(target: &Resolved) -> Result<(), String> {
+    match fs::metadata(&target.abs) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(format!(
+            "`path` must be a directory, and `{}` is not one",
+            target.rel
+        )),
+        Err(err) => Err(io_message(&target.rel, &err)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading text
+
+/// Reads a regular file of at most `MAX_FILE_BYTES` that does not look binary. The flag is
+/// true when invalid UTF-8 had to be replaced.
+fn load_text(target: &Resolved) -> Result<(String, bool), String> {
+    let rel = &target.rel;
+    let meta = fs::metadata(&target.abs).map_err(|err| io_message(rel, &err))?;
+    if meta.is_dir() {
+        return Err(format!(
+            "`{rel}` is a directory; list it with Glob (e.g. pattern `*` with path `{rel}`)"
+        ));
+    }
+    // Only regular files: opening a FIFO or a device could block this thread forever.
+    if !meta.is_file() {
+        return Err(format!("`{rel}` is not a regular file"));
+    }
+    let too_big = |n_bytes: u64| {
+        format!("`{rel}` is {n_bytes} bytes, over the 5 MB limit; search it with Grep instead")
+    };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let bytes = fs::read(&target.abs).map_err(|err| io_message(rel, &err))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    if looks_binary(&bytes) {
+        return Err(format!(
+            "`{rel}` looks binary (a NUL byte in its first 8 KiB); not shown"
+        ));
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((text, false)),
+        Err(err) => Ok((String::from_utf8_lossy(err.as_bytes()).into_owned(), true)),
+    }
+}
+
+fn looks_binary(bytes: &[u8]) -> bool {
+    bytes[..bytes.len().min(BINARY_SNIFF_BYTES)].contains(&0)
+}
+
+fn io_message(rel: &str, err: &io::Error) -> String {
+    match err.kind() {
+        io::ErrorKind::NotFound => format!("`{rel}` does not exist"),
+        io::ErrorKind::PermissionDenied => format!("permission denied for `{rel}`"),
+        _ => format!("cannot access `{rel}`: {err}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Caps
+
+/// `line` cut to `max_chars` characters, with a marker saying how many were dropped.
+fn cap_line(line: &str, max_chars: usize) -> Cow<'_, str> {
+    match line.char_indices().nth(max_chars) {
+        None => Cow::Borrowed(line),
+        Some((cut, _)) => {
+            let n_more = line[cut..].chars().count();
+            Cow::Owned(format!("{}… [{n_more} more chars]", &line[..cut]))
+        }
+    }
+}
+
+/// The last line of defence: no result longer than `MAX_OUTPUT_BYTES`, marker included.
+fn cap_output(mut text: String) -> String {
+    if text.len() <= MAX_OUTPUT_BYTES {
+        return text;
+    }
+    let cut = text.floor_char_boundary(MAX_OUTPUT_BYTES - 100);
+    let n_cut = text.len() - cut;
+    text.truncate(cut);
+    let _ = write!(text, "\n… [output truncated: {n_cut} bytes cut]");
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input fields
+
+fn object(input: &Value) -> Result<&Map<String, Value>, String> {
+    input
+        .as_object()
+        .ok_or_else(|| format!("input must be a JSON object, got {}", kind(input)))
+}
+
+/// Absent and `null` both count as missing: models send `null` for fields they mean to omit.
+fn required_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
+    match obj.get(key) {
+        Some(Value::String(text)) => Ok(text),
+        None | Some(Value::Null) => {
+            let mut msg = format!("missing required string field `{key}`");
+            if key == "path" && obj.contains_key("file_path") {
+                msg.push_str(" (this tool calls it `path`, not `file_path`)");
+            }
+            Err(msg)
+        }
+        Some(other) => Err(format!(
+            "field `{key}` must be a string, got {}",
+            kind(other)
+        )),
+    }
+}
+
+fn optional_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(other) => Err(format!(
+            "field `{key}` must be a string, got {}",
+            kind(other)
+        )),
+    }
+}
+
+fn optional_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(flag)) => Ok(Some(*flag)),
+        Some(other) => Err(format!(
+            "field `{key}` must be a boolean, got {}",
+            kind(other)
+        )),
+    }
+}
+
+/// An integer in `min..=max`. Integral floats such as `10.0` are accepted, since some models
+/// emit every number that way.
+fn optional_int(
+    obj: &Map<String, Value>,
+    key: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, String> {
+    let range = if max == u64::MAX {
+        format!("an integer ≥ {min}")
+    } else {
+        format!("an integer from {min} to {max}")
+    };
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => {
+            let value = number.as_u64().or_else(|| {
+                number
+                    .as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1.8e19)
+                    .map(|f| f as u64)
+            });
+            match value {
+                Some(value) if (min..=max).contains(&value) => Ok(Some(value)),
+                _ => Err(format!("field `{key}` must be {range}, got {number}")),
+            }
+        }
+        Some(other) => Err(format!(
+            "field `{key}` must be {range}, got {}",
+            kind(other)
+        )),
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> TempDir {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|elapsed| elapsed.as_nanos())
+                .unwrap_or_default();
+            let dir = std::env::temp_dir().join(format!(
+                "caliban-fs-test-{}-{nanos}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            fs::create_dir_all(&dir).expect("create the test temp dir");
+            TempDir(dir)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+
+        fn put(&self, rel: &str, content: impl AsRef<[u8]>) -> PathBuf {
+            let path = self.0.join(rel);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).expect("create parent dirs");
+            }
+            fs::write(&path, content).expect("write test file");
+            path
+        }
+
+        fn get(&self, rel: &str) -> String {
+            fs::read_to_string(self.0.join(rel)).expect("read test file")
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn ok(name: &str, input: Value, ws: &TempDir) -> String {
+        let out = run(name, &input, ws.path());
+        assert!(!out.is_error, "{name} {input} failed: {}", out.text);
+        out.text
+    }
+
+    fn err(name: &str, input: Value, ws: &TempDir) -> String {
+        let out = run(name, &input, ws.path());
+        assert!(
+            out.is_error,
+            "{name} {input} should fail, got: {}",
+            out.text
+        );
+        out.text
+    }
+
+    fn set_mtime(path: &Path, secs: u64) {
+        let file = File::options()
+            .write(true)
+            .open(path)
+            .expect("open for mtime");
+        let time = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        file.set_modified(time).expect("set mtime");
+    }
+
+    // --- dispatch and input validation
+
+    #[test]
+    fn dispatch_knows_exactly_the_file_tools() {
+        for name in ["Read", "Write", "Edit", "Glob", "Grep"] {
+            assert!(is_fs_tool(name));
+        }
+        assert!(!is_fs_tool("Bash"));
+        assert!(!is_fs_tool("read"));
+        let ws = TempDir::new();
+        assert_eq!(err("Bash", json!({}), &ws), "unknown file tool `Bash`");
+    }
+
+    #[test]
+    fn missing_and_mistyped_fields_are_named() {
+        let ws = TempDir::new();
+        assert_eq!(
+            err("Read", json!({}), &ws),
+            "Read: missing required string field `path`"
+        );
+        assert_eq!(
+            err("Read", json!({"file_path": "a"}), &ws),
+            "Read: missing required string field `path` (this tool calls it `path`, not \
+             `file_path`)"
+        );
+        assert_eq!(
+            err("Read", json!({"path": 7}), &ws),
+            "Read: field `path` must be a string, got a number"
+        );
+        assert_eq!(
+            err("Read", json!({"path": "a", "limit": "10"}), &ws),
+            "Read: field `limit` must be an integer ≥ 1, got a string"
+        );
+        assert_eq!(
+            err("Read", json!({"path": "a", "offset": 0}), &ws),
+            "Read: field `offset` must be an integer ≥ 1, got 0"
+        );
+        assert_eq!(
+            err("Write", json!({"path": "a"}), &ws),
+            "Write: missing required string field `content`"
+        );
+        assert_eq!(
+            err(
+                "Edit",
+                json!({"path": "a", "old_string": "x", "new_string": "y", "replace_all": "yes"}),
+                &ws
+            ),
+            "Edit: field `replace_all` must be a boolean, got a string"
+        );
+        assert_eq!(
+            err("Grep", json!({"pattern": "x", "max_matches": 501}), &ws),
+            "Grep: field `max_matches` must be an integer from 1 to 500, got 501"
+        );
+        assert_eq!(
+            err("Glob", json!(["*"]), &ws),
+            "Glob: input must be a JSON object, got an array"
+        );
+        // Integral floats and nulls are tolerated.
+        ws.put("a", "one\ntwo\n");
+        let text = ok(
+            "Read",
+            json!({"path": "a", "limit": 1.0, "offset": null}),
+            &ws,
+        );
+        assert!(text.starts_with("→ Read a, lines 1-1 of 2"), "{text}");
+    }
+
+    // --- workspace rooting
+
+    #[test]
+    fn dot_dot_escapes_are_refused() {
+        let ws = TempDir::new();
+        ws.put("sub/b.txt", "b\n");
+        assert_eq!(
+            err("Read", json!({"path": "../etc/passwd"}), &ws),
+            "Read: `../etc/passwd` escapes the workspace through `..`"
+        );
+        assert!(
+            err("Write", json!({"path": "sub/../../x", "content": ""}), &ws).contains("escapes")
+        );
+        // `..` that stays inside is fine.
+        let text = ok("Read", json!({"path": "sub/../sub/./b.txt"}), &ws);
+        assert!(
+            text.starts_with("→ Read sub/b.txt, lines 1-1 of 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn absolute_paths_must_be_inside() {
+        let ws = TempDir::new();
+        ws.put("a.txt", "hi\n");
+        let inside = ws.path().join("a.txt");
+        let text = ok("Read", json!({"path": inside.to_str()}), &ws);
+        assert!(text.starts_with("→ Read a.txt,"), "{text}");
+        let outside = err("Read", json!({"path": "/etc/hostname"}), &ws);
+        assert!(
+            outside.contains("`/etc/hostname` is outside the workspace"),
+            "{outside}"
+        );
+        let sneaky = format!("{}/../x", ws.path().display());
+        assert!(err("Write", json!({"path": sneaky, "content": "x"}), &ws).contains("outside"));
+    }
+
+    #[test]
+    fn symlinks_out_of_the_workspace_are_refused() {
+        let ws = TempDir::new();
+        let outside = TempDir::new();
+        outside.put("secret.txt", "secret\n");
+        std::os::unix::fs::symlink(outside.path(), ws.path().join("out")).expect("symlink");
+        std::os::unix::fs::symlink(outside.path().join("secret.txt"), ws.path().join("s.txt"))
+            .expect("symlink");
+        let msg = err("Read", json!({"path": "out/secret.txt"}), &ws);
+        assert!(
+            msg.contains("resolves outside the workspace through a symlink"),
+            "{msg}"
+        );
+        assert!(err("Read", json!({"path": "s.txt"}), &ws).contains("outside"));
+        // Writing a new file below the symlinked directory must not land outside either.
+        assert!(
+            err("Write", json!({"path": "out/new.txt", "content": "x"}), &ws).contains("outside")
+        );
+        assert!(!outside.path().join("new.txt").exists());
+        // A dangling symlink could point anywhere once created.
+        std::os::unix::fs::symlink("/nonexistent-caliban-target", ws.path().join("dangling"))
+            .expect("symlink");
+        let msg = err("Write", json!({"path": "dangling", "content": "x"}), &ws);
+        assert!(msg.contains("symlink whose target does not exist"), "{msg}");
+    }
+
+    #[test]
+    fn symlinks_inside_the_workspace_are_followed() {
+        let ws = TempDir::new();
+        ws.put("real/a.txt", "alpha\n");
+        std::os::unix::fs::symlink(ws.path().join("real"), ws.path().join("link"))
+            .expect("symlink");
+        let text = ok("Read", json!({"path": "link/a.txt"}), &ws);
+        assert!(text.starts_with("→ Read real/a.txt,"), "{text}");
+    }
+
+    // --- Read
+
+    #[test]
+    fn read_numbers_lines_under_a_header() {
+        let ws = TempDir::new();
+        ws.put("src/main.rs", "fn main() {\r\n    println!();\n}\n");
+        assert_eq!(
+            ok("Read", json!({"path": "src/main.rs"}), &ws),
+            "→ Read src/main.rs, lines 1-3 of 3\n    1  fn main() {\n    2      println!();\n    3  }"
+        );
+    }
+
+    #[test]
+    fn read_windows_with_offset_and_limit() {
+        let ws = TempDir::new();
+        let content: String = (1..=10).map(|n| format!("line {n}\n")).collect();
+        ws.put("ten.txt", content);
+        assert_eq!(
+            ok(
+                "Read",
+                json!({"path": "ten.txt", "offset": 4, "limit": 2}),
+                &ws
+            ),
+            "→ Read ten.txt, lines 4-5 of 10\n    4  line 4\n    5  line 5\n\
+             (5 more lines; continue with offset=6)"
+        );
+        let tail = ok("Read", json!({"path": "ten.txt", "offset": 9}), &ws);
+        assert!(tail.ends_with("   10  line 10"), "{tail}");
+        assert_eq!(
+            err("Read", json!({"path": "ten.txt", "offset": 11}), &ws),
+            "Read: `offset` 11 is past the end of `ten.txt` (10 lines)"
+        );
+    }
+
+    #[test]
+    fn read_refuses_what_it_cannot_show() {
+        let ws = TempDir::new();
+        fs::create_dir_all(ws.path().join("dir")).expect("mkdir");
+        assert!(
+            err("Read", json!({"path": "dir"}), &ws).contains("is a directory; list it with Glob")
+        );
+        assert_eq!(
+            err("Read", json!({"path": "nope.txt"}), &ws),
+            "Read: `nope.txt` does not exist"
+        );
+        let mut blob = b"PNG\x00\x01".to_vec();
+        blob.extend_from_slice(b"rest");
+        ws.put("img.png", blob);
+        assert!(err("Read", json!({"path": "img.png"}), &ws).contains("looks binary"));
+        let big = File::create(ws.path().join("big.log")).expect("create");
+        big.set_len(MAX_FILE_BYTES + 1).expect("set_len");
+        let msg = err("Read", json!({"path": "big.log"}), &ws);
+        assert!(msg.contains("over the 5 MB limit"), "{msg}");
+    }
+
+    #[test]
+    fn read_decodes_invalid_utf8_lossily_with_a_note() {
+        let ws = TempDir::new();
+        ws.put("latin1.txt", b"caf\xe9\n");
+        let text = ok("Read", json!({"path": "latin1.txt"}), &ws);
+        assert!(text.contains("not valid UTF-8"), "{text}");
+        assert!(text.ends_with("    1  caf\u{fffd}"), "{text}");
+    }
+
+    #[test]
+    fn read_handles_empty_files_and_long_lines() {
+        let ws = TempDir::new();
+        ws.put("empty", "");
+        assert_eq!(
+            ok("Read", json!({"path": "empty"}), &ws),
+            "→ Read empty, lines 0-0 of 0 (empty file)"
+        );
+        ws.put("wide", format!("{}\n", "é".repeat(2500)));
+        let text = ok("Read", json!({"path": "wide"}), &ws);
+        assert!(
+            text.ends_with(&format!("{}… [500 more chars]", "é".repeat(2000))),
+            "tail"
+        );
+    }
+
+    #[test]
+    fn read_stops_at_the_output_cap_with_a_continuation() {
+        let ws = TempDir::new();
+        let content: String = (1..=2000)
+            .map(|n| format!("{n:04} {}\n", "x".repeat(95)))
+            .collect();
+        ws.put("wide.txt", content);
+        let text = ok("Read", json!({"path": "wide.txt"}), &ws);
+        assert!(text.len() <= MAX_OUTPUT_BYTES);
+        let header = text.lines().next().unwrap_or_default();
+        let last: usize = header
+            .trim_start_matches("→ Read wide.txt, lines 1-")
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("header names the last line");
+        assert!((500..2000).contains(&last), "{header}");
+        assert!(
+            text.ends_with(&format!("continue with offset={})", last + 1)),
+            "footer"
+        );
+        assert!(
+            !text.contains("output truncated"),
+            "should stop cleanly before the hard cap"
+        );
+    }
+
+    // --- Write
+
+    #[test]
+    fn write_creates_parents_and_then_overwrites() {
+        let ws = TempDir::new();
+        assert_eq!(
+            ok(
+                "Write",
+                json!({"path": "a/b/c.txt", "content": "one\ntwo\n"}),
+                &ws
+            ),
+            "→ Wrote 8 bytes (2 lines) to a/b/c.txt (created)"
+        );
+        assert_eq!(ws.get("a/b/c.txt"), "one\ntwo\n");
+        assert_eq!(
+            ok("Write", json!({"path": "a/b/c.txt", "content": "x"}), &ws),
+            "→ Wrote 1 bytes (1 lines) to a/b/c.txt (overwrote the existing file)"
+        );
+        assert_eq!(ws.get("a/b/c.txt"), "x");
+        let leftovers: Vec<_> = fs::read_dir(ws.path().join("a/b"))
+            .expect("read_dir")
+            .filter_map(Result::ok)
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .contains("caliban-write")
+            })
+            .collect();
+        assert!(leftovers.is_empty(), "temp files left behind");
+        assert!(
+            err("Write", json!({"path": "a/b", "content": "x"}), &ws).contains("is a directory")
+        );
+    }
+
+    #[test]
+    fn write_keeps_the_permissions_of_the_file_it_replaces() {
+        use std::os::unix::fs::PermissionsExt;
+        let ws = TempDir::new();
+        let path = ws.put("run.sh", "#!/bin/sh\n");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o751)).expect("chmod");
+        ok(
+            "Write",
+            json!({"path": "run.sh", "content": "#!/bin/sh\necho hi\n"}),
+            &ws,
+        );
+        let mode = fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o751);
+    }
+
+    // --- Edit
+
+    #[test]
+    fn edit_replaces_a_unique_match_and_shows_a_diff() {
+        let ws = TempDir::new();
+        ws.put("f.rs", "a\nb\nc\nd\ne\nf\ng\n");
+        let text = ok(
+            "Edit",
+            json!({"path": "f.rs", "old_string": "d\n", "new_string": "D1\nD2\n"}),
+            &ws,
+        );
+        assert_eq!(
+            text,
+            "→ Edited f.rs: 1 replacement, -1 +2 lines\n@@ -2,5 +2,6 @@\n b\n c\n-d\n+D1\n+D2\n e\n f"
+        );
+        assert_eq!(ws.get("f.rs"), "a\nb\nc\nD1\nD2\ne\nf\ng\n");
+    }
+
+    #[test]
+    fn edit_diff_counts_deleted_lines_and_shifts_later_hunks() {
+        let ws = TempDir::new();
+        ws.put("f.txt", "a\nx\ny\nb\nc\nd\ne\nf\ng\nh\nx\ny\ni\n");
+        let text = ok(
+            "Edit",
+            json!({"path": "f.txt", "old_string": "x\ny\n", "new_string": "", "replace_all": true}),
+            &ws,
+        );
+        assert_eq!(
+            text,
+            "→ Edited f.txt: 2 replacements, -4 +0 lines\n\
+             @@ -1,5 +1,3 @@\n a\n-x\n-y\n b\n c\n\
+             @@ -9,5 +7,3 @@\n g\n h\n-x\n-y\n i"
+        );
+        assert_eq!(ws.get("f.txt"), "a\nb\nc\nd\ne\nf\ng\nh\ni\n");
+    }
+
+    #[test]
+    fn edit_requires_a_unique_match_unless_replace_all() {
+        let ws = TempDir::new();
+        ws.put("f.txt", "x = 1;\ny = 1;\nz = 1;\n");
+        let msg = err(
+            "Edit",
+            json!({"path": "f.txt", "old_string": "= 1", "new_string": "= 2"}),
+            &ws,
+        );
+        assert_eq!(
+            msg,
+            "Edit: `old_string` was found 3 times in `f.txt`; include more surrounding lines to \
+             make it unique, or set `replace_all` to true to change every occurrence"
+        );
+        assert_eq!(
+            ws.get("f.txt"),
+            "x = 1;\ny = 1;\nz = 1;\n",
+            "file untouched on error"
+        );
+        let text = ok(
+            "Edit",
+            json!({"path": "f.txt", "old_string": "= 1", "new_string": "= 2", "replace_all": true}),
+            &ws,
+        );
+        assert!(
+            text.starts_with("→ Edited f.txt: 3 replacements, -3 +3 lines\n"),
+            "{text}"
+        );
+        assert_eq!(ws.get("f.txt"), "x = 2;\ny = 2;\nz = 2;\n");
+    }
+
+    #[test]
+    fn edit_replace_all_on_one_line_shows_that_line_once() {
+        let ws = TempDir::new();
+        ws.put("f.txt", "aa aa\n");
+        let text = ok(
+            "Edit",
+            json!({"path": "f.txt", "old_string": "aa", "new_string": "b", "replace_all": true}),
+            &ws,
+        );
+        assert_eq!(
+            text,
+            "→ Edited f.txt: 2 replacements, -1 +1 lines\n@@ -1,1 +1,1 @@\n-aa aa\n+b b"
+        );
+    }
+
+    #[test]
+    fn edit_reports_misses_with_a_hint() {
+        let ws = TempDir::new();
+        ws.put("f.py", "def f():\n    return 1\n");
+        let msg = err(
+            "Edit",
+            json!({"path": "f.py", "old_string": "  return 1\n  # done", "new_string": "x"}),
+            &ws,
+        );
+        assert!(
+            msg.starts_with("Edit: `old_string` was not found in `f.py`"),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("its first line matches line 2 when indentation is ignored"),
+            "{msg}"
+        );
+        let msg = err(
+            "Edit",
+            json!({"path": "f.py", "old_string": "zzz", "new_string": "x"}),
+            &ws,
+        );
+        assert!(msg.ends_with("including indentation"), "{msg}");
+        assert_eq!(
+            err(
+                "Edit",
+                json!({"path": "f.py", "old_string": "def", "new_string": "def"}),
+                &ws
+            ),
+            "Edit: `old_string` and `new_string` are identical; nothing to change"
+        );
+        assert!(
+            err(
+                "Edit",
+                json!({"path": "f.py", "old_string": "", "new_string": "x"}),
+                &ws
+            )
+            .contains("`old_string` is empty")
+        );
+        assert!(
+            err(
+                "Edit",
+                json!({"path": "g.py", "old_string": "a", "new_string": "b"}),
+                &ws
+            )
+            .contains("does not exist; use Write")
+        );
+        ws.put("bad.txt", b"caf\xe9\n");
+        assert!(
+            err(
+                "Edit",
+                json!({"path": "bad.txt", "old_string": "caf", "new_string": "b"}),
+                &ws
+            )
+            .contains("not valid UTF-8")
+        );
+    }
+
+    #[test]
+    fn edit_tolerates_trailing_whitespace_and_crlf() {
+        let ws = TempDir::new();
+        ws.put("w.txt", "keep\nfoo   \nbar\t\nend\n");
+        let text = ok(
+            "Edit",
+            json!({"path": "w.txt", "old_string": "foo\nbar\n", "new_string": "baz\n"}),
+            &ws,
+        );
+        assert!(
+            text.contains("(matched ignoring trailing whitespace and line endings)"),
+            "{text}"
+        );
+        assert_eq!(ws.get("w.txt"), "keep\nbaz\nend\n");
+
+        ws.put("crlf.txt", "one\r\ntwo\r\nthree\r\n");
+        ok(
+            "Edit",
+            json!({"path": "crlf.txt", "old_string": "one\ntwo\n", "new_string": "1\n2\n"}),
+            &ws,
+        );
+        assert_eq!(ws.get("crlf.txt"), "1\r\n2\r\nthree\r\n");
+
+        // An old_string typed with CRLF against an LF file.
+        ws.put("lf.txt", "alpha\nbeta\n");
+        ok(
+            "Edit",
+            json!({"path": "lf.txt", "old_string": "alpha\r\nbeta", "new_string": "gamma"}),
+            &ws,
+        );
+        assert_eq!(ws.get("lf.txt"), "gamma\n");
+    }
+
+    #[test]
+    fn edit_whitespace_tier_needs_a_unique_match() {
+        let ws = TempDir::new();
+        ws.put("w.txt", "x \ny\nx\t\ny\n");
+        let msg = err(
+            "Edit",
+            json!({"path": "w.txt", "old_string": "x\ny", "new_string": "z"}),
+            &ws,
+        );
+        assert!(msg.contains("it matches 2 places in `w.txt`"), "{msg}");
+        let msg = err(
+            "Edit",
+            json!({"path": "w.txt", "old_string": "x\ny", "new_string": "z", "replace_all": true}),
+            &ws,
+        );
+        assert!(msg.contains("matches 2 places"), "{msg}");
+        assert_eq!(ws.get("w.txt"), "x \ny\nx\t\ny\n");
+    }
+
+    #[test]
+    fn edit_diff_is_capped() {
+        let ws = TempDir::new();
+        let content: String = (0..400).map(|n| format!("item {n} = old;\n")).collect();
+        ws.put("many.txt", content);
+        let text = ok(
+            "Edit",
+            json!({"path": "many.txt", "old_string": "old", "new_string": "new", "replace_all": true}),
+            &ws,
+        );
+        assert!(text.starts_with("→ Edited many.txt: 400 replacements, -400 +400 lines\n"));
+        assert!(
+            text.ends_with("… (diff cut at 8 KiB)"),
+            "{}",
+            &text[text.len() - 80..]
+        );
+        assert!(text.len() < EDIT_DIFF_MAX_BYTES + 200);
+        assert!(ws.get("many.txt").ends_with("item 399 = new;\n"));
+    }
+
+    // --- Glob
+
+    #[test]
+    fn glob_lists_newest_first_and_respects_separators() {
+        let ws = TempDir::new();
+        set_mtime(&ws.put("old.rs", ""), 1_000);
+        set_mtime(&ws.put("new.rs", ""), 3_000);
+        set_mtime(&ws.put("b_tie.rs", ""), 2_000);
+        set_mtime(&ws.put("a_tie.rs", ""), 2_000);
+        set_mtime(&ws.put("src/deep/mod.rs", ""), 4_000);
+        ws.put("notes.md", "");
+        assert_eq!(
+            ok("Glob", json!({"pattern": "*.rs"}), &ws),
+            "new.rs\na_tie.rs\nb_tie.rs\nold.rs"
+        );
+        assert_eq!(
+            ok("Glob", json!({"pattern": "**/*.rs"}), &ws),
+            "src/deep/mod.rs\nnew.rs\na_tie.rs\nb_tie.rs\nold.rs"
+        );
+        assert_eq!(
+            ok("Glob", json!({"pattern": "*.rs", "path": "src/deep"}), &ws),
+            "src/deep/mod.rs"
+        );
+        assert_eq!(
+            ok("Glob", json!({"pattern": "*.{md,txt}"}), &ws),
+            "notes.md"
+        );
+    }
+
+    #[test]
+    fn glob_skips_git_and_reports_no_match() {
+        let ws = TempDir::new();
+        ws.put(".git/config", "");
+        ws.put("sub/.git/HEAD", "");
+        assert_eq!(
+            ok("Glob", json!({"pattern": "**/*"}), &ws),
+            "no files matched `**/*` in ."
+        );
+        assert!(
+            err("Glob", json!({"pattern": "*", "path": "missing"}), &ws).contains("does not exist")
+        );
+        ws.put("file.txt", "");
+        assert!(
+            err("Glob", json!({"pattern": "*", "path": "file.txt"}), &ws)
+                .contains("must be a directory")
+        );
+        assert!(err("Glob", json!({"pattern": "/etc/*"}), &ws).contains("must be relative"));
+        let msg = err("Glob", json!({"pattern": "src/[a"}), &ws);
+        assert!(
+            msg.starts_with("Glob: invalid glob pattern `src/[a`: "),
+            "{msg}"
+        );
+        let msg = err("Grep", json!({"pattern": "x", "include": "{a,b"}), &ws);
+        assert!(
+            msg.starts_with("Grep: invalid `include` glob `{a,b`: "),
+            "{msg}"
+        );
+        assert!(err("Glob", json!({"pattern": "*", "path": ".."}), &ws).contains("escapes"));
+    }
+
+    #[test]
+    fn glob_truncates_at_200() {
+        let ws = TempDir::new();
+        for n in 0..230 {
+            ws.put(&format!("f{n:03}.txt"), "");
+        }
+        let text = ok("Glob", json!({"pattern": "*.txt"}), &ws);
+        assert_eq!(text.lines().count(), 201);
+        assert!(text.ends_with("(truncated: 30 more)"), "{text}");
+    }
+
+    #[test]
+    fn glob_does_not_follow_symlinked_dirs() {
+        let ws = TempDir::new();
+        let outside = TempDir::new();
+        outside.put("x.txt", "");
+        std::os::unix::fs::symlink(outside.path(), ws.path().join("out")).expect("symlink");
+        ws.put("real/y.txt", "");
+        std::os::unix::fs::symlink(ws.path().join("real/y.txt"), ws.path().join("y_link.txt"))
+            .expect("symlink");
+        assert_eq!(
+            ok("Glob", json!({"pattern": "**/*.txt"}), &ws)
+                .lines()
+                .count(),
+            2
+        );
+    }
+
+    // --- Grep
+
+    #[test]
+    fn grep_reports_matching_lines_with_paths() {
+        let ws = TempDir::new();
+        ws.put("src/a.rs", "fn main() {}\nlet x = 1;\n");
+        ws.put("src/b.rs", "// TODO: later\nfn helper() {}\n");
+        ws.put("README.md", "fn is not code here\n");
+        assert_eq!(
+            ok(
+                "Grep",
+                json!({"pattern": r"fn \w+\(", "include": "*.rs"}),
+                &ws
+            ),
+            "src/a.rs:1: fn main() {}\nsrc/b.rs:2: fn helper() {}"
+        );
+        assert_eq!(
+            ok("Grep", json!({"pattern": "^fn", "path": "src"}), &ws),
+            "src/a.rs:1: fn main() {}\nsrc/b.rs:2: fn helper() {}"
+        );
+        assert_eq!(
+            ok(
+                "Grep",
+                json!({"pattern": "(?i)todo", "path": "src/b.rs"}),
+                &ws
+            ),
+            "src/b.rs:1: // TODO: later"
+        );
+        assert_eq!(
+            ok(
+                "Grep",
+                json!({"pattern": "fn", "include": "./src/*.rs"}),
+                &ws
+            ),
+            "src/a.rs:1: fn main() {}\nsrc/b.rs:2: fn helper() {}"
+        );
+        assert_eq!(
+            ok("Grep", json!({"pattern": "nothing-here"}), &ws),
+            "no matches for `nothing-here` in ."
+        );
+    }
+
+    #[test]
+    fn grep_skips_git_binary_large_and_symlinks() {
+        let ws = TempDir::new();
+        let outside = TempDir::new();
+        outside.put("secret.txt", "needle\n");
+        ws.put(".git/objects/x", "needle\n");
+        ws.put("bin.dat", b"needle\x00\n");
+        ws.put("ok.txt", "needle\n");
+        let big = File::create(ws.path().join("big.txt")).expect("create");
+        big.set_len(MAX_FILE_BYTES + 1).expect("set_len");
+        std::os::unix::fs::symlink(
+            outside.path().join("secret.txt"),
+            ws.path().join("link.txt"),
+        )
+        .expect("symlink");
+        assert_eq!(
+            ok("Grep", json!({"pattern": "needle"}), &ws),
+            "ok.txt:1: needle\n(skipped 1 binary, 1 over 5 MB and 0 unreadable files)"
+        );
+        assert!(
+            err("Grep", json!({"pattern": "needle", "path": "bin.dat"}), &ws)
+                .contains("looks binary")
+        );
+        assert!(
+            err(
+                "Grep",
+                json!({"pattern": "needle", "path": "link.txt"}),
+                &ws
+            )
+            .contains("outside")
+        );
+    }
+
+    #[test]
+    fn grep_caps_matches_and_lines() {
+        let ws = TempDir::new();
+        let content: String = (1..=20).map(|n| format!("hit {n}\n")).collect();
+        ws.put("hits.txt", content);
+        let text = ok("Grep", json!({"pattern": "hit", "max_matches": 5}), &ws);
+        assert_eq!(text.lines().count(), 6);
+        assert!(text.starts_with("hits.txt:1: hit 1\n"));
+        assert!(text.ends_with(
+            "(truncated at 5 matches; narrow the pattern, `path` or `include`, or raise \
+             `max_matches` up to 500)"
+        ));
+        // Exactly max_matches matches is not a truncation.
+        let text = ok("Grep", json!({"pattern": "hit", "max_matches": 20}), &ws);
+        assert!(!text.contains("truncated"));
+        ws.put("long.txt", format!("{}\n", "y".repeat(600)));
+        let text = ok("Grep", json!({"pattern": "y", "path": "long.txt"}), &ws);
+        assert_eq!(
+            text,
+            format!("long.txt:1: {}… [100 more chars]", "y".repeat(500))
+        );
+    }
+
+    #[test]
+    fn grep_stops_before_the_output_cap() {
+        let ws = TempDir::new();
+        let content: String = (0..500).map(|_| format!("{}\n", "z".repeat(480))).collect();
+        ws.put("wide.txt", content);
+        let text = ok("Grep", json!({"pattern": "z", "max_matches": 500}), &ws);
+        assert!(text.len() <= MAX_OUTPUT_BYTES);
+        assert!(
+            text.ends_with("output reached 64 KiB; narrow the search)"),
+            "tail"
+        );
+    }
+
+    #[test]
+    fn grep_rejects_bad_and_oversized_regexes() {
+        let ws = TempDir::new();
+        let msg = err("Grep", json!({"pattern": "fn ("}), &ws);
+        assert!(msg.starts_with("Grep: invalid regex `fn (`"), "{msg}");
+        let msg = err("Grep", json!({"pattern": r"\w{1000}{1000}"}), &ws);
+        assert!(msg.contains("invalid regex"), "{msg}");
+        assert!(
+            err("Grep", json!({"pattern": "x", "max_matches": 0}), &ws).contains("`max_matches`")
+        );
+    }
+
+    // --- walks and caps
+
+    #[test]
+    fn walk_stops_at_the_entry_cap() {
+        let ws = TempDir::new();
+        for n in 0..30 {
+            ws.put(&format!("d{}/f{n}.txt", n % 3), "");
+        }
+        let mut seen = 0;
+        let notes = walk(ws.path(), 10, SymlinkedFiles::Include, |_| {
+            seen += 1;
+            ControlFlow::Continue(())
+        });
+        assert_eq!(notes.stopped_at, Some(10));
+        assert!(seen < 10, "saw {seen}");
+        let mut out = String::new();
+        notes.write_notes(&mut out);
+        assert!(out.contains("walk stopped after visiting 10 entries"));
+    }
+
+    #[test]
+    fn cap_output_bounds_every_result() {
+        let short = "ok".to_owned();
+        assert_eq!(cap_output(short.clone()), short);
+        let long = "é".repeat(MAX_OUTPUT_BYTES);
+        let capped = cap_output(long);
+        assert!(capped.len() <= MAX_OUTPUT_BYTES);
+        assert!(capped.ends_with("bytes cut]"), "marker");
+        let n_cut: usize = capped
+            .rsplit("truncated: ")
+            .next()
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("marker says how much was cut");
+        assert_eq!(
+            2 * MAX_OUTPUT_BYTES - n_cut,
+            capped.find("\n… [output").unwrap_or_default()
+        );
+    }
+}

@@ -1,0 +1,293 @@
+//! Byte streams for outgoing connections: plain TCP or TLS (rustls with the *ring* provider)
+//! over a non-blocking `mio::net::TcpStream`, plus the CA bundle and DNS on a helper thread.
+//!
+//! It reads and writes until `WouldBlock` and reports EOF; it must not know what the bytes
+//! mean (HTTP lives in `http`).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use mio::net::TcpStream;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore};
+
+/// Where distributions keep their CA bundle, most common first. `SSL_CERT_FILE` wins.
+const CA_BUNDLE_PATHS: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// Read no more plaintext per wake than this, so one busy stream cannot starve the loop.
+pub const READ_BUDGET: usize = 256 * 1024;
+
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Which roots a client config trusts, for diagnostics.
+#[derive(Clone, Debug)]
+pub enum RootSource {
+    File(String),
+    Bundled,
+}
+
+/// Builds the client TLS config once per process: the system bundle (or `SSL_CERT_FILE`),
+/// else the bundled Mozilla roots, so minimal containers with no CA bundle still work.
+pub fn client_config() -> Result<(Arc<ClientConfig>, RootSource), String> {
+    static CONFIG: OnceLock<Result<(Arc<ClientConfig>, RootSource), String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let (roots, source) = load_roots()?;
+            let mut config = ClientConfig::builder_with_provider(crypto_provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("tls setup failed: {e}"))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            // We speak HTTP/1.1 only; advertising h2 would let a server pick a framing we
+            // cannot read.
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok((Arc::new(config), source))
+        })
+        .clone()
+}
+
+fn load_roots() -> Result<(RootCertStore, RootSource), String> {
+    if let Some(path) = std::env::var_os("SSL_CERT_FILE") {
+        let path = Path::new(&path);
+        // An explicit setting that does not work is an error, not a silent fallback.
+        let store = roots_from_file(path)
+            .map_err(|e| format!("SSL_CERT_FILE={}: {e}", path.display()))?;
+        return Ok((store, RootSource::File(path.display().to_string())));
+    }
+    for candidate in CA_BUNDLE_PATHS {
+        if let Ok(store) = roots_from_file(Path::new(candidate)) {
+            return Ok((store, RootSource::File((*candidate).to_owned())));
+        }
+    }
+    let mut store = RootCertStore::empty();
+    store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    Ok((store, RootSource::Bundled))
+}
+
+fn roots_from_file(path: &Path) -> Result<RootCertStore, String> {
+    let iter = CertificateDer::pem_file_iter(path).map_err(|e| e.to_string())?;
+    let mut store = RootCertStore::empty();
+    for cert in iter {
+        let cert = cert.map_err(|e| e.to_string())?;
+        // Bundles often hold a few certificates rustls rejects (old encodings); skip them
+        // rather than refusing the whole bundle.
+        let _ = store.add(cert);
+    }
+    if store.is_empty() {
+        return Err("no usable certificates".to_owned());
+    }
+    Ok(store)
+}
+
+/// Resolves `host:port` on a helper thread (getaddrinfo blocks) and hands the result to
+/// `deliver`, which is expected to post it to the loop and wake it.
+pub fn resolve_in_background<F>(host: String, port: u16, deliver: F)
+where
+    F: FnOnce(Result<Vec<SocketAddr>, String>) + Send + 'static,
+{
+    let spawned = std::thread::Builder::new()
+        .name("caliban-dns".into())
+        .spawn(move || {
+            let result = (host.as_str(), port)
+                .to_socket_addrs()
+                .map(|addrs| addrs.collect::<Vec<_>>())
+                .map_err(|e| format!("cannot resolve {host}: {e}"))
+                .and_then(|addrs| {
+                    if addrs.is_empty() {
+                        Err(format!("cannot resolve {host}: no addresses"))
+                    } else {
+                        Ok(addrs)
+                    }
+                });
+            deliver(result);
+        });
+    if let Err(err) = spawned {
+        // Without a thread we cannot resolve; report through the same path is impossible
+        // because `deliver` moved into the failed closure, so log it loudly instead.
+        crate::log::error(&format!("cannot start dns thread: {err}"));
+    }
+}
+
+/// What one `drain_read` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadStatus {
+    pub n_bytes: usize,
+    /// The peer closed (cleanly or not); no more bytes will come.
+    pub eof: bool,
+    /// Stopped because of `READ_BUDGET`, not `WouldBlock`: read again soon.
+    pub more: bool,
+}
+
+pub enum Conn {
+    Plain(TcpStream),
+    Tls {
+        tcp: TcpStream,
+        tls: Box<ClientConnection>,
+    },
+}
+
+impl Conn {
+    pub fn start_tls(self, config: Arc<ClientConfig>, host: &str) -> Result<Conn, String> {
+        let tcp = match self {
+            Conn::Plain(tcp) => tcp,
+            Conn::Tls { .. } => return Err("connection already uses tls".to_owned()),
+        };
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|_| format!("invalid tls server name `{host}`"))?;
+        let tls = ClientConnection::new(config, name).map_err(|e| format!("tls: {e}"))?;
+        Ok(Conn::Tls {
+            tcp,
+            tls: Box::new(tls),
+        })
+    }
+
+    pub fn tcp(&mut self) -> &mut TcpStream {
+        match self {
+            Conn::Plain(tcp) => tcp,
+            Conn::Tls { tcp, .. } => tcp,
+        }
+    }
+
+    /// Whether there are bytes (ours or TLS records) waiting to go out.
+    pub fn wants_write(&self, pending: &[u8]) -> bool {
+        match self {
+            Conn::Plain(_) => !pending.is_empty(),
+            Conn::Tls { tls, .. } => !pending.is_empty() || tls.wants_write(),
+        }
+    }
+
+    /// Writes as much of `pending` as the socket takes, removing what was written.
+    pub fn flush(&mut self, pending: &mut Vec<u8>) -> io::Result<()> {
+        match self {
+            Conn::Plain(tcp) => {
+                while !pending.is_empty() {
+                    match tcp.write(pending) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => {
+                            pending.drain(..n);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Conn::Tls { tcp, tls } => {
+                if !pending.is_empty() {
+                    // rustls buffers plaintext until the handshake completes, then encrypts.
+                    let n = tls.writer().write(pending)?;
+                    pending.drain(..n);
+                }
+                while tls.wants_write() {
+                    match tls.write_tls(tcp) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads until `WouldBlock`, EOF or the budget, appending plaintext to `out`.
+    pub fn drain_read(&mut self, out: &mut Vec<u8>) -> io::Result<ReadStatus> {
+        let mut status = ReadStatus {
+            n_bytes: 0,
+            eof: false,
+            more: false,
+        };
+        let mut buf = [0u8; 16 * 1024];
+        match self {
+            Conn::Plain(tcp) => loop {
+                if status.n_bytes >= READ_BUDGET {
+                    status.more = true;
+                    return Ok(status);
+                }
+                match tcp.read(&mut buf) {
+                    Ok(0) => {
+                        status.eof = true;
+                        return Ok(status);
+                    }
+                    Ok(n) => {
+                        out.extend_from_slice(&buf[..n]);
+                        status.n_bytes += n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            },
+            Conn::Tls { tcp, tls } => loop {
+                if status.n_bytes >= READ_BUDGET {
+                    status.more = true;
+                    return Ok(status);
+                }
+                let tcp_eof = match tls.read_tls(tcp) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        Self::drain_plaintext(tls, out, &mut status)?;
+                        // Handshake replies and alerts must go out even if the caller has
+                        // nothing to write.
+                        let _ = tls.write_tls(tcp);
+                        return Ok(status);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                if let Err(err) = tls.process_new_packets() {
+                    // Last gasp: try to tell the peer why before we drop the connection.
+                    let _ = tls.write_tls(tcp);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("tls: {err}")));
+                }
+                Self::drain_plaintext(tls, out, &mut status)?;
+                if tcp_eof {
+                    status.eof = true;
+                    return Ok(status);
+                }
+            },
+        }
+    }
+
+    fn drain_plaintext(
+        tls: &mut ClientConnection,
+        out: &mut Vec<u8>,
+        status: &mut ReadStatus,
+    ) -> io::Result<()> {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match tls.reader().read(&mut buf) {
+                Ok(0) => {
+                    status.eof = true;
+                    return Ok(());
+                }
+                Ok(n) => {
+                    out.extend_from_slice(&buf[..n]);
+                    status.n_bytes += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                // The peer closed without close_notify. Whether that truncated anything is
+                // the framing layer's call (chunked and content-length bodies know).
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    status.eof = true;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

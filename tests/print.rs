@@ -1,0 +1,420 @@
+//! Print mode end to end: real binary, real stub model over loopback, both provider wires.
+
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+fn text_turn(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+}
+
+fn tool_turn(calls: Value) -> Value {
+    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
+}
+
+/// All tool_result blocks the model was sent, in order, from the stub's request log.
+fn tool_results_sent(stub: &Stub) -> Vec<Value> {
+    let mut out = Vec::new();
+    for req in stub.requests() {
+        let Some(messages) = req["body"]["messages"].as_array() else { continue };
+        if let Some(last) = messages.last() {
+            if let Some(blocks) = last["content"].as_array() {
+                out.extend(blocks.iter().filter(|b| b["type"] == "tool_result").cloned());
+            }
+            if last["role"] == "tool" {
+                out.push(last.clone());
+            }
+        }
+    }
+    out
+}
+
+fn result_text_of(block: &Value) -> String {
+    block["content"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
+}
+
+#[test]
+fn text_only_turn_prints_the_answer() {
+    let ws = Workspace::new("text");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello from the stub model.")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "say hello"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "Hello from the stub model.\n");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 1);
+    let body = &reqs[0]["body"];
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["messages"][0]["role"], "user");
+    assert_eq!(reqs[0]["headers"]["anthropic-version"], "2023-06-01");
+}
+
+#[test]
+fn json_output_is_one_result_object() {
+    let ws = Workspace::new("json");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("forty-two")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "answer"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let frames = out.frames();
+    assert_eq!(frames.len(), 1, "{out:?}");
+    let r = &frames[0];
+    assert_eq!(r["type"], "result");
+    assert_eq!(r["subtype"], "success");
+    assert_eq!(r["result"], "forty-two");
+    assert_eq!(r["is_error"], false);
+    assert_eq!(r["num_turns"], 1);
+    assert_eq!(r["usage"]["output_tokens"], 5);
+    assert!(r["session_id"].as_str().is_some_and(|s| s.len() == 36));
+}
+
+#[test]
+fn stream_json_frames_in_order() {
+    let ws = Workspace::new("streamjson");
+    ws.write("notes.txt", "alpha\nbeta\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_1", "name": "Read", "input": {"path": "notes.txt"}}])),
+            text_turn("The file has two lines."),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "read notes.txt"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let frames = out.frames();
+    let kinds: Vec<String> = frames
+        .iter()
+        .map(|f| format!("{}{}", f["type"].as_str().unwrap_or("?"), f["subtype"].as_str().map(|s| format!("/{s}")).unwrap_or_default()))
+        .collect();
+    assert_eq!(kinds, ["system/init", "tool_use", "tool_result", "message", "message", "result/success"], "{out:?}");
+    assert_eq!(frames[0]["tools"], json!(["Bash", "Read", "Write", "Edit", "Glob", "Grep"]));
+    assert_eq!(frames[1]["input"], json!({"path": "notes.txt"}));
+    assert_eq!(frames[2]["is_error"], false);
+    assert!(result_text_of(&frames[2]).contains("alpha"), "{out:?}");
+    assert_eq!(frames[5]["result"], "The file has two lines.");
+    assert_eq!(frames[5]["num_turns"], 2);
+}
+
+#[test]
+fn partial_messages_stream_deltas() {
+    let ws = Workspace::new("partial");
+    let stub = Stub::start(&ws, &json!({"turns": [{"thinking": "Let me think.", "text": "one two three four five six"}]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "--include-partial-messages", "count"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let frames = out.frames();
+    let deltas: String = frames.iter().filter(|f| f["type"] == "text").filter_map(|f| f["delta"].as_str()).collect();
+    assert_eq!(deltas, "one two three four five six");
+    assert!(frames.iter().filter(|f| f["type"] == "text").count() > 1, "text should arrive in pieces");
+    assert!(frames.iter().any(|f| f["type"] == "thinking"), "{out:?}");
+    assert!(!frames.iter().any(|f| f["type"] == "message"), "partial mode has no message frames");
+}
+
+#[test]
+fn read_edit_bash_tools_work_on_the_workspace() {
+    let ws = Workspace::new("tools");
+    ws.write("src/lib.txt", "fn answer() -> u32 { 41 }\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_r", "name": "Read", "input": {"path": "src/lib.txt"}}])),
+            tool_turn(json!([{"id": "toolu_e", "name": "Edit", "input": {"path": "src/lib.txt", "old_string": "41", "new_string": "42"}}])),
+            tool_turn(json!([{"id": "toolu_b", "name": "Bash", "input": {"command": "cat src/lib.txt && echo done-$((40+2))"}}])),
+            text_turn("Fixed: the answer is now 42."),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--allow", "Edit", "--allow", "Bash(cat:*)", "fix the answer"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "Fixed: the answer is now 42.\n");
+    assert_eq!(ws.read("src/lib.txt"), "fn answer() -> u32 { 42 }\n");
+    let results = tool_results_sent(&stub);
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert!(result_text_of(&results[0]).contains("41"), "{results:?}");
+    assert_eq!(results[1]["is_error"], json!(false), "{results:?}");
+    let bash = result_text_of(&results[2]);
+    assert!(bash.contains("{ 42 }") && bash.contains("done-42"), "{bash}");
+    assert_eq!(results[2].get("is_error").cloned().unwrap_or(json!(false)), json!(false));
+}
+
+#[test]
+fn parallel_tool_calls_are_answered_in_order() {
+    let ws = Workspace::new("parallel");
+    ws.write("a.txt", "AAA\n");
+    ws.write("b.txt", "BBB\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([
+                {"id": "toolu_1", "name": "Bash", "input": {"command": "sleep 0.3; echo slow"}},
+                {"id": "toolu_2", "name": "Read", "input": {"path": "a.txt"}},
+                {"id": "toolu_3", "name": "Read", "input": {"path": "b.txt"}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "--allow", "Bash", "go"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let reqs = stub.requests();
+    let last_user = reqs[1]["body"]["messages"].as_array().unwrap().last().unwrap().clone();
+    let ids: Vec<&str> = last_user["content"].as_array().unwrap().iter().filter_map(|b| b["tool_use_id"].as_str()).collect();
+    assert_eq!(ids, ["toolu_1", "toolu_2", "toolu_3"], "results follow call order");
+    // The reads finished while the shell slept: they ran concurrently.
+    let order: Vec<&str> = out.frames().iter().filter(|f| f["type"] == "tool_result").filter_map(|f| f["tool_use_id"].as_str().map(str::to_owned)).collect::<Vec<_>>().leak().iter().map(String::as_str).collect();
+    assert_eq!(order.last().copied(), Some("toolu_1"), "{out:?}");
+}
+
+#[test]
+fn ask_in_print_mode_is_denied_with_a_hint() {
+    let ws = Workspace::new("deny");
+    let marker = ws.path("should-not-exist");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_x", "name": "Bash", "input": {"command": format!("touch {}", path_str(&marker))}}])),
+            text_turn("I could not run it."),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "make a file"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!marker.exists(), "a denied command ran");
+    let frames = out.frames();
+    let result = frames.iter().find(|f| f["type"] == "tool_result").expect("tool_result frame");
+    assert_eq!(result["is_error"], true);
+    let text = result_text_of(result);
+    assert!(text.contains("permission denied") && text.contains("--allow"), "{text}");
+}
+
+#[test]
+fn deny_rule_beats_allow() {
+    let ws = Workspace::new("denyrule");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_x", "name": "Bash", "input": {"command": "rm -rf build"}}])),
+            text_turn("ok"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--allow", "Bash", "--deny", "Bash(rm:*)", "clean"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let results = tool_results_sent(&stub);
+    assert_eq!(results[0]["is_error"], true, "{results:?}");
+}
+
+#[test]
+fn openai_wire_with_tools() {
+    let ws = Workspace::new("openai");
+    ws.write("hello.txt", "hi there\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "call_1", "name": "Read", "input": {"path": "hello.txt"}}])),
+            text_turn("It says hi."),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    openai(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--model", "local-model", "what does hello.txt say"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "It says hi.");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(reqs[0]["path"].as_str().unwrap().ends_with("/v1/chat/completions"));
+    assert_eq!(reqs[0]["body"]["model"], "local-model");
+    let msgs = reqs[1]["body"]["messages"].as_array().unwrap();
+    let tool_msg = msgs.iter().find(|m| m["role"] == "tool").expect("tool message");
+    assert_eq!(tool_msg["tool_call_id"], "call_1");
+    assert!(tool_msg["content"].as_str().unwrap().contains("hi there"));
+}
+
+#[test]
+fn retries_after_529_with_retry_after() {
+    let ws = Workspace::new("retry");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "made it", "faults": [{"status": 529, "retry_after": "1"}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "try"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let frames = out.frames();
+    let retry = frames.iter().find(|f| f["subtype"] == "api_retry").expect("api_retry frame");
+    assert_eq!(retry["error_status"], 529);
+    assert_eq!(retry["retry_delay_ms"], 1000);
+    assert_eq!(retry["error_category"], "overloaded");
+    assert_eq!(out.result()["result"], "made it");
+    assert_eq!(stub.requests().len(), 2);
+}
+
+#[test]
+fn non_retryable_status_fails_clearly() {
+    let ws = Workspace::new("401");
+    let stub = Stub::start(&ws, &json!({"turns": [{"text": "x", "faults": [{"status": 401}]}]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let r = out.result();
+    assert_eq!(r["subtype"], "error");
+    assert!(r["error"].as_str().unwrap().contains("401"), "{out:?}");
+    assert_eq!(stub.requests().len(), 1, "a 401 is not retried");
+}
+
+#[test]
+fn stream_dropped_mid_turn_fails_without_hanging() {
+    let ws = Workspace::new("drop");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "this answer will be cut off somewhere in the middle", "faults": [{"drop_after_events": 5}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "--include-partial-messages", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let r = out.result();
+    assert_eq!(r["subtype"], "error");
+    assert!(r["error"].as_str().unwrap().contains("ended") || r["error"].as_str().unwrap().contains("closed"), "{out:?}");
+    assert_eq!(stub.requests().len(), 1, "output was shown, so no retry");
+}
+
+#[test]
+fn stalled_stream_hits_the_idle_timeout() {
+    let ws = Workspace::new("stall");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "words words words words words", "faults": [{"stall_after_events": 5}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--idle-timeout", "0.5", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.result()["error"].as_str().unwrap().contains("idle"), "{out:?}");
+}
+
+#[test]
+fn max_turns_stops_the_run() {
+    let ws = Workspace::new("maxturns");
+    ws.write("f.txt", "x\n");
+    let read = json!([{"name": "Read", "input": {"path": "f.txt"}}]);
+    let stub = Stub::start(&ws, &json!({"turns": [tool_turn(read.clone()), tool_turn(read.clone()), tool_turn(read), text_turn("never")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--max-turns", "2", "loop"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(75), "{out:?}");
+    let r = out.result();
+    assert_eq!(r["subtype"], "max_turns");
+    assert_eq!(r["num_turns"], 2);
+    assert_eq!(stub.requests().len(), 2);
+}
+
+#[test]
+fn stream_json_input_continues_the_conversation() {
+    let ws = Workspace::new("input");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("first answer"), text_turn("second answer")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--input-format", "stream-json", "--output-format", "stream-json"]);
+    let input = "{\"type\":\"user\",\"content\":\"one\"}\n{\"type\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"two\"}]}\n";
+    let out = run(cmd, input);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "second answer");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 2);
+    let msgs = reqs[1]["body"]["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 3, "user, assistant, user: {msgs:?}");
+}
+
+#[test]
+fn malformed_stream_json_input_exits_64() {
+    let ws = Workspace::new("badinput");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--input-format", "stream-json", "--output-format", "json"]);
+    let out = run(cmd, "{\"type\":\"user\",\"message\":{}}\n");
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert_eq!(out.result()["subtype"], "error");
+}
+
+#[test]
+fn sigterm_cancels_and_kills_the_bash_group() {
+    let ws = Workspace::new("sigterm");
+    let marker = format!("caliban-test-sleep-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_s", "name": "Bash", "input": {"command": format!("bash -c 'exec -a {marker} sleep 30' & sleep 30")}}])),
+            text_turn("never"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--allow", "Bash", "sleep"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("spawn");
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !process_with_marker_exists(&marker) {
+        assert!(std::time::Instant::now() < deadline, "the Bash tool never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY-free: use the kill command rather than libc in tests.
+    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");
+    let out = wait_output(child, std::time::Duration::from_secs(10));
+    assert_eq!(out.code, Some(124), "{out:?}");
+    assert_eq!(out.result()["subtype"], "cancelled");
+    assert!(!process_with_marker_exists(&marker), "a Bash grandchild survived the cancel");
+}
+
+#[test]
+fn bash_timeout_kills_the_command() {
+    let ws = Workspace::new("timeout");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_t", "name": "Bash", "input": {"command": "echo started; sleep 20", "timeout_seconds": 1}}])),
+            text_turn("timed out"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--allow", "Bash", "wait"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let results = tool_results_sent(&stub);
+    assert_eq!(results[0]["is_error"], true);
+    let text = result_text_of(&results[0]);
+    assert!(text.contains("started") && text.contains("timed out"), "{text}");
+}

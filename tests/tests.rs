@@ -1,0 +1,7 @@
+//! One integration-test binary: every test spawns the real `caliban` executable and speaks
+//! its real wire, against `caliban stub-model` on loopback. Nothing leaves the machine.
+
+mod util;
+
+mod cli;
+mod print;

@@ -1,0 +1,287 @@
+//! The test harness: temp workspaces, a stub model process, and a runner for `caliban` with
+//! a sanitised environment and a deadline on everything (a hung child fails the test with
+//! its stderr instead of hanging the suite).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_caliban");
+/// The longest any single caliban invocation may take in a test.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh directory under the target dir, removed on drop.
+pub struct Workspace {
+    pub root: PathBuf,
+}
+
+impl Workspace {
+    pub fn new(name: &str) -> Workspace {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let root = base.join(format!("ws-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("home")).expect("create workspace");
+        Workspace {
+            root: root.canonicalize().expect("canonical workspace"),
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    pub fn write(&self, rel: &str, contents: &str) {
+        let path = self.path(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::fs::write(path, contents).expect("write file");
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).expect("read file")
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// `caliban stub-model` running on a free loopback port; killed on drop.
+pub struct Stub {
+    child: Child,
+    pub url: String,
+    _script: PathBuf,
+}
+
+impl Stub {
+    pub fn start(ws: &Workspace, script: &Value) -> Stub {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let script_path = ws.path(&format!("stub-script-{n}.json"));
+        std::fs::write(&script_path, script.to_string()).expect("write script");
+        let mut child = Command::new(BIN)
+            .args(["stub-model", "--script"])
+            .arg(&script_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn stub-model");
+        let stdout = child.stdout.take().expect("stub stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("stub-model did not print its address within 10 s");
+            }
+        };
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected stub-model banner: {line:?}"))
+            .to_owned();
+        Stub {
+            child,
+            url,
+            _script: script_path,
+        }
+    }
+
+    /// Every request the stub received: `[{path, headers, body}]`.
+    pub fn requests(&self) -> Vec<Value> {
+        let addr = self.url.trim_start_matches("http://");
+        let mut stream = TcpStream::connect(addr).expect("connect to stub");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        write!(
+            stream,
+            "GET /_stub/requests HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("read stub response");
+        let text = String::from_utf8_lossy(&raw);
+        let (head, body) = text.split_once("\r\n\r\n").expect("http response");
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        };
+        let value: Value = serde_json::from_str(&body).expect("requests json");
+        value.as_array().cloned().unwrap_or_default()
+    }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let Some((size, rest)) = body.split_once("\r\n") else { break };
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+    out
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// stdout parsed as JSON lines.
+    pub fn frames(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad frame {l:?}: {e}")))
+            .collect()
+    }
+
+    pub fn result(&self) -> Value {
+        self.frames()
+            .into_iter()
+            .rev()
+            .find(|f| f["type"] == "result")
+            .unwrap_or_else(|| panic!("no result frame in {}", self.stdout))
+    }
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A `caliban` command with an environment that holds nothing from the developer's shell
+/// (no real API keys, no proxies, no user settings).
+pub fn caliban(ws: &Workspace) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", ws.path("home"))
+        .env("XDG_CONFIG_HOME", ws.path("home/.config"))
+        .env("XDG_STATE_HOME", ws.path("home/.state"))
+        .current_dir(&ws.root);
+    cmd
+}
+
+/// Points a command at the stub with the Anthropic wire.
+pub fn anthropic(cmd: &mut Command, stub: &Stub) {
+    cmd.env("ANTHROPIC_BASE_URL", &stub.url);
+}
+
+/// Points a command at the stub with the OpenAI wire.
+pub fn openai(cmd: &mut Command, stub: &Stub) {
+    cmd.env("OPENAI_BASE_URL", format!("{}/v1", stub.url));
+}
+
+/// Runs to completion with `stdin` as input, killing the child at the deadline.
+pub fn run(mut cmd: Command, stdin: &str) -> Output {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn caliban");
+    let mut input = child.stdin.take().expect("stdin");
+    let data = stdin.to_owned();
+    std::thread::spawn(move || {
+        let _ = input.write_all(data.as_bytes());
+    });
+    wait_output(child, RUN_TIMEOUT)
+}
+
+pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stdout = out_thread.join().unwrap_or_default();
+    let stderr = err_thread.join().unwrap_or_default();
+    let out = Output {
+        code: status.and_then(|s| s.code()),
+        stdout,
+        stderr,
+    };
+    assert!(status.is_some(), "caliban did not finish within {timeout:?}: {out:?}");
+    out
+}
+
+/// Whether any process on the machine has `marker` in its command line.
+pub fn process_with_marker_exists(marker: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(marker) && !cmdline.contains("process_with_marker") {
+                // Zombies have an empty cmdline; a live match is a leak.
+                return true;
+            }
+        }
+    }
+    false
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
