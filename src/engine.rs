@@ -123,6 +123,8 @@ struct ModelCall {
     error_body: Vec<u8>,
     last_activity: Instant,
     timer: TimerId,
+    /// Whether `timer` measures the idle gap (true) or the wait for the first byte.
+    idle_timer: bool,
 }
 
 struct BashTask {
@@ -413,6 +415,7 @@ impl Engine {
             error_body: Vec::new(),
             last_activity: Instant::now(),
             timer,
+            idle_timer: false,
         });
         // An address literal needs no lookup (and no thread).
         if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
@@ -465,6 +468,15 @@ impl Engine {
                 return;
             };
             call.last_activity = Instant::now();
+            if !call.idle_timer && call.exchange.got_response_byte() {
+                // The response started: from now on silence is measured by the (usually
+                // much shorter) idle limit.
+                self.reactor.cancel_timer(call.timer);
+                self.timers.remove(&call.timer);
+                call.timer = self.reactor.add_timer(self.config.idle_timeout);
+                call.idle_timer = true;
+                self.timers.insert(call.timer, TimerOwner::Model(run));
+            }
             match event {
                 ClientEvent::Head(head) => {
                     call.status = Some(head.status);
@@ -694,7 +706,7 @@ impl Engine {
         if call.timer != id {
             return;
         }
-        let limit = if call.exchange.got_response_byte() {
+        let limit = if call.idle_timer {
             self.config.idle_timeout
         } else {
             self.config.first_byte_timeout

@@ -1039,6 +1039,7 @@ fn split_command(command: &str) -> Option<Vec<String>> {
         pos: 0,
         depth: 0,
         segments: Vec::new(),
+        heredocs: Vec::new(),
     };
     splitter.list(false)?;
     Some(splitter.segments)
@@ -1049,6 +1050,16 @@ struct Splitter<'a> {
     pos: usize,
     depth: usize,
     segments: Vec<String>,
+    /// Here-documents whose bodies start at the next unquoted newline.
+    heredocs: Vec<Heredoc>,
+}
+
+struct Heredoc {
+    delimiter: String,
+    /// `<<-` strips leading tabs from body lines and the delimiter line.
+    strip_tabs: bool,
+    /// A quoted delimiter (`<<'EOF'`) turns off expansion in the body.
+    quoted: bool,
 }
 
 impl Splitter<'_> {
@@ -1069,11 +1080,25 @@ impl Splitter<'_> {
         loop {
             let Some(ch) = self.peek(0) else {
                 self.finish(&mut current);
-                return (!in_parens).then_some(());
+                // A here-document never closed would swallow the rest of the command.
+                return (!in_parens && self.heredocs.is_empty()).then_some(());
             };
             match ch {
                 '\\' | '\'' | '"' | '`' => self.quoted(&mut current)?,
+                '$' if self.peek(1) == Some('\'') => self.quoted(&mut current)?,
                 '$' | '<' | '>' if self.peek(1) == Some('(') => self.substitution(&mut current)?,
+                // A comment hides quotes and separators from the shell, so it must hide them
+                // from us too: `ls # '` would otherwise open a quote the shell never sees.
+                '#' if at_word_start(&current) => {
+                    while self.peek(0).is_some_and(|c| c != '\n') {
+                        self.pos += 1;
+                    }
+                }
+                '\n' => {
+                    self.finish(&mut current);
+                    self.pos += 1;
+                    self.heredoc_bodies()?;
+                }
                 ')' => {
                     if !in_parens {
                         return None;
@@ -1089,7 +1114,7 @@ impl Splitter<'_> {
                     self.nested(|splitter| splitter.list(true))?;
                 }
                 '&' if self.peek(1) == Some('>') => self.redirect(&current)?,
-                ';' | '&' | '|' | '\n' => {
+                ';' | '&' | '|' => {
                     self.finish(&mut current);
                     self.pos += 1;
                 }
@@ -1113,6 +1138,40 @@ impl Splitter<'_> {
         current.clear();
     }
 
+    /// Skips the bodies of the here-documents opened on the line just ended. A body is data,
+    /// not commands, but with an unquoted delimiter the shell expands `$(…)` and backticks in
+    /// it; rather than parse those, a body holding `$` or a backtick makes the command
+    /// unparseable. A body that never reaches its delimiter does too.
+    fn heredoc_bodies(&mut self) -> Option<()> {
+        for heredoc in std::mem::take(&mut self.heredocs) {
+            loop {
+                let start = self.pos;
+                if start >= self.chars.len() {
+                    return None;
+                }
+                let len = self.chars[start..]
+                    .iter()
+                    .position(|&c| c == '\n')
+                    .unwrap_or(self.chars.len() - start);
+                let line = &self.chars[start..start + len];
+                self.pos = (start + len + 1).min(self.chars.len());
+                let trimmed = if heredoc.strip_tabs {
+                    let tabs = line.iter().take_while(|&&c| c == '\t').count();
+                    &line[tabs..]
+                } else {
+                    line
+                };
+                if trimmed.iter().copied().eq(heredoc.delimiter.chars()) {
+                    break;
+                }
+                if !heredoc.quoted && line.iter().any(|&c| c == '$' || c == '`') {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
     fn nested(&mut self, f: impl FnOnce(&mut Self) -> Option<()>) -> Option<()> {
         if self.depth >= MAX_SHELL_NESTING {
             return None;
@@ -1133,6 +1192,29 @@ impl Splitter<'_> {
                 if let Some(next) = self.peek(0) {
                     out.push(next);
                     self.pos += 1;
+                }
+            }
+            '$' if self.peek(1) == Some('\'') => {
+                // ANSI-C quoting, `$'…'`: unlike plain single quotes, `\'` escapes a quote.
+                out.push_str("$'");
+                self.pos += 2;
+                loop {
+                    match self.peek(0)? {
+                        '\\' => {
+                            out.push('\\');
+                            out.push(self.peek(1)?);
+                            self.pos += 2;
+                        }
+                        '\'' => {
+                            out.push('\'');
+                            self.pos += 1;
+                            break;
+                        }
+                        ch => {
+                            out.push(ch);
+                            self.pos += 1;
+                        }
+                    }
                 }
             }
             '\'' => {
@@ -1180,6 +1262,7 @@ impl Splitter<'_> {
                     pos: 0,
                     depth: self.depth + 1,
                     segments: Vec::new(),
+                    heredocs: Vec::new(),
                 };
                 inner_splitter.list(false)?;
                 self.segments.extend(inner_splitter.segments);
@@ -1230,6 +1313,18 @@ impl Splitter<'_> {
         if target.is_empty() {
             return None;
         }
+        if matches!(operator, "<<" | "<<-") {
+            // The body starts after the next newline; `heredoc_bodies` skips it there.
+            let quoted = target.contains(['\'', '"', '\\']);
+            self.heredocs.push(Heredoc {
+                delimiter: target
+                    .chars()
+                    .filter(|c| !matches!(c, '\'' | '"' | '\\'))
+                    .collect(),
+                strip_tabs: operator == "<<-",
+                quoted,
+            });
+        }
         let harmless = match operator {
             // Here-documents and here-strings feed text to stdin; no file is involved.
             "<<" | "<<-" | "<<<" => true,
@@ -1262,6 +1357,7 @@ impl Splitter<'_> {
             match ch {
                 ' ' | '\t' | '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>' => break,
                 '\\' | '\'' | '"' | '`' => self.quoted(&mut word)?,
+                '$' if self.peek(1) == Some('\'') => self.quoted(&mut word)?,
                 '$' if self.peek(1) == Some('(') => self.substitution(&mut word)?,
                 _ => {
                     word.push(ch);
@@ -1676,6 +1772,26 @@ mod tests {
         assert_eq!(split("cmd &> log"), ["&> log", "cmd"]);
         assert_eq!(split("cmd >&file"), [">& file", "cmd"]);
         assert_eq!(split("cat <<< hi"), ["cat"]);
+        assert_eq!(split("git status # it's fine; rm"), ["git status"]);
+        assert_eq!(split("ls # '\nrm -rf /\n# '"), ["ls", "rm -rf /"]);
+        assert_eq!(split("echo a#b"), ["echo a#b"]);
+        assert_eq!(
+            split("echo $'\\'' ; rm -rf / ; echo $'\\''"),
+            ["echo $'\\''", "rm -rf /", "echo $'\\''"]
+        );
+        assert_eq!(
+            split("cat <<EOF > f.txt\nit's; body\nEOF\nrm x"),
+            ["> f.txt", "cat", "rm x"]
+        );
+        assert_eq!(
+            split("git commit -m \"$(cat <<'EOF'\nfix: it's $(not run)\nEOF\n)\" && git log"),
+            [
+                "cat",
+                "git commit -m \"$(cat <<'EOF'\nfix: it's $(not run)\nEOF\n)\"",
+                "git log"
+            ]
+        );
+        assert_eq!(split("cat <<-EOF\n\tbody\n\tEOF\nls"), ["cat", "ls"]);
         assert_eq!(split("echo a2>b"), ["> b", "echo a2"]);
         assert_eq!(split("  "), Vec::<String>::new());
         for broken in [
@@ -1686,6 +1802,10 @@ mod tests {
             "echo `x",
             "cat >",
             "x > ;",
+            "echo $'open\\'",
+            "cat <<EOF\nno end",
+            "cat <<EOF",
+            "cat <<EOF\n$(rm -rf /)\nEOF",
         ] {
             assert_eq!(split_command(broken), None, "{broken}");
         }
