@@ -37,29 +37,161 @@ const fn flag(
 }
 
 pub const FLAGS: &[Flag] = &[
-    flag("print", Some('p'), None, "Run headless: answer PROMPT (or stdin) and exit. Also implied when a PROMPT is given.", ""),
-    flag("output-format", None, Some("FORMAT"), "text (default: the final answer), json (one result object) or stream-json (one JSON frame per line).", ""),
-    flag("input-format", None, Some("FORMAT"), "text (default) or stream-json: user messages as JSON lines on stdin, each answered in turn.", ""),
-    flag("include-partial-messages", None, None, "With stream-json output, stream text and thinking deltas as they arrive.", ""),
-    flag("provider", None, Some("NAME"), "anthropic or openai (any OpenAI-compatible server). Default: from settings, else whichever API key or base URL is set.", ""),
-    flag("model", None, Some("NAME"), "Model name (default claude-sonnet-4-6 for anthropic, gpt-5.5 for openai).", ""),
-    flag("max-tokens", None, Some("N"), "Output token limit per model turn (default 8192).", ""),
-    flag("max-turns", None, Some("N"), "Stop after N model turns (default 50); exit code 75.", ""),
-    flag("system-prompt", None, Some("TEXT"), "Replace the built-in system prompt.", ""),
-    flag("cwd", Some('C'), Some("DIR"), "Workspace root for tools and project settings (default: the current directory).", ""),
-    flag("allow", None, Some("PATTERN"), "Allow tool calls matching PATTERN, e.g. 'Bash(cargo test:*)' or 'Bash:git *'. Repeatable.", ""),
-    flag("ask", None, Some("PATTERN"), "Ask before tool calls matching PATTERN (denied in print mode). Repeatable.", ""),
-    flag("deny", None, Some("PATTERN"), "Deny tool calls matching PATTERN. Repeatable; deny rules are checked before allow rules.", ""),
-    flag("permission-mode", None, Some("MODE"), "default, acceptEdits, plan, dontAsk or bypassPermissions.", ""),
-    flag("max-retries", None, Some("N"), "Retries of a model request that failed before any output (default 4).", ""),
-    flag("first-byte-timeout", None, Some("SECS"), "Give up on a model request with no response byte after SECS (default 300).", ""),
-    flag("idle-timeout", None, Some("SECS"), "Fail a model stream silent for SECS once it started (default 90).", ""),
-    flag("verbose", Some('v'), None, "Log more to stderr (repeat for debug).", ""),
-    flag("version", Some('V'), None, "Print the version and git hash.", ""),
+    flag(
+        "print",
+        Some('p'),
+        None,
+        "Run headless: answer PROMPT (or stdin) and exit. Also implied when a PROMPT is given.",
+        "",
+    ),
+    flag(
+        "output-format",
+        None,
+        Some("FORMAT"),
+        "text (default: the final answer), json (one result object) or stream-json (one JSON frame per line).",
+        "",
+    ),
+    flag(
+        "input-format",
+        None,
+        Some("FORMAT"),
+        "text (default) or stream-json: user messages as JSON lines on stdin, each answered in turn.",
+        "",
+    ),
+    flag(
+        "include-partial-messages",
+        None,
+        None,
+        "With stream-json output, stream text and thinking deltas as they arrive.",
+        "",
+    ),
+    flag(
+        "provider",
+        None,
+        Some("NAME"),
+        "anthropic or openai (any OpenAI-compatible server). Default: from settings, else whichever API key or base URL is set.",
+        "",
+    ),
+    flag(
+        "model",
+        None,
+        Some("NAME"),
+        "Model name (default claude-sonnet-4-6 for anthropic, gpt-5.5 for openai).",
+        "",
+    ),
+    flag(
+        "max-tokens",
+        None,
+        Some("N"),
+        "Output token limit per model turn (default 8192).",
+        "",
+    ),
+    flag(
+        "max-turns",
+        None,
+        Some("N"),
+        "Stop after N model turns (default 50); exit code 75.",
+        "",
+    ),
+    flag(
+        "system-prompt",
+        None,
+        Some("TEXT"),
+        "Replace the built-in system prompt.",
+        "",
+    ),
+    flag(
+        "cwd",
+        Some('C'),
+        Some("DIR"),
+        "Workspace root for tools and project settings (default: the current directory).",
+        "",
+    ),
+    flag(
+        "allow",
+        None,
+        Some("PATTERN"),
+        "Allow tool calls matching PATTERN, e.g. 'Bash(cargo test:*)' or 'Bash:git *'. Repeatable.",
+        "",
+    ),
+    flag(
+        "ask",
+        None,
+        Some("PATTERN"),
+        "Ask before tool calls matching PATTERN (denied in print mode). Repeatable.",
+        "",
+    ),
+    flag(
+        "deny",
+        None,
+        Some("PATTERN"),
+        "Deny tool calls matching PATTERN. Repeatable; deny rules are checked before allow rules.",
+        "",
+    ),
+    flag(
+        "permission-mode",
+        None,
+        Some("MODE"),
+        "default, acceptEdits, plan, dontAsk or bypassPermissions.",
+        "",
+    ),
+    flag(
+        "max-retries",
+        None,
+        Some("N"),
+        "Retries of a model request that failed before any output (default 4).",
+        "",
+    ),
+    flag(
+        "first-byte-timeout",
+        None,
+        Some("SECS"),
+        "Give up on a model request with no response byte after SECS (default 300).",
+        "",
+    ),
+    flag(
+        "idle-timeout",
+        None,
+        Some("SECS"),
+        "Fail a model stream silent for SECS once it started (default 90).",
+        "",
+    ),
+    flag(
+        "verbose",
+        Some('v'),
+        None,
+        "Log more to stderr (repeat for debug).",
+        "",
+    ),
+    flag(
+        "version",
+        Some('V'),
+        None,
+        "Print the version and git hash.",
+        "",
+    ),
     flag("help", Some('h'), None, "Print help.", ""),
-    flag("generate", None, Some("man"), "Print the man page (roff) to stdout.", ""),
-    flag("script", None, Some("FILE"), "JSON script of turns to serve (see README, \"stub-model\").", "stub-model"),
-    flag("addr", None, Some("ADDR"), "Loopback address to listen on (default 127.0.0.1:0, a free port).", "stub-model"),
+    flag(
+        "generate",
+        None,
+        Some("man"),
+        "Print the man page (roff) to stdout.",
+        "",
+    ),
+    flag(
+        "script",
+        None,
+        Some("FILE"),
+        "JSON script of turns to serve (see README, \"stub-model\").",
+        "stub-model",
+    ),
+    flag(
+        "addr",
+        None,
+        Some("ADDR"),
+        "Loopback address to listen on (default 127.0.0.1:0, a free port).",
+        "stub-model",
+    ),
 ];
 
 pub const SUBCOMMANDS: &[(&str, &str)] = &[(
@@ -143,7 +275,13 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                     "text" => OutputFormat::Text,
                     "json" => OutputFormat::Json,
                     "stream-json" => OutputFormat::StreamJson,
-                    other => return Err(bad_value("--output-format", other, "text, json, stream-json")),
+                    other => {
+                        return Err(bad_value(
+                            "--output-format",
+                            other,
+                            "text, json, stream-json",
+                        ));
+                    }
                 }
             }
             Long("input-format") => {
@@ -171,8 +309,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             Long("deny") => print.deny.push(parser.value()?.string()?),
             Long("permission-mode") => print.permission_mode = Some(parser.value()?.string()?),
             Long("max-retries") => print.max_retries = Some(parser.value()?.parse()?),
-            Long("first-byte-timeout") => print.first_byte_timeout = Some(seconds(&mut parser, "--first-byte-timeout")?),
-            Long("idle-timeout") => print.idle_timeout = Some(seconds(&mut parser, "--idle-timeout")?),
+            Long("first-byte-timeout") => {
+                print.first_byte_timeout = Some(seconds(&mut parser, "--first-byte-timeout")?)
+            }
+            Long("idle-timeout") => {
+                print.idle_timeout = Some(seconds(&mut parser, "--idle-timeout")?)
+            }
             Short('v') | Long("verbose") => print.verbose = print.verbose.saturating_add(1),
             Short('V') | Long("version") => return Ok(Command::Version),
             Short('h') | Long("help") => return Ok(Command::Help),
@@ -220,7 +362,9 @@ fn seconds(parser: &mut lexopt::Parser, name: &str) -> Result<f64, lexopt::Error
 }
 
 fn bad_value(flag: &str, got: &str, expected: &str) -> lexopt::Error {
-    lexopt::Error::from(format!("invalid value `{got}` for {flag}: expected {expected}"))
+    lexopt::Error::from(format!(
+        "invalid value `{got}` for {flag}: expected {expected}"
+    ))
 }
 
 fn flag_label(f: &Flag) -> String {
@@ -261,7 +405,9 @@ EXIT CODES:\n    0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage
 }
 
 fn roff_escape(s: &str) -> String {
-    s.replace('\\', "\\e").replace('-', "\\-").replace('\'', "\\(aq")
+    s.replace('\\', "\\e")
+        .replace('-', "\\-")
+        .replace('\'', "\\(aq")
 }
 
 /// The man page, generated from the same table as `--help`.
@@ -291,7 +437,11 @@ streams on loopback for offline use.\n.SH OPTIONS\n"
     }
     out.push_str(".SH COMMANDS\n");
     for (name, help) in SUBCOMMANDS {
-        out.push_str(&format!(".SS {}\n{}\n", roff_escape(name), roff_escape(help)));
+        out.push_str(&format!(
+            ".SS {}\n{}\n",
+            roff_escape(name),
+            roff_escape(help)
+        ));
         for f in FLAGS.iter().filter(|f| f.scope == *name) {
             entry(&mut out, f);
         }
@@ -318,10 +468,20 @@ mod tests {
     #[test]
     fn print_flags() {
         let cmd = parse(args(&[
-            "-p", "--output-format", "stream-json", "--allow", "Bash(cargo test:*)", "--max-turns", "3", "hello", "world",
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--allow",
+            "Bash(cargo test:*)",
+            "--max-turns",
+            "3",
+            "hello",
+            "world",
         ]))
         .unwrap();
-        let Command::Print(p) = cmd else { panic!("not print") };
+        let Command::Print(p) = cmd else {
+            panic!("not print")
+        };
         assert_eq!(p.prompt.as_deref(), Some("hello world"));
         assert_eq!(p.output_format, OutputFormat::StreamJson);
         assert_eq!(p.allow, vec!["Bash(cargo test:*)".to_owned()]);
@@ -356,7 +516,11 @@ mod tests {
                 });
             }
             let res = parse(argv.iter().map(OsString::from));
-            assert!(res.is_ok(), "flag --{} from the table does not parse: {res:?}", f.long);
+            assert!(
+                res.is_ok(),
+                "flag --{} from the table does not parse: {res:?}",
+                f.long
+            );
         }
     }
 

@@ -47,10 +47,7 @@ pub struct EngineConfig {
 }
 
 pub enum AskReply {
-    Allow,
     Deny(String),
-    /// The host surfaced the prompt and will answer with `HostAction::Permit`.
-    Pending,
 }
 
 #[derive(Clone, Debug)]
@@ -191,10 +188,6 @@ impl Engine {
         Ok(())
     }
 
-    pub fn provider(&self) -> &Provider {
-        &self.config.provider
-    }
-
     /// Adds a run; nothing happens until input arrives through `HostAction::SendInput`.
     pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
         let id = RunId(self.next_run);
@@ -211,10 +204,6 @@ impl Engine {
             },
         );
         id
-    }
-
-    pub fn run_ref(&self, id: RunId) -> Option<&Run> {
-        self.runs.get(&id).map(|slot| &slot.run)
     }
 
     /// Queues actions to perform when the loop starts (e.g. the first prompt).
@@ -359,19 +348,12 @@ impl Engine {
             }
             Effect::RunTool(call) => self.start_tool(run, call),
             Effect::Ask(call) => match host.on_ask(run, &call) {
-                AskReply::Allow => self.actions.push_back(HostAction::Permit {
-                    run,
-                    tool_use_id: call.id,
-                    allow: true,
-                    message: String::new(),
-                }),
                 AskReply::Deny(message) => self.actions.push_back(HostAction::Permit {
                     run,
                     tool_use_id: call.id,
                     allow: false,
                     message,
                 }),
-                AskReply::Pending => {}
             },
             Effect::AbortWork => self.abort_work(run),
             Effect::AwaitInput => {
@@ -403,6 +385,10 @@ impl Engine {
             request,
         );
         let (host, port) = exchange.dial_target();
+        log::debug(&format!(
+            "model request for run {} to {}:{}{}",
+            run.0, provider.target.host, provider.target.port, provider.path
+        ));
         let timer = self.reactor.add_timer(self.config.first_byte_timeout);
         self.timers.insert(timer, TimerOwner::Model(run));
         self.owners.insert(token, Owner::Model(run));
@@ -418,7 +404,11 @@ impl Engine {
             idle_timer: false,
         });
         // An address literal needs no lookup (and no thread).
-        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+        {
             self.on_resolved(run, token, Ok(vec![std::net::SocketAddr::new(ip, port)]));
             return;
         }
@@ -492,7 +482,12 @@ impl Engine {
                         let mut model_events = Vec::new();
                         for ev in &sse_events {
                             if let Err(e) = call.decoder.on_event(ev, &mut model_events) {
-                                self.model_failed(run, format!("bad model stream: {e}"), None, false);
+                                self.model_failed(
+                                    run,
+                                    format!("bad model stream: {e}"),
+                                    None,
+                                    false,
+                                );
                                 return;
                             }
                         }
@@ -521,10 +516,7 @@ impl Engine {
                     }
                 }
                 ClientEvent::End => self.model_ended(run),
-                ClientEvent::Failed {
-                    error,
-                    before_response: _,
-                } => {
+                ClientEvent::Failed { error } => {
                     self.model_failed(run, error, None, true);
                     return;
                 }
@@ -564,7 +556,10 @@ impl Engine {
             }
             return;
         }
-        let err = self.config.provider.parse_error_body(status, &call.error_body);
+        let err = self
+            .config
+            .provider
+            .parse_error_body(status, &call.error_body);
         let headers = call.headers.clone();
         let header = move |name: &str| {
             headers
@@ -585,7 +580,8 @@ impl Engine {
         let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
         match decision {
             RetryDecision::Retry(delay) if can_retry => {
-                self.schedule_retry(run, delay, Some(status), retry::category(status), message)
+                let category = retry::category_for(status, Some(err.kind.as_str()));
+                self.schedule_retry(run, delay, Some(status), category, message)
             }
             _ => self.fail_run(run, StopCondition::ProviderError(message)),
         }
@@ -603,13 +599,13 @@ impl Engine {
         let Some(slot) = self.runs.get(&run) else {
             return;
         };
-        if retryable && slot.run.can_retry_turn() {
-            if let RetryDecision::Retry(delay) =
+        if retryable
+            && slot.run.can_retry_turn()
+            && let RetryDecision::Retry(delay) =
                 retry::decide_transport(&self.config.retry, slot.attempt, jitter())
-            {
-                self.schedule_retry(run, delay, status, "network", error);
-                return;
-            }
+        {
+            self.schedule_retry(run, delay, status, retry::CATEGORY_NETWORK, error);
+            return;
         }
         self.fail_run(run, StopCondition::ProviderError(error));
     }
@@ -671,11 +667,11 @@ impl Engine {
         match owner {
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::Backoff(run) => {
-                if let Some(slot) = self.runs.get_mut(&run) {
-                    if slot.backoff == Some(id) {
-                        slot.backoff = None;
-                        self.start_model(run);
-                    }
+                if let Some(slot) = self.runs.get_mut(&run)
+                    && slot.backoff == Some(id)
+                {
+                    slot.backoff = None;
+                    self.start_model(run);
                 }
             }
             TimerOwner::BashTimeout(run, tool) => {
@@ -724,7 +720,10 @@ impl Engine {
         let message = if started {
             format!("the model stream was idle for {} s", limit.as_secs_f64())
         } else {
-            format!("no response from the model within {} s", limit.as_secs_f64())
+            format!(
+                "no response from the model within {} s",
+                limit.as_secs_f64()
+            )
         };
         if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take()) {
             self.release_model(&mut call);
@@ -759,8 +758,10 @@ impl Engine {
                         self.push_effects(run, effects);
                         return;
                     }
-                    self.owners.insert(tokens[0], Owner::BashOut(run, call.id.clone()));
-                    self.owners.insert(tokens[1], Owner::BashErr(run, call.id.clone()));
+                    self.owners
+                        .insert(tokens[0], Owner::BashOut(run, call.id.clone()));
+                    self.owners
+                        .insert(tokens[1], Owner::BashErr(run, call.id.clone()));
                     let timeout = self.reactor.add_timer(job.timeout);
                     self.timers
                         .insert(timeout, TimerOwner::BashTimeout(run, call.id.clone()));

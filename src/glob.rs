@@ -65,6 +65,10 @@ impl std::error::Error for GlobError {}
 #[derive(Clone, Debug)]
 pub struct Glob {
     pattern: String,
+    /// The text to compare against when the pattern has no wildcards at all (escapes
+    /// removed). Most permission rules name a tool literally, and a string compare spares
+    /// the NFA's allocations on every decision.
+    literal: Option<String>,
     prog: Vec<Inst>,
 }
 
@@ -82,6 +86,13 @@ impl Glob {
             chars.len(),
             "top-level sequence stops at the end"
         );
+        let literal = nodes
+            .iter()
+            .map(|node| match node {
+                Node::Char(ch) => Some(*ch),
+                _ => None,
+            })
+            .collect::<Option<String>>();
         let mut compiler = Compiler {
             prog: Vec::new(),
             cross: !opts.literal_separator,
@@ -90,12 +101,16 @@ impl Glob {
         compiler.push(Inst::Match)?;
         Ok(Glob {
             pattern: pattern.to_owned(),
+            literal,
             prog: compiler.prog,
         })
     }
 
     /// Whether the whole of `text` matches the pattern.
     pub fn is_match(&self, text: &str) -> bool {
+        if let Some(literal) = &self.literal {
+            return literal == text;
+        }
         let mut current = StateSet::new(self.prog.len());
         let mut next = StateSet::new(self.prog.len());
         let mut stack = Vec::new();

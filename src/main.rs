@@ -1,35 +1,17 @@
 //! caliban: a coding agent that other programs drive. `main` parses the command line, builds
 //! the configuration, runs the chosen command and maps the outcome to an exit code.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
-mod agent;
-mod cli;
-mod engine;
-mod glob;
-mod http;
-mod log;
-mod model;
-mod permissions;
-mod print;
-mod reactor;
-mod settings;
-mod stdio;
-mod stub_model;
-mod sys;
-mod tools;
-mod transport;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cli::{Command, InputFormat, PrintArgs};
-use engine::{Engine, EngineConfig, HostAction};
-use model::retry::RetryPolicy;
-use model::{Provider, ProviderKind};
-use permissions::{Mode, Policy};
-use print::Printer;
+use caliban::cli::{self, Command, InputFormat, PrintArgs};
+use caliban::engine::{Engine, EngineConfig};
+use caliban::model::retry::RetryPolicy;
+use caliban::model::{self, Provider, ProviderKind};
+use caliban::permissions::{self, Mode, Policy};
+use caliban::print::{self, Printer};
+use caliban::{agent, log, settings, stub_model, sys, tools};
 
 fn main() -> ExitCode {
     let command = match cli::parse(std::env::args_os().skip(1)) {
@@ -198,7 +180,9 @@ fn run_print(args: PrintArgs) -> u8 {
     let engine_config = EngineConfig {
         provider: provider.clone(),
         retry: RetryPolicy {
-            max_retries: args.max_retries.unwrap_or(RetryPolicy::default().max_retries),
+            max_retries: args
+                .max_retries
+                .unwrap_or(RetryPolicy::default().max_retries),
             ..RetryPolicy::default()
         },
         first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
@@ -219,6 +203,7 @@ fn run_print(args: PrintArgs) -> u8 {
         args.input_format,
         args.include_partial_messages,
         new_session_id(),
+        provider.kind.as_str(),
         provider.model.clone(),
     );
     printer.init_frame(&tool_names, &workspace_str, mode.as_str());
@@ -239,14 +224,14 @@ fn run_print(args: PrintArgs) -> u8 {
         log::error(&format!("event loop failed: {e}"));
         return print::EXIT_RUNTIME;
     }
-    let _ = HostAction::Quit;
     printer.exit_code
 }
 
 fn resolve_workspace(cwd: Option<&Path>) -> Result<PathBuf, String> {
     let dir = match cwd {
         Some(dir) => dir.to_path_buf(),
-        None => std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?,
+        None => std::env::current_dir()
+            .map_err(|e| format!("cannot read the current directory: {e}"))?,
     };
     dir.canonicalize()
         .map_err(|e| format!("workspace {}: {e}", dir.display()))

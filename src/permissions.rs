@@ -44,6 +44,11 @@ const PLAN_MODE_TOOLS: [&str; 6] = [
     "ExitPlanMode",
 ];
 
+/// Most pieces a Bash command may have and still be allowed by allow rules. Each piece is
+/// checked against every rule, so this bounds the work a huge generated command costs; past
+/// it, allow rules stop matching (the call asks) while deny and ask rules still see every piece.
+const MAX_ALLOW_PIECES: usize = 256;
+
 /// Most levels of `$(…)`, backticks and `( … )` the Bash splitter follows. Deeper commands are
 /// treated as unparseable, which no allow rule matches.
 const MAX_SHELL_NESTING: usize = 16;
@@ -594,6 +599,7 @@ fn rule_matches(rule: &Rule, call: &Call<'_>, rules: &[Rule]) -> bool {
         Action::Allow => match &command.segments {
             // An unparseable command cannot be shown safe piece by piece.
             None => false,
+            Some(segments) if segments.len() > MAX_ALLOW_PIECES => false,
             Some(segments) => {
                 segments
                     .iter()
@@ -845,6 +851,8 @@ impl Matcher {
                 None => (trimmed, None),
             },
         };
+        // Tool names never hold blanks, so `Bash (git *)` means `Bash(git *)`.
+        let tool = tool.trim();
         if tool.is_empty() {
             return Err(PatternError::EmptyTool { pattern: owned() });
         }
@@ -1436,6 +1444,7 @@ mod tests {
         }
         // A `:` before the first `(` selects the colon form; the parens are literal.
         assert!(matches("Bash:echo (hi)", "Bash", &bash("echo (hi)")));
+        assert!(matches(" Bash (git *) ", "Bash", &bash("git log")));
         // In the paren form only the trailing `)` closes.
         assert!(matches("Bash(echo (a))", "Bash", &bash("echo (a)")));
     }
@@ -1809,6 +1818,7 @@ mod tests {
         ] {
             assert_eq!(split_command(broken), None, "{broken}");
         }
+        assert_eq!(split("\\; \\a"), ["\\; \\a"]);
         let deep = format!("{}x{}", "$(".repeat(40), ")".repeat(40));
         assert_eq!(split_command(&deep), None);
     }
@@ -1859,6 +1869,10 @@ mod tests {
             action(&policy, "Bash", &bash("git show HEAD:'a b'")),
             Action::Allow
         );
+        let many = "git status; ".repeat(MAX_ALLOW_PIECES);
+        assert_eq!(action(&policy, "Bash", &bash(&many)), Action::Allow);
+        let too_many = "git status; ".repeat(MAX_ALLOW_PIECES + 1);
+        assert_eq!(action(&policy, "Bash", &bash(&too_many)), Action::Ask);
 
         // A redirection is allowed only by a rule for it.
         let redirects = policy_with(vec![

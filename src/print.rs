@@ -38,6 +38,7 @@ pub struct Printer {
     input: InputFormat,
     partial: bool,
     session_id: String,
+    provider: &'static str,
     model: String,
     started: Instant,
     /// stream-json input: messages that arrived while a turn was still running.
@@ -64,6 +65,7 @@ impl Printer {
         input: InputFormat,
         partial: bool,
         session_id: String,
+        provider: &'static str,
         model: String,
     ) -> Printer {
         Printer {
@@ -72,6 +74,7 @@ impl Printer {
             input,
             partial,
             session_id,
+            provider,
             model,
             started: Instant::now(),
             queued: VecDeque::new(),
@@ -111,7 +114,7 @@ impl Printer {
     pub fn init_frame(&mut self, tools: &[&str], cwd: &str, permission_mode: &str) {
         self.frame(json!({
             "type": "system", "subtype": "init", "session_id": self.session_id,
-            "model": self.model, "tools": tools, "plugins": [],
+            "model": format!("{}/{}", self.provider, self.model), "tools": tools, "plugins": [],
             "settingSources": ["user", "project"], "mcp_servers": [], "bare_mode": false,
             "cwd": cwd, "permission_mode": permission_mode,
         }));
@@ -141,7 +144,10 @@ impl Printer {
             StopCondition::StreamIdle(d) => (
                 "error",
                 EXIT_RUNTIME,
-                Some(format!("the model stream was idle for {} s", d.as_secs_f64())),
+                Some(format!(
+                    "the model stream was idle for {} s",
+                    d.as_secs_f64()
+                )),
             ),
         };
         let (subtype, code, error) = match &self.input_error {
@@ -208,7 +214,9 @@ impl Printer {
         match obj.get("type").and_then(Value::as_str) {
             Some("user") => {
                 if let Some(extra) = obj.keys().find(|k| *k != "type" && *k != "content") {
-                    return Err(format!("stream-json input: unexpected field `{extra}` in a user message"));
+                    return Err(format!(
+                        "stream-json input: unexpected field `{extra}` in a user message"
+                    ));
                 }
                 let content = match obj.get("content") {
                     Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
@@ -216,17 +224,24 @@ impl Printer {
                         .iter()
                         .map(|b| match ContentBlock::from_json(b) {
                             Ok(block @ ContentBlock::Text { .. }) => Ok(block),
-                            Ok(_) => Err("stream-json input: only text blocks are accepted".to_owned()),
+                            Ok(_) => {
+                                Err("stream-json input: only text blocks are accepted".to_owned())
+                            }
                             Err(e) => Err(format!("stream-json input: {e}")),
                         })
                         .collect::<Result<Vec<_>, _>>()?,
-                    _ => return Err("stream-json input: `content` must be a string or an array of text blocks".into()),
+                    _ => return Err(
+                        "stream-json input: `content` must be a string or an array of text blocks"
+                            .into(),
+                    ),
                 };
                 Ok(Some(content))
             }
             Some("control") => match obj.get("subtype").and_then(Value::as_str) {
                 Some("interrupt") => Err(String::new()),
-                other => Err(format!("stream-json input: unknown control subtype {other:?}")),
+                other => Err(format!(
+                    "stream-json input: unknown control subtype {other:?}"
+                )),
             },
             Some(other) => Err(format!("stream-json input: unknown message type `{other}`")),
             None => Err("stream-json input: missing `type`".into()),
@@ -390,11 +405,6 @@ impl Printer {
     pub fn wait_for_first_line(&mut self) {
         self.awaiting_input = true;
     }
-
-    pub fn result_for_early_exit(&mut self, why: StopCondition, input_error: Option<String>) {
-        self.input_error = input_error;
-        self.result(&why);
-    }
 }
 
 /// Published list prices (USD per million tokens, input/output) for models we know; other
@@ -410,9 +420,13 @@ fn cost_usd(model: &str, usage: &Usage) -> Value {
         ("gpt-4o-mini", 0.15, 0.6),
         ("gpt-4o", 2.5, 10.0),
     ];
-    match PRICES.iter().find(|(prefix, _, _)| model.starts_with(prefix)) {
+    match PRICES
+        .iter()
+        .find(|(prefix, _, _)| model.starts_with(prefix))
+    {
         Some((_, input, output)) => {
-            let cost = usage.input_tokens as f64 * input / 1e6 + usage.output_tokens as f64 * output / 1e6;
+            let cost =
+                usage.input_tokens as f64 * input / 1e6 + usage.output_tokens as f64 * output / 1e6;
             json!((cost * 1e6).round() / 1e6)
         }
         None => Value::Null,

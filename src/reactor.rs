@@ -114,7 +114,9 @@ impl Reactor {
     /// happened to `out`. Expired timers are reported after I/O, in deadline order.
     pub fn wait(&mut self, out: &mut Vec<Wake>, max_wait: Option<Duration>) -> io::Result<()> {
         let now = Instant::now();
-        let mut timeout = self.next_deadline().map(|at| at.saturating_duration_since(now));
+        let mut timeout = self
+            .next_deadline()
+            .map(|at| at.saturating_duration_since(now));
         if let Some(limit) = max_wait {
             timeout = Some(timeout.map_or(limit, |t| t.min(limit)));
         }

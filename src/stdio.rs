@@ -70,10 +70,6 @@ impl Stdin {
         Ok(stdin)
     }
 
-    pub fn is_finished(&self) -> bool {
-        matches!(self.mode, Mode::Finished)
-    }
-
     /// Collects complete lines (and EOF) available now. Call on readiness of the stdin token
     /// and on every `Woken`.
     pub fn drain(&mut self, registry: &Registry, out: &mut Vec<StdinItem>) {

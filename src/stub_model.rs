@@ -374,12 +374,8 @@ impl Script {
     }
 
     /// Number of turns in the script.
-    pub fn len(&self) -> usize {
+    pub fn turn_count(&self) -> usize {
         self.turns.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.turns.is_empty()
     }
 }
 
@@ -2047,7 +2043,7 @@ mod tests {
                 {"text":"b","stop_reason":"max_tokens","faults":[{"status":529,"retry_after":2}]}]}"#,
         )
         .unwrap();
-        assert_eq!(script.len(), 3);
+        assert_eq!(script.turn_count(), 3);
         assert_eq!(script.turns[0].stop_reason, StopReason::EndTurn);
         assert_eq!(script.turns[1].stop_reason, StopReason::ToolUse);
         assert_eq!(script.turns[1].tool_calls[0].input, serde_json::json!({}));

@@ -180,14 +180,6 @@ pub fn raw_fd(source: &impl AsRawFd) -> RawFd {
     source.as_raw_fd()
 }
 
-/// Reads the process's resident set size in KiB from /proc (used by `caliban --version
-/// --verbose` style diagnostics and benches). None where /proc is unavailable.
-pub fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// read(2) on a raw descriptor we do not own (stdin), so no `File` ever closes it.
 pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid writable region of `buf.len()` bytes for the whole call.

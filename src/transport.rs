@@ -37,6 +37,17 @@ pub enum RootSource {
     Bundled,
 }
 
+impl RootSource {
+    pub fn describe(&self) -> String {
+        match self {
+            RootSource::File(path) => format!("CA bundle {path}"),
+            RootSource::Bundled => {
+                "the bundled Mozilla roots (no system CA bundle found)".to_owned()
+            }
+        }
+    }
+}
+
 /// Builds the client TLS config once per process: the system bundle (or `SSL_CERT_FILE`),
 /// else the bundled Mozilla roots, so minimal containers with no CA bundle still work.
 pub fn client_config() -> Result<(Arc<ClientConfig>, RootSource), String> {
@@ -61,8 +72,8 @@ fn load_roots() -> Result<(RootCertStore, RootSource), String> {
     if let Some(path) = std::env::var_os("SSL_CERT_FILE") {
         let path = Path::new(&path);
         // An explicit setting that does not work is an error, not a silent fallback.
-        let store = roots_from_file(path)
-            .map_err(|e| format!("SSL_CERT_FILE={}: {e}", path.display()))?;
+        let store =
+            roots_from_file(path).map_err(|e| format!("SSL_CERT_FILE={}: {e}", path.display()))?;
         return Ok((store, RootSource::File(path.display().to_string())));
     }
     for candidate in CA_BUNDLE_PATHS {
@@ -159,14 +170,6 @@ impl Conn {
         }
     }
 
-    /// Whether there are bytes (ours or TLS records) waiting to go out.
-    pub fn wants_write(&self, pending: &[u8]) -> bool {
-        match self {
-            Conn::Plain(_) => !pending.is_empty(),
-            Conn::Tls { tls, .. } => !pending.is_empty() || tls.wants_write(),
-        }
-    }
-
     /// Writes as much of `pending` as the socket takes, removing what was written.
     pub fn flush(&mut self, pending: &mut Vec<u8>) -> io::Result<()> {
         match self {
@@ -252,7 +255,10 @@ impl Conn {
                 if let Err(err) = tls.process_new_packets() {
                     // Last gasp: try to tell the peer why before we drop the connection.
                     let _ = tls.write_tls(tcp);
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("tls: {err}")));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("tls: {err}"),
+                    ));
                 }
                 Self::drain_plaintext(tls, out, &mut status)?;
                 if tcp_eof {

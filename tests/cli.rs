@@ -10,7 +10,10 @@ fn version_prints_version_and_hash() {
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let line = out.stdout.trim();
-    assert!(line.starts_with(&format!("caliban {} (", env!("CARGO_PKG_VERSION"))), "{line}");
+    assert!(
+        line.starts_with(&format!("caliban {} (", env!("CARGO_PKG_VERSION"))),
+        "{line}"
+    );
     assert!(line.ends_with(')'), "{line}");
 }
 
@@ -36,7 +39,16 @@ fn help_lists_every_flag() {
     cmd.arg("--help");
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
-    for flag in ["--output-format", "--input-format", "--allow", "--deny", "--permission-mode", "--max-turns", "stub-model", "--script"] {
+    for flag in [
+        "--output-format",
+        "--input-format",
+        "--allow",
+        "--deny",
+        "--permission-mode",
+        "--max-turns",
+        "stub-model",
+        "--script",
+    ] {
         assert!(out.stdout.contains(flag), "help lacks {flag}");
     }
 }
@@ -67,7 +79,8 @@ fn usage_errors_exit_64() {
 fn empty_prompt_exits_66() {
     let ws = Workspace::new("noinput");
     let mut cmd = caliban(&ws);
-    cmd.env("ANTHROPIC_BASE_URL", "http://127.0.0.1:9").arg("-p");
+    cmd.env("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+        .arg("-p");
     let out = run(cmd, "");
     assert_eq!(out.code, Some(66), "{out:?}");
 }

@@ -16,10 +16,17 @@ fn tool_turn(calls: Value) -> Value {
 fn tool_results_sent(stub: &Stub) -> Vec<Value> {
     let mut out = Vec::new();
     for req in stub.requests() {
-        let Some(messages) = req["body"]["messages"].as_array() else { continue };
+        let Some(messages) = req["body"]["messages"].as_array() else {
+            continue;
+        };
         if let Some(last) = messages.last() {
             if let Some(blocks) = last["content"].as_array() {
-                out.extend(blocks.iter().filter(|b| b["type"] == "tool_result").cloned());
+                out.extend(
+                    blocks
+                        .iter()
+                        .filter(|b| b["type"] == "tool_result")
+                        .cloned(),
+                );
             }
             if last["role"] == "tool" {
                 out.push(last.clone());
@@ -32,14 +39,22 @@ fn tool_results_sent(stub: &Stub) -> Vec<Value> {
 fn result_text_of(block: &Value) -> String {
     block["content"]
         .as_array()
-        .map(|c| c.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n"))
+        .map(|c| {
+            c.iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
         .unwrap_or_default()
 }
 
 #[test]
 fn text_only_turn_prints_the_answer() {
     let ws = Workspace::new("text");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello from the stub model.")]}));
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("Hello from the stub model.")]}),
+    );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
     cmd.args(["-p", "say hello"]);
@@ -94,10 +109,33 @@ fn stream_json_frames_in_order() {
     let frames = out.frames();
     let kinds: Vec<String> = frames
         .iter()
-        .map(|f| format!("{}{}", f["type"].as_str().unwrap_or("?"), f["subtype"].as_str().map(|s| format!("/{s}")).unwrap_or_default()))
+        .map(|f| {
+            format!(
+                "{}{}",
+                f["type"].as_str().unwrap_or("?"),
+                f["subtype"]
+                    .as_str()
+                    .map(|s| format!("/{s}"))
+                    .unwrap_or_default()
+            )
+        })
         .collect();
-    assert_eq!(kinds, ["system/init", "tool_use", "tool_result", "message", "message", "result/success"], "{out:?}");
-    assert_eq!(frames[0]["tools"], json!(["Bash", "Read", "Write", "Edit", "Glob", "Grep"]));
+    assert_eq!(
+        kinds,
+        [
+            "system/init",
+            "tool_use",
+            "tool_result",
+            "message",
+            "message",
+            "result/success"
+        ],
+        "{out:?}"
+    );
+    assert_eq!(
+        frames[0]["tools"],
+        json!(["Bash", "Read", "Write", "Edit", "Glob", "Grep"])
+    );
     assert_eq!(frames[1]["input"], json!({"path": "notes.txt"}));
     assert_eq!(frames[2]["is_error"], false);
     assert!(result_text_of(&frames[2]).contains("alpha"), "{out:?}");
@@ -108,18 +146,37 @@ fn stream_json_frames_in_order() {
 #[test]
 fn partial_messages_stream_deltas() {
     let ws = Workspace::new("partial");
-    let stub = Stub::start(&ws, &json!({"turns": [{"thinking": "Let me think.", "text": "one two three four five six"}]}));
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"thinking": "Let me think.", "text": "one two three four five six"}]}),
+    );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "--include-partial-messages", "count"]);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--include-partial-messages",
+        "count",
+    ]);
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
-    let deltas: String = frames.iter().filter(|f| f["type"] == "text").filter_map(|f| f["delta"].as_str()).collect();
+    let deltas: String = frames
+        .iter()
+        .filter(|f| f["type"] == "text")
+        .filter_map(|f| f["delta"].as_str())
+        .collect();
     assert_eq!(deltas, "one two three four five six");
-    assert!(frames.iter().filter(|f| f["type"] == "text").count() > 1, "text should arrive in pieces");
+    assert!(
+        frames.iter().filter(|f| f["type"] == "text").count() > 1,
+        "text should arrive in pieces"
+    );
     assert!(frames.iter().any(|f| f["type"] == "thinking"), "{out:?}");
-    assert!(!frames.iter().any(|f| f["type"] == "message"), "partial mode has no message frames");
+    assert!(
+        !frames.iter().any(|f| f["type"] == "message"),
+        "partial mode has no message frames"
+    );
 }
 
 #[test]
@@ -137,7 +194,16 @@ fn read_edit_bash_tools_work_on_the_workspace() {
     );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--allow", "Edit", "--allow", "Bash(cat:*)", "--allow", "Bash(echo:*)", "fix the answer"]);
+    cmd.args([
+        "-p",
+        "--allow",
+        "Edit",
+        "--allow",
+        "Bash(cat:*)",
+        "--allow",
+        "Bash(echo:*)",
+        "fix the answer",
+    ]);
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "Fixed: the answer is now 42.\n");
@@ -147,7 +213,10 @@ fn read_edit_bash_tools_work_on_the_workspace() {
     assert!(result_text_of(&results[0]).contains("41"), "{results:?}");
     assert_ne!(results[1]["is_error"], json!(true), "{results:?}");
     let bash = result_text_of(&results[2]);
-    assert!(bash.contains("{ 42 }") && bash.contains("done-42"), "{bash}");
+    assert!(
+        bash.contains("{ 42 }") && bash.contains("done-42"),
+        "{bash}"
+    );
     assert_ne!(results[2]["is_error"], json!(true), "{results:?}");
 }
 
@@ -169,15 +238,45 @@ fn parallel_tool_calls_are_answered_in_order() {
     );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "--allow", "Bash", "go"]);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--allow",
+        "Bash",
+        "go",
+    ]);
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let reqs = stub.requests();
-    let last_user = reqs[1]["body"]["messages"].as_array().unwrap().last().unwrap().clone();
-    let ids: Vec<&str> = last_user["content"].as_array().unwrap().iter().filter_map(|b| b["tool_use_id"].as_str()).collect();
-    assert_eq!(ids, ["toolu_1", "toolu_2", "toolu_3"], "results follow call order");
+    let last_user = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let ids: Vec<&str> = last_user["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["tool_use_id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        ["toolu_1", "toolu_2", "toolu_3"],
+        "results follow call order"
+    );
     // The reads finished while the shell slept: they ran concurrently.
-    let order: Vec<&str> = out.frames().iter().filter(|f| f["type"] == "tool_result").filter_map(|f| f["tool_use_id"].as_str().map(str::to_owned)).collect::<Vec<_>>().leak().iter().map(String::as_str).collect();
+    let order: Vec<&str> = out
+        .frames()
+        .iter()
+        .filter(|f| f["type"] == "tool_result")
+        .filter_map(|f| f["tool_use_id"].as_str().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .leak()
+        .iter()
+        .map(String::as_str)
+        .collect();
     assert_eq!(order.last().copied(), Some("toolu_1"), "{out:?}");
 }
 
@@ -199,10 +298,16 @@ fn ask_in_print_mode_is_denied_with_a_hint() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(!marker.exists(), "a denied command ran");
     let frames = out.frames();
-    let result = frames.iter().find(|f| f["type"] == "tool_result").expect("tool_result frame");
+    let result = frames
+        .iter()
+        .find(|f| f["type"] == "tool_result")
+        .expect("tool_result frame");
     assert_eq!(result["is_error"], true);
     let text = result_text_of(result);
-    assert!(text.contains("permission denied") && text.contains("--allow"), "{text}");
+    assert!(
+        text.contains("permission denied") && text.contains("--allow"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -237,16 +342,31 @@ fn openai_wire_with_tools() {
     );
     let mut cmd = caliban(&ws);
     openai(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "--model", "local-model", "what does hello.txt say"]);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "json",
+        "--model",
+        "local-model",
+        "what does hello.txt say",
+    ]);
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.result()["result"], "It says hi.");
     let reqs = stub.requests();
     assert_eq!(reqs.len(), 2);
-    assert!(reqs[0]["path"].as_str().unwrap().ends_with("/v1/chat/completions"));
+    assert!(
+        reqs[0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("/v1/chat/completions")
+    );
     assert_eq!(reqs[0]["body"]["model"], "local-model");
     let msgs = reqs[1]["body"]["messages"].as_array().unwrap();
-    let tool_msg = msgs.iter().find(|m| m["role"] == "tool").expect("tool message");
+    let tool_msg = msgs
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("tool message");
     assert_eq!(tool_msg["tool_call_id"], "call_1");
     assert!(tool_msg["content"].as_str().unwrap().contains("hi there"));
 }
@@ -264,7 +384,10 @@ fn retries_after_529_with_retry_after() {
     let out = run(cmd, "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
-    let retry = frames.iter().find(|f| f["subtype"] == "api_retry").expect("api_retry frame");
+    let retry = frames
+        .iter()
+        .find(|f| f["subtype"] == "api_retry")
+        .expect("api_retry frame");
     assert_eq!(retry["error_status"], 529);
     assert_eq!(retry["retry_delay_ms"], 1000);
     assert_eq!(retry["error_category"], "overloaded");
@@ -275,7 +398,10 @@ fn retries_after_529_with_retry_after() {
 #[test]
 fn non_retryable_status_fails_clearly() {
     let ws = Workspace::new("401");
-    let stub = Stub::start(&ws, &json!({"turns": [{"text": "x", "faults": [{"status": 401}]}]}));
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "x", "faults": [{"status": 401}]}]}),
+    );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
     cmd.args(["-p", "--output-format", "json", "hi"]);
@@ -296,12 +422,22 @@ fn stream_dropped_mid_turn_fails_without_hanging() {
     );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "--include-partial-messages", "hi"]);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--include-partial-messages",
+        "hi",
+    ]);
     let out = run(cmd, "");
     assert_eq!(out.code, Some(1), "{out:?}");
     let r = out.result();
     assert_eq!(r["subtype"], "error");
-    assert!(r["error"].as_str().unwrap().contains("ended") || r["error"].as_str().unwrap().contains("closed"), "{out:?}");
+    assert!(
+        r["error"].as_str().unwrap().contains("ended")
+            || r["error"].as_str().unwrap().contains("closed"),
+        "{out:?}"
+    );
     assert_eq!(stub.requests().len(), 1, "output was shown, so no retry");
 }
 
@@ -314,10 +450,20 @@ fn stalled_stream_hits_the_idle_timeout() {
     );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "--idle-timeout", "0.5", "hi"]);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "json",
+        "--idle-timeout",
+        "0.5",
+        "hi",
+    ]);
     let out = run(cmd, "");
     assert_eq!(out.code, Some(1), "{out:?}");
-    assert!(out.result()["error"].as_str().unwrap().contains("idle"), "{out:?}");
+    assert!(
+        out.result()["error"].as_str().unwrap().contains("idle"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -325,7 +471,10 @@ fn max_turns_stops_the_run() {
     let ws = Workspace::new("maxturns");
     ws.write("f.txt", "x\n");
     let read = json!([{"name": "Read", "input": {"path": "f.txt"}}]);
-    let stub = Stub::start(&ws, &json!({"turns": [tool_turn(read.clone()), tool_turn(read.clone()), tool_turn(read), text_turn("never")]}));
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [tool_turn(read.clone()), tool_turn(read.clone()), tool_turn(read), text_turn("never")]}),
+    );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
     cmd.args(["-p", "--output-format", "json", "--max-turns", "2", "loop"]);
@@ -340,10 +489,19 @@ fn max_turns_stops_the_run() {
 #[test]
 fn stream_json_input_continues_the_conversation() {
     let ws = Workspace::new("input");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("first answer"), text_turn("second answer")]}));
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("first answer"), text_turn("second answer")]}),
+    );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--input-format", "stream-json", "--output-format", "stream-json"]);
+    cmd.args([
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+    ]);
     let input = "{\"type\":\"user\",\"content\":\"one\"}\n{\"type\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"two\"}]}\n";
     let out = run(cmd, input);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -360,7 +518,13 @@ fn malformed_stream_json_input_exits_64() {
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--input-format", "stream-json", "--output-format", "json"]);
+    cmd.args([
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "json",
+    ]);
     let out = run(cmd, "{\"type\":\"user\",\"message\":{}}\n");
     assert_eq!(out.code, Some(64), "{out:?}");
     assert_eq!(out.result()["subtype"], "error");
@@ -387,15 +551,24 @@ fn sigterm_cancels_and_kills_the_bash_group() {
     let pid = child.id();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !process_with_marker_exists(&marker) {
-        assert!(std::time::Instant::now() < deadline, "the Bash tool never started");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Bash tool never started"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // SAFETY-free: use the kill command rather than libc in tests.
-    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
     let out = wait_output(child, std::time::Duration::from_secs(10));
     assert_eq!(out.code, Some(124), "{out:?}");
     assert_eq!(out.result()["subtype"], "cancelled");
-    assert!(!process_with_marker_exists(&marker), "a Bash grandchild survived the cancel");
+    assert!(
+        !process_with_marker_exists(&marker),
+        "a Bash grandchild survived the cancel"
+    );
 }
 
 #[test]
@@ -416,5 +589,8 @@ fn bash_timeout_kills_the_command() {
     let results = tool_results_sent(&stub);
     assert_eq!(results[0]["is_error"], true);
     let text = result_text_of(&results[0]);
-    assert!(text.contains("started") && text.contains("timed out"), "{text}");
+    assert!(
+        text.contains("started") && text.contains("timed out"),
+        "{text}"
+    );
 }

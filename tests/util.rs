@@ -122,7 +122,10 @@ impl Stub {
         stream.read_to_end(&mut raw).expect("read stub response");
         let text = String::from_utf8_lossy(&raw);
         let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
             dechunk(body)
         } else {
             body.to_owned()
@@ -134,9 +137,9 @@ impl Stub {
 
 fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
-    loop {
-        let Some((size, rest)) = body.split_once("\r\n") else { break };
-        let size = usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size =
+            usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -257,7 +260,10 @@ pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
         stdout,
         stderr,
     };
-    assert!(status.is_some(), "caliban did not finish within {timeout:?}: {out:?}");
+    assert!(
+        status.is_some(),
+        "caliban did not finish within {timeout:?}: {out:?}"
+    );
     out
 }
 

@@ -37,14 +37,6 @@ impl StopCondition {
             StopCondition::StreamIdle(d) => json!({"StreamIdle": duration_json(*d)}),
         }
     }
-
-    /// Upstream's `is_failure`: everything but a normal end, max turns and cancel.
-    pub fn is_failure(&self) -> bool {
-        !matches!(
-            self,
-            StopCondition::EndOfTurn | StopCondition::MaxTurnsReached(_) | StopCondition::Cancelled
-        )
-    }
 }
 
 pub fn duration_json(d: Duration) -> Value {
@@ -126,7 +118,9 @@ impl TurnEvent {
                 turn_index,
                 message_id,
                 model,
-            } => json!({"type": ty, "turn_index": turn_index, "message_id": message_id, "model": model}),
+            } => {
+                json!({"type": ty, "turn_index": turn_index, "message_id": message_id, "model": model})
+            }
             TurnEvent::AssistantTextDelta {
                 turn_index,
                 content_block_index,
@@ -142,7 +136,9 @@ impl TurnEvent {
                 turn_index,
                 tool_use_id,
                 name,
-            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id, "name": name}),
+            } => {
+                json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id, "name": name})
+            }
             TurnEvent::ToolCallInputDelta {
                 turn_index,
                 tool_use_id,
@@ -235,7 +231,10 @@ mod tests {
         };
         let v = run_end.to_json();
         assert_eq!(v["stopped_for"], json!("EndOfTurn"));
-        assert_eq!(v["total_usage"], json!({"input_tokens":0,"output_tokens":0}));
+        assert_eq!(
+            v["total_usage"],
+            json!({"input_tokens":0,"output_tokens":0})
+        );
         assert_eq!(
             StopCondition::MaxTurnsReached(50).to_json(),
             json!({"MaxTurnsReached": 50})

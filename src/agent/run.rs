@@ -120,8 +120,6 @@ pub struct Run {
     turn_count: u32,
     total_usage: Usage,
     turns_without_edit: u32,
-    /// Tool calls that were allowed and began executing; used by the engine on cancel.
-    running: Vec<String>,
 }
 
 impl Run {
@@ -135,28 +133,7 @@ impl Run {
             turn_count: 0,
             total_usage: Usage::default(),
             turns_without_edit: 0,
-            running: Vec::new(),
         }
-    }
-
-    pub fn config(&self) -> &RunConfig {
-        &self.config
-    }
-
-    pub fn policy_mut(&mut self) -> &mut Policy {
-        &mut self.policy
-    }
-
-    pub fn messages(&self) -> &[Message] {
-        &self.messages
-    }
-
-    pub fn total_usage(&self) -> Usage {
-        self.total_usage
-    }
-
-    pub fn turn_count(&self) -> u32 {
-        self.turn_count
     }
 
     pub fn is_done(&self) -> bool {
@@ -408,9 +385,9 @@ impl Run {
             let condition = match stop_reason {
                 StopReason::MaxTokens => StopCondition::MaxTokensExhausted,
                 StopReason::Refusal => StopCondition::Refusal("the model refused".to_owned()),
-                StopReason::ContentFilter => {
-                    StopCondition::ContentFilter("the provider's content filter stopped the turn".to_owned())
-                }
+                StopReason::ContentFilter => StopCondition::ContentFilter(
+                    "the provider's content filter stopped the turn".to_owned(),
+                ),
                 _ => StopCondition::EndOfTurn,
             };
             if self.config.interactive && condition == StopCondition::EndOfTurn {
@@ -451,10 +428,7 @@ impl Run {
             }
             let decision = self.policy.decide(&call.name, &call.input);
             match decision.action {
-                Action::Allow => {
-                    self.running.push(call.id.clone());
-                    out.push(Effect::RunTool(call));
-                }
+                Action::Allow => out.push(Effect::RunTool(call)),
                 Action::Deny => tools.results[slot] = Some(ToolOutput::error(decision.reason)),
                 Action::Ask => asks.push(call),
             }
@@ -491,17 +465,25 @@ impl Run {
             return Vec::new();
         }
         if allow {
-            self.running.push(tool_use_id.to_owned());
             return vec![Effect::RunTool(tools.calls[slot].clone())];
         }
         let result = ToolOutput::error(denial);
         tools.results[slot] = Some(result.clone());
-        let mut out = vec![Effect::Emit(tool_call_end(turn_index, tool_use_id, &result))];
+        let mut out = vec![Effect::Emit(tool_call_end(
+            turn_index,
+            tool_use_id,
+            &result,
+        ))];
         out.extend(self.maybe_close_tools(Instant::now()));
         out
     }
 
-    pub fn on_tool_done(&mut self, tool_use_id: &str, output: ToolOutput, now: Instant) -> Vec<Effect> {
+    pub fn on_tool_done(
+        &mut self,
+        tool_use_id: &str,
+        output: ToolOutput,
+        now: Instant,
+    ) -> Vec<Effect> {
         let turn_index = self.turn_index;
         let Phase::Tools(tools) = &mut self.phase else {
             return Vec::new();
@@ -512,12 +494,15 @@ impl Run {
         if tools.results[slot].is_some() {
             return Vec::new();
         }
-        self.running.retain(|id| id != tool_use_id);
         if !output.is_error && matches!(tools.calls[slot].name.as_str(), "Write" | "Edit") {
             self.turns_without_edit = 0;
         }
         tools.results[slot] = Some(output.clone());
-        let mut out = vec![Effect::Emit(tool_call_end(turn_index, tool_use_id, &output))];
+        let mut out = vec![Effect::Emit(tool_call_end(
+            turn_index,
+            tool_use_id,
+            &output,
+        ))];
         out.extend(self.maybe_close_tools(now));
         out
     }
@@ -560,9 +545,6 @@ impl Run {
             tbt: tools.tbt,
         })];
         self.turn_index += 1;
-        if !self.running.is_empty() {
-            self.running.clear();
-        }
         if self.turn_count >= self.config.max_turns {
             out.extend(self.finish(StopCondition::MaxTurnsReached(self.config.max_turns)));
             return out;
@@ -599,7 +581,6 @@ impl Run {
 
     fn finish(&mut self, condition: StopCondition) -> Vec<Effect> {
         self.phase = Phase::Done;
-        self.running.clear();
         vec![
             Effect::Emit(TurnEvent::RunEnd {
                 final_messages: self.messages.clone(),
@@ -648,7 +629,9 @@ fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
         ),
         Err(err) => (
             Value::Object(Default::default()),
-            Some(format!("tool input is not valid JSON ({err}); the call was not executed")),
+            Some(format!(
+                "tool input is not valid JSON ({err}); the call was not executed"
+            )),
         ),
     }
 }

@@ -59,12 +59,9 @@ pub enum ClientEvent {
     Body(Vec<u8>),
     /// The body is complete; the exchange is over.
     End,
-    /// The exchange failed. `before_response` means no response byte arrived, so even a
-    /// POST may be retried.
-    Failed {
-        error: String,
-        before_response: bool,
-    },
+    /// The exchange failed; whether a retry is safe is the owner's call (it knows whether
+    /// any output was shown).
+    Failed { error: String },
 }
 
 enum Phase {
@@ -75,7 +72,9 @@ enum Phase {
         via_proxy: bool,
     },
     /// CONNECT sent to the proxy; waiting for its 2xx.
-    Tunnelling { conn: Conn },
+    Tunnelling {
+        conn: Conn,
+    },
     Exchanging {
         conn: Conn,
         body: Option<BodyDecoder>,
@@ -162,9 +161,11 @@ impl Exchange {
                     let _ = tcp.set_nodelay(true);
                     // Edge-triggered and registered once for both directions: every wake
                     // tries to flush and to read, so no interest bookkeeping is needed.
-                    if let Err(e) =
-                        registry.register(&mut tcp, self.token, Interest::READABLE | Interest::WRITABLE)
-                    {
+                    if let Err(e) = registry.register(
+                        &mut tcp,
+                        self.token,
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
                         last_err = format!("cannot register socket: {e}");
                         continue;
                     }
@@ -221,7 +222,11 @@ impl Exchange {
             let _ = registry.deregister(&mut tcp);
             let (host, port) = self.dial_target();
             if rest.is_empty() {
-                self.fail(registry, format!("cannot connect to {host}:{port}: {err}"), out);
+                self.fail(
+                    registry,
+                    format!("cannot connect to {host}:{port}: {err}"),
+                    out,
+                );
             } else {
                 self.connect_next(registry, rest, out);
             }
@@ -263,7 +268,8 @@ impl Exchange {
             match &mut self.phase {
                 Phase::Resolving | Phase::Connecting { .. } | Phase::Closed => return Ok(()),
                 Phase::Tunnelling { conn } => {
-                    conn.flush(&mut self.outbuf).map_err(|e| format!("proxy write: {e}"))?;
+                    conn.flush(&mut self.outbuf)
+                        .map_err(|e| format!("proxy write: {e}"))?;
                     let status = conn
                         .drain_read(&mut self.inbuf)
                         .map_err(|e| format!("proxy read: {e}"))?;
@@ -302,7 +308,9 @@ impl Exchange {
                         }
                     })?;
                     let before = self.inbuf.len();
-                    let status = conn.drain_read(&mut self.inbuf).map_err(|e| format!("read failed: {e}"))?;
+                    let status = conn
+                        .drain_read(&mut self.inbuf)
+                        .map_err(|e| format!("read failed: {e}"))?;
                     if self.inbuf.len() > before {
                         self.got_response_byte = true;
                     }
@@ -379,10 +387,7 @@ impl Exchange {
 
     fn fail(&mut self, registry: &Registry, error: String, out: &mut Vec<ClientEvent>) {
         self.close(registry);
-        out.push(ClientEvent::Failed {
-            error,
-            before_response: !self.got_response_byte,
-        });
+        out.push(ClientEvent::Failed { error });
     }
 
     /// Drops the connection (cancel, timeout, done). Safe to call more than once.
@@ -397,10 +402,6 @@ impl Exchange {
             Phase::Resolving | Phase::Closed => {}
         }
     }
-
-    pub fn is_closed(&self) -> bool {
-        matches!(self.phase, Phase::Closed)
-    }
 }
 
 /// Splits an `http(s)://host[:port][/path]` base URL into a target and a path prefix.
@@ -410,7 +411,9 @@ pub fn parse_base_url(url: &str) -> Result<(Target, String), String> {
     } else if let Some(rest) = url.strip_prefix("http://") {
         (false, rest)
     } else {
-        return Err(format!("unsupported url `{url}`: expected http:// or https://"));
+        return Err(format!(
+            "unsupported url `{url}`: expected http:// or https://"
+        ));
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -447,19 +450,28 @@ pub fn parse_base_url(url: &str) -> Result<(Target, String), String> {
 
 /// The proxy for `target` from `HTTPS_PROXY`/`https_proxy` (or the `HTTP_` pair for plain
 /// targets), unless `NO_PROXY` lists the host. Loopback targets never use a proxy.
-pub fn proxy_for(target: &Target, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Proxy>, String> {
+pub fn proxy_for(
+    target: &Target,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Proxy>, String> {
     let names: &[&str] = if target.tls {
         &["HTTPS_PROXY", "https_proxy"]
     } else {
         &["HTTP_PROXY", "http_proxy"]
     };
-    let Some(url) = names.iter().find_map(|n| env(n)).filter(|v| !v.trim().is_empty()) else {
+    let Some(url) = names
+        .iter()
+        .find_map(|n| env(n))
+        .filter(|v| !v.trim().is_empty())
+    else {
         return Ok(None);
     };
     if is_loopback_host(&target.host) {
         return Ok(None);
     }
-    let no_proxy = env("NO_PROXY").or_else(|| env("no_proxy")).unwrap_or_default();
+    let no_proxy = env("NO_PROXY")
+        .or_else(|| env("no_proxy"))
+        .unwrap_or_default();
     for entry in no_proxy.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let entry = entry.trim_start_matches('.');
         if entry == "*" || target.host == entry || target.host.ends_with(&format!(".{entry}")) {
@@ -497,9 +509,15 @@ mod tests {
     #[test]
     fn base_urls() {
         let (t, p) = parse_base_url("https://api.anthropic.com").unwrap();
-        assert_eq!((t.tls, t.host.as_str(), t.port, p.as_str()), (true, "api.anthropic.com", 443, ""));
+        assert_eq!(
+            (t.tls, t.host.as_str(), t.port, p.as_str()),
+            (true, "api.anthropic.com", 443, "")
+        );
         let (t, p) = parse_base_url("http://127.0.0.1:8080/v1/").unwrap();
-        assert_eq!((t.tls, t.host.as_str(), t.port, p.as_str()), (false, "127.0.0.1", 8080, "/v1"));
+        assert_eq!(
+            (t.tls, t.host.as_str(), t.port, p.as_str()),
+            (false, "127.0.0.1", 8080, "/v1")
+        );
         assert_eq!(t.host_header(), "127.0.0.1:8080");
         let (t, _) = parse_base_url("http://[::1]:9/x").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 9));
@@ -510,7 +528,11 @@ mod tests {
 
     #[test]
     fn proxies() {
-        let target = Target { tls: true, host: "api.openai.com".into(), port: 443 };
+        let target = Target {
+            tls: true,
+            host: "api.openai.com".into(),
+            port: 443,
+        };
         let env = |k: &str| match k {
             "HTTPS_PROXY" => Some("proxy.local:3128".to_owned()),
             "NO_PROXY" => Some("example.com,.internal".to_owned()),
@@ -518,9 +540,17 @@ mod tests {
         };
         let proxy = proxy_for(&target, &env).unwrap().unwrap();
         assert_eq!((proxy.host.as_str(), proxy.port), ("proxy.local", 3128));
-        let internal = Target { tls: true, host: "a.internal".into(), port: 443 };
+        let internal = Target {
+            tls: true,
+            host: "a.internal".into(),
+            port: 443,
+        };
         assert_eq!(proxy_for(&internal, &env).unwrap(), None);
-        let local = Target { tls: true, host: "127.0.0.1".into(), port: 443 };
+        let local = Target {
+            tls: true,
+            host: "127.0.0.1".into(),
+            port: 443,
+        };
         assert_eq!(proxy_for(&local, &env).unwrap(), None);
     }
 }

@@ -114,7 +114,9 @@ impl Provider {
         }
         let proxy = client::proxy_for(&target, env)?;
         let tls = if target.tls {
-            Some(crate::transport::client_config()?.0)
+            let (config, roots) = crate::transport::client_config()?;
+            crate::log::debug(&format!("tls trusts {}", roots.describe()));
+            Some(config)
         } else {
             None
         };
@@ -147,9 +149,18 @@ impl Provider {
             .into_iter()
             .filter(|(name, value)| !(name.eq_ignore_ascii_case("x-api-key") && value.is_empty()))
             .collect();
-        headers.push(("user-agent", format!("caliban/{}", env!("CARGO_PKG_VERSION"))));
+        headers.push((
+            "user-agent",
+            format!("caliban/{}", env!("CARGO_PKG_VERSION")),
+        ));
         let borrowed: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        write::request("POST", &self.path, &self.target.host_header(), &borrowed, &body)
+        write::request(
+            "POST",
+            &self.path,
+            &self.target.host_header(),
+            &borrowed,
+            &body,
+        )
     }
 
     pub fn decoder(&self) -> StreamDecoder {

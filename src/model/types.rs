@@ -50,7 +50,10 @@ impl ContentBlock {
     pub fn to_json(&self) -> Value {
         match self {
             ContentBlock::Text { text } => json!({"type": "text", "text": text}),
-            ContentBlock::Thinking { thinking, signature } => {
+            ContentBlock::Thinking {
+                thinking,
+                signature,
+            } => {
                 let mut obj = json!({"type": "thinking", "thinking": thinking});
                 if let Some(sig) = signature {
                     obj["signature"] = json!(sig);
@@ -144,24 +147,6 @@ impl Message {
         })
     }
 
-    pub fn from_json(value: &Value) -> Result<Message, String> {
-        let role = match value.get("role").and_then(Value::as_str) {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            Some(other) => return Err(format!("unknown message role `{other}`")),
-            None => return Err("message has no `role`".to_owned()),
-        };
-        let content = match value.get("content") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(ContentBlock::from_json)
-                .collect::<Result<Vec<_>, _>>()?,
-            Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
-            _ => return Err("message has no `content`".to_owned()),
-        };
-        Ok(Message { role, content })
-    }
-
     /// Concatenated text blocks, the "assistant text" of a turn.
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -192,13 +177,15 @@ impl Usage {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
         };
-        self.cache_creation_input_tokens =
-            sum(self.cache_creation_input_tokens, other.cache_creation_input_tokens);
+        self.cache_creation_input_tokens = sum(
+            self.cache_creation_input_tokens,
+            other.cache_creation_input_tokens,
+        );
         self.cache_read_input_tokens =
             sum(self.cache_read_input_tokens, other.cache_read_input_tokens);
     }
 
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(self) -> Value {
         let mut obj = Map::new();
         obj.insert("input_tokens".into(), json!(self.input_tokens));
         obj.insert("output_tokens".into(), json!(self.output_tokens));

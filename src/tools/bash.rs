@@ -157,10 +157,6 @@ impl BashJob {
         })
     }
 
-    pub fn pid(&self) -> u32 {
-        self.pgid
-    }
-
     pub fn register(&mut self, registry: &Registry, out: Token, err: Token) -> io::Result<()> {
         if let Some(p) = self.stdout.as_mut() {
             registry.register(p, out, Interest::READABLE)?;
@@ -224,10 +220,10 @@ impl BashJob {
 
     /// Blocking reap used at shutdown, after `kill`.
     pub fn reap_blocking(&mut self) {
-        if self.exit.is_none() {
-            if let Ok(status) = self.child.wait() {
-                self.exit = Some(status);
-            }
+        if self.exit.is_none()
+            && let Ok(status) = self.child.wait()
+        {
+            self.exit = Some(status);
         }
     }
 
@@ -241,7 +237,10 @@ impl BashJob {
 
     /// Closes pipes that a surviving grandchild holds open, so the job can complete.
     pub fn close_pipes(&mut self, registry: &Registry) {
-        for mut pipe in [self.stdout.take(), self.stderr.take()].into_iter().flatten() {
+        for mut pipe in [self.stdout.take(), self.stderr.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = registry.deregister(&mut pipe);
         }
     }

@@ -1,0 +1,131 @@
+//! Startup and print-mode benchmarks for the real binary, run with `cargo bench`.
+//!
+//! Measured side by side in one run, as medians: spawning `true` (the floor any process
+//! pays here), `caliban --version`, and a complete print-mode run with one tool call against
+//! `caliban stub-model` on loopback, with the peak RSS of that run. Results go to stdout as a
+//! table; copy them into bench/RESULTS.md with the machine and date.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_caliban");
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Runs `cmd` to completion and returns its wall time and peak RSS in KiB.
+fn timed(cmd: &mut Command) -> (Duration, u64) {
+    let start = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter that wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own unreaped child; both pointers are valid for the call. We reap
+    // with wait4 instead of Child::wait to get this child's own ru_maxrss.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid, "wait4 failed");
+    let elapsed = start.elapsed();
+    std::mem::forget(child);
+    (elapsed, usage.ru_maxrss as u64)
+}
+
+fn main() {
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+
+    let dir = std::env::temp_dir().join(format!("caliban-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench dir");
+    std::fs::write(dir.join("notes.txt"), "one\ntwo\nthree\n").expect("notes");
+    let script = dir.join("script.json");
+    std::fs::write(
+        &script,
+        r#"{"turns":[{"tool_calls":[{"name":"Read","input":{"path":"notes.txt"}}]},{"text":"three lines"}],"repeat_last":false}"#,
+    )
+    .expect("script");
+
+    let mut true_t = Vec::new();
+    let mut version_t = Vec::new();
+    let mut version_rss = Vec::new();
+    for _ in 0..rounds {
+        true_t.push(timed(&mut Command::new("true")).0);
+        let (t, rss) = timed(Command::new(BIN).arg("--version"));
+        version_t.push(t);
+        version_rss.push(rss);
+    }
+
+    let mut print_t = Vec::new();
+    let mut print_rss = Vec::new();
+    let print_rounds = rounds.min(100);
+    for _ in 0..print_rounds {
+        // A fresh stub per run so every run sees the whole script.
+        let mut stub = Command::new(BIN)
+            .args(["stub-model", "--script"])
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("stub");
+        let mut line = String::new();
+        BufReader::new(stub.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("banner");
+        let url = line.trim().trim_start_matches("listening on ").to_owned();
+        let (t, rss) = timed(
+            Command::new(BIN)
+                .env_clear()
+                .env("ANTHROPIC_BASE_URL", &url)
+                .env("HOME", &dir)
+                .current_dir(&dir)
+                .args(["-p", "how many lines in notes.txt?"]),
+        );
+        print_t.push(t);
+        print_rss.push(rss);
+        let _ = stub.kill();
+        let _ = stub.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let floor = median(true_t);
+    let version = median(version_t);
+    let print = median(print_t);
+    version_rss.sort();
+    print_rss.sort();
+    let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);
+    println!("binary: {BIN} ({:.2} MiB)", size as f64 / (1024.0 * 1024.0));
+    println!("rounds: {rounds} (print mode: {print_rounds})");
+    println!("{:<44} {:>10} {:>12}", "what", "median", "peak RSS");
+    println!(
+        "{:<44} {:>8.2}ms {:>12}",
+        "spawn `true` (floor)",
+        floor.as_secs_f64() * 1e3,
+        "-"
+    );
+    println!(
+        "{:<44} {:>8.2}ms {:>9} KiB",
+        "caliban --version",
+        version.as_secs_f64() * 1e3,
+        version_rss[version_rss.len() / 2]
+    );
+    println!(
+        "{:<44} {:>8.2}ms {:>9} KiB",
+        "caliban -p (2 turns, 1 Read) vs stub-model",
+        print.as_secs_f64() * 1e3,
+        print_rss[print_rss.len() / 2]
+    );
+    println!(
+        "ratio --version / floor: {:.2}",
+        version.as_secs_f64() / floor.as_secs_f64()
+    );
+}

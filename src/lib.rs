@@ -1,0 +1,26 @@
+//! caliban: a coding agent that other programs drive. The binary (`main.rs`) is a thin
+//! shell over this library, which benches and fuzz targets use too.
+//!
+//! Layers, each depending only on those below it:
+//! `print` (a surface) → `engine` (performs effects) → `agent` (decides) →
+//! `model`, `tools`, `permissions`, `settings` → `http`, `transport`, `stdio`, `reactor` →
+//! `sys` (every `unsafe` and libc call) and `log`.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+pub mod agent;
+pub mod cli;
+pub mod engine;
+pub mod glob;
+pub mod http;
+pub mod log;
+pub mod model;
+pub mod permissions;
+pub mod print;
+pub mod reactor;
+pub mod settings;
+pub mod stdio;
+pub mod stub_model;
+pub mod sys;
+pub mod tools;
+pub mod transport;
