@@ -134,12 +134,11 @@ fn run_print(args: PrintArgs) -> u8 {
     let mut rules = match settings::rules_from_cli(&args.allow, &args.deny, &args.ask) {
         Ok(r) => r,
         Err(e) => {
-            log::error(&format!("invalid permission pattern: {e}"));
+            log::error(&e.to_string());
             return print::EXIT_USAGE;
         }
     };
     rules.extend(settings.rules.iter().cloned());
-    rules.extend(permissions::default_rules());
     let policy = Policy::new(rules, mode, workspace.clone());
 
     let tool_specs = tools::spec::all();
