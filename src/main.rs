@@ -9,7 +9,7 @@ use caliban::cli::{self, Command, InputFormat, PrintArgs};
 use caliban::engine::{Engine, EngineConfig};
 use caliban::model::retry::RetryPolicy;
 use caliban::model::{self, Provider, ProviderKind};
-use caliban::permissions::{self, Mode, Policy};
+use caliban::permissions::{Mode, Policy};
 use caliban::print::{self, Printer};
 use caliban::{agent, log, settings, stub_model, sys, tools};
 
