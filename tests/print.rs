@@ -594,3 +594,107 @@ fn bash_timeout_kills_the_command() {
         "{text}"
     );
 }
+
+#[test]
+fn stream_json_input_from_a_regular_file() {
+    // epoll cannot poll regular files; stdin falls back to a reader thread.
+    let ws = Workspace::new("filestdin");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("from a file")]}));
+    ws.write("input.jsonl", "{\"type\":\"user\",\"content\":\"hi\"}\n");
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "json",
+    ])
+    .stdin(std::fs::File::open(ws.path("input.jsonl")).expect("open input"))
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let out = wait_output(cmd.spawn().expect("spawn"), RUN_TIMEOUT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "from a file");
+}
+
+#[test]
+fn project_settings_rules_apply() {
+    let ws = Workspace::new("settings");
+    ws.write(
+        ".caliban/settings.json",
+        r#"{"permissions": {"allow": ["Bash(echo:*)"]}, "max_turns": 5}"#,
+    );
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_1", "name": "Bash", "input": {"command": "echo from-settings"}}])),
+            text_turn("ok"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "echo"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let results = tool_results_sent(&stub);
+    assert!(
+        result_text_of(&results[0]).contains("from-settings"),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn malformed_settings_exit_78_naming_the_file() {
+    let ws = Workspace::new("badsettings");
+    ws.write(".caliban/settings.json", "{\"permissions\": [}");
+    let mut cmd = caliban(&ws);
+    cmd.env("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+        .args(["-p", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(78), "{out:?}");
+    assert!(out.stderr.contains("settings.json"), "{out:?}");
+}
+
+#[test]
+fn openai_wire_retries_a_429_then_streams() {
+    let ws = Workspace::new("openai429");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "after the rate limit", "faults": [{"status": 429, "retry_after": "0"}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    openai(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let frames = out.frames();
+    let retry = frames
+        .iter()
+        .find(|f| f["subtype"] == "api_retry")
+        .expect("api_retry");
+    assert_eq!(retry["error_status"], 429);
+    assert_eq!(retry["error_category"], "rate_limit");
+    assert_eq!(out.result()["result"], "after the rate limit");
+}
+
+#[test]
+fn connection_refused_is_retried_then_fails_clearly() {
+    let ws = Workspace::new("refused");
+    // Bind and drop a listener so the port is (almost certainly) closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = caliban(&ws);
+    cmd.env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
+        .args(["-p", "--output-format", "json", "--max-retries", "1", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let error = out.result()["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(error.contains("connect"), "{error}");
+}
