@@ -449,7 +449,12 @@ pub fn parse_base_url(url: &str) -> Result<(Target, String), String> {
 }
 
 /// The proxy for `target` from `HTTPS_PROXY`/`https_proxy` (or the `HTTP_` pair for plain
-/// targets), unless `NO_PROXY` lists the host. Loopback targets never use a proxy.
+/// targets), unless `NO_PROXY`/`no_proxy` lists the host: `*`, an exact host, or a domain
+/// that matches itself and its subdomains (a leading `.` is optional).
+///
+/// Loopback targets get no special treatment, as in curl: a proxy set in the environment
+/// applies to `localhost` too unless `NO_PROXY` names it. (Skipping it silently would make a
+/// local endpoint behind a deliberate proxy unreachable, and the CONNECT path untestable.)
 pub fn proxy_for(
     target: &Target,
     env: &dyn Fn(&str) -> Option<String>,
@@ -466,9 +471,6 @@ pub fn proxy_for(
     else {
         return Ok(None);
     };
-    if is_loopback_host(&target.host) {
-        return Ok(None);
-    }
     let no_proxy = env("NO_PROXY")
         .or_else(|| env("no_proxy"))
         .unwrap_or_default();
@@ -546,11 +548,36 @@ mod tests {
             port: 443,
         };
         assert_eq!(proxy_for(&internal, &env).unwrap(), None);
+        // Loopback is proxied like any other host (curl does the same) ...
         let local = Target {
             tls: true,
             host: "127.0.0.1".into(),
             port: 443,
         };
-        assert_eq!(proxy_for(&local, &env).unwrap(), None);
+        assert_eq!(proxy_for(&local, &env).unwrap(), Some(proxy.clone()));
+        let localhost = Target {
+            tls: true,
+            host: "localhost".into(),
+            port: 8443,
+        };
+        assert_eq!(proxy_for(&localhost, &env).unwrap(), Some(proxy.clone()));
+        // ... unless NO_PROXY lists it.
+        let env_no_local = |k: &str| match k {
+            "HTTPS_PROXY" => Some("http://proxy.local:3128".to_owned()),
+            "no_proxy" => Some("localhost, 127.0.0.1".to_owned()),
+            _ => None,
+        };
+        assert_eq!(proxy_for(&localhost, &env_no_local).unwrap(), None);
+        assert_eq!(proxy_for(&local, &env_no_local).unwrap(), None);
+        // Plain targets read the HTTP_ pair only.
+        let plain = Target {
+            tls: false,
+            host: "api.openai.com".into(),
+            port: 80,
+        };
+        assert_eq!(proxy_for(&plain, &env).unwrap(), None);
+        let env_http = |k: &str| (k == "http_proxy").then(|| "http://p:8080/".to_owned());
+        let p = proxy_for(&plain, &env_http).unwrap().unwrap();
+        assert_eq!((p.host.as_str(), p.port), ("p", 8080));
     }
 }

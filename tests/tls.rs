@@ -1,0 +1,573 @@
+//! TLS and proxy paths end to end: the real binary talks HTTPS to a TLS-terminating relay (a
+//! thread in this test, serving `tests/fixtures/server.pem`) that pipes plaintext to
+//! `caliban stub-model`, optionally through a CONNECT proxy thread. Trust comes only from
+//! `SSL_CERT_FILE` pointing at the fixture CA; everything stays on loopback.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::ServerConnection;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+/// How long a relay or proxy connection may live; far beyond any test, short of forever.
+const CONN_LIFETIME: Duration = Duration::from_secs(90);
+/// How long a socket read in the relay waits before it looks at the other direction.
+const POLL: Duration = Duration::from_millis(5);
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn text_turn(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// A loopback listener whose accept loop runs on its own thread until drop.
+struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    /// Heads of what each accepted connection asked for (the proxy records its CONNECTs);
+    /// the relay records one `accepted` entry per connection.
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    fn start<F>(handle: F) -> Server
+    where
+        F: Fn(TcpStream, &Mutex<Vec<String>>) + Send + Sync + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let handle = Arc::new(handle);
+        let (stop2, seen2) = (Arc::clone(&stop), Arc::clone(&seen));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let (handle, seen) = (Arc::clone(&handle), Arc::clone(&seen2));
+                std::thread::spawn(move || (*handle)(conn, &seen));
+            }
+        });
+        Server { addr, stop, seen }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().expect("seen lock").clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept so the thread sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+    }
+}
+
+fn server_config() -> Arc<rustls::ServerConfig> {
+    let certs = CertificateDer::pem_file_iter(fixture("server.pem"))
+        .expect("open server.pem")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("parse server.pem");
+    let key = PrivateKeyDer::from_pem_file(fixture("server-key.pem")).expect("server-key.pem");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .expect("server cert and key");
+    Arc::new(config)
+}
+
+/// A TLS-terminating relay: accepts TLS with the fixture server cert and pipes the plaintext
+/// both ways to `upstream` (the stub's plain port). Records `accepted` per connection and
+/// `tls error: …` when a handshake fails.
+fn tls_relay(upstream: SocketAddr) -> Server {
+    let config = server_config();
+    Server::start(move |tcp, seen| {
+        seen.lock().expect("seen lock").push("accepted".to_owned());
+        if let Err(e) = relay(tcp, Arc::clone(&config), upstream) {
+            seen.lock().expect("seen lock").push(format!("tls error: {e}"));
+        }
+    })
+}
+
+/// One relayed connection, single-threaded: short read timeouts on both sockets let one loop
+/// serve both directions without splitting the rustls state.
+fn relay(
+    mut tcp: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    upstream: SocketAddr,
+) -> Result<(), String> {
+    let mut tls = ServerConnection::new(config).map_err(|e| e.to_string())?;
+    // The relay may hold a whole response while the client is busy writing; never refuse it.
+    tls.set_buffer_limit(None);
+    let mut up = TcpStream::connect(upstream).map_err(|e| format!("upstream: {e}"))?;
+    for s in [&tcp, &up] {
+        s.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(CONN_LIFETIME))
+            .map_err(|e| e.to_string())?;
+    }
+    let deadline = Instant::now() + CONN_LIFETIME;
+    let mut buf = vec![0u8; 64 * 1024];
+    while Instant::now() < deadline {
+        // Client → relay: TLS records in, plaintext out to the stub.
+        match tls.read_tls(&mut tcp) {
+            Ok(0) => {
+                let _ = up.shutdown(Shutdown::Write);
+                return Ok(());
+            }
+            Ok(_) => {
+                if let Err(e) = tls.process_new_packets() {
+                    // Send our alert, then report why the handshake or stream failed.
+                    let _ = tls.write_tls(&mut tcp);
+                    return Err(e.to_string());
+                }
+            }
+            Err(e) if would_block(&e) => {}
+            Err(e) => return Err(format!("client read: {e}")),
+        }
+        loop {
+            match tls.reader().read(&mut buf) {
+                Ok(0) => {
+                    let _ = up.shutdown(Shutdown::Write);
+                    break;
+                }
+                Ok(n) => up
+                    .write_all(&buf[..n])
+                    .map_err(|e| format!("upstream write: {e}"))?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(format!("plaintext read: {e}")),
+            }
+        }
+        // Stub → relay: plaintext in, TLS records out to the client.
+        if !tls.is_handshaking() {
+            match up.read(&mut buf) {
+                Ok(0) => {
+                    tls.send_close_notify();
+                    while tls.wants_write() {
+                        if tls.write_tls(&mut tcp).is_err() {
+                            break;
+                        }
+                    }
+                    return Ok(());
+                }
+                Ok(n) => tls
+                    .writer()
+                    .write_all(&buf[..n])
+                    .map_err(|e| format!("tls write: {e}"))?,
+                Err(e) if would_block(&e) => {}
+                Err(e) => return Err(format!("upstream read: {e}")),
+            }
+        }
+        while tls.wants_write() {
+            tls.write_tls(&mut tcp)
+                .map_err(|e| format!("client write: {e}"))?;
+        }
+    }
+    Err("relay connection outlived its deadline".to_owned())
+}
+
+/// What the test proxy answers to CONNECT.
+#[derive(Clone, Copy)]
+enum ProxyMode {
+    Tunnel,
+    Refuse(&'static str),
+}
+
+/// An HTTP proxy that understands only CONNECT: records each request head's first line, then
+/// either tunnels to the named authority or answers with a refusal status line.
+fn connect_proxy(mode: ProxyMode) -> Server {
+    Server::start(move |mut client, seen| {
+        let Some(head) = read_head(&mut client) else {
+            return;
+        };
+        let first = head.lines().next().unwrap_or_default().to_owned();
+        seen.lock().expect("seen lock").push(first.clone());
+        let status = match mode {
+            ProxyMode::Refuse(status) => status,
+            ProxyMode::Tunnel => {
+                let authority = match first.split(' ').collect::<Vec<_>>()[..] {
+                    ["CONNECT", authority, _] => authority.to_owned(),
+                    _ => {
+                        let _ = client.write_all(
+                            b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n",
+                        );
+                        return;
+                    }
+                };
+                match TcpStream::connect(&authority) {
+                    Ok(upstream) => {
+                        if client
+                            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                            .is_ok()
+                        {
+                            splice(client, upstream);
+                        }
+                        return;
+                    }
+                    Err(_) => "502 Bad Gateway",
+                }
+            }
+        };
+        let body = "proxy says no";
+        let _ = write!(
+            client,
+            "HTTP/1.1 {status}\r\nProxy-Authenticate: Basic realm=\"test\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    })
+}
+
+/// Reads a request head byte by byte (so no tunnelled byte is consumed), with a deadline.
+fn read_head(stream: &mut TcpStream) -> Option<String> {
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 16 * 1024 || stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    stream.set_read_timeout(None).ok()?;
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Copies both ways until each side has closed its half.
+fn splice(a: TcpStream, b: TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    let pipe = |mut from: TcpStream, mut to: TcpStream| {
+        let _ = from.set_read_timeout(Some(CONN_LIFETIME));
+        let _ = io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    };
+    let forward = std::thread::spawn(move || pipe(a, b2));
+    pipe(b, a2);
+    let _ = forward.join();
+}
+
+fn stub_addr(stub: &Stub) -> SocketAddr {
+    stub.url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("stub address")
+}
+
+/// A `caliban -p` command aimed at `base_url` on the Anthropic wire, trusting `ca`.
+fn https_cmd(ws: &Workspace, base_url: &str, ca: &str) -> Command {
+    let mut cmd = caliban(ws);
+    cmd.env("ANTHROPIC_BASE_URL", base_url)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("SSL_CERT_FILE", fixture(ca));
+    cmd
+}
+
+/// Runs a command that should fail fast (no retries), returning its output and duration.
+fn run_failing(mut cmd: Command) -> (Output, Duration) {
+    cmd.args(["--max-retries", "0", "--output-format", "json", "-p", "hi"]);
+    let start = Instant::now();
+    let out = run(cmd, "");
+    (out, start.elapsed())
+}
+
+#[test]
+fn https_model_endpoint_through_tls_relay() {
+    let ws = Workspace::new("tls-ok");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello over TLS.")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let base = format!("https://localhost:{}", relay.port());
+    let mut cmd = https_cmd(&ws, &base, "ca.pem");
+    cmd.args(["-p", "say hello"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "Hello over TLS.\n");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 1, "{reqs:?}");
+    assert_eq!(reqs[0]["headers"]["x-api-key"], "test-key");
+    assert_eq!(
+        reqs[0]["headers"]["host"],
+        format!("localhost:{}", relay.port())
+    );
+    assert!(
+        !relay.seen().iter().any(|s| s.starts_with("tls error")),
+        "{:?}",
+        relay.seen()
+    );
+}
+
+#[test]
+fn https_ip_address_endpoint_on_openai_wire() {
+    let ws = Workspace::new("tls-ip");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello by address.")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let mut cmd = caliban(&ws);
+    cmd.env(
+        "OPENAI_BASE_URL",
+        format!("https://127.0.0.1:{}/v1", relay.port()),
+    )
+    .env("OPENAI_API_KEY", "test-key")
+    .env("SSL_CERT_FILE", fixture("ca.pem"))
+    .args(["-p", "say hello"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "Hello by address.\n");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 1, "{reqs:?}");
+    assert_eq!(reqs[0]["headers"]["authorization"], "Bearer test-key");
+}
+
+/// A request body far beyond rustls's 64 KiB send buffer must still go out whole: the client
+/// has to keep feeding the TLS session until the socket would block.
+#[test]
+fn https_large_request_body_is_sent_whole() {
+    let ws = Workspace::new("tls-big");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Got it all.")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let base = format!("https://localhost:{}", relay.port());
+    let mut cmd = https_cmd(&ws, &base, "ca.pem");
+    // Short enough that a stalled upload fails the test quickly instead of hanging it.
+    cmd.args(["--first-byte-timeout", "20", "--max-retries", "0", "-p"]);
+    let line = "the quick brown fox jumps over the lazy dog 0123456789\n";
+    let prompt = line.repeat(1024 * 1024 / line.len());
+    let out = run(cmd, &prompt);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "Got it all.\n");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 1);
+    let sent = reqs[0]["body"]["messages"][0].to_string();
+    assert!(
+        sent.matches("lazy dog").count() >= prompt.matches("lazy dog").count(),
+        "prompt arrived truncated ({} bytes of message JSON)",
+        sent.len()
+    );
+}
+
+#[test]
+fn unusable_ssl_cert_file_is_a_config_error() {
+    let ws = Workspace::new("tls-badfile");
+    for (file, why) in [
+        ("does-not-exist.pem", "No such file"),
+        ("server-key.pem", "no usable certificates"),
+    ] {
+        let mut cmd = caliban(&ws);
+        cmd.env("ANTHROPIC_BASE_URL", "https://localhost:9")
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .env("SSL_CERT_FILE", fixture(file));
+        let (out, took) = run_failing(cmd);
+        assert_eq!(out.code, Some(78), "{out:?}");
+        assert!(out.stderr.contains("SSL_CERT_FILE="), "{out:?}");
+        assert!(out.stderr.contains(file), "{out:?}");
+        assert!(out.stderr.contains(why), "{out:?}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+    }
+}
+
+#[test]
+fn server_cert_from_an_untrusted_ca_is_rejected() {
+    let ws = Workspace::new("tls-untrusted");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let base = format!("https://localhost:{}", relay.port());
+    let (out, took) = run_failing(https_cmd(&ws, &base, "other-ca.pem"));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let result = out.result();
+    assert_eq!(result["is_error"], true, "{out:?}");
+    let message = result.to_string().to_ascii_lowercase();
+    assert!(
+        message.contains("tls") && message.contains("certificate"),
+        "{out:?}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(stub.requests().is_empty(), "nothing may reach the model");
+}
+
+#[test]
+fn wrong_host_name_is_rejected() {
+    // The relay's cert names localhost and 127.0.0.1 only; 127.0.0.2 is also loopback.
+    let ws = Workspace::new("tls-name");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let listener = TcpListener::bind("127.0.0.2:0");
+    let Ok(listener) = listener else {
+        eprintln!("skipping: cannot bind 127.0.0.2");
+        return;
+    };
+    let port = listener.local_addr().expect("addr").port();
+    let config = server_config();
+    let upstream = stub_addr(&stub);
+    std::thread::spawn(move || {
+        if let Some(Ok(tcp)) = listener.incoming().next() {
+            let _ = relay(tcp, config, upstream);
+        }
+    });
+    let base = format!("https://127.0.0.2:{port}");
+    let (out, took) = run_failing(https_cmd(&ws, &base, "ca.pem"));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let message = out.result().to_string().to_ascii_lowercase();
+    assert!(
+        message.contains("certificate") && message.contains("notvalidforname"),
+        "{out:?}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(stub.requests().is_empty());
+}
+
+#[test]
+fn https_proxy_tunnels_with_connect() {
+    let ws = Workspace::new("tls-proxy");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello via proxy.")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let proxy = connect_proxy(ProxyMode::Tunnel);
+    let base = format!("https://localhost:{}", relay.port());
+    let mut cmd = https_cmd(&ws, &base, "ca.pem");
+    cmd.env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port()))
+        .args(["-p", "say hello"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "Hello via proxy.\n");
+    assert_eq!(
+        proxy.seen(),
+        [format!("CONNECT localhost:{} HTTP/1.1", relay.port())]
+    );
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0]["headers"]["x-api-key"], "test-key");
+}
+
+#[test]
+fn lowercase_https_proxy_and_scheme_less_url_work() {
+    let ws = Workspace::new("tls-proxy-lc");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("lower case")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let proxy = connect_proxy(ProxyMode::Tunnel);
+    let base = format!("https://127.0.0.1:{}", relay.port());
+    let mut cmd = https_cmd(&ws, &base, "ca.pem");
+    cmd.env("https_proxy", format!("127.0.0.1:{}", proxy.port()))
+        .args(["-p", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        proxy.seen(),
+        [format!("CONNECT 127.0.0.1:{} HTTP/1.1", relay.port())]
+    );
+}
+
+#[test]
+fn http_proxy_tunnels_plain_http() {
+    let ws = Workspace::new("http-proxy");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("plain via proxy")]}));
+    let proxy = connect_proxy(ProxyMode::Tunnel);
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("HTTP_PROXY", format!("http://127.0.0.1:{}", proxy.port()))
+        .args(["-p", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "plain via proxy\n");
+    let authority = stub.url.trim_start_matches("http://");
+    assert_eq!(proxy.seen(), [format!("CONNECT {authority} HTTP/1.1")]);
+}
+
+#[test]
+fn no_proxy_bypasses_the_proxy() {
+    let ws = Workspace::new("tls-noproxy");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("direct")], "repeat_last": true}),
+    );
+    let relay = tls_relay(stub_addr(&stub));
+    let proxy = connect_proxy(ProxyMode::Tunnel);
+    for (name, value) in [
+        ("NO_PROXY", "localhost"),
+        ("no_proxy", "example.com, localhost"),
+        ("NO_PROXY", "*"),
+    ] {
+        let base = format!("https://localhost:{}", relay.port());
+        let mut cmd = https_cmd(&ws, &base, "ca.pem");
+        cmd.env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port()))
+            .env(name, value)
+            .args(["-p", "hi"]);
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(0), "{name}={value}: {out:?}");
+        assert_eq!(out.stdout, "direct\n");
+    }
+    assert!(proxy.seen().is_empty(), "{:?}", proxy.seen());
+    assert_eq!(stub.requests().len(), 3);
+}
+
+#[test]
+fn proxy_refusing_connect_fails_clearly() {
+    for status in ["407 Proxy Authentication Required", "403 Forbidden"] {
+        let ws = Workspace::new("tls-refused");
+        let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+        let relay = tls_relay(stub_addr(&stub));
+        let proxy = connect_proxy(ProxyMode::Refuse(status));
+        let base = format!("https://localhost:{}", relay.port());
+        let mut cmd = https_cmd(&ws, &base, "ca.pem");
+        cmd.env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port()));
+        let (out, took) = run_failing(cmd);
+        assert_eq!(out.code, Some(1), "{out:?}");
+        let result = out.result();
+        assert_eq!(result["is_error"], true);
+        let message = result.to_string();
+        assert!(message.contains("proxy refused CONNECT"), "{out:?}");
+        assert!(message.contains(status), "{out:?}");
+        assert!(took < Duration::from_secs(20), "took {took:?}");
+        assert_eq!(
+            proxy.seen(),
+            [format!("CONNECT localhost:{} HTTP/1.1", relay.port())]
+        );
+        assert!(relay.seen().is_empty(), "the proxy must not have tunnelled");
+        assert!(stub.requests().is_empty());
+    }
+}
+
+#[test]
+fn unreachable_proxy_fails_clearly() {
+    let ws = Workspace::new("tls-proxy-down");
+    // A port that was free a moment ago: connecting to it is refused.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let mut cmd = https_cmd(&ws, "https://localhost:9", "ca.pem");
+    cmd.env("HTTPS_PROXY", format!("http://127.0.0.1:{port}"));
+    let (out, took) = run_failing(cmd);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let message = out.result().to_string();
+    assert!(
+        message.contains(&format!("cannot connect to 127.0.0.1:{port}")),
+        "{out:?}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+}
