@@ -115,7 +115,9 @@ fn tls_relay(upstream: SocketAddr) -> Server {
     Server::start(move |tcp, seen| {
         seen.lock().expect("seen lock").push("accepted".to_owned());
         if let Err(e) = relay(tcp, Arc::clone(&config), upstream) {
-            seen.lock().expect("seen lock").push(format!("tls error: {e}"));
+            seen.lock()
+                .expect("seen lock")
+                .push(format!("tls error: {e}"));
         }
     })
 }
@@ -249,7 +251,9 @@ fn connect_proxy(mode: ProxyMode) -> Server {
 
 /// Reads a request head byte by byte (so no tunnelled byte is consumed), with a deadline.
 fn read_head(stream: &mut TcpStream) -> Option<String> {
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -5,4 +5,6 @@ pub mod body;
 pub mod client;
 pub mod head;
 pub mod sse;
+#[cfg(test)]
+mod testutil;
 pub mod write;
