@@ -163,6 +163,14 @@ impl Conn {
         })
     }
 
+    /// Whether bytes are queued inside the connection (TLS records not yet on the socket).
+    pub fn wants_write(&self) -> bool {
+        match self {
+            Conn::Plain(_) => false,
+            Conn::Tls { tls, .. } => tls.wants_write(),
+        }
+    }
+
     pub fn tcp(&mut self) -> &mut TcpStream {
         match self {
             Conn::Plain(tcp) => tcp,
@@ -187,22 +195,33 @@ impl Conn {
                 }
                 Ok(())
             }
-            Conn::Tls { tcp, tls } => {
-                if !pending.is_empty() {
-                    // rustls buffers plaintext until the handshake completes, then encrypts.
-                    let n = tls.writer().write(pending)?;
-                    pending.drain(..n);
-                }
+            // rustls takes at most 64 KiB at a time (its plaintext buffer during the
+            // handshake, its record buffer after), so feed it and drain it to the socket in
+            // turns until the socket would block or everything is out. Stopping after one
+            // round without a `WouldBlock` would strand the rest of a large request: with
+            // edge-triggered readiness no new writable event comes for a socket that never
+            // filled up.
+            Conn::Tls { tcp, tls } => loop {
                 while tls.wants_write() {
                     match tls.write_tls(tcp) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                         Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => return Err(e),
                     }
                 }
-                Ok(())
-            }
+                if pending.is_empty() {
+                    return Ok(());
+                }
+                let n = tls.writer().write(pending)?;
+                if n == 0 {
+                    // Still handshaking with the plaintext buffer full: the rest goes once
+                    // the handshake completes (the caller flushes again after reading).
+                    return Ok(());
+                }
+                pending.drain(..n);
+            },
         }
     }
 
@@ -245,8 +264,14 @@ impl Conn {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         Self::drain_plaintext(tls, out, &mut status)?;
                         // Handshake replies and alerts must go out even if the caller has
-                        // nothing to write.
-                        let _ = tls.write_tls(tcp);
+                        // nothing to write; a write error resurfaces on the next flush.
+                        while tls.wants_write() {
+                            match tls.write_tls(tcp) {
+                                Ok(n) if n > 0 => {}
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                _ => break,
+                            }
+                        }
                         return Ok(status);
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -91,6 +91,16 @@ impl Drop for Server {
 }
 
 fn server_config() -> Arc<rustls::ServerConfig> {
+    server_config_for(rustls::DEFAULT_VERSIONS, 2)
+}
+
+/// The fixture identity with the given protocol versions and number of TLS 1.3 session
+/// tickets (tickets are the server's last handshake-time bytes; with none, nothing wakes
+/// the client after its own Finished).
+fn server_config_for(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    tickets: usize,
+) -> Arc<rustls::ServerConfig> {
     let certs = CertificateDer::pem_file_iter(fixture("server.pem"))
         .expect("open server.pem")
         .collect::<Result<Vec<_>, _>>()
@@ -99,11 +109,13 @@ fn server_config() -> Arc<rustls::ServerConfig> {
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
-    .with_safe_default_protocol_versions()
+    .with_protocol_versions(versions)
     .expect("protocol versions")
     .with_no_client_auth()
     .with_single_cert(certs, key)
     .expect("server cert and key");
+    let mut config = config;
+    config.send_tls13_tickets = tickets;
     Arc::new(config)
 }
 
@@ -111,7 +123,10 @@ fn server_config() -> Arc<rustls::ServerConfig> {
 /// both ways to `upstream` (the stub's plain port). Records `accepted` per connection and
 /// `tls error: …` when a handshake fails.
 fn tls_relay(upstream: SocketAddr) -> Server {
-    let config = server_config();
+    tls_relay_with(upstream, server_config())
+}
+
+fn tls_relay_with(upstream: SocketAddr, config: Arc<rustls::ServerConfig>) -> Server {
     Server::start(move |tcp, seen| {
         seen.lock().expect("seen lock").push("accepted".to_owned());
         if let Err(e) = relay(tcp, Arc::clone(&config), upstream) {
@@ -202,6 +217,8 @@ fn relay(
 #[derive(Clone, Copy)]
 enum ProxyMode {
     Tunnel,
+    /// Tunnel to this address whatever the CONNECT named (for targets this host lacks).
+    TunnelTo(SocketAddr),
     Refuse(&'static str),
 }
 
@@ -216,7 +233,7 @@ fn connect_proxy(mode: ProxyMode) -> Server {
         seen.lock().expect("seen lock").push(first.clone());
         let status = match mode {
             ProxyMode::Refuse(status) => status,
-            ProxyMode::Tunnel => {
+            ProxyMode::Tunnel | ProxyMode::TunnelTo(_) => {
                 let authority = match first.split(' ').collect::<Vec<_>>()[..] {
                     ["CONNECT", authority, _] => authority.to_owned(),
                     _ => {
@@ -226,7 +243,11 @@ fn connect_proxy(mode: ProxyMode) -> Server {
                         return;
                     }
                 };
-                match TcpStream::connect(&authority) {
+                let upstream = match mode {
+                    ProxyMode::TunnelTo(addr) => TcpStream::connect(addr),
+                    _ => TcpStream::connect(&authority),
+                };
+                match upstream {
                     Ok(upstream) => {
                         if client
                             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -351,30 +372,45 @@ fn https_ip_address_endpoint_on_openai_wire() {
     assert_eq!(reqs[0]["headers"]["authorization"], "Bearer test-key");
 }
 
-/// A request body far beyond rustls's 64 KiB send buffer must still go out whole: the client
-/// has to keep feeding the TLS session until the socket would block.
+/// A request body far beyond rustls's 64 KiB send buffers must still go out whole: the
+/// client has to keep feeding the TLS session until the socket would block, including right
+/// after the handshake completes inside a read. Servers that send nothing after their
+/// Finished (TLS 1.2, or TLS 1.3 without session tickets) give it no second chance.
 #[test]
 fn https_large_request_body_is_sent_whole() {
     let ws = Workspace::new("tls-big");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Got it all.")]}));
-    let relay = tls_relay(stub_addr(&stub));
-    let base = format!("https://localhost:{}", relay.port());
-    let mut cmd = https_cmd(&ws, &base, "ca.pem");
-    // Short enough that a stalled upload fails the test quickly instead of hanging it.
-    cmd.args(["--first-byte-timeout", "20", "--max-retries", "0", "-p"]);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("Got it all.")], "repeat_last": true}),
+    );
     let line = "the quick brown fox jumps over the lazy dog 0123456789\n";
     let prompt = line.repeat(1024 * 1024 / line.len());
-    let out = run(cmd, &prompt);
-    assert_eq!(out.code, Some(0), "{out:?}");
-    assert_eq!(out.stdout, "Got it all.\n");
-    let reqs = stub.requests();
-    assert_eq!(reqs.len(), 1);
-    let sent = reqs[0]["body"]["messages"][0].to_string();
-    assert!(
-        sent.matches("lazy dog").count() >= prompt.matches("lazy dog").count(),
-        "prompt arrived truncated ({} bytes of message JSON)",
-        sent.len()
-    );
+    let servers = [
+        ("tls1.3 with tickets", server_config()),
+        (
+            "tls1.3 without tickets",
+            server_config_for(&[&rustls::version::TLS13], 0),
+        ),
+        ("tls1.2", server_config_for(&[&rustls::version::TLS12], 0)),
+    ];
+    for (i, (name, config)) in servers.into_iter().enumerate() {
+        let relay = tls_relay_with(stub_addr(&stub), config);
+        let base = format!("https://localhost:{}", relay.port());
+        let mut cmd = https_cmd(&ws, &base, "ca.pem");
+        // Short enough that a stalled upload fails the test quickly instead of hanging it.
+        cmd.args(["--first-byte-timeout", "15", "--max-retries", "0", "-p"]);
+        let out = run(cmd, &prompt);
+        assert_eq!(out.code, Some(0), "{name}: {out:?}");
+        assert_eq!(out.stdout, "Got it all.\n", "{name}");
+        let reqs = stub.requests();
+        assert_eq!(reqs.len(), i + 1, "{name}");
+        let sent = reqs[i]["body"]["messages"][0].to_string();
+        assert!(
+            sent.matches("lazy dog").count() >= prompt.matches("lazy dog").count(),
+            "{name}: prompt arrived truncated ({} bytes of message JSON)",
+            sent.len()
+        );
+    }
 }
 
 #[test]
@@ -439,7 +475,7 @@ fn wrong_host_name_is_rejected() {
     assert_eq!(out.code, Some(1), "{out:?}");
     let message = out.result().to_string().to_ascii_lowercase();
     assert!(
-        message.contains("certificate") && message.contains("notvalidforname"),
+        message.contains("certificate not valid for name"),
         "{out:?}"
     );
     assert!(took < Duration::from_secs(20), "took {took:?}");
@@ -503,6 +539,23 @@ fn http_proxy_tunnels_plain_http() {
 }
 
 #[test]
+fn connect_brackets_ipv6_targets() {
+    // The proxy stands in for the IPv6 route, so this host needs no IPv6 at all.
+    let ws = Workspace::new("proxy-v6");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("v6 via proxy")]}));
+    let proxy = connect_proxy(ProxyMode::TunnelTo(stub_addr(&stub)));
+    let mut cmd = caliban(&ws);
+    cmd.env("ANTHROPIC_BASE_URL", "http://[::1]:8099")
+        .env("HTTP_PROXY", format!("http://127.0.0.1:{}", proxy.port()))
+        .args(["-p", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "v6 via proxy\n");
+    assert_eq!(proxy.seen(), ["CONNECT [::1]:8099 HTTP/1.1"]);
+    assert_eq!(stub.requests()[0]["headers"]["host"], "[::1]:8099");
+}
+
+#[test]
 fn no_proxy_bypasses_the_proxy() {
     let ws = Workspace::new("tls-noproxy");
     let stub = Stub::start(
@@ -515,6 +568,7 @@ fn no_proxy_bypasses_the_proxy() {
         ("NO_PROXY", "localhost"),
         ("no_proxy", "example.com, localhost"),
         ("NO_PROXY", "*"),
+        ("NO_PROXY", "LocalHost"),
     ] {
         let base = format!("https://localhost:{}", relay.port());
         let mut cmd = https_cmd(&ws, &base, "ca.pem");
@@ -526,7 +580,7 @@ fn no_proxy_bypasses_the_proxy() {
         assert_eq!(out.stdout, "direct\n");
     }
     assert!(proxy.seen().is_empty(), "{:?}", proxy.seen());
-    assert_eq!(stub.requests().len(), 3);
+    assert_eq!(stub.requests().len(), 4);
 }
 
 #[test]

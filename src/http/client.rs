@@ -28,19 +28,29 @@ pub struct Target {
 }
 
 impl Target {
-    /// `Host` header value: the port only when it is not the scheme's default.
-    pub fn host_header(&self) -> String {
-        let default = if self.tls { 443 } else { 80 };
-        let host = if self.host.contains(':') {
+    /// The host as it appears in a URL authority: IPv6 literals in brackets.
+    fn url_host(&self) -> String {
+        if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
             self.host.clone()
-        };
-        if self.port == default {
-            host
-        } else {
-            format!("{host}:{}", self.port)
         }
+    }
+
+    /// `Host` header value: the port only when it is not the scheme's default.
+    pub fn host_header(&self) -> String {
+        let default = if self.tls { 443 } else { 80 };
+        if self.port == default {
+            self.url_host()
+        } else {
+            format!("{}:{}", self.url_host(), self.port)
+        }
+    }
+
+    /// `host:port` for a CONNECT request line: the port always, IPv6 literals in brackets
+    /// (RFC 9110 §9.3.6), so `::1` port 443 is `[::1]:443`, not the unparseable `::1:443`.
+    pub fn authority(&self) -> String {
+        format!("{}:{}", self.url_host(), self.port)
     }
 }
 
@@ -233,7 +243,7 @@ impl Exchange {
             return;
         }
         if via_proxy {
-            let authority = format!("{}:{}", self.target.host, self.target.port);
+            let authority = self.target.authority();
             self.outbuf = format!(
                 "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nProxy-Connection: keep-alive\r\n\r\n"
             )
@@ -313,6 +323,18 @@ impl Exchange {
                         .map_err(|e| format!("read failed: {e}"))?;
                     if self.inbuf.len() > before {
                         self.got_response_byte = true;
+                    }
+                    // Reading can finish the TLS handshake, which releases the request bytes
+                    // rustls was holding and lets it take more of `outbuf`. No writable event
+                    // is due for them (the socket never filled), so send them now.
+                    if !status.eof && (!self.outbuf.is_empty() || conn.wants_write()) {
+                        conn.flush(&mut self.outbuf).map_err(|e| {
+                            if self.got_response_byte {
+                                format!("write failed: {e}")
+                            } else {
+                                format!("connection failed before the response: {e}")
+                            }
+                        })?;
                     }
                     loop {
                         if body.is_none() {
@@ -474,9 +496,15 @@ pub fn proxy_for(
     let no_proxy = env("NO_PROXY")
         .or_else(|| env("no_proxy"))
         .unwrap_or_default();
+    // Host names compare case-insensitively (as in curl); `[::1]` and `::1` both name ::1.
+    let host = target.host.to_ascii_lowercase();
     for entry in no_proxy.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let entry = entry.trim_start_matches('.');
-        if entry == "*" || target.host == entry || target.host.ends_with(&format!(".{entry}")) {
+        let entry = entry
+            .trim_start_matches('.')
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        if entry == "*" || host == entry || host.ends_with(&format!(".{entry}")) {
             return Ok(None);
         }
     }
@@ -524,6 +552,14 @@ mod tests {
         let (t, _) = parse_base_url("http://[::1]:9/x").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 9));
         assert_eq!(t.host_header(), "[::1]:9");
+        assert_eq!(t.authority(), "[::1]:9");
+        let (t, _) = parse_base_url("https://[::1]").unwrap();
+        assert_eq!(
+            (t.host_header().as_str(), t.authority().as_str()),
+            ("[::1]", "[::1]:443")
+        );
+        let (t, _) = parse_base_url("https://api.anthropic.com").unwrap();
+        assert_eq!(t.authority(), "api.anthropic.com:443");
         assert!(parse_base_url("ftp://x").is_err());
         assert!(parse_base_url("http://:80").is_err());
     }
@@ -569,6 +605,26 @@ mod tests {
         };
         assert_eq!(proxy_for(&localhost, &env_no_local).unwrap(), None);
         assert_eq!(proxy_for(&local, &env_no_local).unwrap(), None);
+        // Host names match case-insensitively; IPv6 entries with or without brackets.
+        let env_mixed = |k: &str| match k {
+            "HTTPS_PROXY" => Some("http://proxy.local:3128".to_owned()),
+            "NO_PROXY" => Some("LocalHost,[::1],.Example.COM".to_owned()),
+            _ => None,
+        };
+        assert_eq!(proxy_for(&localhost, &env_mixed).unwrap(), None);
+        let v6 = Target {
+            tls: true,
+            host: "::1".into(),
+            port: 443,
+        };
+        assert_eq!(proxy_for(&v6, &env_mixed).unwrap(), None);
+        let sub = Target {
+            tls: true,
+            host: "API.example.com".into(),
+            port: 443,
+        };
+        assert_eq!(proxy_for(&sub, &env_mixed).unwrap(), None);
+        assert!(proxy_for(&internal, &env_mixed).unwrap().is_some());
         // Plain targets read the HTTP_ pair only.
         let plain = Target {
             tls: false,
