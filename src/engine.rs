@@ -516,8 +516,8 @@ impl Engine {
                     }
                 }
                 ClientEvent::End => self.model_ended(run),
-                ClientEvent::Failed { error } => {
-                    self.model_failed(run, error, None, true);
+                ClientEvent::Failed { error, permanent } => {
+                    self.model_failed(run, error, None, !permanent);
                     return;
                 }
             }

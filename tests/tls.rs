@@ -453,6 +453,24 @@ fn server_cert_from_an_untrusted_ca_is_rejected() {
 }
 
 #[test]
+fn certificate_errors_are_not_retried() {
+    // An untrusted certificate fails the same way every time: no backoff, no api_retry.
+    let ws = Workspace::new("tls-noretry");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let relay = tls_relay(stub_addr(&stub));
+    let base = format!("https://localhost:{}", relay.port());
+    let mut cmd = https_cmd(&ws, &base, "other-ca.pem");
+    cmd.args(["--output-format", "stream-json", "-p", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let frames = out.frames();
+    assert!(
+        !frames.iter().any(|f| f["subtype"] == "api_retry"),
+        "a certificate error was retried: {out:?}"
+    );
+}
+
+#[test]
 fn wrong_host_name_is_rejected() {
     // The relay's cert names localhost and 127.0.0.1 only; 127.0.0.2 is also loopback.
     let ws = Workspace::new("tls-name");

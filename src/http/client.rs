@@ -69,9 +69,10 @@ pub enum ClientEvent {
     Body(Vec<u8>),
     /// The body is complete; the exchange is over.
     End,
-    /// The exchange failed; whether a retry is safe is the owner's call (it knows whether
-    /// any output was shown).
-    Failed { error: String },
+    /// The exchange failed. `permanent` failures (a certificate the roots do not trust, a
+    /// proxy that refuses the tunnel, a response that breaks HTTP) would fail the same way
+    /// again; the others may be retried if the owner has shown no output yet.
+    Failed { error: String, permanent: bool },
 }
 
 enum Phase {
@@ -90,6 +91,44 @@ enum Phase {
         body: Option<BodyDecoder>,
     },
     Closed,
+}
+
+/// Why `pump` stopped an exchange.
+struct Failure {
+    message: String,
+    permanent: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure {
+            message,
+            permanent: false,
+        }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::from(message.to_owned())
+    }
+}
+
+fn permanent(message: String) -> Failure {
+    Failure {
+        message,
+        permanent: true,
+    }
+}
+
+/// A read error from the transport: TLS failures surface as `InvalidData` and will not go
+/// away on retry; socket errors (reset, timeout) might.
+fn read_failure(context: &str, err: std::io::Error) -> Failure {
+    if err.kind() == std::io::ErrorKind::InvalidData {
+        permanent(format!("{context}: {err}"))
+    } else {
+        Failure::from(format!("{context}: {err}"))
+    }
 }
 
 pub struct Exchange {
@@ -197,8 +236,12 @@ impl Exchange {
         if let Phase::Connecting { .. } = self.phase {
             self.finish_connect(registry, out);
         }
-        if let Err(error) = self.pump(out) {
-            self.fail(registry, error, out);
+        if let Err(failure) = self.pump(out) {
+            self.close(registry);
+            out.push(ClientEvent::Failed {
+                error: failure.message,
+                permanent: failure.permanent,
+            });
         }
     }
 
@@ -273,7 +316,7 @@ impl Exchange {
         Ok(Phase::Exchanging { conn, body: None })
     }
 
-    fn pump(&mut self, out: &mut Vec<ClientEvent>) -> Result<(), String> {
+    fn pump(&mut self, out: &mut Vec<ClientEvent>) -> Result<(), Failure> {
         loop {
             match &mut self.phase {
                 Phase::Resolving | Phase::Connecting { .. } | Phase::Closed => return Ok(()),
@@ -282,7 +325,7 @@ impl Exchange {
                         .map_err(|e| format!("proxy write: {e}"))?;
                     let status = conn
                         .drain_read(&mut self.inbuf)
-                        .map_err(|e| format!("proxy read: {e}"))?;
+                        .map_err(|e| read_failure("proxy read", e))?;
                     match head::parse_response_head(&self.inbuf) {
                         Ok(Parsed::Partial) => {
                             if status.eof {
@@ -292,10 +335,10 @@ impl Exchange {
                         }
                         Ok(Parsed::Complete(resp, used)) => {
                             if !(200..300).contains(&resp.status) {
-                                return Err(format!(
+                                return Err(permanent(format!(
                                     "proxy refused CONNECT: {} {}",
                                     resp.status, resp.reason
-                                ));
+                                )));
                             }
                             self.inbuf.drain(..used);
                             let Phase::Tunnelling { conn } =
@@ -306,7 +349,7 @@ impl Exchange {
                             self.phase = self.begin_request(conn)?;
                             continue;
                         }
-                        Err(e) => return Err(format!("proxy response: {e}")),
+                        Err(e) => return Err(permanent(format!("proxy response: {e}"))),
                     }
                 }
                 Phase::Exchanging { conn, body } => {
@@ -320,7 +363,7 @@ impl Exchange {
                     let before = self.inbuf.len();
                     let status = conn
                         .drain_read(&mut self.inbuf)
-                        .map_err(|e| format!("read failed: {e}"))?;
+                        .map_err(|e| read_failure("connection to the model failed", e))?;
                     if self.inbuf.len() > before {
                         self.got_response_byte = true;
                     }
@@ -346,7 +389,7 @@ impl Exchange {
                                         continue;
                                     }
                                     let kind = head::response_body_kind(&resp, false)
-                                        .map_err(|e| format!("bad response: {e}"))?;
+                                        .map_err(|e| permanent(format!("bad response: {e}")))?;
                                     let none = matches!(kind, BodyKind::None);
                                     *body = Some(BodyDecoder::new(kind, MAX_STREAM_BODY));
                                     out.push(ClientEvent::Head(resp));
@@ -355,14 +398,14 @@ impl Exchange {
                                         return Ok(());
                                     }
                                 }
-                                Err(e) => return Err(format!("bad response head: {e}")),
+                                Err(e) => return Err(permanent(format!("bad response head: {e}"))),
                             }
                         }
                         let Some(decoder) = body.as_mut() else { break };
                         let mut decoded = Vec::new();
                         let (used, done) = decoder
                             .decode(&self.inbuf, &mut decoded)
-                            .map_err(|e| format!("bad response body: {e}"))?;
+                            .map_err(|e| permanent(format!("bad response body: {e}")))?;
                         self.inbuf.drain(..used);
                         if !decoded.is_empty() {
                             out.push(ClientEvent::Body(decoded));
@@ -383,7 +426,9 @@ impl Exchange {
                                     self.finish(out);
                                     Ok(())
                                 }
-                                Err(e) => Err(format!("connection closed mid-response: {e}")),
+                                Err(e) => {
+                                    Err(format!("connection closed mid-response: {e}").into())
+                                }
                             },
                             None if self.got_response_byte => {
                                 Err("connection closed before the response head ended".into())
@@ -409,7 +454,10 @@ impl Exchange {
 
     fn fail(&mut self, registry: &Registry, error: String, out: &mut Vec<ClientEvent>) {
         self.close(registry);
-        out.push(ClientEvent::Failed { error });
+        out.push(ClientEvent::Failed {
+            error,
+            permanent: false,
+        });
     }
 
     /// Drops the connection (cancel, timeout, done). Safe to call more than once.
