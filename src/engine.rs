@@ -24,12 +24,14 @@ use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{Provider, StreamDecoder};
 use crate::reactor::{Reactor, Signal, TimerId, Wake};
-use crate::stdio::{Stdin, StdinItem};
+use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, Stream};
 
 /// Error bodies are read for their message and retry hints, never kept whole.
 const MAX_ERROR_BODY: usize = 64 * 1024;
+/// After a signal, how long a stalled stdout reader may hold up exit.
+const STDOUT_GRACE_AFTER_SIGNAL: Duration = Duration::from_millis(200);
 /// After the shell exits, how long its pipes may stay open (a grandchild holding them).
 const PIPE_GRACE: Duration = Duration::from_millis(500);
 
@@ -75,6 +77,8 @@ pub enum HostAction {
 }
 
 pub trait Host {
+    /// Bytes the host wants on stdout; the engine writes them without blocking the loop.
+    fn take_output(&mut self) -> Vec<u8>;
     fn on_event(&mut self, run: RunId, event: &TurnEvent) -> Vec<HostAction>;
     fn on_ask(&mut self, run: RunId, call: &ToolCall) -> AskReply;
     fn on_retry(&mut self, run: RunId, notice: &RetryNotice);
@@ -89,6 +93,7 @@ enum Owner {
     BashOut(RunId, String),
     BashErr(RunId, String),
     Stdin,
+    Stdout,
 }
 
 enum TimerOwner {
@@ -124,6 +129,35 @@ struct ModelCall {
     idle_timer: bool,
 }
 
+/// Where a run's model request is. One enum so a request in flight and a pending retry
+/// can never coexist.
+enum ModelState {
+    Idle,
+    InFlight(Box<ModelCall>),
+    /// Waiting out a retry delay; the timer starts the next attempt.
+    Backoff(TimerId),
+}
+
+impl ModelState {
+    fn call_mut(&mut self) -> Option<&mut ModelCall> {
+        match self {
+            ModelState::InFlight(call) => Some(call),
+            _ => None,
+        }
+    }
+
+    /// Takes the call in flight, leaving `Idle`; other states are left alone.
+    fn take_call(&mut self) -> Option<Box<ModelCall>> {
+        match std::mem::replace(self, ModelState::Idle) {
+            ModelState::InFlight(call) => Some(call),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+}
+
 struct BashTask {
     job: BashJob,
     tokens: [Token; 2],
@@ -134,9 +168,8 @@ struct BashTask {
 struct RunSlot {
     run: Run,
     workspace: PathBuf,
-    model: Option<ModelCall>,
+    model: ModelState,
     attempt: u32,
-    backoff: Option<TimerId>,
     bash: HashMap<String, BashTask>,
 }
 
@@ -151,6 +184,9 @@ pub struct Engine {
     rx: Receiver<Completion>,
     waker: Arc<Waker>,
     stdin: Option<Stdin>,
+    stdout: Option<Stdout>,
+    /// A SIGINT/SIGTERM arrived: the final stdout flush gets a deadline.
+    signalled: bool,
     queue: VecDeque<(RunId, Effect)>,
     actions: VecDeque<HostAction>,
     notices: VecDeque<(RunId, RetryNotice)>,
@@ -173,6 +209,8 @@ impl Engine {
             rx,
             waker,
             stdin: None,
+            stdout: None,
+            signalled: false,
             queue: VecDeque::new(),
             actions: VecDeque::new(),
             notices: VecDeque::new(),
@@ -188,6 +226,12 @@ impl Engine {
         Ok(())
     }
 
+    pub fn attach_stdout(&mut self) {
+        let token = self.reactor.token();
+        self.stdout = Some(Stdout::attach(self.reactor.registry(), token));
+        self.owners.insert(token, Owner::Stdout);
+    }
+
     /// Adds a run; nothing happens until input arrives through `HostAction::SendInput`.
     pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
         let id = RunId(self.next_run);
@@ -197,9 +241,8 @@ impl Engine {
             RunSlot {
                 run,
                 workspace,
-                model: None,
+                model: ModelState::Idle,
                 attempt: 0,
-                backoff: None,
                 bash: HashMap::new(),
             },
         );
@@ -227,6 +270,14 @@ impl Engine {
             }
         }
         self.shutdown();
+        if let Some(stdout) = self.stdout.as_mut() {
+            // After a signal the caller asked us to stop: give a stalled reader a moment,
+            // not forever. A normal end waits for the reader like any command-line tool.
+            let deadline = self
+                .signalled
+                .then(|| Instant::now() + STDOUT_GRACE_AFTER_SIGNAL);
+            stdout.finish(deadline, STDOUT_GRACE_AFTER_SIGNAL);
+        }
         Ok(())
     }
 
@@ -246,6 +297,11 @@ impl Engine {
                     self.on_bash_ready(run, &id, Stream::Stderr);
                 }
                 Some(Owner::Stdin) => self.drain_stdin(host),
+                Some(Owner::Stdout) => {
+                    if let Some(stdout) = self.stdout.as_mut() {
+                        stdout.flush();
+                    }
+                }
                 None => {}
             },
             Wake::Woken => {
@@ -257,6 +313,7 @@ impl Engine {
             Wake::Timer(id) => self.on_timer(id, host),
             Wake::Signal(Signal::Child) => self.reap_children(),
             Wake::Signal(signal) => {
+                self.signalled = true;
                 let actions = host.on_signal(signal);
                 self.actions.extend(actions);
             }
@@ -291,6 +348,10 @@ impl Engine {
                 continue;
             }
             break;
+        }
+        let output = host.take_output();
+        if let Some(stdout) = self.stdout.as_mut() {
+            stdout.push(&output);
         }
     }
 
@@ -364,6 +425,8 @@ impl Engine {
                 self.abort_work(run);
                 let actions = host.on_finished(run, &why);
                 self.actions.extend(actions);
+                // RunEnd was the last event: nothing of the run is needed any more.
+                self.runs.remove(&run);
             }
         }
     }
@@ -371,6 +434,9 @@ impl Engine {
     // ---- model requests ------------------------------------------------------------------
 
     fn start_model(&mut self, run: RunId) {
+        if let Some(mut stale) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
+            self.release_model(&mut stale);
+        }
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
@@ -392,7 +458,7 @@ impl Engine {
         let timer = self.reactor.add_timer(self.config.first_byte_timeout);
         self.timers.insert(timer, TimerOwner::Model(run));
         self.owners.insert(token, Owner::Model(run));
-        slot.model = Some(ModelCall {
+        slot.model = ModelState::InFlight(Box::new(ModelCall {
             exchange,
             sse: SseDecoder::new(),
             decoder: provider.decoder(),
@@ -402,7 +468,7 @@ impl Engine {
             last_activity: Instant::now(),
             timer,
             idle_timer: false,
-        });
+        }));
         // An address literal needs no lookup (and no thread).
         if let Ok(ip) = host
             .trim_start_matches('[')
@@ -414,10 +480,13 @@ impl Engine {
         }
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
-        crate::transport::resolve_in_background(host, port, move |result| {
+        let spawned = crate::transport::resolve_in_background(host, port, move |result| {
             let _ = tx.send(Completion::Resolved { run, token, result });
             let _ = waker.wake();
         });
+        if let Err(error) = spawned {
+            self.on_resolved(run, token, Err(error));
+        }
     }
 
     fn on_resolved(
@@ -429,7 +498,7 @@ impl Engine {
         let Some(call) = self
             .runs
             .get_mut(&run)
-            .and_then(|s| s.model.as_mut())
+            .and_then(|s| s.model.call_mut())
             .filter(|c| c.exchange.token() == token)
         else {
             return;
@@ -441,7 +510,7 @@ impl Engine {
     }
 
     fn on_model_ready(&mut self, run: RunId) {
-        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.as_mut()) else {
+        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.call_mut()) else {
             return;
         };
         let mut events = Vec::new();
@@ -454,7 +523,7 @@ impl Engine {
             let Some(slot) = self.runs.get_mut(&run) else {
                 return;
             };
-            let Some(call) = slot.model.as_mut() else {
+            let Some(call) = slot.model.call_mut() else {
                 return;
             };
             call.last_activity = Instant::now();
@@ -528,11 +597,11 @@ impl Engine {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        let Some(mut call) = slot.model.take() else {
+        let Some(mut call) = slot.model.take_call() else {
             return;
         };
         self.release_model(&mut call);
-        self.finish_model(run, call);
+        self.finish_model(run, *call);
     }
 
     fn finish_model(&mut self, run: RunId, call: ModelCall) {
@@ -589,7 +658,7 @@ impl Engine {
 
     /// A transport-level or stream-level failure of the current model call.
     fn model_failed(&mut self, run: RunId, error: String, status: Option<u16>, retryable: bool) {
-        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take()) {
+        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
             self.release_model(&mut call);
         }
         self.retry_or_fail(run, error, status, retryable);
@@ -639,7 +708,7 @@ impl Engine {
             delay.as_millis()
         ));
         let timer = self.reactor.add_timer(delay);
-        slot.backoff = Some(timer);
+        slot.model = ModelState::Backoff(timer);
         self.timers.insert(timer, TimerOwner::Backoff(run));
         self.notices.push_back((run, notice));
     }
@@ -668,9 +737,9 @@ impl Engine {
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::Backoff(run) => {
                 if let Some(slot) = self.runs.get_mut(&run)
-                    && slot.backoff == Some(id)
+                    && matches!(slot.model, ModelState::Backoff(timer) if timer == id)
                 {
-                    slot.backoff = None;
+                    slot.model = ModelState::Idle;
                     self.start_model(run);
                 }
             }
@@ -696,7 +765,7 @@ impl Engine {
     }
 
     fn on_model_timer(&mut self, run: RunId, id: TimerId) {
-        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.as_mut()) else {
+        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.call_mut()) else {
             return;
         };
         if call.timer != id {
@@ -725,7 +794,7 @@ impl Engine {
                 limit.as_secs_f64()
             )
         };
-        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take()) {
+        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
             self.release_model(&mut call);
         }
         let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
@@ -784,6 +853,7 @@ impl Engine {
         }
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
+        let tool_use_id = call.id.clone();
         let spawned = std::thread::Builder::new()
             .name("caliban-tool".into())
             .spawn(move || {
@@ -796,7 +866,13 @@ impl Engine {
                 let _ = waker.wake();
             });
         if let Err(e) = spawned {
-            log::error(&format!("cannot start a tool thread: {e}"));
+            // Without a thread the tool can never report; answer for it now rather than
+            // leaving the run waiting forever.
+            let output = ToolOutput::error(format!("cannot start a thread for the tool: {e}"));
+            if let Some(slot) = self.runs.get_mut(&run) {
+                let effects = slot.run.on_tool_done(&tool_use_id, output, Instant::now());
+                self.push_effects(run, effects);
+            }
         }
     }
 
@@ -884,14 +960,15 @@ impl Engine {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        let call = slot.model.take();
-        if let Some(timer) = slot.backoff.take() {
-            self.timers.remove(&timer);
-            self.reactor.cancel_timer(timer);
-        }
+        let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
-        if let Some(mut call) = call {
-            self.release_model(&mut call);
+        match model {
+            ModelState::InFlight(mut call) => self.release_model(&mut call),
+            ModelState::Backoff(timer) => {
+                self.timers.remove(&timer);
+                self.reactor.cancel_timer(timer);
+            }
+            ModelState::Idle => {}
         }
         for mut task in tasks {
             task.job.kill("cancelled");
@@ -906,6 +983,14 @@ impl Engine {
         for run in ids {
             self.abort_work(run);
         }
+    }
+}
+
+impl Drop for Engine {
+    /// However the engine goes away (an error return, a panic unwinding), no tool process
+    /// outlives it.
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 

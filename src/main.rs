@@ -194,6 +194,7 @@ fn run_print(args: PrintArgs) -> u8 {
             return print::EXIT_RUNTIME;
         }
     };
+    engine.attach_stdout();
     let run = agent::run::Run::new(run_config, policy, Vec::new());
     let run_id = engine.add_run(run, workspace.clone());
     let mut printer = Printer::new(

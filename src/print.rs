@@ -52,9 +52,13 @@ pub struct Printer {
     pending_tool_inputs: Vec<(String, String, String)>,
     turns: u32,
     usage: Usage,
-    input_error: Option<String>,
+    /// A problem with the input itself, and the exit code it maps to (64 or 66).
+    input_error: Option<(u8, String)>,
     interrupts: u32,
-    stdout_gone: bool,
+    out: Vec<u8>,
+    /// A stream-json user line arrived (an input stream with none is "no input").
+    got_input: bool,
+    turns_without_edit: u32,
     pub exit_code: u8,
 }
 
@@ -87,7 +91,9 @@ impl Printer {
             usage: Usage::default(),
             input_error: None,
             interrupts: 0,
-            stdout_gone: false,
+            out: Vec::new(),
+            got_input: false,
+            turns_without_edit: 0,
             exit_code: EXIT_RUNTIME,
         }
     }
@@ -101,14 +107,10 @@ impl Printer {
         }
     }
 
+    /// Output is queued here and handed to the engine, which writes stdout without ever
+    /// blocking the loop.
     fn write(&mut self, bytes: &[u8]) {
-        if self.stdout_gone {
-            return;
-        }
-        if stdio::write_stdout(bytes).is_err() {
-            // The reader went away (EPIPE): keep running to a clean end, print nothing more.
-            self.stdout_gone = true;
-        }
+        self.out.extend_from_slice(bytes);
     }
 
     pub fn init_frame(&mut self, tools: &[&str], cwd: &str, permission_mode: &str) {
@@ -151,7 +153,7 @@ impl Printer {
             ),
         };
         let (subtype, code, error) = match &self.input_error {
-            Some(e) => ("error", EXIT_USAGE, Some(e.clone())),
+            Some((code, e)) => ("error", *code, Some(e.clone())),
             None => (subtype, code, error),
         };
         self.exit_code = code;
@@ -164,7 +166,7 @@ impl Printer {
             "is_error": subtype != "success",
             "duration_ms": self.started.elapsed().as_millis() as u64,
             "usage": self.usage.to_json(),
-            "turns_without_edit": 0, "no_edit_nudge_emitted": false,
+            "turns_without_edit": self.turns_without_edit, "no_edit_nudge_emitted": false,
         });
         if subtype == "success" {
             frame["result"] = json!(self.last_text);
@@ -265,6 +267,10 @@ impl Printer {
 }
 
 impl Host for Printer {
+    fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.out)
+    }
+
     fn on_event(&mut self, _run: RunId, event: &TurnEvent) -> Vec<HostAction> {
         match event {
             TurnEvent::AssistantTextDelta { text, .. } if self.partial => {
@@ -305,6 +311,9 @@ impl Host for Printer {
                     "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
                 }));
             }
+            TurnEvent::RunEnd {
+                turns_without_edit, ..
+            } => self.turns_without_edit = *turns_without_edit,
             TurnEvent::TurnEnd {
                 assistant_message,
                 usage,
@@ -360,25 +369,35 @@ impl Host for Printer {
         match item {
             StdinItem::Eof => {
                 self.stdin_done = true;
+                if !self.got_input && self.input_error.is_none() {
+                    self.input_error = Some((
+                        EXIT_NO_INPUT,
+                        "no input: stdin ended before any user message".to_owned(),
+                    ));
+                }
                 self.feed_pending()
             }
             StdinItem::Oversized => {
-                self.input_error = Some(format!(
-                    "stream-json input: a line exceeds {} bytes",
-                    stdio::MAX_LINE
+                self.input_error = Some((
+                    EXIT_USAGE,
+                    format!(
+                        "stream-json input: a line exceeds {} bytes",
+                        stdio::MAX_LINE
+                    ),
                 ));
                 vec![HostAction::Cancel(self.run)]
             }
             StdinItem::Line(line) => match self.parse_input_line(&line) {
                 Ok(None) => Vec::new(),
                 Ok(Some(content)) => {
+                    self.got_input = true;
                     self.queued.push_back(content);
                     self.feed_pending()
                 }
                 // `control/interrupt`: stop the current turn, like a first Ctrl-C.
                 Err(e) if e.is_empty() => vec![HostAction::Cancel(self.run)],
                 Err(e) => {
-                    self.input_error = Some(e);
+                    self.input_error = Some((EXIT_USAGE, e));
                     vec![HostAction::Cancel(self.run)]
                 }
             },
@@ -386,8 +405,10 @@ impl Host for Printer {
     }
 
     fn on_signal(&mut self, signal: Signal) -> Vec<HostAction> {
-        self.interrupts += 1;
-        if signal == Signal::Interrupt && self.interrupts >= 2 {
+        if signal == Signal::Interrupt {
+            self.interrupts += 1;
+        }
+        if self.interrupts >= 2 {
             self.exit_code = EXIT_INTERRUPTED_TWICE;
             return vec![HostAction::Quit];
         }

@@ -55,12 +55,23 @@ pub struct Reactor {
     next_token: usize,
     next_timer: u64,
     timers: BinaryHeap<Reverse<(Instant, TimerId)>>,
+    /// Ids armed and neither fired nor cancelled; cancelling anything else is a no-op, so
+    /// `cancelled` only ever holds ids still in the heap.
+    armed: HashSet<TimerId>,
     /// Lazy cancellation: a cancelled id stays in the heap until it surfaces.
     cancelled: HashSet<TimerId>,
     waker: Arc<Waker>,
     signal_rx: pipe::Receiver,
     /// Kept open for the life of the reactor: the signal handler writes to its fd.
     _signal_tx: pipe::Sender,
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        // The handler must stop writing into a descriptor that is about to close (and may
+        // be reused by the next open).
+        sys::uninstall_signal_pipe(sys::raw_fd(&self._signal_tx));
+    }
 }
 
 impl Reactor {
@@ -78,11 +89,17 @@ impl Reactor {
             next_token: FIRST_DYNAMIC,
             next_timer: 1,
             timers: BinaryHeap::new(),
+            armed: HashSet::new(),
             cancelled: HashSet::new(),
             waker,
             signal_rx,
             _signal_tx: signal_tx,
         })
+    }
+
+    /// Timers armed and not yet fired or cancelled (for leak checks in tests).
+    pub fn armed_timers(&self) -> usize {
+        self.armed.len()
     }
 
     pub fn token(&mut self) -> Token {
@@ -103,11 +120,14 @@ impl Reactor {
         let id = TimerId(self.next_timer);
         self.next_timer += 1;
         self.timers.push(Reverse((Instant::now() + after, id)));
+        self.armed.insert(id);
         id
     }
 
     pub fn cancel_timer(&mut self, id: TimerId) {
-        self.cancelled.insert(id);
+        if self.armed.remove(&id) {
+            self.cancelled.insert(id);
+        }
     }
 
     /// Blocks until at least one thing happened (or `max_wait` passed) and appends what
@@ -150,6 +170,7 @@ impl Reactor {
             }
             self.timers.pop();
             if !self.cancelled.remove(&id) {
+                self.armed.remove(&id);
                 out.push(Wake::Timer(id));
             }
         }
@@ -169,7 +190,8 @@ impl Reactor {
 
     fn drain_signals(&mut self, out: &mut Vec<Wake>) {
         let mut buf = [0u8; 64];
-        let (mut child, mut int, mut term) = (false, false, false);
+        // Interrupts are counted, not merged: a quick double Ctrl-C must read as two.
+        let (mut child, mut ints, mut term) = (false, 0usize, false);
         loop {
             match self.signal_rx.read(&mut buf) {
                 Ok(0) => break,
@@ -177,7 +199,7 @@ impl Reactor {
                     for &byte in &buf[..n] {
                         match i32::from(byte) {
                             sys::SIGCHLD => child = true,
-                            sys::SIGINT => int = true,
+                            sys::SIGINT => ints += 1,
                             sys::SIGTERM => term = true,
                             _ => {}
                         }
@@ -191,7 +213,7 @@ impl Reactor {
         if child {
             out.push(Wake::Signal(Signal::Child));
         }
-        if int {
+        for _ in 0..ints {
             out.push(Wake::Signal(Signal::Interrupt));
         }
         if term {

@@ -195,23 +195,127 @@ fn spawn_reader(waker: Arc<Waker>) -> io::Result<Mode> {
     Ok(Mode::Thread { rx })
 }
 
-/// Writes all of `bytes` to stdout, blocking. Print mode's consumer is a pipe or a file; a
-/// reader that went away (EPIPE) is reported so the caller can stop producing.
-pub fn write_stdout(bytes: &[u8]) -> io::Result<()> {
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        match sys::write_fd(STDOUT_FD, rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => rest = &rest[n..],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // Someone made our stdout non-blocking; wait briefly rather than spin.
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            Err(e) => return Err(e),
+/// The most output we hold for a stdout reader that is not keeping up. Past it the reader
+/// is treated as gone: the run goes on to a clean end, and nothing more is printed.
+pub const MAX_STDOUT_QUEUE: usize = 64 * 1024 * 1024;
+
+enum OutMode {
+    /// Non-blocking and registered for WRITABLE: writes never stall the loop.
+    Polled { saved_flags: libc::c_int },
+    /// A regular file or /dev/null: writes complete without waiting on a reader.
+    Blocking,
+}
+
+/// Stdout as a queue the loop drains without blocking. A pipe whose reader stops reading
+/// must not freeze signals, timeouts or tool kills.
+pub struct Stdout {
+    mode: OutMode,
+    queue: Vec<u8>,
+    /// The reader went away (EPIPE) or fell hopelessly behind; output is dropped.
+    gone: bool,
+}
+
+impl Stdout {
+    pub fn attach(registry: &Registry, token: Token) -> Stdout {
+        let mode = match sys::fd_kind(STDOUT_FD) {
+            FdKind::Pollable => match sys::set_nonblocking(STDOUT_FD, true) {
+                Ok(saved_flags) => {
+                    match registry.register(&mut SourceFd(&STDOUT_FD), token, Interest::WRITABLE) {
+                        Ok(()) => OutMode::Polled { saved_flags },
+                        Err(_) => {
+                            sys::restore_flags(STDOUT_FD, saved_flags);
+                            OutMode::Blocking
+                        }
+                    }
+                }
+                Err(_) => OutMode::Blocking,
+            },
+            FdKind::NotPollable | FdKind::Closed => OutMode::Blocking,
+        };
+        Stdout {
+            mode,
+            queue: Vec::new(),
+            gone: false,
         }
     }
-    Ok(())
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.gone || bytes.is_empty() {
+            return;
+        }
+        if self.queue.len() + bytes.len() > MAX_STDOUT_QUEUE {
+            crate::log::error(&format!(
+                "stdout reader fell {MAX_STDOUT_QUEUE} bytes behind; dropping further output"
+            ));
+            self.gone = true;
+            self.queue = Vec::new();
+            return;
+        }
+        self.queue.extend_from_slice(bytes);
+        self.flush();
+    }
+
+    /// Writes until the queue is empty or the pipe is full. Call on WRITABLE too.
+    pub fn flush(&mut self) {
+        let mut written = 0;
+        while written < self.queue.len() && !self.gone {
+            match sys::write_fd(STDOUT_FD, &self.queue[written..]) {
+                Ok(0) => self.gone = true,
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // EPIPE and friends: the reader is gone.
+                Err(_) => self.gone = true,
+            }
+        }
+        if self.gone {
+            self.queue = Vec::new();
+        } else {
+            self.queue.drain(..written);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// At exit: waits for the reader to take what is queued, up to `deadline` if given. A
+    /// SIGINT/SIGTERM arriving meanwhile shortens the wait to `grace`.
+    pub fn finish(&mut self, mut deadline: Option<std::time::Instant>, grace: std::time::Duration) {
+        loop {
+            self.flush();
+            if self.queue.is_empty() || self.gone {
+                return;
+            }
+            if deadline.is_none() && sys::termination_requested() {
+                deadline = Some(std::time::Instant::now() + grace);
+            }
+            // Poll in slices: the signal may be delivered to another thread, leaving this
+            // one asleep unless it looks again.
+            let slice = std::time::Duration::from_millis(100);
+            let wait = match deadline {
+                Some(at) => {
+                    let left = at.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return;
+                    }
+                    Some(left.min(slice))
+                }
+                None => Some(slice),
+            };
+            if sys::wait_writable(STDOUT_FD, wait).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Stdout {
+    fn drop(&mut self) {
+        if let OutMode::Polled { saved_flags } = self.mode {
+            sys::restore_flags(STDOUT_FD, saved_flags);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,27 +9,48 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// The write end of the signal self-pipe; -1 until `install_signal_pipe` ran. A plain atomic
 /// because a signal handler may only touch async-signal-safe state.
 static SIGNAL_PIPE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Set once SIGINT or SIGTERM arrived, for code outside the reactor (the final stdout
+/// flush) that must not wait forever after being asked to stop.
+static TERMINATION_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+pub fn termination_requested() -> bool {
+    TERMINATION_REQUESTED.load(Ordering::Relaxed)
+}
 
 pub const SIGINT: i32 = libc::SIGINT;
 pub const SIGTERM: i32 = libc::SIGTERM;
 pub const SIGCHLD: i32 = libc::SIGCHLD;
 
 extern "C" fn on_signal(signum: libc::c_int) {
+    if signum == SIGINT || signum == SIGTERM {
+        TERMINATION_REQUESTED.store(true, Ordering::Relaxed);
+    }
     let fd = SIGNAL_PIPE_FD.load(Ordering::Relaxed);
     if fd >= 0 {
         let byte = signum as u8;
+        // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's
+        // life; we restore it so the interrupted code never sees our write's errno.
+        let errno = unsafe { *libc::__errno_location() };
         // SAFETY: write(2) is async-signal-safe; `byte` lives for the call. A full pipe
         // (EAGAIN) only loses a duplicate wake-up, which the reader tolerates because it
         // re-checks all children and the shutdown flag on any byte.
         unsafe {
             libc::write(fd, (&byte as *const u8).cast(), 1);
         }
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
     }
+}
+
+/// Stops routing signals to `write_fd` if it is still the installed pipe.
+pub fn uninstall_signal_pipe(write_fd: RawFd) {
+    let _ = SIGNAL_PIPE_FD.compare_exchange(write_fd, -1, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// Routes SIGINT, SIGTERM and SIGCHLD to `write_fd` (one byte per signal, the signal number).
@@ -152,6 +173,28 @@ pub fn detach_into_own_group(cmd: &mut Command) {
     }
 }
 
+/// True once child `pid` has exited, WITHOUT reaping it: the zombie keeps the pid (and so
+/// the process group id) reserved, so the group can still be killed safely afterwards.
+pub fn has_exited_unreaped(pid: u32) -> io::Result<bool> {
+    let pid: libc::id_t = pid;
+    // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid idtype/id, a writable siginfo_t, and flags that neither block nor reap.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: after a successful waitid, si_pid is initialised (0 when nothing changed).
+    Ok(unsafe { info.si_pid() } != 0)
+}
+
 /// Sends `signal` to every process in group `pgid`. ESRCH (group already gone) is success.
 pub fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
@@ -200,4 +243,27 @@ pub fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     } else {
         Ok(n as usize)
     }
+}
+
+/// Waits until `fd` is writable (or errored), or `timeout` passes. Used only at exit, to
+/// hand the last output to a slow reader.
+pub fn wait_writable(fd: RawFd, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ms = timeout.map_or(-1, |t| {
+        libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX)
+    });
+    // SAFETY: one valid pollfd, count 1.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(err);
+    }
+    Ok(rc > 0)
 }

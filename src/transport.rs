@@ -102,8 +102,9 @@ fn roots_from_file(path: &Path) -> Result<RootCertStore, String> {
 }
 
 /// Resolves `host:port` on a helper thread (getaddrinfo blocks) and hands the result to
-/// `deliver`, which is expected to post it to the loop and wake it.
-pub fn resolve_in_background<F>(host: String, port: u16, deliver: F)
+/// `deliver`, which is expected to post it to the loop and wake it. Fails only when no
+/// thread can be started; then `deliver` is never called.
+pub fn resolve_in_background<F>(host: String, port: u16, deliver: F) -> Result<(), String>
 where
     F: FnOnce(Result<Vec<SocketAddr>, String>) + Send + 'static,
 {
@@ -123,11 +124,9 @@ where
                 });
             deliver(result);
         });
-    if let Err(err) = spawned {
-        // Without a thread we cannot resolve; report through the same path is impossible
-        // because `deliver` moved into the failed closure, so log it loudly instead.
-        crate::log::error(&format!("cannot start dns thread: {err}"));
-    }
+    spawned
+        .map(|_| ())
+        .map_err(|e| format!("cannot start a dns thread: {e}"))
 }
 
 /// What one `drain_read` found.

@@ -698,3 +698,79 @@ fn connection_refused_is_retried_then_fails_clearly() {
         .to_owned();
     assert!(error.contains("connect"), "{error}");
 }
+
+#[test]
+fn stream_json_input_with_no_message_exits_66() {
+    let ws = Workspace::new("nomsg");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "json",
+    ]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(66), "{out:?}");
+    assert!(stub.requests().is_empty());
+}
+
+#[test]
+fn a_stalled_stdout_reader_does_not_block_tools_or_sigterm() {
+    let ws = Workspace::new("stalledout");
+    let marker = format!("caliban-stalled-stdout-{}", std::process::id());
+    let long_text = "lorem ipsum dolor sit amet ".repeat(12_000);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"text": long_text, "tool_calls": [{"id": "toolu_s", "name": "Bash", "input": {"command": format!("bash -c 'exec -a {marker} sleep 30'")}}]},
+            text_turn("never"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--include-partial-messages",
+        "--allow",
+        "Bash",
+        "go",
+    ])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null());
+    // stdout is piped and never read: far more than a pipe buffer of deltas piles up.
+    let mut child = cmd.spawn().expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !process_with_marker_exists(&marker) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tool never ran: the loop is blocked on stdout"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    let stop = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if std::time::Instant::now() > stop {
+            let _ = child.kill();
+            panic!("caliban did not exit within 5 s of SIGTERM while its stdout was stalled");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(124));
+    assert!(
+        !process_with_marker_exists(&marker),
+        "the Bash child survived"
+    );
+}

@@ -65,6 +65,9 @@ struct BlockAcc {
     signature: Option<String>,
     tool_id: String,
     tool_name: String,
+    /// The streamed input passed `MAX_TOOL_INPUT_BYTES`; appending stopped for good so a
+    /// truncated input can never be spliced back into valid JSON.
+    overflowed: bool,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -289,7 +292,10 @@ impl Run {
                 let Some(block) = acc.blocks.get_mut(&index) else {
                     return out;
                 };
-                if block.text.len() + partial_json.len() <= MAX_TOOL_INPUT_BYTES {
+                if block.overflowed || block.text.len() + partial_json.len() > MAX_TOOL_INPUT_BYTES
+                {
+                    block.overflowed = true;
+                } else {
                     block.text.push_str(&partial_json);
                 }
                 out.push(Effect::Emit(TurnEvent::ToolCallInputDelta {
@@ -322,7 +328,8 @@ impl Run {
         }
         let mut content = Vec::new();
         let mut calls = Vec::new();
-        let mut bad_inputs = Vec::new();
+        // Per call (same index): why it must not run, decided before permissions.
+        let mut refusals: Vec<Option<String>> = Vec::new();
         for block in std::mem::take(&mut acc.blocks).into_values() {
             match block.kind {
                 BlockKind::Text if !block.text.is_empty() => {
@@ -334,15 +341,30 @@ impl Run {
                     signature: block.signature,
                 }),
                 BlockKind::ToolUse => {
-                    let (input, error) = parse_tool_input(&block.text);
+                    let (input, mut error) = if block.overflowed {
+                        (
+                            Value::Object(Default::default()),
+                            Some(format!(
+                                "tool input exceeds {MAX_TOOL_INPUT_BYTES} bytes; the call was not executed"
+                            )),
+                        )
+                    } else {
+                        parse_tool_input(&block.text)
+                    };
+                    // Results are matched to calls by id, so a repeated id (a confused model
+                    // or server) could only ever be answered once: refuse the repeats.
+                    if calls.iter().any(|c: &ToolCall| c.id == block.tool_id) {
+                        error = Some(format!(
+                            "duplicate tool_use id `{}` in one turn; the call was not executed",
+                            block.tool_id
+                        ));
+                    }
                     content.push(ContentBlock::ToolUse {
                         id: block.tool_id.clone(),
                         name: block.tool_name.clone(),
                         input: input.clone(),
                     });
-                    if let Some(error) = error {
-                        bad_inputs.push((block.tool_id.clone(), error));
-                    }
+                    refusals.push(error);
                     calls.push(ToolCall {
                         id: block.tool_id,
                         name: block.tool_name,
@@ -408,9 +430,9 @@ impl Run {
             calls: calls.clone(),
         };
         let mut asks = Vec::new();
-        for (slot, call) in calls.into_iter().enumerate() {
-            if let Some((_, error)) = bad_inputs.iter().find(|(id, _)| *id == call.id) {
-                tools.results[slot] = Some(ToolOutput::error(error.clone()));
+        for ((slot, call), refusal) in calls.into_iter().enumerate().zip(refusals) {
+            if let Some(error) = refusal {
+                tools.results[slot] = Some(ToolOutput::error(error));
                 continue;
             }
             if !self.config.tools.iter().any(|t| t.name == call.name) {
@@ -615,12 +637,6 @@ fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
     if raw.trim().is_empty() {
         return (Value::Object(Default::default()), None);
     }
-    if raw.len() > MAX_TOOL_INPUT_BYTES {
-        return (
-            Value::Object(Default::default()),
-            Some(format!("tool input exceeds {MAX_TOOL_INPUT_BYTES} bytes")),
-        );
-    }
     match serde_json::from_str::<Value>(raw) {
         Ok(value @ Value::Object(_)) => (value, None),
         Ok(_) => (
@@ -633,5 +649,168 @@ fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
                 "tool input is not valid JSON ({err}); the call was not executed"
             )),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::permissions::Mode;
+    use crate::tools::spec;
+
+    fn run() -> Run {
+        let config = RunConfig {
+            model: "m".into(),
+            max_tokens: 100,
+            max_turns: 5,
+            system: String::new(),
+            tools: spec::all(),
+            interactive: false,
+        };
+        let policy = Policy::new(Vec::new(), Mode::Default, std::env::temp_dir());
+        Run::new(config, policy, Vec::new())
+    }
+
+    fn tool_start(index: u32, id: &str, name: &str) -> ModelEvent {
+        ModelEvent::ToolCallStart {
+            index,
+            id: id.into(),
+            name: name.into(),
+        }
+    }
+
+    fn input(index: u32, json: &str) -> ModelEvent {
+        ModelEvent::ToolCallInputDelta {
+            index,
+            partial_json: json.into(),
+        }
+    }
+
+    fn emitted(effects: &[Effect]) -> Vec<&TurnEvent> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Emit(ev) => Some(ev),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn turn_start_waits_for_content_so_retries_are_invisible() {
+        let mut r = run();
+        let now = Instant::now();
+        assert_eq!(
+            r.send_user(vec![ContentBlock::text("hi")], now),
+            vec![Effect::RequestModel]
+        );
+        let start = ModelEvent::Start {
+            message_id: "msg_1".into(),
+            model: "m".into(),
+        };
+        assert!(r.on_model_event(start, now).is_empty());
+        assert!(r.can_retry_turn());
+        let out = r.on_model_event(
+            ModelEvent::TextDelta {
+                index: 0,
+                text: "hello".into(),
+            },
+            now,
+        );
+        let events = emitted(&out);
+        assert!(
+            matches!(events[0], TurnEvent::TurnStart { message_id, .. } if message_id == "msg_1")
+        );
+        assert!(matches!(events[1], TurnEvent::AssistantTextDelta { .. }));
+        assert!(!r.can_retry_turn());
+        let out = r.on_model_complete(now);
+        let last = out.last().expect("effects");
+        assert_eq!(last, &Effect::Finished(StopCondition::EndOfTurn));
+        assert!(matches!(
+            emitted(&out).last(),
+            Some(TurnEvent::RunEnd { .. })
+        ));
+    }
+
+    #[test]
+    fn repeated_tool_ids_are_refused_not_hung() {
+        let mut r = run();
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        for (i, path) in [(1, "a"), (2, "b")] {
+            r.on_model_event(tool_start(i, "t1", "Read"), now);
+            r.on_model_event(input(i, &format!("{{\"path\":\"{path}\"}}")), now);
+        }
+        let out = r.on_model_complete(now);
+        let runs: Vec<_> = out
+            .iter()
+            .filter(|e| matches!(e, Effect::RunTool(_)))
+            .collect();
+        assert_eq!(runs.len(), 1, "only the first t1 runs: {out:?}");
+        let ends: Vec<_> = emitted(&out)
+            .into_iter()
+            .filter(|e| matches!(e, TurnEvent::ToolCallEnd { is_error: true, .. }))
+            .collect();
+        assert_eq!(ends.len(), 1);
+        let out = r.on_tool_done("t1", ToolOutput::ok("A"), now);
+        assert!(
+            out.contains(&Effect::RequestModel),
+            "the turn closes: {out:?}"
+        );
+    }
+
+    #[test]
+    fn oversized_tool_input_is_never_spliced() {
+        let mut r = run();
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(tool_start(1, "w", "Write"), now);
+        let head = format!(
+            "{{\"path\":\"x\",\"content\":\"{}",
+            "A".repeat(MAX_TOOL_INPUT_BYTES - 40)
+        );
+        r.on_model_event(input(1, &head), now);
+        r.on_model_event(input(1, &"B".repeat(100)), now);
+        r.on_model_event(input(1, "C\"}"), now);
+        let out = r.on_model_complete(now);
+        assert!(
+            !out.iter().any(|e| matches!(e, Effect::RunTool(_))),
+            "{:?}",
+            out.len()
+        );
+        let refused = emitted(&out).into_iter().any(|e| {
+            matches!(e, TurnEvent::ToolCallEnd { is_error: true, result_text, .. } if result_text.contains("exceeds"))
+        });
+        assert!(refused);
+    }
+
+    #[test]
+    fn invalid_tool_json_becomes_an_error_result() {
+        let mut r = run();
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(tool_start(1, "t", "Read"), now);
+        r.on_model_event(input(1, "{\"path\": \"unterminated"), now);
+        let out = r.on_model_complete(now);
+        assert!(!out.iter().any(|e| matches!(e, Effect::RunTool(_))));
+        assert!(
+            out.contains(&Effect::RequestModel),
+            "the model is told and asked again"
+        );
+    }
+
+    #[test]
+    fn cancel_ends_with_run_end_once() {
+        let mut r = run();
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        let out = r.cancel();
+        assert_eq!(out[0], Effect::AbortWork);
+        assert_eq!(
+            out.last(),
+            Some(&Effect::Finished(StopCondition::Cancelled))
+        );
+        assert!(r.cancel().is_empty());
+        assert!(r.on_model_complete(now).is_empty());
     }
 }

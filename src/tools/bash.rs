@@ -51,6 +51,15 @@ impl Capture {
     }
 }
 
+/// Where the shell itself is in its life.
+#[derive(Clone, Copy, Debug)]
+enum ExitState {
+    Running,
+    Exited(ExitStatus),
+    /// Reaped by someone else (ECHILD): gone, status unknown.
+    Unknown,
+}
+
 pub struct BashJob {
     child: Child,
     pgid: u32,
@@ -58,7 +67,7 @@ pub struct BashJob {
     stderr: Option<pipe::Receiver>,
     out: Capture,
     err: Capture,
-    exit: Option<ExitStatus>,
+    exit: ExitState,
     killed_for: Option<&'static str>,
     pub timeout: Duration,
 }
@@ -151,7 +160,7 @@ impl BashJob {
             stderr: Some(stderr),
             out: Capture::default(),
             err: Capture::default(),
-            exit: None,
+            exit: ExitState::Running,
             killed_for: None,
             timeout,
         })
@@ -191,48 +200,57 @@ impl BashJob {
 
     /// Non-blocking reap. Once the shell has exited, anything it left running in its group
     /// is killed: a tool call must not leak background processes or hold our pipes open.
+    /// The group is killed while the shell is still an unreaped zombie, which keeps the
+    /// group id from being reused by an unrelated process.
     pub fn try_reap(&mut self) -> bool {
-        if self.exit.is_some() {
+        if !matches!(self.exit, ExitState::Running) {
             return true;
         }
-        match self.child.try_wait() {
-            Ok(Some(status)) => {
-                self.exit = Some(status);
+        match sys::has_exited_unreaped(self.pgid) {
+            Ok(false) => false,
+            Ok(true) => {
                 let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+                self.exit = match self.child.wait() {
+                    Ok(status) => ExitState::Exited(status),
+                    Err(_) => ExitState::Unknown,
+                };
                 true
             }
-            Ok(None) => false,
             Err(_) => {
-                // ECHILD: someone else reaped it; treat as exited with unknown status.
-                let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+                self.exit = ExitState::Unknown;
                 true
             }
         }
     }
 
-    /// Kills the whole process group (timeout or cancel); the exit is reaped later.
+    /// Kills the whole process group (timeout or cancel); the exit is reaped later. After
+    /// the shell was reaped the group was already killed, and its id may belong to someone
+    /// else by now, so nothing is sent.
     pub fn kill(&mut self, why: &'static str) {
         if self.killed_for.is_none() {
             self.killed_for = Some(why);
         }
-        let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+        if matches!(self.exit, ExitState::Running) {
+            let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+        }
     }
 
     /// Blocking reap used at shutdown, after `kill`.
     pub fn reap_blocking(&mut self) {
-        if self.exit.is_none()
-            && let Ok(status) = self.child.wait()
-        {
-            self.exit = Some(status);
+        if matches!(self.exit, ExitState::Running) {
+            self.exit = match self.child.wait() {
+                Ok(status) => ExitState::Exited(status),
+                Err(_) => ExitState::Unknown,
+            };
         }
     }
 
     pub fn is_complete(&self) -> bool {
-        self.exit.is_some() && self.stdout.is_none() && self.stderr.is_none()
+        self.exited() && self.stdout.is_none() && self.stderr.is_none()
     }
 
     pub fn exited(&self) -> bool {
-        self.exit.is_some()
+        !matches!(self.exit, ExitState::Running)
     }
 
     /// Closes pipes that a surviving grandchild holds open, so the job can complete.
@@ -265,7 +283,7 @@ impl BashJob {
                 is_error = true;
                 text.push_str(&format!("[{why}]"));
             }
-            (None, Some(status)) => match (status.code(), status.signal()) {
+            (None, ExitState::Exited(status)) => match (status.code(), status.signal()) {
                 (Some(0), _) => text.push_str("[exit code: 0]"),
                 (Some(code), _) => {
                     is_error = true;
@@ -277,8 +295,19 @@ impl BashJob {
                 }
                 (None, None) => text.push_str("[exit status unknown]"),
             },
-            (None, None) => text.push_str("[exit status unknown]"),
+            (None, _) => text.push_str("[exit status unknown]"),
         }
         ToolOutput { is_error, text }
+    }
+}
+
+impl Drop for BashJob {
+    /// A safety net: however the job is dropped (a bug, a panic unwinding), its process
+    /// group does not outlive it.
+    fn drop(&mut self) {
+        if matches!(self.exit, ExitState::Running) {
+            let _ = sys::kill_group(self.pgid, sys::SIGKILL);
+            let _ = self.child.wait();
+        }
     }
 }
