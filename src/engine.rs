@@ -50,6 +50,8 @@ pub struct EngineConfig {
 
 pub enum AskReply {
     Deny(String),
+    /// The host surfaced the prompt and will answer with `HostAction::Permit`.
+    Pending,
 }
 
 #[derive(Clone, Debug)]
@@ -64,6 +66,12 @@ pub struct RetryNotice {
 }
 
 pub enum HostAction {
+    /// Adds a run under a host-chosen id (ids are the host's namespace, e.g. `run-7` ↔ 7).
+    StartRun {
+        id: RunId,
+        run: Box<Run>,
+        workspace: PathBuf,
+    },
     SendInput(RunId, Vec<ContentBlock>),
     EndInput(RunId),
     Cancel(RunId),
@@ -76,16 +84,83 @@ pub enum HostAction {
     Quit,
 }
 
+/// Counters the engine keeps for `/metrics`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub model_requests: u64,
+    pub model_errors: u64,
+    pub model_retries: u64,
+    pub tool_calls: u64,
+}
+
+/// What a host may do from inside a callback: register its own sources and timers (a
+/// listener, its connections, a prompt deadline) and queue actions for the engine.
+pub struct Ctx<'a> {
+    reactor: &'a mut Reactor,
+    owners: &'a mut HashMap<Token, Owner>,
+    timers: &'a mut HashMap<TimerId, TimerOwner>,
+    actions: &'a mut VecDeque<HostAction>,
+    stats: Stats,
+}
+
+impl Ctx<'_> {
+    pub fn registry(&self) -> &mio::Registry {
+        self.reactor.registry()
+    }
+
+    /// A token whose readiness is delivered to `Host::on_io(key)`.
+    pub fn host_token(&mut self, key: u64) -> Token {
+        let token = self.reactor.token();
+        self.owners.insert(token, Owner::Host(key));
+        token
+    }
+
+    pub fn forget_token(&mut self, token: Token) {
+        self.owners.remove(&token);
+    }
+
+    /// A timer delivered to `Host::on_timer(key)`.
+    pub fn add_timer(&mut self, after: Duration, key: u64) -> TimerId {
+        let id = self.reactor.add_timer(after);
+        self.timers.insert(id, TimerOwner::Host(key));
+        id
+    }
+
+    pub fn cancel_timer(&mut self, id: TimerId) {
+        self.timers.remove(&id);
+        self.reactor.cancel_timer(id);
+    }
+
+    pub fn act(&mut self, action: HostAction) {
+        self.actions.push_back(action);
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+}
+
+/// The surface that drives runs: print mode, or the drive core with its network surfaces.
+/// Callbacks run on the loop; they must not block, and they talk back through `Ctx`.
 pub trait Host {
+    fn on_event(&mut self, ctx: &mut Ctx, run: RunId, event: &TurnEvent);
+    fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply;
+    fn on_retry(&mut self, _ctx: &mut Ctx, _run: RunId, _notice: &RetryNotice) {}
+    fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId);
+    fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition);
+    fn on_stdin(&mut self, _ctx: &mut Ctx, _item: StdinItem) {}
+    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal);
+    /// Readiness of a source registered with `Ctx::host_token(key)`.
+    fn on_io(&mut self, _ctx: &mut Ctx, _key: u64) {}
+    /// Expiry of a timer armed with `Ctx::add_timer(_, key)`.
+    fn on_timer(&mut self, _ctx: &mut Ctx, _key: u64) {}
+    /// Called once the engine has no queued work left after a wake-up: a good moment to
+    /// push buffered stream data to clients.
+    fn after_batch(&mut self, _ctx: &mut Ctx) {}
     /// Bytes the host wants on stdout; the engine writes them without blocking the loop.
-    fn take_output(&mut self) -> Vec<u8>;
-    fn on_event(&mut self, run: RunId, event: &TurnEvent) -> Vec<HostAction>;
-    fn on_ask(&mut self, run: RunId, call: &ToolCall) -> AskReply;
-    fn on_retry(&mut self, run: RunId, notice: &RetryNotice);
-    fn on_await_input(&mut self, run: RunId) -> Vec<HostAction>;
-    fn on_finished(&mut self, run: RunId, why: &StopCondition) -> Vec<HostAction>;
-    fn on_stdin(&mut self, item: StdinItem) -> Vec<HostAction>;
-    fn on_signal(&mut self, signal: Signal) -> Vec<HostAction>;
+    fn take_output(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
 }
 
 enum Owner {
@@ -94,6 +169,7 @@ enum Owner {
     BashErr(RunId, String),
     Stdin,
     Stdout,
+    Host(u64),
 }
 
 enum TimerOwner {
@@ -101,6 +177,7 @@ enum TimerOwner {
     Backoff(RunId),
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
+    Host(u64),
 }
 
 enum Completion {
@@ -190,6 +267,7 @@ pub struct Engine {
     queue: VecDeque<(RunId, Effect)>,
     actions: VecDeque<HostAction>,
     notices: VecDeque<(RunId, RetryNotice)>,
+    stats: Stats,
     quit: bool,
 }
 
@@ -214,6 +292,7 @@ impl Engine {
             queue: VecDeque::new(),
             actions: VecDeque::new(),
             notices: VecDeque::new(),
+            stats: Stats::default(),
             quit: false,
         })
     }
@@ -252,6 +331,21 @@ impl Engine {
     /// Queues actions to perform when the loop starts (e.g. the first prompt).
     pub fn push_action(&mut self, action: HostAction) {
         self.actions.push_back(action);
+    }
+
+    fn ctx(&mut self) -> Ctx<'_> {
+        Ctx {
+            reactor: &mut self.reactor,
+            owners: &mut self.owners,
+            timers: &mut self.timers,
+            actions: &mut self.actions,
+            stats: self.stats,
+        }
+    }
+
+    /// Lets a host set up its sources (listeners) before the loop starts.
+    pub fn with_ctx<T>(&mut self, f: impl FnOnce(&mut Ctx) -> T) -> T {
+        f(&mut self.ctx())
     }
 
     /// Runs the loop until a host asks to quit; then kills whatever is still running.
@@ -302,6 +396,10 @@ impl Engine {
                         stdout.flush();
                     }
                 }
+                Some(Owner::Host(key)) => {
+                    let key = *key;
+                    host.on_io(&mut self.ctx(), key);
+                }
                 None => {}
             },
             Wake::Woken => {
@@ -314,8 +412,7 @@ impl Engine {
             Wake::Signal(Signal::Child) => self.reap_children(),
             Wake::Signal(signal) => {
                 self.signalled = true;
-                let actions = host.on_signal(signal);
-                self.actions.extend(actions);
+                host.on_signal(&mut self.ctx(), signal);
             }
         }
     }
@@ -327,8 +424,7 @@ impl Engine {
         let mut items = Vec::new();
         stdin.drain(self.reactor.registry(), &mut items);
         for item in items {
-            let actions = host.on_stdin(item);
-            self.actions.extend(actions);
+            host.on_stdin(&mut self.ctx(), item);
         }
     }
 
@@ -336,7 +432,7 @@ impl Engine {
     fn drain(&mut self, host: &mut impl Host) {
         loop {
             if let Some((run, notice)) = self.notices.pop_front() {
-                host.on_retry(run, &notice);
+                host.on_retry(&mut self.ctx(), run, &notice);
                 continue;
             }
             if let Some((run, effect)) = self.queue.pop_front() {
@@ -347,7 +443,10 @@ impl Engine {
                 self.act(action);
                 continue;
             }
-            break;
+            host.after_batch(&mut self.ctx());
+            if self.actions.is_empty() {
+                break;
+            }
         }
         let output = host.take_output();
         if let Some(stdout) = self.stdout.as_mut() {
@@ -362,6 +461,18 @@ impl Engine {
     fn act(&mut self, action: HostAction) {
         let now = Instant::now();
         match action {
+            HostAction::StartRun { id, run, workspace } => {
+                self.runs.insert(
+                    id,
+                    RunSlot {
+                        run: *run,
+                        workspace,
+                        model: ModelState::Idle,
+                        attempt: 0,
+                        bash: HashMap::new(),
+                    },
+                );
+            }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     let effects = slot.run.send_user(content, now);
@@ -397,34 +508,31 @@ impl Engine {
 
     fn perform(&mut self, run: RunId, effect: Effect, host: &mut impl Host) {
         match effect {
-            Effect::Emit(event) => {
-                let actions = host.on_event(run, &event);
-                self.actions.extend(actions);
-            }
+            Effect::Emit(event) => host.on_event(&mut self.ctx(), run, &event),
             Effect::RequestModel => {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     slot.attempt = 0;
                 }
                 self.start_model(run);
             }
-            Effect::RunTool(call) => self.start_tool(run, call),
-            Effect::Ask(call) => match host.on_ask(run, &call) {
+            Effect::RunTool(call) => {
+                self.stats.tool_calls += 1;
+                self.start_tool(run, call)
+            }
+            Effect::Ask(call) => match host.on_ask(&mut self.ctx(), run, &call) {
                 AskReply::Deny(message) => self.actions.push_back(HostAction::Permit {
                     run,
                     tool_use_id: call.id,
                     allow: false,
                     message,
                 }),
+                AskReply::Pending => {}
             },
             Effect::AbortWork => self.abort_work(run),
-            Effect::AwaitInput => {
-                let actions = host.on_await_input(run);
-                self.actions.extend(actions);
-            }
+            Effect::AwaitInput => host.on_await_input(&mut self.ctx(), run),
             Effect::Finished(why) => {
                 self.abort_work(run);
-                let actions = host.on_finished(run, &why);
-                self.actions.extend(actions);
+                host.on_finished(&mut self.ctx(), run, &why);
                 // RunEnd was the last event: nothing of the run is needed any more.
                 self.runs.remove(&run);
             }
@@ -451,6 +559,7 @@ impl Engine {
             request,
         );
         let (host, port) = exchange.dial_target();
+        self.stats.model_requests += 1;
         log::debug(&format!(
             "model request for run {} to {}:{}{}",
             run.0, provider.target.host, provider.target.port, provider.path
@@ -690,6 +799,7 @@ impl Engine {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
+        self.stats.model_retries += 1;
         slot.attempt += 1;
         slot.run.reset_turn_for_retry(Instant::now() + delay);
         let notice = RetryNotice {
@@ -714,6 +824,7 @@ impl Engine {
     }
 
     fn fail_run(&mut self, run: RunId, condition: StopCondition) {
+        self.stats.model_errors += 1;
         if let Some(slot) = self.runs.get_mut(&run) {
             let effects = slot.run.on_model_failed(condition);
             self.push_effects(run, effects);
@@ -734,6 +845,7 @@ impl Engine {
             return;
         };
         match owner {
+            TimerOwner::Host(key) => host.on_timer(&mut self.ctx(), key),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::Backoff(run) => {
                 if let Some(slot) = self.runs.get_mut(&run)
@@ -761,7 +873,6 @@ impl Engine {
                 self.maybe_finish_bash(run, &tool);
             }
         }
-        let _ = host;
     }
 
     fn on_model_timer(&mut self, run: RunId, id: TimerId) {

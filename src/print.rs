@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::cli::{InputFormat, OutputFormat};
-use crate::engine::{AskReply, Host, HostAction, RetryNotice, RunId};
+use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
 use crate::model::types::{ContentBlock, Message, Usage};
 use crate::permissions;
 use crate::reactor::Signal;
@@ -271,7 +271,7 @@ impl Host for Printer {
         std::mem::take(&mut self.out)
     }
 
-    fn on_event(&mut self, _run: RunId, event: &TurnEvent) -> Vec<HostAction> {
+    fn on_event(&mut self, _ctx: &mut Ctx, _run: RunId, event: &TurnEvent) {
         match event {
             TurnEvent::AssistantTextDelta { text, .. } if self.partial => {
                 self.frame(json!({"type": "text", "delta": text}));
@@ -333,14 +333,13 @@ impl Host for Printer {
             }
             _ => {}
         }
-        Vec::new()
     }
 
-    fn on_ask(&mut self, _run: RunId, call: &ToolCall) -> AskReply {
+    fn on_ask(&mut self, _ctx: &mut Ctx, _run: RunId, call: &ToolCall) -> AskReply {
         AskReply::Deny(permissions::ask_denied_message(&call.name, &call.input))
     }
 
-    fn on_retry(&mut self, _run: RunId, notice: &RetryNotice) {
+    fn on_retry(&mut self, _ctx: &mut Ctx, _run: RunId, notice: &RetryNotice) {
         let mut frame = json!({
             "type": "system", "subtype": "api_retry", "attempt": notice.attempt,
             "max_retries": notice.max_retries, "retry_delay_ms": notice.delay.as_millis() as u64,
@@ -352,21 +351,23 @@ impl Host for Printer {
         self.frame(frame);
     }
 
-    fn on_await_input(&mut self, _run: RunId) -> Vec<HostAction> {
+    fn on_await_input(&mut self, ctx: &mut Ctx, _run: RunId) {
         self.awaiting_input = true;
-        self.feed_pending()
-    }
-
-    fn on_finished(&mut self, _run: RunId, why: &StopCondition) -> Vec<HostAction> {
-        self.result(why);
-        vec![HostAction::Quit]
-    }
-
-    fn on_stdin(&mut self, item: StdinItem) -> Vec<HostAction> {
-        if self.input != InputFormat::StreamJson {
-            return Vec::new();
+        for action in self.feed_pending() {
+            ctx.act(action);
         }
-        match item {
+    }
+
+    fn on_finished(&mut self, ctx: &mut Ctx, _run: RunId, why: &StopCondition) {
+        self.result(why);
+        ctx.act(HostAction::Quit);
+    }
+
+    fn on_stdin(&mut self, ctx: &mut Ctx, item: StdinItem) {
+        if self.input != InputFormat::StreamJson {
+            return;
+        }
+        let actions = match item {
             StdinItem::Eof => {
                 self.stdin_done = true;
                 if !self.got_input && self.input_error.is_none() {
@@ -401,18 +402,22 @@ impl Host for Printer {
                     vec![HostAction::Cancel(self.run)]
                 }
             },
+        };
+        for action in actions {
+            ctx.act(action);
         }
     }
 
-    fn on_signal(&mut self, signal: Signal) -> Vec<HostAction> {
+    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal) {
         if signal == Signal::Interrupt {
             self.interrupts += 1;
         }
         if self.interrupts >= 2 {
             self.exit_code = EXIT_INTERRUPTED_TWICE;
-            return vec![HostAction::Quit];
+            ctx.act(HostAction::Quit);
+            return;
         }
-        vec![HostAction::Cancel(self.run)]
+        ctx.act(HostAction::Cancel(self.run));
     }
 }
 

@@ -77,7 +77,8 @@ impl Stub {
             .arg(&script_path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            // One line per request would interleave with every test's output.
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawn stub-model");
         let stdout = child.stdout.take().expect("stub stdout");
