@@ -179,6 +179,41 @@ pub const FLAGS: &[Flag] = &[
         "",
     ),
     flag(
+        "addr",
+        None,
+        Some("ADDR"),
+        "Address to listen on (default 127.0.0.1:8730). A non-loopback address needs CALIBAN_DRIVE_TOKEN.",
+        "http serve",
+    ),
+    flag(
+        "tls-cert",
+        None,
+        Some("PEM"),
+        "Serve HTTPS with this certificate chain (needs --tls-key).",
+        "http serve",
+    ),
+    flag(
+        "tls-key",
+        None,
+        Some("PEM"),
+        "Private key for --tls-cert.",
+        "http serve",
+    ),
+    flag(
+        "permission-timeout",
+        None,
+        Some("SECS"),
+        "Deny a permission prompt nobody answered after SECS (default 600).",
+        "http serve",
+    ),
+    flag(
+        "max-connections",
+        None,
+        Some("N"),
+        "Serve at most N connections at once; more wait in the backlog (default 256).",
+        "http serve",
+    ),
+    flag(
         "script",
         None,
         Some("FILE"),
@@ -194,10 +229,16 @@ pub const FLAGS: &[Flag] = &[
     ),
 ];
 
-pub const SUBCOMMANDS: &[(&str, &str)] = &[(
-    "stub-model",
-    "Serve scripted Anthropic and OpenAI streams on loopback, for offline tests, demos and benchmarks.",
-)];
+pub const SUBCOMMANDS: &[(&str, &str)] = &[
+    (
+        "http serve",
+        "Serve the drive API over HTTP: start runs, stream their events, answer prompts (see README). Takes the agent options above too.",
+    ),
+    (
+        "stub-model",
+        "Serve scripted Anthropic and OpenAI streams on loopback, for offline tests, demos and benchmarks.",
+    ),
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutputFormat {
@@ -235,8 +276,20 @@ pub struct PrintArgs {
 }
 
 #[derive(Clone, Debug, PartialEq)]
+pub struct ServeArgs {
+    /// The agent options, shared with print mode (prompt and formats unused).
+    pub agent: PrintArgs,
+    pub addr: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub permission_timeout: Option<f64>,
+    pub max_connections: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Print(Box<PrintArgs>),
+    HttpServe(Box<ServeArgs>),
     StubModel { script: PathBuf, addr: String },
     Help,
     Version,
@@ -267,7 +320,43 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         verbose: 0,
     };
     let mut positional: Vec<String> = Vec::new();
+    let mut serve: Option<ServeArgs> = None;
     while let Some(arg) = parser.next()? {
+        if let Some(serve) = serve.as_mut() {
+            match arg {
+                Long("addr") => {
+                    serve.addr = Some(parser.value()?.string()?);
+                    continue;
+                }
+                Long("tls-cert") => {
+                    serve.tls_cert = Some(parser.value()?.into());
+                    continue;
+                }
+                Long("tls-key") => {
+                    serve.tls_key = Some(parser.value()?.into());
+                    continue;
+                }
+                Long("permission-timeout") => {
+                    serve.permission_timeout = Some(seconds(&mut parser, "--permission-timeout")?);
+                    continue;
+                }
+                Long("max-connections") => {
+                    let n: usize = parser.value()?.parse()?;
+                    if n == 0 {
+                        return Err(bad_value("--max-connections", "0", "a positive number"));
+                    }
+                    serve.max_connections = Some(n);
+                    continue;
+                }
+                Value(v) => {
+                    return Err(lexopt::Error::from(format!(
+                        "unexpected argument `{}`: http serve takes no prompt",
+                        v.to_string_lossy()
+                    )));
+                }
+                _ => {}
+            }
+        }
         match arg {
             Short('p') | Long("print") => {}
             Long("output-format") => {
@@ -325,12 +414,39 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 }
                 return Ok(Command::GenerateMan);
             }
-            Value(v) if positional.is_empty() && v == "stub-model" && print.prompt.is_none() => {
+            Value(v) if positional.is_empty() && v == "stub-model" && serve.is_none() => {
                 return parse_stub_model(&mut parser);
+            }
+            Value(v) if positional.is_empty() && v == "http" && serve.is_none() => {
+                match parser.value()?.string()?.as_str() {
+                    "serve" => {}
+                    other => {
+                        return Err(lexopt::Error::from(format!(
+                            "unknown command `http {other}`: expected `http serve`"
+                        )));
+                    }
+                }
+                serve = Some(ServeArgs {
+                    agent: print.clone(),
+                    addr: None,
+                    tls_cert: None,
+                    tls_key: None,
+                    permission_timeout: None,
+                    max_connections: None,
+                });
             }
             Value(v) => positional.push(v.string()?),
             _ => return Err(arg.unexpected()),
         }
+    }
+    if let Some(mut serve) = serve {
+        // Agent flags may come before or after `http serve`: the parser kept filling the
+        // same struct, so it holds the final values.
+        serve.agent = print;
+        if serve.tls_cert.is_some() != serve.tls_key.is_some() {
+            return Err(lexopt::Error::from("--tls-cert and --tls-key go together"));
+        }
+        return Ok(Command::HttpServe(Box::new(serve)));
     }
     if !positional.is_empty() {
         print.prompt = Some(positional.join(" "));
@@ -382,7 +498,7 @@ fn flag_label(f: &Flag) -> String {
 pub fn help_text() -> String {
     let mut out = format!(
         "caliban {VERSION}\nA coding agent that other programs drive.\n\n\
-USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
+USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
 Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     );
     for f in FLAGS.iter().filter(|f| f.scope.is_empty()) {
@@ -417,7 +533,7 @@ pub fn man_page() -> String {
         ".TH CALIBAN 1 \"\" \"caliban {VERSION}\" \"User Commands\"\n\
 .SH NAME\ncaliban \\- a coding agent that other programs drive\n\
 .SH SYNOPSIS\n.B caliban\n[\\fB\\-p\\fR] [\\fIOPTIONS\\fR] [\\fIPROMPT\\fR]\n.br\n\
-.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
+.B caliban http serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
 .SH DESCRIPTION\ncaliban is a coding agent (model, tools and permission rules) in one static \
 binary. Print mode answers a prompt headlessly; \\fBstub\\-model\\fR serves scripted model \
 streams on loopback for offline use.\n.SH OPTIONS\n"
@@ -504,6 +620,15 @@ mod tests {
                 argv.push("stub-model".to_owned());
                 if f.long != "script" {
                     argv.extend(["--script".to_owned(), "x.json".to_owned()]);
+                }
+            }
+            if f.scope == "http serve" {
+                argv.extend(["http".to_owned(), "serve".to_owned()]);
+                if f.long == "tls-cert" {
+                    argv.extend(["--tls-key".to_owned(), "k.pem".to_owned()]);
+                }
+                if f.long == "tls-key" {
+                    argv.extend(["--tls-cert".to_owned(), "c.pem".to_owned()]);
                 }
             }
             argv.push(format!("--{}", f.long));

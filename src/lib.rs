@@ -2,14 +2,16 @@
 //! shell over this library, which benches and fuzz targets use too.
 //!
 //! Layers, each depending only on those below it:
-//! `print` (a surface) → `engine` (performs effects) → `agent` (decides) →
+//! `print`, `surface` (the network surfaces) → `drive` (run table, sessions) → `engine` (performs effects) → `agent` (decides) →
 //! `model`, `tools`, `permissions`, `settings` → `http`, `transport`, `stdio`, `reactor` →
 //! `sys` (every `unsafe` and libc call) and `log`.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod agent;
+pub mod auth;
 pub mod cli;
+pub mod drive;
 pub mod engine;
 pub mod glob;
 pub mod http;
@@ -21,6 +23,7 @@ pub mod reactor;
 pub mod settings;
 pub mod stdio;
 pub mod stub_model;
+pub mod surface;
 pub mod sys;
 pub mod tools;
 pub mod transport;

@@ -1,17 +1,19 @@
 //! caliban: a coding agent that other programs drive. `main` parses the command line, builds
 //! the configuration, runs the chosen command and maps the outcome to an exit code.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caliban::cli::{self, Command, InputFormat, PrintArgs};
+use caliban::cli::{self, Command, InputFormat, PrintArgs, ServeArgs};
 use caliban::engine::{Engine, EngineConfig};
 use caliban::model::retry::RetryPolicy;
 use caliban::model::{self, Provider, ProviderKind};
 use caliban::permissions::{Mode, Policy};
 use caliban::print::{self, Printer};
-use caliban::{agent, log, settings, stub_model, sys, tools};
+use caliban::surface::http_api;
+use caliban::{agent, auth, drive, http, log, settings, stub_model, sys, tools, transport};
 
 fn main() -> ExitCode {
     let command = match cli::parse(std::env::args_os().skip(1)) {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Print(args) => ExitCode::from(run_print(*args)),
+        Command::HttpServe(args) => ExitCode::from(run_http_serve(*args)),
     }
 }
 
@@ -81,40 +84,43 @@ fn config_error(msg: &str) -> u8 {
     print::EXIT_CONFIG
 }
 
-fn run_print(args: PrintArgs) -> u8 {
+/// Everything both print mode and the servers derive from the agent options, settings
+/// files and environment.
+struct AgentSetup {
+    workspace: PathBuf,
+    provider: Provider,
+    mode: Mode,
+    policy: Policy,
+    run_config: agent::run::RunConfig,
+    engine_config: EngineConfig,
+}
+
+fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
     log::set_level(match args.verbose {
         0 => log::Level::Warn,
         1 => log::Level::Info,
         _ => log::Level::Debug,
     });
-    let workspace = match resolve_workspace(args.cwd.as_deref()) {
-        Ok(w) => w,
-        Err(e) => return config_error(&e),
-    };
-    let settings = match settings::load(&workspace, &env_var) {
-        Ok(s) => s,
-        Err(e) => return config_error(&e.to_string()),
-    };
+    let workspace = resolve_workspace(args.cwd.as_deref()).map_err(|e| config_error(&e))?;
+    let settings =
+        settings::load(&workspace, &env_var).map_err(|e| config_error(&e.to_string()))?;
     for warning in &settings.warnings {
         log::warn(warning);
     }
 
     let provider_kind = match args.provider.as_deref().or(settings.provider.as_deref()) {
-        Some(name) => match ProviderKind::parse(name) {
-            Some(kind) => Some(kind),
-            None => {
-                return config_error(&format!(
-                    "unknown provider `{name}`: expected anthropic or openai"
-                ));
-            }
-        },
+        Some(name) => Some(ProviderKind::parse(name).ok_or_else(|| {
+            config_error(&format!(
+                "unknown provider `{name}`: expected anthropic or openai"
+            ))
+        })?),
         None => None,
     };
     let model = args.model.clone().or(settings.model.clone());
     let provider = match Provider::from_env(provider_kind, model, &env_var) {
         Ok(Some(p)) => p,
-        Ok(None) => return config_error(model::NOT_CONFIGURED),
-        Err(e) => return config_error(&e),
+        Ok(None) => return Err(config_error(model::NOT_CONFIGURED)),
+        Err(e) => return Err(config_error(&e)),
     };
 
     let mode = match args
@@ -128,21 +134,16 @@ fn run_print(args: PrintArgs) -> u8 {
             log::error(&format!(
                 "invalid --permission-mode `{bad}`: expected default, acceptEdits, plan, dontAsk or bypassPermissions"
             ));
-            return print::EXIT_USAGE;
+            return Err(print::EXIT_USAGE);
         }
     };
-    let mut rules = match settings::rules_from_cli(&args.allow, &args.deny, &args.ask) {
-        Ok(r) => r,
-        Err(e) => {
-            log::error(&e.to_string());
-            return print::EXIT_USAGE;
-        }
-    };
+    let mut rules = settings::rules_from_cli(&args.allow, &args.deny, &args.ask).map_err(|e| {
+        log::error(&e.to_string());
+        print::EXIT_USAGE
+    })?;
     rules.extend(settings.rules.iter().cloned());
     let policy = Policy::new(rules, mode, workspace.clone());
 
-    let tool_specs = tools::spec::all();
-    let tool_names: Vec<&str> = tool_specs.iter().map(|t| t.name).collect();
     let workspace_str = workspace.display().to_string();
     let run_config = agent::run::RunConfig {
         model: provider.model.clone(),
@@ -152,9 +153,45 @@ fn run_print(args: PrintArgs) -> u8 {
             .system_prompt
             .clone()
             .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
-        tools: tool_specs.clone(),
-        interactive: args.input_format == InputFormat::StreamJson,
+        tools: tools::spec::all(),
+        interactive,
     };
+    let engine_config = EngineConfig {
+        provider: provider.clone(),
+        retry: RetryPolicy {
+            max_retries: args
+                .max_retries
+                .unwrap_or(RetryPolicy::default().max_retries),
+            ..RetryPolicy::default()
+        },
+        first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
+        idle_timeout: Duration::from_secs_f64(args.idle_timeout.unwrap_or(90.0)),
+    };
+    Ok(AgentSetup {
+        workspace,
+        provider,
+        mode,
+        policy,
+        run_config,
+        engine_config,
+    })
+}
+
+fn run_print(args: PrintArgs) -> u8 {
+    let setup = match agent_setup(&args, args.input_format == InputFormat::StreamJson) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let AgentSetup {
+        workspace,
+        provider,
+        mode,
+        policy,
+        run_config,
+        engine_config,
+    } = setup;
+    let tool_names: Vec<&str> = run_config.tools.iter().map(|t| t.name).collect();
+    let workspace_str = workspace.display().to_string();
 
     // Text input: the prompt comes from argv or, failing that, all of stdin.
     let prompt = match args.input_format {
@@ -176,17 +213,6 @@ fn run_print(args: PrintArgs) -> u8 {
         },
     };
 
-    let engine_config = EngineConfig {
-        provider: provider.clone(),
-        retry: RetryPolicy {
-            max_retries: args
-                .max_retries
-                .unwrap_or(RetryPolicy::default().max_retries),
-            ..RetryPolicy::default()
-        },
-        first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
-        idle_timeout: Duration::from_secs_f64(args.idle_timeout.unwrap_or(90.0)),
-    };
     let mut engine = match Engine::new(engine_config) {
         Ok(e) => e,
         Err(e) => {
@@ -225,6 +251,92 @@ fn run_print(args: PrintArgs) -> u8 {
         return print::EXIT_RUNTIME;
     }
     printer.exit_code
+}
+
+fn run_http_serve(args: ServeArgs) -> u8 {
+    let addr_text = args
+        .addr
+        .clone()
+        .unwrap_or_else(|| http_api::DEFAULT_ADDR.to_owned());
+    let Ok(addr) = addr_text.parse::<SocketAddr>() else {
+        log::error(&format!("invalid --addr {addr_text}"));
+        return print::EXIT_USAGE;
+    };
+    let gate = auth::Gate::from_env(&env_var);
+    if let Err(e) = gate.check_bind(&addr) {
+        log::error(&e);
+        return print::EXIT_CONFIG;
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => match transport::server_config(cert, key) {
+            Ok(config) => Some(config),
+            Err(e) => return config_error(&e),
+        },
+        _ => None,
+    };
+    let setup = match agent_setup(&args.agent, false) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let store = match drive::session::default_dir(&env_var)
+        .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
+    {
+        Ok(store) => store,
+        Err(e) => return config_error(&format!("session store: {e}")),
+    };
+    let drive_config = drive::table::DriveConfig {
+        run: setup.run_config,
+        policy: setup.policy,
+        workspace: setup.workspace,
+        provider: setup.provider.kind.as_str(),
+        permission_timeout: args
+            .permission_timeout
+            .map(Duration::from_secs_f64)
+            .unwrap_or(drive::table::DEFAULT_PERMISSION_TIMEOUT),
+        system_prompt: args.agent.system_prompt.clone(),
+    };
+    let mut core = drive::table::DriveCore::new(store, drive_config);
+    core.load_existing();
+    let serve_config = http_api::ServeConfig {
+        addr,
+        tls,
+        limits: http::server::Limits::default(),
+        max_connections: args
+            .max_connections
+            .unwrap_or(http_api::DEFAULT_MAX_CONNECTIONS),
+        gate,
+    };
+    let mut server = match http_api::HttpServe::new(core, serve_config) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error(&format!("failed to bind {addr}: {e}"));
+            return print::EXIT_RUNTIME;
+        }
+    };
+    let mut engine = match Engine::new(setup.engine_config) {
+        Ok(e) => e,
+        Err(e) => {
+            log::error(&format!("cannot start the event loop: {e}"));
+            return print::EXIT_RUNTIME;
+        }
+    };
+    if let Err(e) = engine.with_ctx(|ctx| server.start(ctx)) {
+        log::error(&format!("cannot listen on {addr}: {e}"));
+        return print::EXIT_RUNTIME;
+    }
+    let local = server.local_addr().map_or(addr, |a| a);
+    let scheme = if args.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    // One line on stderr that scripts and tests can wait for (stdout stays unused).
+    eprintln!("caliban http serve listening on {scheme}://{local}");
+    if let Err(e) = engine.run_loop(&mut server) {
+        log::error(&format!("event loop failed: {e}"));
+        return print::EXIT_RUNTIME;
+    }
+    0
 }
 
 fn resolve_workspace(cwd: Option<&Path>) -> Result<PathBuf, String> {

@@ -302,6 +302,9 @@ pub struct Policy {
     workspace_str: String,
     /// Per-run narrowing profiles (`narrowed`); every one of them must agree.
     profiles: Vec<Profile>,
+    /// Where the run's tools resolve relative paths (normalised), when it is a
+    /// subdirectory of `workspace`; rules stay anchored at `workspace`.
+    cwd_str: Option<String>,
 }
 
 /// A narrowing layer: its own rules ending in `*` → allow, and optionally its own mode.
@@ -326,11 +329,21 @@ impl Policy {
             workspace,
             workspace_str,
             profiles: Vec::new(),
+            cwd_str: None,
         }
     }
 
+    /// Judges relative paths in tool inputs from `cwd` (a run working in a subdirectory),
+    /// exactly as the tools will resolve them, while rules stay relative to the workspace.
+    pub fn with_cwd(mut self, cwd: &Path) -> Policy {
+        let cwd = normalize_abs(&cwd.to_string_lossy());
+        self.cwd_str = (cwd != self.workspace_str).then_some(cwd);
+        self
+    }
+
     pub fn decide(&self, tool: &str, input: &Value) -> Decision {
-        let call = Call::new(tool, input, &self.workspace_str);
+        let base = self.cwd_str.as_deref().unwrap_or(&self.workspace_str);
+        let call = Call::new(tool, input, &self.workspace_str, base);
         let mut decision = decide_with(&self.rules, self.mode, &call);
         for profile in &self.profiles {
             let mode = profile.mode.unwrap_or(self.mode);
@@ -506,7 +519,7 @@ fn apply_mode(decision: Decision, mode: Mode, call: &Call<'_>) -> Decision {
                 call.input
                     .get("path")
                     .and_then(Value::as_str)
-                    .is_some_and(|raw| path_view(call.workspace, raw).rel.is_some())
+                    .is_some_and(|raw| path_view(call.workspace, call.base, raw).rel.is_some())
             };
             if decision.action == Action::Ask && EDIT_TOOLS.contains(&call.tool) && in_workspace() {
                 allow("allowed: acceptEdits mode accepts file edits in the workspace".to_owned())
@@ -543,6 +556,8 @@ struct Call<'a> {
     tool: &'a str,
     input: &'a Value,
     workspace: &'a str,
+    /// What relative paths in the input are relative to (the run's cwd).
+    base: &'a str,
     /// `Some` for a Bash call with a string `command`.
     command: Option<CommandView>,
 }
@@ -555,7 +570,7 @@ struct CommandView {
 }
 
 impl<'a> Call<'a> {
-    fn new(tool: &'a str, input: &'a Value, workspace: &'a str) -> Call<'a> {
+    fn new(tool: &'a str, input: &'a Value, workspace: &'a str, base: &'a str) -> Call<'a> {
         let command = match (tool, input.get("command")) {
             ("Bash", Some(Value::String(command))) => Some(CommandView {
                 whole: command.trim().to_owned(),
@@ -567,6 +582,7 @@ impl<'a> Call<'a> {
             tool,
             input,
             workspace,
+            base,
             command,
         }
     }
@@ -676,7 +692,7 @@ fn value_matches(
 ) -> bool {
     match (pattern, kind) {
         (ArgPattern::Glob { path, absolute, .. }, FieldKind::Path) => {
-            let view = path_view(call.workspace, value);
+            let view = path_view(call.workspace, call.base, value);
             if *absolute {
                 return path.is_match(&view.abs);
             }
@@ -756,12 +772,12 @@ struct PathView {
     rel: Option<String>,
 }
 
-fn path_view(workspace: &str, raw: &str) -> PathView {
+fn path_view(workspace: &str, base: &str, raw: &str) -> PathView {
     let raw = if raw.is_empty() { "." } else { raw };
     let abs = if raw.starts_with('/') {
         normalize_abs(raw)
     } else {
-        normalize_abs(&format!("{workspace}/{raw}"))
+        normalize_abs(&format!("{base}/{raw}"))
     };
     let rel = if abs == workspace {
         Some(".".to_owned())
@@ -1416,8 +1432,27 @@ mod tests {
     /// Whether a lone rule with `action` matches the call (nothing else in the list).
     fn matches_as(action: Action, pattern: &str, tool: &str, input: &Value) -> bool {
         let rules = vec![rule(pattern, action)];
-        let call = Call::new(tool, input, WS);
+        let call = Call::new(tool, input, WS, WS);
         rule_matches(&rules[0], &call, &rules)
+    }
+
+    #[test]
+    fn a_run_in_a_subdirectory_is_judged_from_its_cwd() {
+        let p = policy(
+            vec![
+                rule("Edit(pkg/secret/**)", Action::Deny),
+                rule("Edit", Action::Allow),
+            ],
+            Mode::Default,
+        )
+        .with_cwd(Path::new("/home/u/proj/pkg"));
+        // The tool resolves `secret/key` against pkg/, so the deny rule must see it there.
+        assert_eq!(action(&p, "Edit", &file("secret/key")), Action::Deny);
+        assert_eq!(action(&p, "Edit", &file("src/lib.rs")), Action::Allow);
+        assert_eq!(
+            action(&p, "Edit", &file("/home/u/proj/pkg/secret/k")),
+            Action::Deny
+        );
     }
 
     #[test]
@@ -1624,7 +1659,7 @@ mod tests {
     fn no_match_denies() {
         let rules = vec![rule("Read", Action::Allow)];
         let input = bash("ls");
-        let call = Call::new("Bash", &input, WS);
+        let call = Call::new("Bash", &input, WS, WS);
         let decision = decide_with(&rules, Mode::Default, &call);
         assert_eq!(
             decision,

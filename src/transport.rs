@@ -1,5 +1,6 @@
-//! Byte streams for outgoing connections: plain TCP or TLS (rustls with the *ring* provider)
-//! over a non-blocking `mio::net::TcpStream`, plus the CA bundle and DNS on a helper thread.
+//! Byte streams: plain TCP or TLS (rustls with the *ring* provider) over a non-blocking
+//! `mio::net::TcpStream`, for outgoing connections (client TLS, the CA bundle, DNS on a helper
+//! thread) and accepted ones (server TLS from a certificate and key on disk).
 //!
 //! It reads and writes until `WouldBlock` and reports EOF; it must not know what the bytes
 //! mean (HTTP lives in `http`).
@@ -11,8 +12,10 @@ use std::sync::{Arc, OnceLock};
 
 use mio::net::TcpStream;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{
+    ClientConfig, ClientConnection, ConnectionCommon, RootCertStore, ServerConfig, ServerConnection,
+};
 
 /// Where distributions keep their CA bundle, most common first. `SSL_CERT_FILE` wins.
 const CA_BUNDLE_PATHS: &[&str] = &[
@@ -66,6 +69,34 @@ pub fn client_config() -> Result<(Arc<ClientConfig>, RootSource), String> {
             Ok((Arc::new(config), source))
         })
         .clone()
+}
+
+/// Builds a server TLS config from a PEM certificate chain (leaf first) and a PEM private key
+/// (PKCS#8, PKCS#1 or SEC1), offering only `http/1.1` over ALPN. Errors name the file at fault.
+pub fn server_config(cert_pem: &Path, key_pem: &Path) -> Result<Arc<ServerConfig>, String> {
+    let cert_name = cert_pem.display();
+    let key_name = key_pem.display();
+    let certs = CertificateDer::pem_file_iter(cert_pem)
+        .map_err(|e| format!("tls certificate {cert_name}: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("tls certificate {cert_name}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "tls certificate {cert_name}: no certificates found"
+        ));
+    }
+    let key =
+        PrivateKeyDer::from_pem_file(key_pem).map_err(|e| format!("tls key {key_name}: {e}"))?;
+    let mut config = ServerConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls setup failed: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("tls certificate {cert_name} with key {key_name}: {e}"))?;
+    // We serve HTTP/1.1 only; a client that insists on h2 is refused in the handshake rather
+    // than sent bytes it would misread.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 fn load_roots() -> Result<(RootCertStore, RootSource), String> {
@@ -141,9 +172,15 @@ pub struct ReadStatus {
 
 pub enum Conn {
     Plain(TcpStream),
+    /// An outgoing connection: we are the TLS client.
     Tls {
         tcp: TcpStream,
         tls: Box<ClientConnection>,
+    },
+    /// An accepted connection: we are the TLS server.
+    TlsServer {
+        tcp: TcpStream,
+        tls: Box<ServerConnection>,
     },
 }
 
@@ -151,7 +188,9 @@ impl Conn {
     pub fn start_tls(self, config: Arc<ClientConfig>, host: &str) -> Result<Conn, String> {
         let tcp = match self {
             Conn::Plain(tcp) => tcp,
-            Conn::Tls { .. } => return Err("connection already uses tls".to_owned()),
+            Conn::Tls { .. } | Conn::TlsServer { .. } => {
+                return Err("connection already uses tls".to_owned());
+            }
         };
         let name = ServerName::try_from(host.to_owned())
             .map_err(|_| format!("invalid tls server name `{host}`"))?;
@@ -162,18 +201,45 @@ impl Conn {
         })
     }
 
+    /// Wraps an accepted connection as the TLS server side; the handshake runs inside the
+    /// first `drain_read` and `flush` calls.
+    pub fn accept_tls(self, config: Arc<ServerConfig>) -> Result<Conn, String> {
+        let tcp = match self {
+            Conn::Plain(tcp) => tcp,
+            Conn::Tls { .. } | Conn::TlsServer { .. } => {
+                return Err("connection already uses tls".to_owned());
+            }
+        };
+        let tls = ServerConnection::new(config).map_err(|e| format!("tls: {e}"))?;
+        Ok(Conn::TlsServer {
+            tcp,
+            tls: Box::new(tls),
+        })
+    }
+
     /// Whether bytes are queued inside the connection (TLS records not yet on the socket).
     pub fn wants_write(&self) -> bool {
         match self {
             Conn::Plain(_) => false,
             Conn::Tls { tls, .. } => tls.wants_write(),
+            Conn::TlsServer { tls, .. } => tls.wants_write(),
         }
     }
 
     pub fn tcp(&mut self) -> &mut TcpStream {
         match self {
             Conn::Plain(tcp) => tcp,
-            Conn::Tls { tcp, .. } => tcp,
+            Conn::Tls { tcp, .. } | Conn::TlsServer { tcp, .. } => tcp,
+        }
+    }
+
+    /// Queues a TLS close_notify alert (nothing for plain TCP); `flush` sends it. Sent before
+    /// shutting down our side so the peer can tell a complete response from a truncated one.
+    pub fn send_close_notify(&mut self) {
+        match self {
+            Conn::Plain(_) => {}
+            Conn::Tls { tls, .. } => tls.send_close_notify(),
+            Conn::TlsServer { tls, .. } => tls.send_close_notify(),
         }
     }
 
@@ -194,130 +260,165 @@ impl Conn {
                 }
                 Ok(())
             }
-            // rustls takes at most 64 KiB at a time (its plaintext buffer during the
-            // handshake, its record buffer after), so feed it and drain it to the socket in
-            // turns until the socket would block or everything is out. Stopping after one
-            // round without a `WouldBlock` would strand the rest of a large request: with
-            // edge-triggered readiness no new writable event comes for a socket that never
-            // filled up.
-            Conn::Tls { tcp, tls } => loop {
-                while tls.wants_write() {
-                    match tls.write_tls(tcp) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                if pending.is_empty() {
-                    return Ok(());
-                }
-                let n = tls.writer().write(pending)?;
-                if n == 0 {
-                    // Still handshaking with the plaintext buffer full: the rest goes once
-                    // the handshake completes (the caller flushes again after reading).
-                    return Ok(());
-                }
-                pending.drain(..n);
-            },
+            Conn::Tls { tcp, tls } => flush_tls(tcp, tls, pending),
+            Conn::TlsServer { tcp, tls } => flush_tls(tcp, tls, pending),
         }
     }
 
-    /// Reads until `WouldBlock`, EOF or the budget, appending plaintext to `out`.
+    /// Reads until `WouldBlock`, EOF or `READ_BUDGET`, appending plaintext to `out`.
     pub fn drain_read(&mut self, out: &mut Vec<u8>) -> io::Result<ReadStatus> {
+        self.drain_read_upto(out, READ_BUDGET)
+    }
+
+    /// Reads until `WouldBlock`, EOF or about `budget` bytes, appending plaintext to `out`.
+    /// Plain TCP stops at exactly `budget`; TLS may overshoot by what rustls has already
+    /// decrypted (bounded by its buffer limit), because plaintext left inside rustls would
+    /// get no readiness event of its own.
+    pub fn drain_read_upto(&mut self, out: &mut Vec<u8>, budget: usize) -> io::Result<ReadStatus> {
         let mut status = ReadStatus {
             n_bytes: 0,
             eof: false,
             more: false,
         };
-        let mut buf = [0u8; 16 * 1024];
         match self {
-            Conn::Plain(tcp) => loop {
-                if status.n_bytes >= READ_BUDGET {
-                    status.more = true;
-                    return Ok(status);
-                }
-                match tcp.read(&mut buf) {
-                    Ok(0) => {
-                        status.eof = true;
+            Conn::Plain(tcp) => {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    let room = budget.saturating_sub(status.n_bytes).min(buf.len());
+                    if room == 0 {
+                        status.more = true;
                         return Ok(status);
                     }
-                    Ok(n) => {
-                        out.extend_from_slice(&buf[..n]);
-                        status.n_bytes += n;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            },
-            Conn::Tls { tcp, tls } => loop {
-                if status.n_bytes >= READ_BUDGET {
-                    status.more = true;
-                    return Ok(status);
-                }
-                let tcp_eof = match tls.read_tls(tcp) {
-                    Ok(0) => true,
-                    Ok(_) => false,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        Self::drain_plaintext(tls, out, &mut status)?;
-                        // Handshake replies and alerts must go out even if the caller has
-                        // nothing to write; a write error resurfaces on the next flush.
-                        while tls.wants_write() {
-                            match tls.write_tls(tcp) {
-                                Ok(n) if n > 0 => {}
-                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                                _ => break,
-                            }
+                    let window = buf.get_mut(..room).unwrap_or(&mut []);
+                    match tcp.read(window) {
+                        Ok(0) => {
+                            status.eof = true;
+                            return Ok(status);
                         }
-                        return Ok(status);
+                        Ok(n) => {
+                            out.extend_from_slice(window.get(..n).unwrap_or_default());
+                            status.n_bytes += n;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                };
-                if let Err(err) = tls.process_new_packets() {
-                    // Last gasp: try to tell the peer why before we drop the connection.
-                    let _ = tls.write_tls(tcp);
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("tls: {err}"),
-                    ));
                 }
-                Self::drain_plaintext(tls, out, &mut status)?;
-                if tcp_eof {
-                    status.eof = true;
-                    return Ok(status);
-                }
-            },
+            }
+            Conn::Tls { tcp, tls } => drain_read_tls(tcp, tls, out, budget, &mut status)?,
+            Conn::TlsServer { tcp, tls } => drain_read_tls(tcp, tls, out, budget, &mut status)?,
         }
+        Ok(status)
     }
+}
 
-    fn drain_plaintext(
-        tls: &mut ClientConnection,
-        out: &mut Vec<u8>,
-        status: &mut ReadStatus,
-    ) -> io::Result<()> {
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            match tls.reader().read(&mut buf) {
-                Ok(0) => {
-                    status.eof = true;
-                    return Ok(());
-                }
-                Ok(n) => {
-                    out.extend_from_slice(&buf[..n]);
-                    status.n_bytes += n;
-                }
+/// The TLS half of `Conn::flush`, for either side of the handshake.
+///
+/// rustls takes at most 64 KiB at a time (its plaintext buffer during the handshake, its
+/// record buffer after), so feed it and drain it to the socket in turns until the socket
+/// would block or everything is out. Stopping after one round without a `WouldBlock` would
+/// strand the rest of a large message: with edge-triggered readiness no new writable event
+/// comes for a socket that never filled up.
+fn flush_tls<D>(
+    tcp: &mut TcpStream,
+    tls: &mut ConnectionCommon<D>,
+    pending: &mut Vec<u8>,
+) -> io::Result<()> {
+    loop {
+        while tls.wants_write() {
+            match tls.write_tls(tcp) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                // The peer closed without close_notify. Whether that truncated anything is
-                // the framing layer's call (chunked and content-length bodies know).
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    status.eof = true;
-                    return Ok(());
-                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let n = tls.writer().write(pending)?;
+        if n == 0 {
+            // Still handshaking with the plaintext buffer full: the rest goes once the
+            // handshake completes (the caller flushes again after reading).
+            return Ok(());
+        }
+        pending.drain(..n);
+    }
+}
+
+/// The TLS half of `Conn::drain_read_upto`, for either side of the handshake.
+fn drain_read_tls<D>(
+    tcp: &mut TcpStream,
+    tls: &mut ConnectionCommon<D>,
+    out: &mut Vec<u8>,
+    budget: usize,
+    status: &mut ReadStatus,
+) -> io::Result<()> {
+    loop {
+        if status.n_bytes >= budget {
+            status.more = true;
+            return Ok(());
+        }
+        let tcp_eof = match tls.read_tls(tcp) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                drain_plaintext(tls, out, status)?;
+                // Handshake replies and alerts must go out even if the caller has nothing
+                // to write; a write error resurfaces on the next flush.
+                while tls.wants_write() {
+                    match tls.write_tls(tcp) {
+                        Ok(n) if n > 0 => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        _ => break,
+                    }
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Err(err) = tls.process_new_packets() {
+            // Last gasp: try to tell the peer why before we drop the connection.
+            let _ = tls.write_tls(tcp);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("tls: {err}"),
+            ));
+        }
+        drain_plaintext(tls, out, status)?;
+        if tcp_eof {
+            status.eof = true;
+            return Ok(());
+        }
+    }
+}
+
+fn drain_plaintext<D>(
+    tls: &mut ConnectionCommon<D>,
+    out: &mut Vec<u8>,
+    status: &mut ReadStatus,
+) -> io::Result<()> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match tls.reader().read(&mut buf) {
+            Ok(0) => {
+                status.eof = true;
+                return Ok(());
+            }
+            Ok(n) => {
+                out.extend_from_slice(buf.get(..n).unwrap_or_default());
+                status.n_bytes += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            // The peer closed without close_notify. Whether that truncated anything is the
+            // framing layer's call (chunked and content-length bodies know).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                status.eof = true;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
     }
 }

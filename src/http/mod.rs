@@ -4,6 +4,7 @@
 pub mod body;
 pub mod client;
 pub mod head;
+pub mod server;
 pub mod sse;
 #[cfg(test)]
 mod testutil;

@@ -1,0 +1,4 @@
+//! The drive core shared by every surface: durable sessions and the run table.
+
+pub mod session;
+pub mod table;

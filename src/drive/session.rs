@@ -1,0 +1,1855 @@
+//! Durable sessions: one append-only JSONL file per run, and the run's event log that cursor
+//! reads are served from, with bounded memory.
+//!
+//! FILE FORMAT. `<dir>/run-<N>.jsonl`, one JSON object per `\n`-terminated line:
+//!
+//! ```text
+//! {"kind":"header","v":1,"run_id":"run-3","created_ms":…,"prompt":"…",…caller fields}
+//! {"kind":"event","cursor":N,"event":<TurnEvent JSON>}     cursor = 0-based event index
+//! {"kind":"status","cursor":K,"status":{"state":"running"}}      K = events written before it
+//! {"kind":"permission","cursor":K,"request":{"tool_use_id","tool_name","input"}|null}
+//! {"kind":"input","cursor":K,"input":{"type":"user_message","text":"…"}|{"type":"end_input"}}
+//! ```
+//!
+//! Event cursors are dense: an event that cannot be stored as itself (its line would exceed
+//! `MAX_LINE_BYTES`, or it nests deeper than `MAX_EVENT_DEPTH`) is replaced, on disk and in
+//! memory alike, by a marker event `{"type":"Oversized","bytes":…}` (or
+//! `{"type":"Oversized","max_depth":…}`), so every cursor names exactly one event.
+//!
+//! CRASH SAFETY. Each line goes out in one `write` on a descriptor opened with `O_APPEND`, so a
+//! crash at any byte leaves whole lines plus at most one partial last line. Readers accept only
+//! `\n`-terminated lines, skip kinds they do not know (forward compatibility), and stop at the
+//! first line that does not parse: everything before it is the readable prefix, everything from
+//! it on is reported by `EventLog::ignored_bytes`. A failed append is cut back off the file, so
+//! a full disk never strands a partial line in the middle.
+//!
+//! MEMORY. A log keeps the newest events in a tail of at most `TAIL_EVENTS` events and
+//! `TAIL_BYTES` bytes, and a sparse index with the byte offset of every `INDEX_STRIDE`-th event
+//! line. Older events are read back from the file, so a run costs O(tail + events / 64 × 8 B)
+//! however long it is and however slow its readers are. A loaded (past) run keeps no tail.
+//!
+//! Reads of the file are blocking `pread`s on the caller's thread. They are small: a read starts
+//! at most `INDEX_STRIDE` events before its cursor and stops once `max_bytes` are gathered.
+//!
+//! LOCKING. The process that writes a run holds an exclusive `flock` on its file, so a second
+//! server sharing the directory never appends to a run that is still being written. A loaded
+//! run becomes appendable on its first append (say, to mark it interrupted): that takes the
+//! lock, reads lines written since the load, and cuts off a crash's partial last line. A file
+//! damaged in the middle is never appended to, since the new lines would be unreadable too.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::mem;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+/// The `v` of the header line. A file with another version is refused rather than misread.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// The longest line, newline included, that is written or read. It bounds what one line can
+/// make a reader buffer, so a corrupt file cannot make `load` allocate without limit.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// The most events the in-memory tail of a live log holds.
+pub const TAIL_EVENTS: usize = 256;
+
+/// The most event bytes the in-memory tail of a live log holds; an event larger than this is
+/// only ever served from the file.
+pub const TAIL_BYTES: usize = 1 << 20;
+
+/// One sparse-index entry (a byte offset) per this many events. A file read starts at most
+/// this many events before the cursor asked for.
+pub const INDEX_STRIDE: u64 = 64;
+
+/// The deepest event nesting stored as is. serde_json refuses to parse past 127 levels and
+/// the line wrapper is one of them, so a deeper event could be written but never read back.
+pub const MAX_EVENT_DEPTH: usize = 126;
+
+/// Buffer for reading session files.
+const READ_BUF_BYTES: usize = 64 << 10;
+
+/// The start of an event line as `EventLog::append_event` writes it.
+const EVENT_LINE_PREFIX: &str = r#"{"kind":"event","cursor":"#;
+
+/// Where session files live: `$XDG_STATE_HOME/caliban/sessions`, or
+/// `$HOME/.local/state/caliban/sessions`. The XDG spec says to ignore a relative or empty
+/// `XDG_STATE_HOME`. `env` looks up environment variables so tests need not touch the process's.
+pub fn default_dir(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf, String> {
+    if let Some(state) = env("XDG_STATE_HOME").filter(|dir| dir.starts_with('/')) {
+        return Ok(Path::new(&state).join("caliban/sessions"));
+    }
+    match env("HOME").filter(|home| !home.is_empty()) {
+        Some(home) => Ok(Path::new(&home).join(".local/state/caliban/sessions")),
+        None => Err("cannot place session files: neither XDG_STATE_HOME nor HOME is set".into()),
+    }
+}
+
+/// The number in a run id of the form `run-<N>` (decimal, no sign, no leading zero), or `None`.
+/// Only such ids name files, so an id from a client can never reach outside the directory, and
+/// each number has exactly one id.
+pub fn run_number(run_id: &str) -> Option<u64> {
+    let digits = run_id.strip_prefix("run-")?;
+    let canonical = match digits.as_bytes() {
+        [] => false,
+        [b'0', _, ..] => false,
+        bytes => bytes.iter().all(u8::is_ascii_digit),
+    };
+    if canonical { digits.parse().ok() } else { None }
+}
+
+/// A past run as `SessionStore::list` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionSummary {
+    pub run_id: String,
+    /// The header line's object, or `Null` when the file has no whole header line (a crash
+    /// during `create`).
+    pub header: Value,
+    pub events: u64,
+    pub status: Option<Value>,
+    /// The permission request that was pending when the file ends.
+    pub permission: Option<Value>,
+    /// The file's modification time, in milliseconds since the Unix epoch.
+    pub modified_ms: u64,
+}
+
+/// The sessions directory: allocates run ids and opens run files.
+#[derive(Debug)]
+pub struct SessionStore {
+    dir: PathBuf,
+    /// The number `create` tries first.
+    next_run: u64,
+}
+
+impl SessionStore {
+    /// Opens `dir`, creating it (mode 0700: sessions hold prompts and tool output) if needed.
+    pub fn open(dir: PathBuf) -> io::Result<SessionStore> {
+        DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        let next_run = max_run_number(&dir)?.map_or(1, |n| n.saturating_add(1));
+        Ok(SessionStore { dir, next_run })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file of `run_id`, which must already be validated.
+    fn path_of(&self, run_id: &str) -> PathBuf {
+        self.dir.join(format!("{run_id}.jsonl"))
+    }
+
+    /// Starts a new run file with the next free run number and writes its header: `header`'s
+    /// fields after `kind`, `v` and `run_id` (which are set here), plus `created_ms` unless the
+    /// caller set it.
+    pub fn create(&mut self, mut header: Map<String, Value>) -> io::Result<EventLog> {
+        for reserved in ["kind", "v", "run_id"] {
+            header.remove(reserved);
+        }
+        header
+            .entry("created_ms")
+            .or_insert_with(|| json!(now_ms()));
+        if header
+            .values()
+            .any(|v| nested_deeper_than(v, MAX_EVENT_DEPTH))
+        {
+            return Err(invalid_input(
+                "session header nests too deeply to be read back",
+            ));
+        }
+        // The fields go out in map order after the three fixed ones, so `head -1` shows what
+        // the line is first.
+        let mut fields = String::new();
+        for (key, value) in &header {
+            fields.push(',');
+            fields.push_str(&serde_json::to_string(key)?);
+            fields.push(':');
+            fields.push_str(&serde_json::to_string(value)?);
+        }
+        let longest_id = "run-18446744073709551615";
+        if header_line(longest_id, &fields).len() > MAX_LINE_BYTES {
+            return Err(invalid_input(
+                "session header is longer than the session line cap",
+            ));
+        }
+        loop {
+            let number = self.next_run;
+            let run_id = format!("run-{number}");
+            let path = self.path_of(&run_id);
+            // `create_new` is the arbiter between servers sharing the directory: whoever
+            // creates the file owns the number.
+            let opened = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path);
+            let file = match opened {
+                Ok(file) => file,
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                    let taken = max_run_number(&self.dir)?.unwrap_or(number).max(number);
+                    self.next_run = taken
+                        .checked_add(1)
+                        .ok_or_else(|| io::Error::other("no free run number is left"))?;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            self.next_run = number.saturating_add(1);
+            let line = header_line(&run_id, &fields);
+            let started =
+                lock_for_append(&file, &run_id).and_then(|()| (&file).write_all(line.as_bytes()));
+            if let Err(error) = started {
+                let _ = fs::remove_file(&path);
+                return Err(error);
+            }
+            let mut full = Map::new();
+            full.insert("kind".into(), json!("header"));
+            full.insert("v".into(), json!(FORMAT_VERSION));
+            full.insert("run_id".into(), json!(run_id));
+            full.append(&mut header);
+            let mut log = EventLog::new(run_id, path, Access::Append(file), Tail::live());
+            log.header = Value::Object(full);
+            log.end = line.len() as u64;
+            return Ok(log);
+        }
+    }
+
+    /// Every run file in the directory, sorted by run number. A file that cannot be read (or has
+    /// a format version this build does not know) is left out rather than failing the list.
+    pub fn list(&self) -> io::Result<Vec<SessionSummary>> {
+        let logs = self.list_logs()?;
+        Ok(logs.into_iter().map(|(summary, _)| summary).collect())
+    }
+
+    /// `list`, with each run's loaded log too, for a caller that wants both without scanning
+    /// every file twice.
+    pub fn list_logs(&self) -> io::Result<Vec<(SessionSummary, EventLog)>> {
+        let mut sessions = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let Ok(entry) = entry else {
+                continue;
+            };
+            let file_name = entry.file_name();
+            let Some(run_id) = file_name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else {
+                continue;
+            };
+            let Some(number) = run_number(run_id) else {
+                continue;
+            };
+            let Ok(log) = self.load(run_id) else {
+                continue;
+            };
+            let modified_ms = entry
+                .metadata()
+                .and_then(|meta| meta.modified())
+                .map(millis_since_epoch)
+                .unwrap_or(0);
+            let summary = SessionSummary {
+                run_id: log.run_id.clone(),
+                header: log.header.clone(),
+                events: log.events,
+                status: log.status.clone(),
+                permission: log.permission.clone(),
+                modified_ms,
+            };
+            sessions.push((number, summary, log));
+        }
+        sessions.sort_by_key(|(number, ..)| *number);
+        Ok(sessions
+            .into_iter()
+            .map(|(_, summary, log)| (summary, log))
+            .collect())
+    }
+
+    /// The log of a past (or concurrently written) run: its readable prefix, indexed. It holds
+    /// no file descriptor until something is appended to it; `EventLog::refresh` picks up lines
+    /// another process appended since.
+    pub fn load(&self, run_id: &str) -> io::Result<EventLog> {
+        check_run_id(run_id)?;
+        let path = self.path_of(run_id);
+        let file = File::open(&path)?;
+        let mut log = EventLog::new(run_id.to_owned(), path, Access::Detached, Tail::none());
+        log.ingest(&file)?;
+        Ok(log)
+    }
+
+    /// Removes a run's file. A live `EventLog` of it keeps working on the unlinked file until
+    /// dropped, but nothing can load it again.
+    pub fn delete(&self, run_id: &str) -> io::Result<()> {
+        check_run_id(run_id)?;
+        fs::remove_file(self.path_of(run_id))
+    }
+}
+
+/// How a log reaches its file.
+enum Access {
+    /// Lines are appended to this descriptor (read + append, `flock`ed) and reads `pread` it.
+    Append(File),
+    /// An append failed part-way and the partial line could not be cut off again. Reads still
+    /// work; appends fail, since a line after a partial one would never be read back.
+    Poisoned(File),
+    /// No descriptor held (a loaded run): reads reopen the path, and the first append opens,
+    /// locks and trims the file, becoming `Append`.
+    Detached,
+}
+
+/// One run's event log, backed by its session file.
+pub struct EventLog {
+    run_id: String,
+    path: PathBuf,
+    /// The header line's object; `Null` until a whole header line has been seen.
+    header: Value,
+    access: Access,
+    /// Events so far, which is also the next event's cursor.
+    events: u64,
+    /// The offset just past the last whole line accepted; nothing past it is ever read.
+    end: u64,
+    /// `index[i]` is the offset of the line of event `i * INDEX_STRIDE`.
+    index: Vec<u64>,
+    tail: Tail,
+    status: Option<Value>,
+    permission: Option<Value>,
+    /// A scan stopped at a line that will never parse, so later lines are unreachable and the
+    /// file is never appended to (that would bury the new lines behind the damage too).
+    damaged: bool,
+    /// Bytes past `end` that the last scan could not use.
+    ignored: u64,
+    /// Whether `sync` has made the file's directory entry durable yet.
+    dir_synced: bool,
+}
+
+impl fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventLog")
+            .field("run_id", &self.run_id)
+            .field("events", &self.events)
+            .field("end", &self.end)
+            .field("tail_start", &self.tail.start)
+            .field("damaged", &self.damaged)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventLog {
+    fn new(run_id: String, path: PathBuf, access: Access, tail: Tail) -> EventLog {
+        EventLog {
+            run_id,
+            path,
+            header: Value::Null,
+            access,
+            events: 0,
+            end: 0,
+            index: Vec::new(),
+            tail,
+            status: None,
+            permission: None,
+            damaged: false,
+            ignored: 0,
+            dir_synced: false,
+        }
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Value {
+        &self.header
+    }
+
+    /// Events so far; the cursor the next event gets.
+    pub fn len(&self) -> u64 {
+        self.events
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events == 0
+    }
+
+    pub fn last_status(&self) -> Option<&Value> {
+        self.status.as_ref()
+    }
+
+    /// The pending permission request, or `None` once it was answered.
+    pub fn last_permission(&self) -> Option<&Value> {
+        self.permission.as_ref()
+    }
+
+    /// Bytes at the end of the file that the last scan could not read: a partial last line
+    /// (a crash, or a line another process is writing right now) or damage and all after it.
+    pub fn ignored_bytes(&self) -> u64 {
+        self.ignored
+    }
+
+    /// Appends one event and returns its cursor. An event that cannot be stored as itself is
+    /// stored as an `Oversized` marker (see the module docs). On error nothing was appended.
+    pub fn append_event(&mut self, event: &Value) -> io::Result<u64> {
+        let cursor = self.events;
+        let (line, body) = event_line(cursor, event)?;
+        let offset = self.end;
+        self.write_line(line.as_bytes())?;
+        if cursor.is_multiple_of(INDEX_STRIDE) {
+            self.index.push(offset);
+        }
+        self.events += 1;
+        let text = &line[body];
+        if self.tail.admits(text.len()) {
+            self.tail.push(Arc::from(text));
+        } else {
+            self.tail.skip();
+        }
+        Ok(cursor)
+    }
+
+    /// Records a status change. Like every `append_*`, it updates what the log reports
+    /// (`last_status` here) only once the line is written, so the log never claims more than
+    /// the file holds.
+    pub fn append_status(&mut self, status: &Value) -> io::Result<()> {
+        let line = record_line("status", self.events, "status", status)?;
+        self.write_line(line.as_bytes())?;
+        self.status = Some(status.clone());
+        Ok(())
+    }
+
+    /// Records the surfaced permission request, or `None` once it is answered.
+    pub fn append_permission(&mut self, request: Option<&Value>) -> io::Result<()> {
+        let line = record_line(
+            "permission",
+            self.events,
+            "request",
+            request.unwrap_or(&NULL),
+        )?;
+        self.write_line(line.as_bytes())?;
+        self.permission = request.filter(|r| !r.is_null()).cloned();
+        Ok(())
+    }
+
+    /// Records a client input (`{"type":"user_message","text":…}` or `{"type":"end_input"}`),
+    /// which `messages` replays.
+    pub fn append_input(&mut self, input: &Value) -> io::Result<()> {
+        let line = record_line("input", self.events, "input", input)?;
+        self.write_line(line.as_bytes())
+    }
+
+    /// Events from `cursor` on, as their TurnEvent JSON text paired with their cursor: at most
+    /// `max_events`, and no more than `max_bytes` of text except that the first event is always
+    /// returned whatever its size (and whatever `max_events` says). Empty when
+    /// `cursor >= len()`. Events still in the tail are served from memory, older ones from the
+    /// file; both give the same bytes for the same cursor.
+    pub fn read(
+        &self,
+        cursor: u64,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> io::Result<Vec<(u64, Arc<str>)>> {
+        let mut batch = Batch {
+            events: Vec::new(),
+            bytes: 0,
+            max_events,
+            max_bytes,
+        };
+        if cursor >= self.events {
+            return Ok(batch.events);
+        }
+        if cursor < self.tail.start {
+            self.read_file(cursor, &mut batch)?;
+        }
+        let mut next = cursor + batch.events.len() as u64;
+        while let Some(text) = self.tail.get(next) {
+            if !batch.push(next, text) {
+                break;
+            }
+            next += 1;
+        }
+        Ok(batch.events)
+    }
+
+    /// Flushes the file to stable storage, and the first time also the directory entry that
+    /// names it, so a finished run survives a power cut.
+    pub fn sync(&mut self) -> io::Result<()> {
+        let (Access::Append(file) | Access::Poisoned(file)) = &self.access else {
+            return Ok(());
+        };
+        file.sync_data()?;
+        if !self.dir_synced {
+            if let Some(dir) = self.path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+            self.dir_synced = true;
+        }
+        Ok(())
+    }
+
+    /// Syncs, then lets go of the descriptor (and its lock) and of the in-memory tail, so a
+    /// finished run costs only its index. Reads keep working from the file; a later append
+    /// reopens it.
+    pub fn close(&mut self) -> io::Result<()> {
+        self.sync()?;
+        self.access = Access::Detached;
+        self.release_tail();
+        Ok(())
+    }
+
+    /// Drops the in-memory tail; reads of those events go to the file from now on.
+    pub fn release_tail(&mut self) {
+        self.tail.clear(self.events);
+    }
+
+    /// Reads whole lines another process appended since this log was loaded; returns how many
+    /// events arrived. A log this process writes is always current and returns 0.
+    pub fn refresh(&mut self) -> io::Result<u64> {
+        let Access::Detached = self.access else {
+            return Ok(0);
+        };
+        let before = self.events;
+        let file = File::open(&self.path)?;
+        self.ingest(&file)?;
+        Ok(self.events - before)
+    }
+
+    /// The conversation, for replaying a run into a new one: the header's `prompt` and every
+    /// input `user_message` as user messages, and for every `TurnEnd` event its
+    /// `assistant_message` then its `tool_results`, in file order. Empty texts are skipped (the
+    /// model APIs reject empty text blocks). An event stored as an `Oversized` marker is lost.
+    pub fn messages(&self) -> io::Result<Vec<Value>> {
+        self.with_file(|file| {
+            let mut messages = Vec::new();
+            let mut lines = LineReader::new(file, 0, self.end);
+            while let LineEnd::Whole = lines.next_line()? {
+                let Some(line) = parse_line(lines.line()) else {
+                    break;
+                };
+                match line {
+                    Line::Header(header) => push_user_text(&mut messages, &header["prompt"]),
+                    Line::Input(input) if input["type"] == "user_message" => {
+                        push_user_text(&mut messages, &input["text"]);
+                    }
+                    Line::Event { value, .. } if value["type"] == "TurnEnd" => {
+                        let mut value = value;
+                        let assistant = value["assistant_message"].take();
+                        if assistant.is_object() {
+                            messages.push(assistant);
+                        }
+                        if let Value::Array(results) = value["tool_results"].take() {
+                            messages.extend(results);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Ok(messages)
+        })
+    }
+
+    /// Appends one whole line with one write. If the write fails part-way the file is cut back
+    /// to the last whole line; if even that fails the log stops appending.
+    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let end = self.end;
+        let file = self.writer()?;
+        let Err(error) = file.write_all(line) else {
+            self.end += line.len() as u64;
+            return Ok(());
+        };
+        let cut = file.set_len(end).is_ok();
+        if !cut && let Access::Append(file) = mem::replace(&mut self.access, Access::Detached) {
+            self.access = Access::Poisoned(file);
+        }
+        Err(error)
+    }
+
+    /// The descriptor to append to, opening a loaded run's file the first time.
+    fn writer(&mut self) -> io::Result<&mut File> {
+        if let Access::Detached = self.access {
+            self.reopen_for_append()?;
+        }
+        match &mut self.access {
+            Access::Append(file) => Ok(file),
+            Access::Poisoned(_) => Err(io::Error::other(format!(
+                "{}: an earlier append failed part-way; not appending after it",
+                self.run_id
+            ))),
+            Access::Detached => Err(io::Error::other("session file is not open")),
+        }
+    }
+
+    /// Makes a loaded run appendable: locks the file so no other writer is active, catches up
+    /// on lines written since the scan, and trims a partial last line left by a crash so the
+    /// next line starts on a line boundary. Refuses a damaged file or one with no header.
+    fn reopen_for_append(&mut self) -> io::Result<()> {
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.path)?;
+        lock_for_append(&file, &self.run_id)?;
+        self.ingest(&file)?;
+        if self.damaged {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: session file is damaged after byte {}; not appending to it",
+                    self.run_id, self.end
+                ),
+            ));
+        }
+        if self.header.is_null() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: session file has no header line", self.run_id),
+            ));
+        }
+        file.set_len(self.end)?;
+        self.ignored = 0;
+        self.access = Access::Append(file);
+        Ok(())
+    }
+
+    /// Runs `f` on a descriptor for reading: the one held, or a fresh read-only one.
+    fn with_file<T>(&self, f: impl FnOnce(&File) -> io::Result<T>) -> io::Result<T> {
+        match &self.access {
+            Access::Append(file) | Access::Poisoned(file) => f(file),
+            Access::Detached => f(&File::open(&self.path)?),
+        }
+    }
+
+    /// Fills `batch` from the file with events from `cursor` up to the tail's start.
+    fn read_file(&self, cursor: u64, batch: &mut Batch) -> io::Result<()> {
+        let stride = cursor / INDEX_STRIDE;
+        let offset = usize::try_from(stride)
+            .ok()
+            .and_then(|i| self.index.get(i))
+            .copied()
+            .ok_or_else(|| self.changed_underneath())?;
+        self.with_file(|file| {
+            let mut lines = LineReader::new(file, offset, self.end);
+            let mut expected = stride * INDEX_STRIDE;
+            while expected < self.tail.start {
+                let LineEnd::Whole = lines.next_line()? else {
+                    return Err(self.changed_underneath());
+                };
+                // Lines before the cursor are stepped over without parsing when their head
+                // already says which event they are.
+                if let Some((seen, _)) = canonical_event_head(lines.line())
+                    && seen < cursor
+                {
+                    if seen != expected {
+                        return Err(self.changed_underneath());
+                    }
+                    expected += 1;
+                    continue;
+                }
+                let Some(line) = parse_line(lines.line()) else {
+                    return Err(self.changed_underneath());
+                };
+                let Line::Event {
+                    cursor: seen, text, ..
+                } = line
+                else {
+                    continue;
+                };
+                if seen != expected {
+                    return Err(self.changed_underneath());
+                }
+                expected += 1;
+                if seen >= cursor && !batch.push(seen, &Arc::from(text.as_ref())) {
+                    break;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn changed_underneath(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: session file changed underneath its log", self.run_id),
+        )
+    }
+
+    /// Reads whole lines from `self.end` on, updating the log, until the end of the file, a
+    /// partial last line or a line that does not parse.
+    fn ingest(&mut self, file: &File) -> io::Result<()> {
+        if !self.damaged {
+            let mut lines = LineReader::new(file, self.end, u64::MAX);
+            loop {
+                match lines.next_line()? {
+                    LineEnd::Whole => {}
+                    LineEnd::Eof | LineEnd::Partial => break,
+                    LineEnd::TooLong => {
+                        self.damaged = true;
+                        break;
+                    }
+                }
+                if !self.accept(lines.line(), lines.line_offset())? {
+                    self.damaged = true;
+                    break;
+                }
+                self.end = lines.offset();
+            }
+        }
+        self.ignored = file.metadata()?.len().saturating_sub(self.end);
+        Ok(())
+    }
+
+    /// Applies one whole line (without its newline) that starts at `offset`. `Ok(false)` means
+    /// the line is damaged; an error means the file is of a format this build cannot read.
+    fn accept(&mut self, line: &[u8], offset: u64) -> io::Result<bool> {
+        let Some(line) = parse_line(line) else {
+            return Ok(false);
+        };
+        if self.header.is_null() {
+            return match line {
+                Line::Header(header) => {
+                    if header["v"] != json!(FORMAT_VERSION) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "{}: session format version {} is not {FORMAT_VERSION}",
+                                self.run_id, header["v"]
+                            ),
+                        ));
+                    }
+                    self.header = header;
+                    Ok(true)
+                }
+                Line::Unknown => Ok(true),
+                _ => Ok(false),
+            };
+        }
+        match line {
+            Line::Header(_) => return Ok(false),
+            Line::Event { cursor, text, .. } => {
+                if cursor != self.events {
+                    return Ok(false);
+                }
+                if cursor.is_multiple_of(INDEX_STRIDE) {
+                    self.index.push(offset);
+                }
+                self.events += 1;
+                if self.tail.admits(text.len()) {
+                    self.tail.push(Arc::from(text.as_ref()));
+                } else {
+                    self.tail.skip();
+                }
+            }
+            Line::Status(status) => self.status = Some(status),
+            Line::Permission(request) => self.permission = request,
+            Line::Input(_) | Line::Unknown => {}
+        }
+        Ok(true)
+    }
+}
+
+static NULL: Value = Value::Null;
+
+/// The newest events of a log, contiguous and ending at its last event.
+struct Tail {
+    events: VecDeque<Arc<str>>,
+    /// The cursor of `events[0]`; with an empty tail, the log's length.
+    start: u64,
+    bytes: usize,
+    max_events: usize,
+    max_bytes: usize,
+}
+
+impl Tail {
+    fn live() -> Tail {
+        Tail::with_caps(TAIL_EVENTS, TAIL_BYTES)
+    }
+
+    /// A tail that keeps nothing, for loaded runs.
+    fn none() -> Tail {
+        Tail::with_caps(0, 0)
+    }
+
+    fn with_caps(max_events: usize, max_bytes: usize) -> Tail {
+        Tail {
+            events: VecDeque::new(),
+            start: 0,
+            bytes: 0,
+            max_events,
+            max_bytes,
+        }
+    }
+
+    fn admits(&self, len: usize) -> bool {
+        self.max_events > 0 && len <= self.max_bytes
+    }
+
+    fn push(&mut self, text: Arc<str>) {
+        self.bytes += text.len();
+        self.events.push_back(text);
+        while self.events.len() > self.max_events || self.bytes > self.max_bytes {
+            let Some(old) = self.events.pop_front() else {
+                break;
+            };
+            self.bytes -= old.len();
+            self.start += 1;
+        }
+    }
+
+    /// Accounts for an event not kept: the tail must stay contiguous up to the newest event,
+    /// so everything older goes too.
+    fn skip(&mut self) {
+        let next = self.start + self.events.len() as u64 + 1;
+        self.clear(next);
+    }
+
+    fn clear(&mut self, next: u64) {
+        self.events.clear();
+        self.bytes = 0;
+        self.start = next;
+    }
+
+    fn get(&self, cursor: u64) -> Option<&Arc<str>> {
+        let i = usize::try_from(cursor.checked_sub(self.start)?).ok()?;
+        self.events.get(i)
+    }
+}
+
+/// The events a `read` gathers, within its limits.
+struct Batch {
+    events: Vec<(u64, Arc<str>)>,
+    bytes: usize,
+    max_events: usize,
+    max_bytes: usize,
+}
+
+impl Batch {
+    /// Adds the event if it fits; the first one always does.
+    fn push(&mut self, cursor: u64, text: &Arc<str>) -> bool {
+        let fits = self.events.len() < self.max_events
+            && self.bytes.saturating_add(text.len()) <= self.max_bytes;
+        if !fits && !self.events.is_empty() {
+            return false;
+        }
+        self.bytes = self.bytes.saturating_add(text.len());
+        self.events.push((cursor, Arc::clone(text)));
+        true
+    }
+}
+
+/// One parsed line of a session file.
+enum Line<'a> {
+    Header(Value),
+    /// `text` is the event's JSON as stored, borrowed from the line when it is in the form this
+    /// module writes, so cursor reads return the very bytes the live tail would.
+    Event {
+        cursor: u64,
+        text: Cow<'a, str>,
+        value: Value,
+    },
+    Status(Value),
+    Permission(Option<Value>),
+    Input(Value),
+    /// A kind from a newer version, or a blank line.
+    Unknown,
+}
+
+/// Parses one line (without its newline); `None` when it is damaged.
+fn parse_line(line: &[u8]) -> Option<Line<'_>> {
+    let text = std::str::from_utf8(line).ok()?;
+    if text.trim().is_empty() {
+        return Some(Line::Unknown);
+    }
+    if let Some((cursor, body_start)) = canonical_event_head(line)
+        && let Some(body) = text[body_start..].strip_suffix('}')
+        && let Ok(value) = serde_json::from_str::<Value>(body)
+    {
+        // `body` parsed as one value, so it is exactly the `event` field and the line is whole.
+        return Some(Line::Event {
+            cursor,
+            text: Cow::Borrowed(body),
+            value,
+        });
+    }
+    let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(text) else {
+        return None;
+    };
+    let Some(Value::String(kind)) = fields.get("kind") else {
+        return None;
+    };
+    match kind.as_str() {
+        "header" => Some(Line::Header(Value::Object(fields))),
+        "event" => {
+            let cursor = fields.get("cursor")?.as_u64()?;
+            let value = fields.remove("event")?;
+            Some(Line::Event {
+                cursor,
+                text: Cow::Owned(value.to_string()),
+                value,
+            })
+        }
+        "status" => Some(Line::Status(fields.remove("status")?)),
+        "permission" => {
+            let request = fields.remove("request")?;
+            Some(Line::Permission((!request.is_null()).then_some(request)))
+        }
+        "input" => Some(Line::Input(fields.remove("input")?)),
+        _ => Some(Line::Unknown),
+    }
+}
+
+/// For a line that starts the way `append_event` writes one,
+/// `{"kind":"event","cursor":N,"event":`, the cursor and the offset of the event's JSON. The
+/// rest of the line is not checked.
+fn canonical_event_head(line: &[u8]) -> Option<(u64, usize)> {
+    let rest = line.strip_prefix(EVENT_LINE_PREFIX.as_bytes())?;
+    let n_digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let (digits, rest) = rest.split_at(n_digits);
+    if digits.is_empty() || (digits.len() > 1 && digits[0] == b'0') {
+        return None;
+    }
+    let cursor = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    rest.strip_prefix(br#","event":"#)?;
+    Some((
+        cursor,
+        EVENT_LINE_PREFIX.len() + n_digits + br#","event":"#.len(),
+    ))
+}
+
+/// The event line for `event` at `cursor`, and where the event's JSON sits in it. An event
+/// that cannot be stored as itself becomes an `Oversized` marker.
+fn event_line(cursor: u64, event: &Value) -> io::Result<(String, std::ops::Range<usize>)> {
+    let marker;
+    let event = if nested_deeper_than(event, MAX_EVENT_DEPTH) {
+        marker = json!({"type": "Oversized", "max_depth": MAX_EVENT_DEPTH});
+        &marker
+    } else {
+        event
+    };
+    let mut line = format!("{EVENT_LINE_PREFIX}{cursor},\"event\":").into_bytes();
+    let body_start = line.len();
+    serde_json::to_writer(&mut line, event)?;
+    if line.len() + "}\n".len() > MAX_LINE_BYTES {
+        let bytes = line.len() - body_start;
+        line.truncate(body_start);
+        serde_json::to_writer(&mut line, &json!({"type": "Oversized", "bytes": bytes}))?;
+    }
+    let body = body_start..line.len();
+    line.extend_from_slice(b"}\n");
+    let line =
+        String::from_utf8(line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok((line, body))
+}
+
+/// `{"kind":<kind>,"cursor":<cursor>,"<field>":<value>}\n`, refused if it would be unreadable.
+fn record_line(kind: &str, cursor: u64, field: &str, value: &Value) -> io::Result<String> {
+    if nested_deeper_than(value, MAX_EVENT_DEPTH) {
+        return Err(invalid_input(&format!(
+            "{kind} record nests too deeply to be read back"
+        )));
+    }
+    let line = format!(r#"{{"kind":"{kind}","cursor":{cursor},"{field}":{value}}}"#) + "\n";
+    if line.len() > MAX_LINE_BYTES {
+        return Err(invalid_input(&format!(
+            "{kind} record is longer than the session line cap"
+        )));
+    }
+    Ok(line)
+}
+
+fn header_line(run_id: &str, fields: &str) -> String {
+    format!(r#"{{"kind":"header","v":{FORMAT_VERSION},"run_id":"{run_id}"{fields}}}"#) + "\n"
+}
+
+/// Whether `value` has containers nested more than `limit` deep (a scalar is depth 0, `[]`
+/// depth 1). The recursion stops at `limit`, so a hostile value cannot exhaust the stack here.
+fn nested_deeper_than(value: &Value, limit: usize) -> bool {
+    match value {
+        Value::Array(items) => limit == 0 || items.iter().any(|v| nested_deeper_than(v, limit - 1)),
+        Value::Object(fields) => {
+            limit == 0 || fields.values().any(|v| nested_deeper_than(v, limit - 1))
+        }
+        _ => false,
+    }
+}
+
+/// Where a line ended, as `LineReader::next_line` reports it.
+enum LineEnd {
+    /// A `\n`-terminated line, now in `LineReader::line`.
+    Whole,
+    /// Bytes without a newline before the end of the file.
+    Partial,
+    /// A line longer than `MAX_LINE_BYTES`; reading stops there.
+    TooLong,
+    Eof,
+}
+
+/// Whole lines of `[start, end)` of a file, read with `pread` so a shared descriptor's offset
+/// is never moved, and each line capped at `MAX_LINE_BYTES`.
+struct LineReader<'f> {
+    reader: BufReader<Pread<'f>>,
+    line: Vec<u8>,
+    /// Where the line in `line` starts.
+    line_offset: u64,
+    /// Where the next line starts.
+    offset: u64,
+}
+
+impl<'f> LineReader<'f> {
+    fn new(file: &'f File, start: u64, end: u64) -> LineReader<'f> {
+        LineReader {
+            reader: BufReader::with_capacity(
+                READ_BUF_BYTES,
+                Pread {
+                    file,
+                    pos: start,
+                    end,
+                },
+            ),
+            line: Vec::new(),
+            line_offset: start,
+            offset: start,
+        }
+    }
+
+    /// The last whole line read, without its newline.
+    fn line(&self) -> &[u8] {
+        &self.line
+    }
+
+    fn line_offset(&self) -> u64 {
+        self.line_offset
+    }
+
+    fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn next_line(&mut self) -> io::Result<LineEnd> {
+        self.line.clear();
+        loop {
+            let buf = match self.reader.fill_buf() {
+                Ok(buf) => buf,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error),
+            };
+            if buf.is_empty() {
+                return Ok(if self.line.is_empty() {
+                    LineEnd::Eof
+                } else {
+                    LineEnd::Partial
+                });
+            }
+            let newline = buf.iter().position(|&b| b == b'\n');
+            let take = newline.unwrap_or(buf.len());
+            // The cap counts the newline, so content may be one byte shorter than it.
+            if self.line.len() + take >= MAX_LINE_BYTES {
+                return Ok(LineEnd::TooLong);
+            }
+            self.line.extend_from_slice(&buf[..take]);
+            match newline {
+                Some(_) => {
+                    self.reader.consume(take + 1);
+                    self.line_offset = self.offset;
+                    self.offset += self.line.len() as u64 + 1;
+                    return Ok(LineEnd::Whole);
+                }
+                None => self.reader.consume(take),
+            }
+        }
+    }
+}
+
+/// `Read` over `[pos, end)` of a file by `pread`.
+struct Pread<'f> {
+    file: &'f File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for Pread<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.end.saturating_sub(self.pos);
+        let want = usize::try_from(left).map_or(buf.len(), |left| left.min(buf.len()));
+        if want == 0 {
+            return Ok(0);
+        }
+        let n_bytes = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n_bytes as u64;
+        Ok(n_bytes)
+    }
+}
+
+/// Takes the exclusive append lock, refusing if another process holds it. A file system
+/// without `flock` support gets no lock rather than no session.
+fn lock_for_append(file: &File, run_id: &str) -> io::Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("{run_id}: session file is being written by another process"),
+        )),
+        Err(TryLockError::Error(error)) if error.kind() == io::ErrorKind::Unsupported => Ok(()),
+        Err(TryLockError::Error(error)) => Err(error),
+    }
+}
+
+fn push_user_text(messages: &mut Vec<Value>, text: &Value) {
+    if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
+        messages.push(json!({"role": "user", "content": [{"type": "text", "text": text}]}));
+    }
+}
+
+/// The highest run number among the directory's run files.
+fn max_run_number(dir: &Path) -> io::Result<Option<u64>> {
+    let mut max = None;
+    for entry in fs::read_dir(dir)? {
+        let Ok(entry) = entry else {
+            continue;
+        };
+        let file_name = entry.file_name();
+        let number = file_name
+            .to_str()
+            .and_then(|name| name.strip_suffix(".jsonl"))
+            .and_then(run_number);
+        max = max.max(number);
+    }
+    Ok(max)
+}
+
+fn check_run_id(run_id: &str) -> io::Result<()> {
+    match run_number(run_id) {
+        Some(_) => Ok(()),
+        None => Err(invalid_input(&format!(
+            "invalid run id {:?}: expected run-<number>",
+            truncate_chars(run_id, 64)
+        ))),
+    }
+}
+
+fn truncate_chars(text: &str, max: usize) -> &str {
+    text.char_indices()
+        .nth(max)
+        .map_or(text, |(cut, _)| &text[..cut])
+}
+
+fn invalid_input(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg.to_owned())
+}
+
+fn now_ms() -> u64 {
+    millis_since_epoch(SystemTime::now())
+}
+
+fn millis_since_epoch(time: SystemTime) -> u64 {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            static COUNTER: AtomicU32 = AtomicU32::new(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "caliban-session-test-{}-{name}-{n}",
+                std::process::id()
+            ));
+            let _ = fs::remove_dir_all(&path);
+            TempDir(path)
+        }
+
+        fn store(&self, sub: &str) -> SessionStore {
+            SessionStore::open(self.0.join(sub)).expect("open store")
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// xorshift64: reproducible randomness without a dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn header(prompt: &str) -> Map<String, Value> {
+        let Value::Object(fields) = json!({
+            "interactive": false, "prompt": prompt, "cwd": "/abs",
+            "model": "claude-test", "provider": "anthropic",
+        }) else {
+            unreachable!("a json! object literal is an object")
+        };
+        fields
+    }
+
+    fn delta(i: usize, text: &str) -> Value {
+        json!({"type": "AssistantTextDelta", "turn_index": 0, "content_block_index": 0,
+               "text": format!("{i}:{text}")})
+    }
+
+    /// Every event of `log`, checking that cursors are dense from 0.
+    fn all_events(log: &EventLog) -> Vec<String> {
+        let events = log.read(0, usize::MAX, usize::MAX).expect("read all");
+        for (i, (cursor, _)) in events.iter().enumerate() {
+            assert_eq!(*cursor, i as u64);
+        }
+        events
+            .into_iter()
+            .map(|(_, text)| text.to_string())
+            .collect()
+    }
+
+    /// What a read of `reference` from `cursor` must return.
+    fn expected_read(
+        reference: &[String],
+        cursor: u64,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (i, text) in reference.iter().enumerate().skip(cursor as usize) {
+            let fits = out.len() < max_events && bytes + text.len() <= max_bytes;
+            if !fits && !out.is_empty() {
+                break;
+            }
+            bytes += text.len();
+            out.push((i as u64, text.clone()));
+        }
+        out
+    }
+
+    fn owned(batch: Vec<(u64, Arc<str>)>) -> Vec<(u64, String)> {
+        batch.into_iter().map(|(c, t)| (c, t.to_string())).collect()
+    }
+
+    #[test]
+    fn round_trip() {
+        let tmp = TempDir::new("round-trip");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("fix the bug")).unwrap();
+        assert_eq!(log.run_id(), "run-1");
+        assert!(log.is_empty());
+        assert_eq!(log.header()["kind"], "header");
+        assert_eq!(log.header()["v"], 1);
+        assert_eq!(log.header()["prompt"], "fix the bug");
+        assert!(log.header()["created_ms"].as_u64().unwrap() > 1_600_000_000_000);
+
+        log.append_status(&json!({"state": "running"})).unwrap();
+        let first = delta(0, "héllo \"world\"\n");
+        assert_eq!(log.append_event(&first).unwrap(), 0);
+        let request = json!({"tool_use_id": "toolu_1", "tool_name": "Bash",
+                             "input": {"command": "ls"}});
+        log.append_permission(Some(&request)).unwrap();
+        assert_eq!(log.last_permission(), Some(&request));
+        log.append_permission(None).unwrap();
+        assert_eq!(log.last_permission(), None);
+        assert_eq!(log.append_event(&delta(1, "x")).unwrap(), 1);
+        log.append_input(&json!({"type": "end_input"})).unwrap();
+        log.append_status(&json!({"state": "done"})).unwrap();
+        log.sync().unwrap();
+        assert_eq!(log.len(), 2);
+
+        let text = fs::read_to_string(log.path()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with(r#"{"kind":"header","v":1,"run_id":"run-1","#));
+        assert_eq!(
+            lines[1],
+            r#"{"kind":"status","cursor":0,"status":{"state":"running"}}"#
+        );
+        assert_eq!(
+            lines[2],
+            format!(r#"{{"kind":"event","cursor":0,"event":{first}}}"#)
+        );
+        assert_eq!(
+            lines[4],
+            r#"{"kind":"permission","cursor":1,"request":null}"#
+        );
+        assert_eq!(
+            lines[6],
+            r#"{"kind":"input","cursor":2,"input":{"type":"end_input"}}"#
+        );
+        assert!(text.ends_with('\n'));
+        assert_eq!(mode_of(log.path()) & 0o777, 0o600);
+
+        let expected = vec![first.to_string(), delta(1, "x").to_string()];
+        assert_eq!(all_events(&log), expected);
+        let loaded = store.load("run-1").unwrap();
+        assert_eq!(loaded.header(), log.header());
+        assert_eq!(loaded.len(), 2);
+        assert_eq!(all_events(&loaded), expected);
+        assert_eq!(loaded.last_status(), Some(&json!({"state": "done"})));
+        assert_eq!(loaded.last_permission(), None);
+        assert_eq!(loaded.ignored_bytes(), 0);
+        assert!(log.read(2, 10, 10).unwrap().is_empty());
+        assert!(loaded.read(99, 10, 10).unwrap().is_empty());
+
+        let listed = store.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].run_id, "run-1");
+        assert_eq!(listed[0].events, 2);
+        assert_eq!(listed[0].header, *log.header());
+        assert_eq!(listed[0].status, Some(json!({"state": "done"})));
+        assert!(listed[0].modified_ms > 0);
+
+        assert_eq!(store.create(Map::new()).unwrap().run_id(), "run-2");
+        store.delete("run-1").unwrap();
+        assert_eq!(store.list().unwrap().len(), 1);
+        assert_eq!(
+            store.load("run-1").unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn reads_across_the_tail_and_the_file_match_a_reference() {
+        let tmp = TempDir::new("tail");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        let mut reference = Vec::new();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for i in 0..1500 {
+            // Every so often a big event, so the byte cap evicts as well as the count cap.
+            let size = match i % 37 {
+                0 => 40_000 + rng.below(30_000) as usize,
+                _ => rng.below(200) as usize,
+            };
+            let event = delta(i, &"é".repeat(size / 2));
+            assert_eq!(log.append_event(&event).unwrap(), i as u64);
+            reference.push(event.to_string());
+            if i % 10 == 0 {
+                log.append_status(&json!({"state": "running", "i": i}))
+                    .unwrap();
+            }
+            assert!(log.tail.events.len() <= TAIL_EVENTS);
+            assert!(log.tail.bytes <= TAIL_BYTES);
+            assert_eq!(log.tail.start + log.tail.events.len() as u64, log.len());
+        }
+        assert!(log.tail.start > 0, "the tail must have dropped old events");
+        assert!(log.index.len() as u64 == 1500_u64.div_ceil(INDEX_STRIDE));
+
+        let loaded = store.load(log.run_id()).unwrap();
+        for _ in 0..600 {
+            let cursor = rng.below(1510);
+            let max_events = 1 + rng.below(300) as usize;
+            let max_bytes = rng.below(150_000) as usize;
+            let expected = expected_read(&reference, cursor, max_events, max_bytes);
+            assert_eq!(
+                owned(log.read(cursor, max_events, max_bytes).unwrap()),
+                expected
+            );
+            assert_eq!(
+                owned(loaded.read(cursor, max_events, max_bytes).unwrap()),
+                expected
+            );
+        }
+        // A read that starts in the file and runs on into the tail.
+        let start = log.tail.start - 3;
+        let expected = expected_read(&reference, start, 10, usize::MAX);
+        assert_eq!(owned(log.read(start, 10, usize::MAX).unwrap()), expected);
+        assert_eq!(all_events(&log), reference);
+
+        log.release_tail();
+        assert!(log.tail.events.is_empty());
+        assert_eq!(all_events(&log), reference);
+        log.append_event(&delta(1500, "after")).unwrap();
+        reference.push(delta(1500, "after").to_string());
+        assert_eq!(all_events(&log), reference);
+        log.close().unwrap();
+        assert_eq!(all_events(&log), reference);
+    }
+
+    /// One state per line written: where the line ends and what a reader must see up to it.
+    struct Checkpoint {
+        end: u64,
+        events: usize,
+        status: Option<Value>,
+        permission: Option<Value>,
+    }
+
+    fn checkpoint(log: &EventLog) -> Checkpoint {
+        Checkpoint {
+            end: log.end,
+            events: log.len() as usize,
+            status: log.last_status().cloned(),
+            permission: log.last_permission().cloned(),
+        }
+    }
+
+    #[test]
+    fn a_crash_at_any_byte_leaves_a_readable_prefix() {
+        let tmp = TempDir::new("crash");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("fix the bug ✓")).unwrap();
+        let mut reference = Vec::new();
+        let mut checkpoints = vec![checkpoint(&log)];
+        log.append_status(&json!({"state": "running"})).unwrap();
+        checkpoints.push(checkpoint(&log));
+        for i in 0..12 {
+            let event = delta(i, "héllo \"wörld\"\n{}");
+            log.append_event(&event).unwrap();
+            reference.push(event.to_string());
+            checkpoints.push(checkpoint(&log));
+            if i % 4 == 1 {
+                let request = json!({"tool_use_id": format!("t{i}"), "tool_name": "Bash",
+                                     "input": {"command": "ls"}});
+                log.append_permission(Some(&request)).unwrap();
+                checkpoints.push(checkpoint(&log));
+                log.append_input(&json!({"type": "user_message", "text": "go on"}))
+                    .unwrap();
+                checkpoints.push(checkpoint(&log));
+                log.append_permission(None).unwrap();
+                checkpoints.push(checkpoint(&log));
+            }
+        }
+        log.append_status(&json!({"state": "done"})).unwrap();
+        checkpoints.push(checkpoint(&log));
+        let bytes = fs::read(log.path()).unwrap();
+        assert_eq!(bytes.len() as u64, log.end);
+
+        let cut_store = tmp.store("cut");
+        let path = cut_store.dir().join("run-1.jsonl");
+        for len in 0..=bytes.len() {
+            fs::write(&path, &bytes[..len]).unwrap();
+            let loaded = cut_store
+                .load("run-1")
+                .unwrap_or_else(|e| panic!("a {len}-byte prefix failed to load: {e}"));
+            let Some(state) = checkpoints.iter().rev().find(|c| c.end <= len as u64) else {
+                assert_eq!(loaded.header(), &Value::Null, "at {len} bytes");
+                assert_eq!(loaded.len(), 0);
+                assert_eq!(loaded.ignored_bytes(), len as u64);
+                continue;
+            };
+            assert_eq!(loaded.header(), log.header(), "at {len} bytes");
+            assert_eq!(loaded.len(), state.events as u64, "at {len} bytes");
+            assert_eq!(
+                all_events(&loaded),
+                reference[..state.events],
+                "at {len} bytes"
+            );
+            assert_eq!(
+                loaded.last_status(),
+                state.status.as_ref(),
+                "at {len} bytes"
+            );
+            assert_eq!(loaded.last_permission(), state.permission.as_ref());
+            assert_eq!(loaded.ignored_bytes(), len as u64 - state.end);
+            assert!(!loaded.damaged);
+            loaded.messages().unwrap();
+        }
+        // The same prefixes read through `list`, which must never fail either.
+        assert_eq!(cut_store.list().unwrap()[0].events, reference.len() as u64);
+    }
+
+    #[test]
+    fn flipped_bytes_never_panic() {
+        let tmp = TempDir::new("flip");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        for i in 0..4 {
+            log.append_event(&delta(i, "abc")).unwrap();
+            log.append_status(&json!({"state": "running"})).unwrap();
+        }
+        let bytes = fs::read(log.path()).unwrap();
+        let path = tmp.0.join("flip/run-1.jsonl");
+        let flip_store = tmp.store("flip");
+        for i in 0..bytes.len() {
+            for replacement in [b'\n', b'"', b'}', 0xff, b'7'] {
+                let mut damaged = bytes.clone();
+                damaged[i] = replacement;
+                fs::write(&path, &damaged).unwrap();
+                // A flip in the header's "v" is a clean error; anything else loads a prefix.
+                if let Ok(loaded) = flip_store.load("run-1") {
+                    assert!(loaded.len() <= 4);
+                    let _ = loaded.read(0, usize::MAX, usize::MAX);
+                    let _ = loaded.messages();
+                }
+                let _ = flip_store.list().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn damage_in_the_middle_ends_the_readable_prefix() {
+        let tmp = TempDir::new("garbage");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        let mut reference = Vec::new();
+        for i in 0..5 {
+            log.append_event(&delta(i, "x")).unwrap();
+            reference.push(delta(i, "x").to_string());
+        }
+        let good = fs::read(log.path()).unwrap();
+        let gap = format!(r#"{{"kind":"event","cursor":7,"event":{}}}"#, delta(7, "x")) + "\n";
+        let long = "x".repeat(MAX_LINE_BYTES) + "\n";
+        let unknown =
+            r#"{"kind":"bookmark","cursor":5,"note":"from the future"}"#.to_owned() + "\n";
+        let dir = tmp.store("cut");
+        let path = dir.dir().join("run-1.jsonl");
+        for (damage, damaged) in [
+            ("garbage\n", true),
+            (&gap, true),
+            (&long, true),
+            (&unknown, false),
+        ] {
+            let mut bytes = good.clone();
+            bytes.extend_from_slice(damage.as_bytes());
+            let after = format!(r#"{{"kind":"event","cursor":5,"event":{}}}"#, delta(5, "x"));
+            bytes.extend_from_slice((after + "\n").as_bytes());
+            fs::write(&path, &bytes).unwrap();
+            let mut loaded = dir.load("run-1").unwrap();
+            assert_eq!(loaded.damaged, damaged);
+            if damaged {
+                assert_eq!(all_events(&loaded), reference);
+                assert_eq!(loaded.ignored_bytes(), (bytes.len() - good.len()) as u64);
+                assert_eq!(loaded.refresh().unwrap(), 0);
+                let err = loaded
+                    .append_status(&json!({"state": "failed"}))
+                    .unwrap_err();
+                assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+                assert_eq!(
+                    fs::read(&path).unwrap(),
+                    bytes,
+                    "a damaged file is left alone"
+                );
+            } else {
+                // Unknown kinds are skipped, not fatal.
+                assert_eq!(loaded.len(), 6);
+                assert_eq!(loaded.ignored_bytes(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_event_becomes_a_marker_and_cursors_stay_dense() {
+        let tmp = TempDir::new("oversized");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        // An event whose line is exactly the cap is stored as is; one byte more is not.
+        let overhead = event_line(1, &delta(1, "")).unwrap().0.len();
+        let fits = delta(1, &"a".repeat(MAX_LINE_BYTES - overhead));
+        let huge = delta(2, &"a".repeat(MAX_LINE_BYTES - overhead + 1));
+        let deep_ok = (0..MAX_EVENT_DEPTH - 1).fold(json!(1), |v, _| json!([v]));
+        let deep_ok = json!({ "type": "Deep", "v": deep_ok });
+        let too_deep = json!({ "type": "Deep", "v": [deep_ok["v"].clone()] });
+        assert_eq!(log.append_event(&delta(0, "small")).unwrap(), 0);
+        assert_eq!(log.append_event(&fits).unwrap(), 1);
+        assert_eq!(log.append_event(&huge).unwrap(), 2);
+        assert_eq!(log.append_event(&deep_ok).unwrap(), 3);
+        assert_eq!(log.append_event(&too_deep).unwrap(), 4);
+        assert_eq!(log.append_event(&delta(5, "small")).unwrap(), 5);
+
+        let marker = json!({"type": "Oversized", "bytes": huge.to_string().len()}).to_string();
+        let depth_marker = json!({"type": "Oversized", "max_depth": MAX_EVENT_DEPTH}).to_string();
+        let expected = vec![
+            delta(0, "small").to_string(),
+            fits.to_string(),
+            marker,
+            deep_ok.to_string(),
+            depth_marker,
+            delta(5, "small").to_string(),
+        ];
+        assert_eq!(all_events(&log), expected);
+        let loaded = store.load("run-1").unwrap();
+        assert_eq!(all_events(&loaded), expected);
+        assert_eq!(loaded.ignored_bytes(), 0);
+        // A big event is always returned alone, whatever max_bytes says.
+        assert_eq!(log.read(1, 10, 1).unwrap().len(), 1);
+        assert_eq!(
+            loaded.read(1, 10, 1).unwrap()[0].1.len(),
+            fits.to_string().len()
+        );
+
+        let err = log.append_input(&json!({"type": "user_message",
+                                           "text": "a".repeat(MAX_LINE_BYTES)}));
+        assert_eq!(err.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(log.len(), 6);
+    }
+
+    #[test]
+    fn create_skips_numbers_other_writers_took() {
+        let tmp = TempDir::new("collide");
+        let dir = tmp.0.join("sessions");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("run-7.jsonl"), b"").unwrap();
+        fs::write(dir.join("run-0100.jsonl"), b"").unwrap(); // not a run id: ignored
+        let mut first = SessionStore::open(dir.clone()).unwrap();
+        let mut second = SessionStore::open(dir.clone()).unwrap();
+        assert_eq!(first.create(header("a")).unwrap().run_id(), "run-8");
+        assert_eq!(second.create(header("b")).unwrap().run_id(), "run-9");
+        fs::write(dir.join("run-20.jsonl"), b"").unwrap();
+        assert_eq!(first.create(header("c")).unwrap().run_id(), "run-21");
+        assert_eq!(first.create(header("d")).unwrap().run_id(), "run-22");
+        assert_eq!(first.load("run-8").unwrap().header()["prompt"], "a");
+        assert_eq!(first.load("run-9").unwrap().header()["prompt"], "b");
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::os::unix::fs::PermissionsExt::mode(&fs::metadata(path).unwrap().permissions())
+    }
+
+    #[test]
+    fn list_skips_unreadable_files_and_sorts_by_number() {
+        let tmp = TempDir::new("list");
+        let mut store = tmp.store("sessions");
+        let dir = store.dir().to_owned();
+        assert_eq!(mode_of(&dir) & 0o777, 0o700);
+        for _ in 0..10 {
+            let mut log = store.create(header("p")).unwrap();
+            log.append_event(&delta(0, "x")).unwrap();
+            log.append_permission(Some(&json!({"tool_use_id": "t"})))
+                .unwrap();
+        }
+        fs::write(dir.join("run-9.jsonl"), b"\x00\xffnot json\n").unwrap();
+        fs::remove_file(dir.join("run-3.jsonl")).unwrap();
+        fs::create_dir(dir.join("run-3.jsonl")).unwrap();
+        fs::write(dir.join("run-4.jsonl"), b"{\"kind\":\"header\",\"v\":2}\n").unwrap();
+        fs::write(dir.join("notes.jsonl"), b"{}\n").unwrap();
+        fs::write(dir.join("run-05.jsonl"), b"{}\n").unwrap();
+        let listed = store.list().unwrap();
+        let ids: Vec<&str> = listed.iter().map(|s| s.run_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "run-1", "run-2", "run-5", "run-6", "run-7", "run-8", "run-9", "run-10"
+            ]
+        );
+        let corrupt = &listed[6];
+        assert_eq!((&corrupt.header, corrupt.events), (&Value::Null, 0));
+        let good = &listed[7];
+        assert_eq!(good.events, 1);
+        assert_eq!(good.permission, Some(json!({"tool_use_id": "t"})));
+        assert_eq!(good.status, None);
+        assert_eq!(good.header["run_id"], "run-10");
+        let logs = store.list_logs().unwrap();
+        assert_eq!(logs.len(), 8);
+        assert_eq!(all_events(&logs[7].1), [delta(0, "x").to_string()]);
+        let err = store.load("run-4").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn run_ids_that_could_escape_the_dir_are_rejected() {
+        let tmp = TempDir::new("escape");
+        let store = tmp.store("sessions");
+        fs::write(tmp.0.join("secret.jsonl"), b"{}\n").unwrap();
+        for bad in [
+            "../secret",
+            "run-1/../../secret",
+            "run-",
+            "run-1a",
+            "run-+1",
+            "run--1",
+            "run-01",
+            "run-1.jsonl",
+            "/etc/passwd",
+            "",
+            "run-1\0",
+            "run-99999999999999999999999",
+        ] {
+            assert_eq!(
+                store.load(bad).unwrap_err().kind(),
+                io::ErrorKind::InvalidInput,
+                "{bad:?}"
+            );
+            assert_eq!(
+                store.delete(bad).unwrap_err().kind(),
+                io::ErrorKind::InvalidInput
+            );
+        }
+        assert!(tmp.0.join("secret.jsonl").exists());
+        assert_eq!(run_number("run-0"), Some(0));
+        assert_eq!(run_number("run-42"), Some(42));
+        assert_eq!(run_number("run-18446744073709551615"), Some(u64::MAX));
+    }
+
+    #[test]
+    fn messages_rebuild_the_conversation() {
+        let tmp = TempDir::new("messages");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("list files")).unwrap();
+        let user =
+            |text: &str| json!({"role": "user", "content": [{"type": "text", "text": text}]});
+        let assistant = json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]});
+        let results = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "a.txt"}]});
+        let reply = json!({"role": "assistant", "content": [{"type": "text", "text": "a.txt"}]});
+        let turn_end = |i: u32, message: &Value, results: Vec<Value>| {
+            json!({"type": "TurnEnd", "turn_index": i, "assistant_message": message,
+                   "tool_results": results, "stop_reason": "end_turn",
+                   "usage": {"input_tokens": 1, "output_tokens": 1}, "ttft": null, "tbt": null})
+        };
+        log.append_event(
+            &json!({"type": "TurnStart", "turn_index": 0, "message_id": "m",
+                                  "model": "x"}),
+        )
+        .unwrap();
+        log.append_event(&turn_end(0, &assistant, vec![results.clone()]))
+            .unwrap();
+        log.append_event(&turn_end(1, &reply, vec![])).unwrap();
+        log.append_input(&json!({"type": "user_message", "text": "thanks"}))
+            .unwrap();
+        log.append_input(&json!({"type": "user_message", "text": ""}))
+            .unwrap();
+        log.append_event(&turn_end(2, &reply, vec![])).unwrap();
+        log.append_input(&json!({"type": "end_input"})).unwrap();
+        log.append_event(&json!({"type": "RunEnd", "final_messages": []}))
+            .unwrap();
+        let expected = vec![
+            user("list files"),
+            assistant,
+            results,
+            reply.clone(),
+            user("thanks"),
+            reply,
+        ];
+        assert_eq!(log.messages().unwrap(), expected);
+        assert_eq!(store.load("run-1").unwrap().messages().unwrap(), expected);
+    }
+
+    #[test]
+    fn a_loaded_log_follows_a_file_being_written() {
+        let tmp = TempDir::new("follow");
+        let mut store = tmp.store("sessions");
+        let mut writer = store.create(header("p")).unwrap();
+        let mut reference = Vec::new();
+        for i in 0..100 {
+            writer.append_event(&delta(i, "x")).unwrap();
+            reference.push(delta(i, "x").to_string());
+        }
+        let mut reader = store.load("run-1").unwrap();
+        assert_eq!(reader.len(), 100);
+        for i in 100..250 {
+            writer.append_event(&delta(i, "y")).unwrap();
+            reference.push(delta(i, "y").to_string());
+        }
+        writer.append_status(&json!({"state": "done"})).unwrap();
+        assert_eq!(reader.refresh().unwrap(), 150);
+        assert_eq!(reader.last_status(), Some(&json!({"state": "done"})));
+        assert_eq!(all_events(&reader), reference);
+        assert_eq!(writer.refresh().unwrap(), 0);
+
+        // A line caught half-written is ignored until it is whole.
+        let line = format!(
+            r#"{{"kind":"event","cursor":250,"event":{}}}"#,
+            delta(250, "z")
+        );
+        let path = tmp.store("half").dir().join("run-1.jsonl");
+        let mut bytes = fs::read(writer.path()).unwrap();
+        bytes.extend_from_slice(&line.as_bytes()[..20]);
+        fs::write(&path, &bytes).unwrap();
+        let mut half = SessionStore::open(path.parent().unwrap().to_owned())
+            .unwrap()
+            .load("run-1")
+            .unwrap();
+        assert_eq!((half.len(), half.ignored_bytes()), (250, 20));
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(&line.as_bytes()[20..]).unwrap();
+        assert_eq!(half.refresh().unwrap(), 0);
+        file.write_all(b"\n").unwrap();
+        assert_eq!(half.refresh().unwrap(), 1);
+        assert_eq!((half.len(), half.ignored_bytes()), (251, 0));
+    }
+
+    #[test]
+    fn appending_to_a_loaded_run_trims_a_partial_line_and_respects_the_writer_lock() {
+        let tmp = TempDir::new("append-loaded");
+        let mut store = tmp.store("sessions");
+        let mut writer = store.create(header("p")).unwrap();
+        writer.append_event(&delta(0, "x")).unwrap();
+        let mut other = store.load("run-1").unwrap();
+        let err = other
+            .append_status(&json!({"state": "failed"}))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        writer.append_event(&delta(1, "x")).unwrap();
+        writer.close().unwrap();
+        // The writer let go: the other log catches up, then appends after the last line.
+        other.append_status(&json!({"state": "failed"})).unwrap();
+        assert_eq!(other.len(), 2);
+        other.close().unwrap();
+
+        // A crash left half a line: it is cut before the next line goes out.
+        let mut bytes = fs::read(other.path()).unwrap();
+        bytes.extend_from_slice(br#"{"kind":"event","cursor":2,"ev"#);
+        fs::write(other.path(), &bytes).unwrap();
+        let mut crashed = store.load("run-1").unwrap();
+        assert_eq!(crashed.ignored_bytes(), 30);
+        crashed
+            .append_status(&json!({"state": "failed", "error": "interrupted"}))
+            .unwrap();
+        crashed.append_event(&delta(2, "x")).unwrap();
+        crashed.sync().unwrap();
+        let reloaded = store.load("run-1").unwrap();
+        assert_eq!(reloaded.ignored_bytes(), 0);
+        assert_eq!(reloaded.len(), 3);
+        assert_eq!(reloaded.last_status().unwrap()["error"], "interrupted");
+        assert_eq!(all_events(&reloaded)[2], delta(2, "x").to_string());
+        // A log that has its own descriptor holds the lock now.
+        let mut third = store.load("run-1").unwrap();
+        assert!(third.append_status(&json!({"state": "done"})).is_err());
+    }
+
+    #[test]
+    fn a_failed_append_changes_nothing_and_poisons_an_uncuttable_file() {
+        let tmp = TempDir::new("full");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        log.append_event(&delta(0, "x")).unwrap();
+        // Writes to /dev/full fail with ENOSPC, and a device cannot be truncated either.
+        let Ok(full) = OpenOptions::new().read(true).append(true).open("/dev/full") else {
+            return;
+        };
+        log.access = Access::Append(full);
+        assert!(log.append_event(&delta(1, "x")).is_err());
+        assert!(matches!(log.access, Access::Poisoned(_)));
+        assert_eq!(log.len(), 1);
+        assert_eq!(log.read(0, 10, 1000).unwrap().len(), 1);
+        let err = log.append_status(&json!({"state": "done"})).unwrap_err();
+        assert!(err.to_string().contains("failed part-way"), "{err}");
+        assert_eq!(log.last_status(), None);
+    }
+
+    #[test]
+    fn default_dir_follows_xdg() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let both = env(&[("XDG_STATE_HOME", "/state"), ("HOME", "/home/u")]);
+        assert_eq!(
+            default_dir(&both).unwrap(),
+            Path::new("/state/caliban/sessions")
+        );
+        let relative = env(&[("XDG_STATE_HOME", "state"), ("HOME", "/home/u")]);
+        assert_eq!(
+            default_dir(&relative).unwrap(),
+            Path::new("/home/u/.local/state/caliban/sessions")
+        );
+        let empty = env(&[("XDG_STATE_HOME", ""), ("HOME", "")]);
+        assert!(default_dir(&empty).is_err());
+    }
+}

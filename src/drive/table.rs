@@ -1,0 +1,726 @@
+//! The drive core: the table of runs every surface shares. It owns each run's lifecycle
+//! status, its durable event log, its queued input and its permission prompts, and turns
+//! surface requests (run, stream, status, input, permit, cancel, delete) into engine
+//! actions. Surfaces translate protocols to these calls and hold no agent logic.
+//!
+//! LIFECYCLE (`DriveStatus`): `starting → running → (awaiting_input ⇄ running)* → done |
+//! failed`. Architecture Invariant: an event is appended to the log before the engine
+//! reports the next thing, and the status changes only after, so a client that sees a
+//! terminal status can already read every event of the run.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use crate::agent::event::{StopCondition, TurnEvent};
+use crate::agent::run::{Run, RunConfig, ToolCall};
+use crate::drive::session::{EventLog, SessionStore};
+use crate::engine::{AskReply, Ctx, HostAction, RunId};
+use crate::log;
+use crate::model::types::ContentBlock;
+use crate::permissions::{Mode, Policy, Rule};
+use crate::reactor::TimerId;
+
+/// Upstream's envelope version for `{"v":1,"event":…}`.
+pub const ENVELOPE_VERSION: u64 = 1;
+/// How long a surfaced permission prompt waits for an answer before it is denied.
+pub const DEFAULT_PERMISSION_TIMEOUT: Duration = Duration::from_secs(600);
+/// Finished runs kept in memory; older ones are served from their session files.
+pub const MAX_FINISHED_IN_MEMORY: usize = 256;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriveStatus {
+    Starting,
+    Running,
+    AwaitingInput,
+    Done,
+    Failed(String),
+}
+
+impl DriveStatus {
+    pub fn to_json(&self) -> Value {
+        match self {
+            DriveStatus::Starting => json!({"state": "starting"}),
+            DriveStatus::Running => json!({"state": "running"}),
+            DriveStatus::AwaitingInput => json!({"state": "awaiting_input"}),
+            DriveStatus::Done => json!({"state": "done"}),
+            DriveStatus::Failed(error) => json!({"state": "failed", "error": error}),
+        }
+    }
+
+    pub fn from_json(value: &Value) -> Option<DriveStatus> {
+        Some(match value.get("state")?.as_str()? {
+            "starting" => DriveStatus::Starting,
+            "running" => DriveStatus::Running,
+            "awaiting_input" => DriveStatus::AwaitingInput,
+            "done" => DriveStatus::Done,
+            "failed" => DriveStatus::Failed(
+                value
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, DriveStatus::Done | DriveStatus::Failed(_))
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            DriveStatus::Starting => "starting",
+            DriveStatus::Running => "running",
+            DriveStatus::AwaitingInput => "awaiting_input",
+            DriveStatus::Done => "done",
+            DriveStatus::Failed(_) => "failed",
+        }
+    }
+}
+
+/// A surfaced or queued permission prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub tool_use_id: String,
+    pub tool_name: String,
+    pub input: Value,
+}
+
+impl Prompt {
+    pub fn to_json(&self) -> Value {
+        json!({"tool_use_id": self.tool_use_id, "tool_name": self.tool_name, "input": self.input})
+    }
+}
+
+/// What the drive core refuses, with upstream's exact texts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriveError {
+    UnknownRun(String),
+    /// `cannot send input: …`
+    Input(String),
+    /// A permit that does not match the surfaced prompt.
+    Permit(String),
+    BadRequest(String),
+    Build(String),
+}
+
+impl std::fmt::Display for DriveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriveError::UnknownRun(id) => write!(f, "unknown run_id: {id}"),
+            DriveError::Input(e) => write!(f, "cannot send input: {e}"),
+            DriveError::Permit(e) | DriveError::BadRequest(e) => f.write_str(e),
+            DriveError::Build(e) => write!(f, "failed to build run: {e}"),
+        }
+    }
+}
+
+const NOT_INTERACTIVE: &str = "drive session is not interactive; it accepts no input";
+const ENDED: &str = "drive session has ended; it accepts no further input";
+
+/// Follow-up input for an interactive run (upstream `DriveInbound`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inbound {
+    UserMessage(String),
+    EndInput,
+}
+
+impl Inbound {
+    fn to_json(&self) -> Value {
+        match self {
+            Inbound::UserMessage(text) => json!({"type": "user_message", "text": text}),
+            Inbound::EndInput => json!({"type": "end_input"}),
+        }
+    }
+}
+
+/// A request to start a run. Optional fields may only narrow the server's configuration.
+#[derive(Clone, Debug, Default)]
+pub struct RunSpec {
+    pub prompt: String,
+    pub interactive: bool,
+    pub cwd: Option<PathBuf>,
+    pub model: Option<String>,
+    pub permission_mode: Option<Mode>,
+    pub rules: Vec<Rule>,
+}
+
+/// The server-wide template every run starts from.
+#[derive(Clone)]
+pub struct DriveConfig {
+    pub run: RunConfig,
+    pub policy: Policy,
+    pub workspace: PathBuf,
+    pub provider: &'static str,
+    pub permission_timeout: Duration,
+    /// Builds the system prompt for a run's workspace.
+    pub system_prompt: Option<String>,
+}
+
+struct RunRecord {
+    num: u64,
+    interactive: bool,
+    status: DriveStatus,
+    log: EventLog,
+    /// The engine has this run (false for runs loaded from disk and finished ones).
+    live: bool,
+    prompts: VecDeque<Prompt>,
+    surfaced: Option<(Prompt, TimerId)>,
+    inputs: VecDeque<Inbound>,
+    created_ms: u64,
+    prompt: String,
+}
+
+/// One run as listed by `GET /runs`.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub status: DriveStatus,
+    pub interactive: bool,
+    pub created_ms: u64,
+    pub events: u64,
+    pub prompt: String,
+}
+
+/// A batch for a poll: events as `(cursor, TurnEvent JSON text)`.
+pub struct PollView {
+    pub events: Vec<(u64, std::sync::Arc<str>)>,
+    pub next_cursor: u64,
+    pub status: DriveStatus,
+    pub permission_request: Option<Prompt>,
+}
+
+pub enum PermitOutcome {
+    Answered,
+}
+
+pub struct DriveCore {
+    store: SessionStore,
+    config: DriveConfig,
+    runs: BTreeMap<u64, RunRecord>,
+    /// Runs whose events, status or prompt changed since `take_changed`.
+    changed: BTreeSet<u64>,
+    events_total: u64,
+}
+
+pub fn run_id(num: u64) -> String {
+    format!("run-{num}")
+}
+
+pub fn parse_run_id(id: &str) -> Option<u64> {
+    let digits = id.strip_prefix("run-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Timer keys the core hands to `Ctx::add_timer`; the host routes them back here.
+pub fn prompt_timer_key(num: u64) -> u64 {
+    num
+}
+
+impl DriveCore {
+    pub fn new(store: SessionStore, config: DriveConfig) -> DriveCore {
+        DriveCore {
+            store,
+            config,
+            runs: BTreeMap::new(),
+            changed: BTreeSet::new(),
+            events_total: 0,
+        }
+    }
+
+    /// Lists runs from earlier server processes. Their engines are gone: a run that had
+    /// not finished is reported failed, and the reason is appended to its session file.
+    pub fn load_existing(&mut self) {
+        let summaries = match self.store.list() {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn(&format!("cannot list earlier sessions: {e}"));
+                return;
+            }
+        };
+        for summary in summaries {
+            let Some(num) = parse_run_id(&summary.run_id) else {
+                continue;
+            };
+            let mut log = match self.store.load(&summary.run_id) {
+                Ok(log) => log,
+                Err(e) => {
+                    log::warn(&format!("skipping session {}: {e}", summary.run_id));
+                    continue;
+                }
+            };
+            let mut status = summary
+                .status
+                .as_ref()
+                .and_then(DriveStatus::from_json)
+                .unwrap_or(DriveStatus::Starting);
+            if !status.is_terminal() {
+                status = DriveStatus::Failed(
+                    "interrupted: the server stopped before the run ended".into(),
+                );
+                if let Err(e) = log.append_status(&status.to_json()) {
+                    log::warn(&format!("cannot mark {} interrupted: {e}", summary.run_id));
+                }
+                // Hold no descriptor for a run nobody writes any more.
+                let _ = log.close();
+            }
+            let header = &summary.header;
+            self.runs.insert(
+                num,
+                RunRecord {
+                    num,
+                    interactive: header["interactive"].as_bool().unwrap_or(false),
+                    status,
+                    log,
+                    live: false,
+                    prompts: VecDeque::new(),
+                    surfaced: None,
+                    inputs: VecDeque::new(),
+                    created_ms: header["created_ms"].as_u64().unwrap_or(summary.modified_ms),
+                    prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
+                },
+            );
+        }
+    }
+
+    pub fn config(&self) -> &DriveConfig {
+        &self.config
+    }
+
+    // ---- operations for surfaces ---------------------------------------------------------
+
+    pub fn start_run(&mut self, ctx: &mut Ctx, spec: RunSpec) -> Result<String, DriveError> {
+        if spec.prompt.trim().is_empty() {
+            return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
+        }
+        let workspace = match &spec.cwd {
+            None => self.config.workspace.clone(),
+            Some(cwd) => {
+                let joined = self.config.workspace.join(cwd);
+                let canonical = joined
+                    .canonicalize()
+                    .map_err(|e| DriveError::BadRequest(format!("cwd {}: {e}", cwd.display())))?;
+                // A run may work in a subdirectory, never outside what the server was given:
+                // a wider workspace would widen what the tools can touch.
+                if !canonical.starts_with(&self.config.workspace) || !canonical.is_dir() {
+                    return Err(DriveError::BadRequest(format!(
+                        "cwd {} is not a directory inside the server's workspace {}",
+                        cwd.display(),
+                        self.config.workspace.display()
+                    )));
+                }
+                canonical
+            }
+        };
+        let mut run_config = self.config.run.clone();
+        run_config.interactive = spec.interactive;
+        if let Some(model) = &spec.model {
+            run_config.model = model.clone();
+        }
+        let workspace_str = workspace.display().to_string();
+        run_config.system = self
+            .config
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| crate::agent::default_system_prompt(&workspace_str));
+        let mut policy = self.config.policy.clone();
+        if !spec.rules.is_empty() || spec.permission_mode.is_some() {
+            policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
+        }
+        let policy = policy.with_cwd(&workspace);
+
+        let mut header = Map::new();
+        header.insert("created_ms".into(), json!(now_ms()));
+        header.insert("interactive".into(), json!(spec.interactive));
+        header.insert("prompt".into(), json!(spec.prompt));
+        header.insert("cwd".into(), json!(workspace_str));
+        header.insert("model".into(), json!(run_config.model));
+        header.insert("provider".into(), json!(self.config.provider));
+        let created_ms = now_ms();
+        let mut log = self
+            .store
+            .create(header)
+            .map_err(|e| DriveError::Build(format!("cannot create the session file: {e}")))?;
+        let Some(num) = parse_run_id(log.run_id()) else {
+            return Err(DriveError::Build(format!("bad run id {}", log.run_id())));
+        };
+        let status = DriveStatus::Running;
+        // `starting` is recorded too, so a reader of the file sees the whole lifecycle.
+        let _ = log.append_status(&DriveStatus::Starting.to_json());
+        let _ = log.append_status(&status.to_json());
+        let run = Run::new(run_config, policy, Vec::new());
+        ctx.act(HostAction::StartRun {
+            id: RunId(num),
+            run: Box::new(run),
+            workspace,
+        });
+        ctx.act(HostAction::SendInput(
+            RunId(num),
+            vec![ContentBlock::text(spec.prompt.clone())],
+        ));
+        self.runs.insert(
+            num,
+            RunRecord {
+                num,
+                interactive: spec.interactive,
+                status,
+                log,
+                live: true,
+                prompts: VecDeque::new(),
+                surfaced: None,
+                inputs: VecDeque::new(),
+                created_ms,
+                prompt: spec.prompt,
+            },
+        );
+        self.changed.insert(num);
+        self.evict_finished();
+        Ok(run_id(num))
+    }
+
+    fn record(&self, id: &str) -> Result<&RunRecord, DriveError> {
+        parse_run_id(id)
+            .and_then(|n| self.runs.get(&n))
+            .ok_or_else(|| DriveError::UnknownRun(id.to_owned()))
+    }
+
+    fn record_mut(&mut self, id: &str) -> Result<&mut RunRecord, DriveError> {
+        parse_run_id(id)
+            .and_then(|n| self.runs.get_mut(&n))
+            .ok_or_else(|| DriveError::UnknownRun(id.to_owned()))
+    }
+
+    pub fn exists(&self, id: &str) -> bool {
+        self.record(id).is_ok()
+    }
+
+    pub fn poll(
+        &self,
+        id: &str,
+        cursor: u64,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> Result<PollView, DriveError> {
+        let rec = self.record(id)?;
+        let events = rec
+            .log
+            .read(cursor, max_events, max_bytes)
+            .map_err(|e| DriveError::Build(format!("cannot read the session file: {e}")))?;
+        // Upstream: a cursor past the end yields an empty batch and `next_cursor = len`.
+        let start = cursor.min(rec.log.len());
+        let next_cursor = events.last().map_or(start, |(c, _)| c + 1);
+        Ok(PollView {
+            events,
+            next_cursor,
+            status: rec.status.clone(),
+            permission_request: rec.surfaced.as_ref().map(|(p, _)| p.clone()),
+        })
+    }
+
+    pub fn status(&self, id: &str) -> Result<DriveStatus, DriveError> {
+        Ok(self.record(id)?.status.clone())
+    }
+
+    pub fn event_count(&self, id: &str) -> Result<u64, DriveError> {
+        Ok(self.record(id)?.log.len())
+    }
+
+    pub fn surfaced_prompt(&self, id: &str) -> Result<Option<Prompt>, DriveError> {
+        Ok(self.record(id)?.surfaced.as_ref().map(|(p, _)| p.clone()))
+    }
+
+    pub fn list(&self) -> Vec<RunSummary> {
+        self.runs
+            .values()
+            .map(|rec| RunSummary {
+                run_id: run_id(rec.num),
+                status: rec.status.clone(),
+                interactive: rec.interactive,
+                created_ms: rec.created_ms,
+                events: rec.log.len(),
+                prompt: rec.prompt.clone(),
+            })
+            .collect()
+    }
+
+    /// Counts by state label, and events appended by this process, for `/metrics`.
+    pub fn counts(&self) -> (BTreeMap<&'static str, u64>, u64) {
+        let mut by_state = BTreeMap::new();
+        for label in ["starting", "running", "awaiting_input", "done", "failed"] {
+            by_state.insert(label, 0);
+        }
+        for rec in self.runs.values() {
+            *by_state.entry(rec.status.label()).or_insert(0) += 1;
+        }
+        (by_state, self.events_total)
+    }
+
+    pub fn send_input(
+        &mut self,
+        ctx: &mut Ctx,
+        id: &str,
+        input: Inbound,
+    ) -> Result<(), DriveError> {
+        let rec = self.record_mut(id)?;
+        if !rec.interactive {
+            return Err(DriveError::Input(NOT_INTERACTIVE.into()));
+        }
+        if rec.status.is_terminal() || !rec.live || rec.inputs.contains(&Inbound::EndInput) {
+            return Err(DriveError::Input(ENDED.into()));
+        }
+        let _ = rec.log.append_input(&input.to_json());
+        rec.inputs.push_back(input);
+        if rec.status == DriveStatus::AwaitingInput {
+            let num = rec.num;
+            self.deliver_input(ctx, num);
+        }
+        Ok(())
+    }
+
+    fn deliver_input(&mut self, ctx: &mut Ctx, num: u64) {
+        let Some(rec) = self.runs.get_mut(&num) else {
+            return;
+        };
+        let Some(input) = rec.inputs.pop_front() else {
+            return;
+        };
+        match input {
+            Inbound::UserMessage(text) => {
+                rec.status = DriveStatus::Running;
+                let _ = rec.log.append_status(&rec.status.to_json());
+                ctx.act(HostAction::SendInput(
+                    RunId(num),
+                    vec![ContentBlock::text(text)],
+                ));
+            }
+            Inbound::EndInput => ctx.act(HostAction::EndInput(RunId(num))),
+        }
+        self.changed.insert(num);
+    }
+
+    pub fn permit(
+        &mut self,
+        ctx: &mut Ctx,
+        id: &str,
+        tool_use_id: &str,
+        allow: bool,
+        reason: Option<String>,
+    ) -> Result<PermitOutcome, DriveError> {
+        let rec = self.record_mut(id)?;
+        let Some((prompt, _)) = &rec.surfaced else {
+            if rec.status.is_terminal() || !rec.live {
+                return Err(DriveError::Permit(
+                    "run is no longer waiting on that prompt".into(),
+                ));
+            }
+            return Err(DriveError::Permit(
+                "no pending permission request for this run".into(),
+            ));
+        };
+        if prompt.tool_use_id != tool_use_id {
+            return Err(DriveError::Permit(format!(
+                "no pending permission with tool_use_id {tool_use_id}; current prompt is {}",
+                prompt.tool_use_id
+            )));
+        }
+        let message = if allow {
+            String::new()
+        } else {
+            reason
+                .filter(|r| !r.trim().is_empty())
+                .unwrap_or_else(|| "denied by client".to_owned())
+        };
+        let num = rec.num;
+        self.answer_prompt(ctx, num, allow, message);
+        Ok(PermitOutcome::Answered)
+    }
+
+    /// Resolves the surfaced prompt and surfaces the next queued one, if any.
+    fn answer_prompt(&mut self, ctx: &mut Ctx, num: u64, allow: bool, message: String) {
+        let Some(rec) = self.runs.get_mut(&num) else {
+            return;
+        };
+        let Some((prompt, timer)) = rec.surfaced.take() else {
+            return;
+        };
+        ctx.cancel_timer(timer);
+        let _ = rec.log.append_permission(None);
+        ctx.act(HostAction::Permit {
+            run: RunId(num),
+            tool_use_id: prompt.tool_use_id,
+            allow,
+            message,
+        });
+        self.changed.insert(num);
+        self.surface_next(ctx, num);
+    }
+
+    fn surface_next(&mut self, ctx: &mut Ctx, num: u64) {
+        let timeout = self.config.permission_timeout;
+        let Some(rec) = self.runs.get_mut(&num) else {
+            return;
+        };
+        if rec.surfaced.is_some() {
+            return;
+        }
+        let Some(prompt) = rec.prompts.pop_front() else {
+            return;
+        };
+        let timer = ctx.add_timer(timeout, prompt_timer_key(num));
+        let _ = rec.log.append_permission(Some(&prompt.to_json()));
+        rec.surfaced = Some((prompt, timer));
+        self.changed.insert(num);
+    }
+
+    pub fn cancel(&mut self, ctx: &mut Ctx, id: &str) -> Result<(), DriveError> {
+        let rec = self.record_mut(id)?;
+        if rec.live && !rec.status.is_terminal() {
+            ctx.act(HostAction::Cancel(RunId(rec.num)));
+        }
+        Ok(())
+    }
+
+    /// Cancels the run if it is live, forgets it and removes its session file.
+    pub fn delete(&mut self, ctx: &mut Ctx, id: &str) -> Result<(), DriveError> {
+        let num = self.record(id)?.num;
+        if let Some(rec) = self.runs.remove(&num) {
+            if let Some((_, timer)) = rec.surfaced {
+                ctx.cancel_timer(timer);
+            }
+            if rec.live && !rec.status.is_terminal() {
+                ctx.act(HostAction::Cancel(RunId(num)));
+            }
+        }
+        if let Err(e) = self.store.delete(&run_id(num)) {
+            log::warn(&format!(
+                "cannot delete the session file of {}: {e}",
+                run_id(num)
+            ));
+        }
+        self.changed.insert(num);
+        Ok(())
+    }
+
+    /// Runs whose observable state changed since the last call (for live streams).
+    pub fn take_changed(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.changed)
+    }
+
+    fn evict_finished(&mut self) {
+        let finished: Vec<u64> = self
+            .runs
+            .values()
+            .filter(|r| !r.live && r.status.is_terminal())
+            .map(|r| r.num)
+            .collect();
+        if finished.len() > MAX_FINISHED_IN_MEMORY {
+            // Oldest first; they stay on disk and reappear after a restart.
+            for num in &finished[..finished.len() - MAX_FINISHED_IN_MEMORY] {
+                self.runs.remove(num);
+            }
+        }
+    }
+
+    // ---- engine callbacks ----------------------------------------------------------------
+
+    pub fn on_event(&mut self, run: RunId, event: &TurnEvent) {
+        let Some(rec) = self.runs.get_mut(&run.0) else {
+            return;
+        };
+        match rec.log.append_event(&event.to_json()) {
+            Ok(_) => self.events_total += 1,
+            Err(e) => log::error(&format!("cannot append to {}: {e}", run_id(run.0))),
+        }
+        self.changed.insert(run.0);
+    }
+
+    pub fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply {
+        let Some(rec) = self.runs.get_mut(&run.0) else {
+            return AskReply::Deny(format!(
+                "permission denied for tool '{}': no drive client attached",
+                call.name
+            ));
+        };
+        rec.prompts.push_back(Prompt {
+            tool_use_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            input: call.input.clone(),
+        });
+        self.surface_next(ctx, run.0);
+        AskReply::Pending
+    }
+
+    pub fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId) {
+        let Some(rec) = self.runs.get_mut(&run.0) else {
+            return;
+        };
+        rec.status = DriveStatus::AwaitingInput;
+        let _ = rec.log.append_status(&rec.status.to_json());
+        self.changed.insert(run.0);
+        if !rec.inputs.is_empty() {
+            self.deliver_input(ctx, run.0);
+        }
+    }
+
+    pub fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
+        let Some(rec) = self.runs.get_mut(&run.0) else {
+            return;
+        };
+        rec.live = false;
+        rec.prompts.clear();
+        rec.inputs.clear();
+        if let Some((_, timer)) = rec.surfaced.take() {
+            ctx.cancel_timer(timer);
+            let _ = rec.log.append_permission(None);
+        }
+        rec.status = match why {
+            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
+            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
+                "the model stream was idle for {} s",
+                d.as_secs_f64()
+            )),
+            _ => DriveStatus::Done,
+        };
+        let _ = rec.log.append_status(&rec.status.to_json());
+        let _ = rec.log.sync();
+        // A finished run is served from its file: keep no tail in memory for it.
+        rec.log.release_tail();
+        self.changed.insert(run.0);
+    }
+
+    /// A prompt deadline passed: deny, as upstream does after 10 minutes.
+    pub fn on_prompt_timeout(&mut self, ctx: &mut Ctx, num: u64) {
+        let secs = self.config.permission_timeout.as_secs_f64();
+        let Some(rec) = self.runs.get(&num) else {
+            return;
+        };
+        let Some((prompt, _)) = &rec.surfaced else {
+            return;
+        };
+        let message = format!(
+            "permission denied for tool '{}': drive client did not respond within {secs}s",
+            prompt.tool_name
+        );
+        // The timer already fired; forget it so answer_prompt does not cancel a dead id.
+        if let Some(rec) = self.runs.get_mut(&num)
+            && let Some((_, timer)) = &mut rec.surfaced
+        {
+            ctx.cancel_timer(*timer);
+        }
+        self.answer_prompt(ctx, num, false, message);
+    }
+}

@@ -1,0 +1,836 @@
+//! `caliban http serve`: upstream's polling routes plus live NDJSON/SSE streams, run
+//! listing, cancel and delete, health, metrics and the OpenAPI document, over HTTP/1.1 (or
+//! HTTPS) on the engine's loop.
+//!
+//! It translates HTTP to drive-core calls and drive-core state to HTTP; it holds no agent
+//! logic. It owns the listener, the connections and each live stream's position.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::net::TcpListener;
+use mio::{Interest, Token};
+use serde_json::{Value, json};
+
+use crate::agent::event::StopCondition;
+use crate::agent::event::TurnEvent;
+use crate::agent::run::ToolCall;
+use crate::auth::{Decision, Gate};
+use crate::drive::table::{DriveCore, DriveError, DriveStatus, Inbound, RunSpec};
+use crate::engine::{AskReply, Ctx, Host, HostAction, RunId};
+use crate::http::server::{ConnEvent, Connection, Limits, Request};
+use crate::log;
+use crate::permissions::{Action, Mode, Rule, RuleSource};
+use crate::reactor::{Signal, TimerId};
+
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
+/// Open connections beyond this wait in the kernel's backlog until one closes.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// One poll response carries at most this many events / bytes; `next_cursor` continues.
+const POLL_MAX_EVENTS: usize = 1000;
+const POLL_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// A live stream takes this much from the log per step, so one follower cannot hog the loop.
+const STREAM_STEP_EVENTS: usize = 256;
+const STREAM_STEP_BYTES: usize = 256 * 1024;
+
+const OPENAPI: &str = include_str!("openapi.json");
+
+/// Host keys: the listener, connections from `CONN_BASE` up. Run numbers (prompt timers)
+/// stay below `CONN_BASE`.
+const LISTENER_KEY: u64 = u64::MAX;
+const CONN_BASE: u64 = 1 << 40;
+
+pub struct ServeConfig {
+    pub addr: SocketAddr,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub limits: Limits,
+    pub max_connections: usize,
+    pub gate: Gate,
+}
+
+/// A live `follow=1` stream on one connection.
+struct Follow {
+    run: String,
+    next_cursor: u64,
+    sent_status: Option<DriveStatus>,
+    /// `None`: nothing sent yet; `Some(x)`: the last prompt state sent (x may be null).
+    sent_prompt: Option<Value>,
+    sse: bool,
+}
+
+struct Client {
+    conn: Connection,
+    token: Token,
+    follow: Option<Follow>,
+    idle_timer: TimerId,
+}
+
+pub struct HttpServe {
+    core: DriveCore,
+    config: ServeConfig,
+    listener: TcpListener,
+    listener_token: Option<Token>,
+    clients: HashMap<u64, Client>,
+    next_key: u64,
+    accept_paused: bool,
+}
+
+fn json_response(conn: &mut Connection, status: u16, body: &Value) {
+    conn.respond(
+        status,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+}
+
+fn error_response(conn: &mut Connection, status: u16, message: &str) {
+    json_response(conn, status, &json!({"error": message}));
+}
+
+fn drive_error_status(err: &DriveError) -> u16 {
+    match err {
+        DriveError::UnknownRun(_) => 404,
+        DriveError::Input(_) | DriveError::Permit(_) => 409,
+        DriveError::BadRequest(_) => 400,
+        DriveError::Build(_) => 500,
+    }
+}
+
+/// `{"v":1,"event":<raw>}` built from the stored JSON text without re-parsing it.
+fn envelope(raw: &str) -> String {
+    format!("{{\"v\":1,\"event\":{raw}}}")
+}
+
+impl HttpServe {
+    pub fn new(core: DriveCore, config: ServeConfig) -> std::io::Result<HttpServe> {
+        let listener = TcpListener::bind(config.addr)?;
+        Ok(HttpServe {
+            core,
+            config,
+            listener,
+            listener_token: None,
+            clients: HashMap::new(),
+            next_key: CONN_BASE,
+            accept_paused: false,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Registers the listener on the engine's loop.
+    pub fn start(&mut self, ctx: &mut Ctx) -> std::io::Result<()> {
+        let token = ctx.host_token(LISTENER_KEY);
+        ctx.registry()
+            .register(&mut self.listener, token, Interest::READABLE)?;
+        self.listener_token = Some(token);
+        Ok(())
+    }
+
+    fn accept(&mut self, ctx: &mut Ctx) {
+        loop {
+            if self.clients.len() >= self.config.max_connections {
+                // Stop accepting; the rest wait in the kernel backlog. Edge-triggered
+                // readiness will not fire again for them, so `close_client` resumes us.
+                self.accept_paused = true;
+                return;
+            }
+            match self.listener.accept() {
+                Ok((tcp, peer)) => self.add_client(ctx, tcp, peer),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.accept_paused = false;
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: log and retry on the next readiness or close.
+                    log::warn(&format!("accept failed: {e}"));
+                    self.accept_paused = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn add_client(&mut self, ctx: &mut Ctx, tcp: mio::net::TcpStream, peer: SocketAddr) {
+        let _ = tcp.set_nodelay(true);
+        let mut conn = match Connection::new(
+            tcp,
+            peer,
+            self.config.tls.clone(),
+            self.config.limits.clone(),
+        ) {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::warn(&format!("cannot set up a connection from {peer}: {e}"));
+                return;
+            }
+        };
+        let key = self.next_key;
+        self.next_key += 1;
+        let token = ctx.host_token(key);
+        if let Err(e) =
+            ctx.registry()
+                .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
+        {
+            log::warn(&format!("cannot register a connection: {e}"));
+            ctx.forget_token(token);
+            return;
+        }
+        let idle_timer = ctx.add_timer(self.config.limits.idle_timeout, key);
+        self.clients.insert(
+            key,
+            Client {
+                conn,
+                token,
+                follow: None,
+                idle_timer,
+            },
+        );
+        // Bytes may already be waiting (a fast client); readiness was edge-triggered
+        // before we registered, so look now.
+        self.on_client_ready(ctx, key);
+    }
+
+    fn close_client(&mut self, ctx: &mut Ctx, key: u64) {
+        if let Some(mut client) = self.clients.remove(&key) {
+            let _ = ctx.registry().deregister(client.conn.tcp());
+            ctx.forget_token(client.token);
+            ctx.cancel_timer(client.idle_timer);
+            client.conn.close();
+        }
+        if self.accept_paused {
+            self.accept(ctx);
+        }
+    }
+
+    fn on_client_ready(&mut self, ctx: &mut Ctx, key: u64) {
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
+        let events = client.conn.on_ready();
+        for event in events {
+            match event {
+                ConnEvent::Request(request) => self.handle(ctx, key, request),
+                ConnEvent::Writable => self.pump_follow(key),
+                ConnEvent::Closed => {
+                    self.close_client(ctx, key);
+                    return;
+                }
+            }
+        }
+        // A follower that hung up will never read the rest of its stream.
+        if let Some(client) = self.clients.get(&key)
+            && client.follow.is_some()
+            && client.conn.peer_eof()
+        {
+            self.close_client(ctx, key);
+            return;
+        }
+        self.after_response(ctx, key);
+    }
+
+    /// Serves requests a pipelining client already sent, and drops closed connections.
+    fn after_response(&mut self, ctx: &mut Ctx, key: u64) {
+        loop {
+            let Some(client) = self.clients.get_mut(&key) else {
+                return;
+            };
+            if client.conn.is_closed() {
+                self.close_client(ctx, key);
+                return;
+            }
+            if client.follow.is_some() || client.conn.is_streaming() {
+                return;
+            }
+            match client.conn.next_request() {
+                Some(request) => self.handle(ctx, key, request),
+                None => return,
+            }
+        }
+    }
+
+    fn handle(&mut self, ctx: &mut Ctx, key: u64, request: Request) {
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
+        let peer = self.config.gate.classify(&client.conn.peer().ip());
+        if let Decision::Deny(_) = self
+            .config
+            .gate
+            .authorize(peer, request.header("authorization"))
+        {
+            client.conn.respond(
+                401,
+                &[
+                    ("content-type", "text/plain; charset=utf-8"),
+                    ("www-authenticate", "Bearer"),
+                ],
+                b"unauthorized",
+            );
+            return;
+        }
+        let segments: Vec<&str> = request
+            .path
+            .trim_start_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect();
+        let method = request.method.as_str();
+        match (method, segments.as_slice()) {
+            ("GET", ["healthz"]) => json_response(
+                &mut client.conn,
+                200,
+                &json!({"status": "ok", "version": crate::cli::VERSION}),
+            ),
+            ("GET", ["metrics"]) => {
+                let text = self.metrics(ctx);
+                let Some(client) = self.clients.get_mut(&key) else {
+                    return;
+                };
+                client.conn.respond(
+                    200,
+                    &[("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                    text.as_bytes(),
+                );
+            }
+            ("GET", ["openapi.json"]) => client.conn.respond(
+                200,
+                &[("content-type", "application/json")],
+                OPENAPI.as_bytes(),
+            ),
+            ("POST", ["runs"]) => {
+                let result = parse_json_body(&request).and_then(|body| run_spec(&body));
+                let result = result.and_then(|spec| {
+                    self.core
+                        .start_run(ctx, spec)
+                        .map_err(|e| (drive_error_status(&e), e.to_string()))
+                });
+                let Some(client) = self.clients.get_mut(&key) else {
+                    return;
+                };
+                match result {
+                    Ok(run_id) => json_response(&mut client.conn, 200, &json!({"run_id": run_id})),
+                    Err((status, message)) => error_response(&mut client.conn, status, &message),
+                }
+            }
+            ("GET", ["runs"]) => {
+                let runs: Vec<Value> = self
+                    .core
+                    .list()
+                    .into_iter()
+                    .map(|r| {
+                        json!({"run_id": r.run_id, "status": r.status.to_json(),
+                               "interactive": r.interactive, "created_ms": r.created_ms,
+                               "events": r.events, "prompt": r.prompt})
+                    })
+                    .collect();
+                json_response(&mut client.conn, 200, &json!({"runs": runs}));
+            }
+            ("GET", ["runs", id, "events"]) => self.events(key, id, &request),
+            ("GET", ["runs", id, "status"]) => match self.core.status(id) {
+                Ok(status) => {
+                    json_response(&mut client.conn, 200, &json!({"status": status.to_json()}))
+                }
+                Err(e) => error_response(&mut client.conn, drive_error_status(&e), &e.to_string()),
+            },
+            ("POST", ["runs", id, "input"]) => {
+                let result = parse_json_body(&request).and_then(|body| {
+                    let end = body.get("end").and_then(Value::as_bool).unwrap_or(false);
+                    let text = body.get("text").and_then(Value::as_str);
+                    let input = if end {
+                        Inbound::EndInput
+                    } else if let Some(text) = text {
+                        Inbound::UserMessage(text.to_owned())
+                    } else {
+                        return Err((400, "input requires `text` or `end: true`".to_owned()));
+                    };
+                    self.core
+                        .send_input(ctx, id, input)
+                        .map_err(|e| (drive_error_status(&e), e.to_string()))
+                });
+                self.reply_ok(key, result);
+            }
+            ("POST", ["runs", id, "permit"]) => {
+                let result = parse_json_body(&request).and_then(|body| {
+                    let Some(tool_use_id) = body.get("tool_use_id").and_then(Value::as_str) else {
+                        return Err((422, "missing field `tool_use_id`".to_owned()));
+                    };
+                    let Some(allow) = body.get("allow").and_then(Value::as_bool) else {
+                        return Err((422, "missing field `allow`".to_owned()));
+                    };
+                    let reason = body
+                        .get("reason")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
+                    self.core
+                        .permit(ctx, id, tool_use_id, allow, reason)
+                        .map(|_| ())
+                        .map_err(|e| (drive_error_status(&e), e.to_string()))
+                });
+                self.reply_ok(key, result);
+            }
+            ("POST", ["runs", id, "cancel"]) => {
+                let result = self
+                    .core
+                    .cancel(ctx, id)
+                    .map_err(|e| (drive_error_status(&e), e.to_string()));
+                self.reply_ok(key, result);
+            }
+            ("DELETE", ["runs", id]) => {
+                let result = self
+                    .core
+                    .delete(ctx, id)
+                    .map_err(|e| (drive_error_status(&e), e.to_string()));
+                self.reply_ok(key, result);
+            }
+            (
+                _,
+                ["healthz"]
+                | ["metrics"]
+                | ["openapi.json"]
+                | ["runs", _, "events"]
+                | ["runs", _, "status"],
+            ) => method_not_allowed(&mut client.conn, "GET"),
+            (_, ["runs"]) => method_not_allowed(&mut client.conn, "GET, POST"),
+            (_, ["runs", _, "input" | "permit" | "cancel"]) => {
+                method_not_allowed(&mut client.conn, "POST")
+            }
+            (_, ["runs", _]) => method_not_allowed(&mut client.conn, "DELETE"),
+            _ => error_response(&mut client.conn, 404, "not found"),
+        }
+    }
+
+    fn reply_ok(&mut self, key: u64, result: Result<(), (u16, String)>) {
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
+        match result {
+            Ok(()) => json_response(&mut client.conn, 200, &json!({"ok": true})),
+            Err((status, message)) => error_response(&mut client.conn, status, &message),
+        }
+    }
+
+    fn events(&mut self, key: u64, id: &str, request: &Request) {
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
+        let sse = request
+            .header("accept")
+            .is_some_and(|a| a.contains("text/event-stream"));
+        let follow = matches!(request.query_param("follow"), Some("1" | "true"));
+        let cursor = match request.query_param("cursor") {
+            Some(raw) => match raw.parse::<u64>() {
+                Ok(c) => c,
+                Err(_) => {
+                    error_response(
+                        &mut client.conn,
+                        400,
+                        &format!("invalid cursor `{raw}`: expected a non-negative integer"),
+                    );
+                    return;
+                }
+            },
+            // SSE clients resume with the id of the last event they saw.
+            None => request
+                .header("last-event-id")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+        };
+        if !self.core.exists(id) {
+            error_response(
+                &mut client.conn,
+                404,
+                &DriveError::UnknownRun(id.to_owned()).to_string(),
+            );
+            return;
+        }
+        if follow {
+            let content_type = if sse {
+                "text/event-stream"
+            } else {
+                "application/x-ndjson"
+            };
+            client.conn.start_stream(
+                200,
+                &[
+                    ("content-type", content_type),
+                    ("cache-control", "no-store"),
+                ],
+            );
+            client.follow = Some(Follow {
+                run: id.to_owned(),
+                next_cursor: cursor,
+                sent_status: None,
+                sent_prompt: None,
+                sse,
+            });
+            self.pump_follow(key);
+            return;
+        }
+        match self.core.poll(id, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES) {
+            Ok(view) => {
+                let mut body = String::from("{\"events\":[");
+                for (i, (_, raw)) in view.events.iter().enumerate() {
+                    if i > 0 {
+                        body.push(',');
+                    }
+                    body.push_str(&envelope(raw));
+                }
+                let prompt = view.permission_request.map_or(Value::Null, |p| p.to_json());
+                let _ = write!(
+                    body,
+                    "],\"next_cursor\":{},\"status\":{},\"permission_request\":{}}}",
+                    view.next_cursor,
+                    view.status.to_json(),
+                    prompt
+                );
+                client.conn.respond(
+                    200,
+                    &[("content-type", "application/json")],
+                    body.as_bytes(),
+                );
+            }
+            Err(e) => error_response(&mut client.conn, drive_error_status(&e), &e.to_string()),
+        }
+    }
+
+    /// Writes what a live stream has not seen yet, as far as the client keeps up: events in
+    /// order, then (once caught up) the prompt and status if they changed. The stream ends
+    /// after the line carrying a terminal status, which is only sent once every event was.
+    fn pump_follow(&mut self, key: u64) {
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
+        let Some(follow) = client.follow.as_mut() else {
+            return;
+        };
+        let line = |follow: &Follow, cursor: u64, body: String| -> String {
+            if follow.sse {
+                format!("id: {cursor}\ndata: {body}\n\n")
+            } else {
+                format!("{body}\n")
+            }
+        };
+        // The first line is always the status (DESIGN §4.5).
+        if follow.sent_status.is_none() {
+            let Ok(status) = self.core.status(&follow.run) else {
+                client.conn.end_stream();
+                client.follow = None;
+                return;
+            };
+            let body = format!(
+                "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
+                follow.next_cursor,
+                status.to_json()
+            );
+            client
+                .conn
+                .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+            follow.sent_status = Some(status);
+        }
+        loop {
+            if !client.conn.wants_more_stream() {
+                return;
+            }
+            let view = match self.core.poll(
+                &follow.run,
+                follow.next_cursor,
+                STREAM_STEP_EVENTS,
+                STREAM_STEP_BYTES,
+            ) {
+                Ok(view) => view,
+                Err(_) => {
+                    // Deleted while followed: nothing more will come.
+                    client.conn.end_stream();
+                    client.follow = None;
+                    return;
+                }
+            };
+            if !view.events.is_empty() {
+                let mut chunk = String::new();
+                for (cursor, raw) in &view.events {
+                    let body = format!("{{\"v\":1,\"cursor\":{},\"event\":{raw}}}", cursor + 1);
+                    chunk.push_str(&line(follow, cursor + 1, body));
+                }
+                follow.next_cursor = view.next_cursor;
+                client.conn.stream_chunk(chunk.as_bytes());
+                continue;
+            }
+            // Caught up with the log.
+            follow.next_cursor = view.next_cursor;
+            let prompt = view
+                .permission_request
+                .as_ref()
+                .map_or(Value::Null, |p| p.to_json());
+            if follow.sent_prompt.as_ref() != Some(&prompt)
+                && !(follow.sent_prompt.is_none() && prompt.is_null())
+            {
+                let body = format!(
+                    "{{\"v\":1,\"cursor\":{},\"permission_request\":{prompt}}}",
+                    follow.next_cursor
+                );
+                client
+                    .conn
+                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                follow.sent_prompt = Some(prompt);
+            }
+            if follow.sent_status.as_ref() != Some(&view.status) {
+                let body = format!(
+                    "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
+                    follow.next_cursor,
+                    view.status.to_json()
+                );
+                client
+                    .conn
+                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                follow.sent_status = Some(view.status.clone());
+            }
+            if view.status.is_terminal() {
+                client.conn.end_stream();
+                client.follow = None;
+            }
+            return;
+        }
+    }
+
+    fn metrics(&self, ctx: &Ctx) -> String {
+        let (by_state, events) = self.core.counts();
+        let stats = ctx.stats();
+        let mut out = String::new();
+        out.push_str("# HELP caliban_runs Runs known to this server, by lifecycle state.\n");
+        out.push_str("# TYPE caliban_runs gauge\n");
+        for (state, n) in by_state {
+            let _ = writeln!(out, "caliban_runs{{state=\"{state}\"}} {n}");
+        }
+        let counters: [(&str, &str, &str, u64); 6] = [
+            (
+                "caliban_events_total",
+                "counter",
+                "Turn events appended by this process.",
+                events,
+            ),
+            (
+                "caliban_http_connections",
+                "gauge",
+                "Open HTTP connections.",
+                self.clients.len() as u64,
+            ),
+            (
+                "caliban_model_requests_total",
+                "counter",
+                "Model requests started, retries included.",
+                stats.model_requests,
+            ),
+            (
+                "caliban_model_retries_total",
+                "counter",
+                "Model requests retried after a failure.",
+                stats.model_retries,
+            ),
+            (
+                "caliban_model_errors_total",
+                "counter",
+                "Runs ended by a model or transport failure.",
+                stats.model_errors,
+            ),
+            (
+                "caliban_tool_calls_total",
+                "counter",
+                "Tool calls executed.",
+                stats.tool_calls,
+            ),
+        ];
+        for (name, kind, help, value) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        out
+    }
+
+    fn pump_all(&mut self, ctx: &mut Ctx) {
+        let changed = self.core.take_changed();
+        if changed.is_empty() {
+            return;
+        }
+        let keys: Vec<u64> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| {
+                c.follow
+                    .as_ref()
+                    .and_then(|f| crate::drive::table::parse_run_id(&f.run))
+                    .is_some_and(|n| changed.contains(&n))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            self.pump_follow(key);
+            self.after_response(ctx, key);
+        }
+    }
+}
+
+fn method_not_allowed(conn: &mut Connection, allow: &str) {
+    conn.respond(
+        405,
+        &[("content-type", "application/json"), ("allow", allow)],
+        json!({"error": "method not allowed"})
+            .to_string()
+            .as_bytes(),
+    );
+}
+
+/// The JSON body of a POST: 415 unless it says JSON, 400 if it does not parse, 422 if it is
+/// not an object (upstream's axum answers the same way).
+fn parse_json_body(request: &Request) -> Result<Value, (u16, String)> {
+    let content_type = request.header("content-type").unwrap_or("");
+    let is_json = content_type
+        .split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err((
+            415,
+            "expected request with `content-type: application/json`".to_owned(),
+        ));
+    }
+    let value: Value = serde_json::from_slice(&request.body)
+        .map_err(|e| (400, format!("invalid JSON body: {e}")))?;
+    if !value.is_object() {
+        return Err((422, "the body must be a JSON object".to_owned()));
+    }
+    Ok(value)
+}
+
+fn string_list(body: &Value, key: &str) -> Result<Vec<String>, (u16, String)> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| (422, format!("`{key}` must be an array of strings")))
+            })
+            .collect(),
+        Some(_) => Err((422, format!("`{key}` must be an array of strings"))),
+    }
+}
+
+fn run_spec(body: &Value) -> Result<RunSpec, (u16, String)> {
+    let prompt = match body.get("prompt") {
+        Some(Value::String(p)) => p.clone(),
+        Some(_) => return Err((422, "`prompt` must be a string".to_owned())),
+        None => return Err((422, "missing field `prompt`".to_owned())),
+    };
+    let interactive = match body.get("interactive") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err((422, "`interactive` must be a boolean".to_owned())),
+    };
+    let opt_str = |key: &str| -> Result<Option<String>, (u16, String)> {
+        match body.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err((422, format!("`{key}` must be a string"))),
+        }
+    };
+    let permission_mode = match opt_str("permission_mode")? {
+        None => None,
+        Some(m) => Some(Mode::parse(&m).ok_or_else(|| {
+            (
+                400,
+                format!("invalid permission_mode `{m}`: expected default, acceptEdits, plan, dontAsk or bypassPermissions"),
+            )
+        })?),
+    };
+    let mut rules = Vec::new();
+    for (key, action) in [
+        ("deny", Action::Deny),
+        ("ask", Action::Ask),
+        ("allow", Action::Allow),
+    ] {
+        for pattern in string_list(body, key)? {
+            let rule = Rule::new(&pattern, action, None, RuleSource::Session)
+                .map_err(|e| (400, e.to_string()))?;
+            rules.push(rule);
+        }
+    }
+    Ok(RunSpec {
+        prompt,
+        interactive,
+        cwd: opt_str("cwd")?.map(Into::into),
+        model: opt_str("model")?,
+        permission_mode,
+        rules,
+    })
+}
+
+impl Host for HttpServe {
+    fn on_event(&mut self, _ctx: &mut Ctx, run: RunId, event: &TurnEvent) {
+        self.core.on_event(run, event);
+    }
+
+    fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply {
+        self.core.on_ask(ctx, run, call)
+    }
+
+    fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId) {
+        self.core.on_await_input(ctx, run);
+    }
+
+    fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
+        self.core.on_finished(ctx, run, why);
+    }
+
+    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal) {
+        log::info(&format!(
+            "{signal:?}: cancelling live runs and shutting down"
+        ));
+        for summary in self.core.list() {
+            if !summary.status.is_terminal() {
+                let _ = self.core.cancel(ctx, &summary.run_id);
+            }
+        }
+        ctx.act(HostAction::Quit);
+    }
+
+    fn on_io(&mut self, ctx: &mut Ctx, key: u64) {
+        if key == LISTENER_KEY {
+            self.accept(ctx);
+        } else {
+            self.on_client_ready(ctx, key);
+        }
+    }
+
+    fn on_timer(&mut self, ctx: &mut Ctx, key: u64) {
+        if key < CONN_BASE {
+            self.core.on_prompt_timeout(ctx, key);
+            return;
+        }
+        let idle = self.config.limits.idle_timeout;
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
+        let quiet = client.conn.last_activity().elapsed();
+        // Streams are allowed to be quiet (a run waiting on a prompt); request-response
+        // connections are closed once idle.
+        if client.follow.is_none() && !client.conn.is_streaming() && quiet >= idle {
+            self.close_client(ctx, key);
+            return;
+        }
+        let wait = idle.saturating_sub(quiet).max(Duration::from_millis(10));
+        client.idle_timer = ctx.add_timer(wait, key);
+    }
+
+    fn after_batch(&mut self, ctx: &mut Ctx) {
+        self.pump_all(ctx);
+    }
+}
