@@ -54,6 +54,8 @@ pub struct ServeConfig {
 /// A live `follow=1` stream on one connection.
 struct Follow {
     run: String,
+    /// The opening status line was decided (sent, or deferred for a finished run).
+    started: bool,
     next_cursor: u64,
     sent_status: Option<DriveStatus>,
     /// `None`: nothing sent yet; `Some(x)`: the last prompt state sent (x may be null).
@@ -464,6 +466,7 @@ impl HttpServe {
             );
             client.follow = Some(Follow {
                 run: id.to_owned(),
+                started: false,
                 next_cursor: cursor,
                 sent_status: None,
                 sent_prompt: None,
@@ -516,22 +519,30 @@ impl HttpServe {
                 format!("{body}\n")
             }
         };
-        // The first line is always the status (DESIGN §4.5).
-        if follow.sent_status.is_none() {
-            let Ok(status) = self.core.status(&follow.run) else {
+        // The first line is the status (DESIGN §4.5). A terminal status must also be the
+        // last line, so a replay of a finished run sends its events first and the status
+        // after them, once.
+        if !follow.started {
+            follow.started = true;
+            let (Ok(status), Ok(total)) = (
+                self.core.status(&follow.run),
+                self.core.event_count(&follow.run),
+            ) else {
                 client.conn.end_stream();
                 client.follow = None;
                 return;
             };
-            let body = format!(
-                "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
-                follow.next_cursor,
-                status.to_json()
-            );
-            client
-                .conn
-                .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
-            follow.sent_status = Some(status);
+            if !(status.is_terminal() && follow.next_cursor < total) {
+                let body = format!(
+                    "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
+                    follow.next_cursor,
+                    status.to_json()
+                );
+                client
+                    .conn
+                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                follow.sent_status = Some(status);
+            }
         }
         loop {
             if !client.conn.wants_more_stream() {
