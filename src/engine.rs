@@ -81,6 +81,12 @@ pub enum HostAction {
         allow: bool,
         message: String,
     },
+    /// The result of a tool call the host took with `ToolPlacement::Delegated`.
+    ToolResult {
+        run: RunId,
+        tool_use_id: String,
+        output: ToolOutput,
+    },
     Quit,
 }
 
@@ -161,6 +167,17 @@ pub trait Host {
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
     }
+    /// An allowed tool call is about to run. A host that can run it elsewhere (an editor's
+    /// own file system or terminal) answers `Delegated` and later reports the result with
+    /// `HostAction::ToolResult`.
+    fn on_tool_start(&mut self, _ctx: &mut Ctx, _run: RunId, _call: &ToolCall) -> ToolPlacement {
+        ToolPlacement::Local
+    }
+}
+
+pub enum ToolPlacement {
+    Local,
+    Delegated,
 }
 
 enum Owner {
@@ -502,6 +519,16 @@ impl Engine {
                     self.push_effects(run, effects);
                 }
             }
+            HostAction::ToolResult {
+                run,
+                tool_use_id,
+                output,
+            } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.on_tool_done(&tool_use_id, output, now);
+                    self.push_effects(run, effects);
+                }
+            }
             HostAction::Quit => self.quit = true,
         }
     }
@@ -517,7 +544,10 @@ impl Engine {
             }
             Effect::RunTool(call) => {
                 self.stats.tool_calls += 1;
-                self.start_tool(run, call)
+                match host.on_tool_start(&mut self.ctx(), run, &call) {
+                    ToolPlacement::Local => self.start_tool(run, call),
+                    ToolPlacement::Delegated => {}
+                }
             }
             Effect::Ask(call) => match host.on_ask(&mut self.ctx(), run, &call) {
                 AskReply::Deny(message) => self.actions.push_back(HostAction::Permit {

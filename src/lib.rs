@@ -15,6 +15,7 @@ pub mod drive;
 pub mod engine;
 pub mod glob;
 pub mod http;
+pub mod jsonrpc;
 pub mod log;
 pub mod model;
 pub mod permissions;

@@ -1,0 +1,317 @@
+//! JSON-RPC 2.0 messages as MCP and ACP use them: newline-delimited, one object per line.
+//! Sans-IO: a line in, a `Message` out; a `Message` in, a line out. It knows no methods.
+
+use serde_json::{Map, Value, json};
+
+/// The longest line we parse; longer input is answered with a parse error and dropped.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
+
+/// A request id: JSON-RPC allows numbers and strings (and null for unparseable requests).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Id {
+    Num(i64),
+    Str(String),
+    Null,
+}
+
+impl Id {
+    pub fn to_json(&self) -> Value {
+        match self {
+            Id::Num(n) => json!(n),
+            Id::Str(s) => json!(s),
+            Id::Null => Value::Null,
+        }
+    }
+
+    fn from_json(value: &Value) -> Option<Id> {
+        match value {
+            Value::Number(n) => n.as_i64().map(Id::Num),
+            Value::String(s) => Some(Id::Str(s.clone())),
+            Value::Null => Some(Id::Null),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub fn invalid_params(message: impl Into<String>) -> RpcError {
+        RpcError::new(INVALID_PARAMS, message)
+    }
+
+    pub fn method_not_found(method: &str) -> RpcError {
+        RpcError::new(METHOD_NOT_FOUND, format!("method not found: {method}"))
+    }
+
+    fn to_json(&self) -> Value {
+        let mut obj = json!({"code": self.code, "message": self.message});
+        if let Some(data) = &self.data {
+            obj["data"] = data.clone();
+        }
+        obj
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Request {
+        id: Id,
+        method: String,
+        params: Value,
+    },
+    Notification {
+        method: String,
+        params: Value,
+    },
+    Response {
+        id: Id,
+        result: Result<Value, RpcError>,
+    },
+}
+
+/// Why a line is not a message; the caller answers with `error_response(Id::Null, …)` when
+/// it carried no usable id, as JSON-RPC requires.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invalid {
+    pub id: Id,
+    pub error: RpcError,
+}
+
+/// Parses one line (without its newline). Blank lines are `Ok(None)`.
+pub fn parse(line: &[u8]) -> Result<Option<Message>, Invalid> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if line.len() > MAX_MESSAGE_BYTES {
+        return Err(Invalid {
+            id: Id::Null,
+            error: RpcError::new(
+                PARSE_ERROR,
+                format!("message exceeds {MAX_MESSAGE_BYTES} bytes"),
+            ),
+        });
+    }
+    let value: Value = serde_json::from_slice(line).map_err(|e| Invalid {
+        id: Id::Null,
+        error: RpcError::new(PARSE_ERROR, format!("parse error: {e}")),
+    })?;
+    let Value::Object(obj) = value else {
+        // Batches were removed from MCP in 2025-06-18 and ACP never had them.
+        return Err(Invalid {
+            id: Id::Null,
+            error: RpcError::new(INVALID_REQUEST, "expected a JSON-RPC object"),
+        });
+    };
+    from_object(obj).map(Some)
+}
+
+fn from_object(mut obj: Map<String, Value>) -> Result<Message, Invalid> {
+    let id = match obj.get("id") {
+        None => None,
+        Some(raw) => Some(Id::from_json(raw).ok_or_else(|| Invalid {
+            id: Id::Null,
+            error: RpcError::new(INVALID_REQUEST, "`id` must be a string or a number"),
+        })?),
+    };
+    let invalid = |id: &Option<Id>, message: &str| Invalid {
+        id: id.clone().unwrap_or(Id::Null),
+        error: RpcError::new(INVALID_REQUEST, message),
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(invalid(&id, "`jsonrpc` must be \"2.0\""));
+    }
+    if let Some(method) = obj.get("method") {
+        let Some(method) = method.as_str().map(str::to_owned) else {
+            return Err(invalid(&id, "`method` must be a string"));
+        };
+        let params = obj.remove("params").unwrap_or(Value::Null);
+        if !(params.is_null() || params.is_object() || params.is_array()) {
+            return Err(invalid(&id, "`params` must be an object or an array"));
+        }
+        return Ok(match id {
+            Some(id) => Message::Request { id, method, params },
+            None => Message::Notification { method, params },
+        });
+    }
+    let Some(id) = id else {
+        return Err(invalid(&id, "a message needs `method` or `id`"));
+    };
+    if let Some(error) = obj.get("error") {
+        let code = error
+            .get("code")
+            .and_then(Value::as_i64)
+            .unwrap_or(INTERNAL_ERROR);
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        return Ok(Message::Response {
+            id,
+            result: Err(RpcError {
+                code,
+                message,
+                data: error.get("data").cloned(),
+            }),
+        });
+    }
+    match obj.remove("result") {
+        Some(result) => Ok(Message::Response {
+            id,
+            result: Ok(result),
+        }),
+        None => Err(invalid(&Some(id), "a response needs `result` or `error`")),
+    }
+}
+
+/// Serialises a message as one line, newline included.
+pub fn to_line(message: &Message) -> Vec<u8> {
+    let value = match message {
+        Message::Request { id, method, params } => {
+            let mut obj = json!({"jsonrpc": "2.0", "id": id.to_json(), "method": method});
+            if !params.is_null() {
+                obj["params"] = params.clone();
+            }
+            obj
+        }
+        Message::Notification { method, params } => {
+            let mut obj = json!({"jsonrpc": "2.0", "method": method});
+            if !params.is_null() {
+                obj["params"] = params.clone();
+            }
+            obj
+        }
+        Message::Response { id, result } => match result {
+            Ok(result) => json!({"jsonrpc": "2.0", "id": id.to_json(), "result": result}),
+            Err(error) => json!({"jsonrpc": "2.0", "id": id.to_json(), "error": error.to_json()}),
+        },
+    };
+    let mut line = value.to_string().into_bytes();
+    line.push(b'\n');
+    line
+}
+
+pub fn response(id: Id, result: Value) -> Message {
+    Message::Response {
+        id,
+        result: Ok(result),
+    }
+}
+
+pub fn error_response(id: Id, error: RpcError) -> Message {
+    Message::Response {
+        id,
+        result: Err(error),
+    }
+}
+
+pub fn notification(method: &str, params: Value) -> Message {
+    Message::Notification {
+        method: method.to_owned(),
+        params,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_notifications_responses() {
+        let req = parse(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"a":1}}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            req,
+            Message::Request {
+                id: Id::Num(1),
+                method: "initialize".into(),
+                params: json!({"a": 1})
+            }
+        );
+        let note = parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            note,
+            Message::Notification {
+                params: Value::Null,
+                ..
+            }
+        ));
+        let resp = parse(br#"{"jsonrpc":"2.0","id":"x","result":{"ok":true}}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp, response(Id::Str("x".into()), json!({"ok": true})));
+        let err = parse(br#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"no"}}"#)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            err,
+            Message::Response {
+                result: Err(RpcError { code: -1, .. }),
+                ..
+            }
+        ));
+        assert_eq!(parse(b"   ").unwrap(), None);
+    }
+
+    #[test]
+    fn invalid_input_gets_the_spec_codes() {
+        assert_eq!(parse(b"{nope").unwrap_err().error.code, PARSE_ERROR);
+        assert_eq!(parse(b"[1,2]").unwrap_err().error.code, INVALID_REQUEST);
+        let bad = parse(br#"{"jsonrpc":"1.0","id":7,"method":"x"}"#).unwrap_err();
+        assert_eq!((bad.id, bad.error.code), (Id::Num(7), INVALID_REQUEST));
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#)
+                .unwrap_err()
+                .id,
+            Id::Null
+        );
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":3}"#)
+                .unwrap_err()
+                .error
+                .code,
+            INVALID_REQUEST
+        );
+    }
+
+    #[test]
+    fn lines_round_trip() {
+        for msg in [
+            response(Id::Num(1), json!({"x": [1, 2]})),
+            error_response(Id::Null, RpcError::new(PARSE_ERROR, "bad")),
+            notification("session/update", json!({"sessionId": "s"})),
+            Message::Request {
+                id: Id::Str("r".into()),
+                method: "fs/read_text_file".into(),
+                params: json!({"path": "/x"}),
+            },
+        ] {
+            let line = to_line(&msg);
+            assert_eq!(line.last(), Some(&b'\n'));
+            assert_eq!(parse(&line[..line.len() - 1]).unwrap(), Some(msg));
+        }
+    }
+}
