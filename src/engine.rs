@@ -81,6 +81,12 @@ pub enum HostAction {
         allow: bool,
         message: String,
     },
+    /// Changes a run's permission mode and/or adds a session rule.
+    UpdatePolicy {
+        run: RunId,
+        mode: Option<crate::permissions::Mode>,
+        rule: Option<crate::permissions::Rule>,
+    },
     /// The result of a tool call the host took with `ToolPlacement::Delegated`.
     ToolResult {
         run: RunId,
@@ -527,6 +533,17 @@ impl Engine {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     let effects = slot.run.on_tool_done(&tool_use_id, output, now);
                     self.push_effects(run, effects);
+                }
+            }
+            HostAction::UpdatePolicy { run, mode, rule } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let policy = slot.run.policy_mut();
+                    if let Some(mode) = mode {
+                        policy.set_mode(mode);
+                    }
+                    if let Some(rule) = rule {
+                        policy.with_session_rule(rule);
+                    }
                 }
             }
             HostAction::Quit => self.quit = true,

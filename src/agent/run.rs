@@ -139,6 +139,10 @@ impl Run {
         }
     }
 
+    pub fn policy_mut(&mut self) -> &mut Policy {
+        &mut self.policy
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done)
     }

@@ -530,7 +530,14 @@ impl EventLog {
                     break;
                 };
                 match line {
-                    Line::Header(header) => push_user_text(&mut messages, &header["prompt"]),
+                    Line::Header(header) => {
+                        // A run that continues an earlier conversation (an ACP session
+                        // after a cancel) carries that conversation in its header.
+                        if let Some(Value::Array(history)) = header.get("history") {
+                            messages.extend(history.iter().cloned());
+                        }
+                        push_user_text(&mut messages, &header["prompt"]);
+                    }
                     Line::Input(input) if input["type"] == "user_message" => {
                         push_user_text(&mut messages, &input["text"]);
                     }

@@ -19,7 +19,7 @@ use crate::agent::run::{Run, RunConfig, ToolCall};
 use crate::drive::session::{EventLog, SessionStore};
 use crate::engine::{AskReply, Ctx, HostAction, RunId};
 use crate::log;
-use crate::model::types::ContentBlock;
+use crate::model::types::{ContentBlock, Message};
 use crate::permissions::{Mode, Policy, Rule};
 use crate::reactor::TimerId;
 
@@ -147,6 +147,10 @@ pub struct RunSpec {
     pub model: Option<String>,
     pub permission_mode: Option<Mode>,
     pub rules: Vec<Rule>,
+    /// An earlier conversation this run continues (recorded in the session header).
+    pub history: Vec<Message>,
+    /// Surface-specific fields for the session header (e.g. an ACP session id).
+    pub extra_header: Map<String, Value>,
 }
 
 /// The server-wide template every run starts from.
@@ -343,7 +347,13 @@ impl DriveCore {
         }
         let policy = policy.with_cwd(&workspace);
 
-        let mut header = Map::new();
+        let mut header = spec.extra_header.clone();
+        if !spec.history.is_empty() {
+            header.insert(
+                "history".into(),
+                Value::Array(spec.history.iter().map(Message::to_json).collect()),
+            );
+        }
         header.insert("created_ms".into(), json!(now_ms()));
         header.insert("interactive".into(), json!(spec.interactive));
         header.insert("prompt".into(), json!(spec.prompt));
@@ -362,7 +372,7 @@ impl DriveCore {
         // `starting` is recorded too, so a reader of the file sees the whole lifecycle.
         let _ = log.append_status(&DriveStatus::Starting.to_json());
         let _ = log.append_status(&status.to_json());
-        let run = Run::new(run_config, policy, Vec::new());
+        let run = Run::new(run_config, policy, spec.history.clone());
         ctx.act(HostAction::StartRun {
             id: RunId(num),
             run: Box::new(run),
@@ -439,6 +449,54 @@ impl DriveCore {
         Ok(self.record(id)?.log.len())
     }
 
+    /// The session header of a run (prompt, cwd, model, surface fields).
+    pub fn header(&self, id: &str) -> Result<Value, DriveError> {
+        Ok(self.record(id)?.log.header().clone())
+    }
+
+    /// The run's conversation as model messages, rebuilt from its session file.
+    pub fn messages(&self, id: &str) -> Result<Vec<Value>, DriveError> {
+        self.record(id)?
+            .log
+            .messages()
+            .map_err(|e| DriveError::Build(format!("cannot read the session file: {e}")))
+    }
+
+    /// Runs whose session header has `key` equal to `value`, oldest first.
+    pub fn find_by_header(&self, key: &str, value: &Value) -> Vec<String> {
+        self.runs
+            .values()
+            .filter(|rec| rec.log.header().get(key) == Some(value))
+            .map(|rec| run_id(rec.num))
+            .collect()
+    }
+
+    /// Whether the engine still runs this run (it can take input, prompts, cancel).
+    pub fn is_live(&self, id: &str) -> bool {
+        self.record(id).is_ok_and(|rec| rec.live)
+    }
+
+    /// Changes a live run's permission mode, or adds a session rule that outranks the
+    /// configured ones (an editor's "always allow"); a narrowing profile still applies.
+    pub fn update_policy(
+        &mut self,
+        ctx: &mut Ctx,
+        id: &str,
+        mode: Option<Mode>,
+        rule: Option<Rule>,
+    ) -> Result<(), DriveError> {
+        let rec = self.record(id)?;
+        if !rec.live {
+            return Err(DriveError::Input(ENDED.into()));
+        }
+        ctx.act(HostAction::UpdatePolicy {
+            run: RunId(rec.num),
+            mode,
+            rule,
+        });
+        Ok(())
+    }
+
     pub fn surfaced_prompt(&self, id: &str) -> Result<Option<Prompt>, DriveError> {
         Ok(self.record(id)?.surfaced.as_ref().map(|(p, _)| p.clone()))
     }
@@ -482,7 +540,6 @@ impl DriveCore {
         if rec.status.is_terminal() || !rec.live || rec.inputs.contains(&Inbound::EndInput) {
             return Err(DriveError::Input(ENDED.into()));
         }
-        let _ = rec.log.append_input(&input.to_json());
         rec.inputs.push_back(input);
         if rec.status == DriveStatus::AwaitingInput {
             let num = rec.num;
@@ -498,6 +555,8 @@ impl DriveCore {
         let Some(input) = rec.inputs.pop_front() else {
             return;
         };
+        // Logged when delivered, not when queued, so the file keeps conversation order.
+        let _ = rec.log.append_input(&input.to_json());
         match input {
             Inbound::UserMessage(text) => {
                 rec.status = DriveStatus::Running;

@@ -781,6 +781,7 @@ fn run_spec(body: &Value) -> Result<RunSpec, (u16, String)> {
         model: opt_str("model")?,
         permission_mode,
         rules,
+        ..RunSpec::default()
     })
 }
 
