@@ -85,7 +85,7 @@ pub enum HostAction {
     UpdatePolicy {
         run: RunId,
         mode: Option<crate::permissions::Mode>,
-        rule: Option<crate::permissions::Rule>,
+        rule: Option<Box<crate::permissions::Rule>>,
     },
     /// The result of a tool call the host took with `ToolPlacement::Delegated`.
     ToolResult {
@@ -542,7 +542,7 @@ impl Engine {
                         policy.set_mode(mode);
                     }
                     if let Some(rule) = rule {
-                        policy.with_session_rule(rule);
+                        policy.with_session_rule(*rule);
                     }
                 }
             }

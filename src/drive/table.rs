@@ -492,7 +492,7 @@ impl DriveCore {
         ctx.act(HostAction::UpdatePolicy {
             run: RunId(rec.num),
             mode,
-            rule,
+            rule: rule.map(Box::new),
         });
         Ok(())
     }
