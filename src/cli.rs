@@ -190,28 +190,35 @@ pub const FLAGS: &[Flag] = &[
         None,
         Some("PEM"),
         "Serve HTTPS with this certificate chain (needs --tls-key).",
-        "http serve",
+        "http serve|mcp serve",
     ),
     flag(
         "tls-key",
         None,
         Some("PEM"),
         "Private key for --tls-cert.",
-        "http serve",
+        "http serve|mcp serve",
     ),
     flag(
         "permission-timeout",
         None,
         Some("SECS"),
         "Deny a permission prompt nobody answered after SECS (default 600).",
-        "http serve",
+        "http serve|mcp serve|acp serve",
     ),
     flag(
         "max-connections",
         None,
         Some("N"),
         "Serve at most N connections at once; more wait in the backlog (default 256).",
-        "http serve",
+        "http serve|mcp serve",
+    ),
+    flag(
+        "listen",
+        None,
+        Some("ADDR"),
+        "Also serve MCP Streamable HTTP at ADDR, path /mcp. A non-loopback address needs CALIBAN_DRIVE_TOKEN.",
+        "mcp serve",
     ),
     flag(
         "script",
@@ -230,6 +237,14 @@ pub const FLAGS: &[Flag] = &[
 ];
 
 pub const SUBCOMMANDS: &[(&str, &str)] = &[
+    (
+        "mcp serve",
+        "Be an MCP server over stdio (and Streamable HTTP with --listen): another agent drives caliban as a worker.",
+    ),
+    (
+        "acp serve",
+        "Be an ACP agent over stdio for editors such as Zed.",
+    ),
     (
         "http serve",
         "Serve the drive API over HTTP: start runs, stream their events, answer prompts (see README). Takes the agent options above too.",
@@ -275,10 +290,30 @@ pub struct PrintArgs {
     pub verbose: u8,
 }
 
+/// Which drive surface a `… serve` command starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    Http,
+    Mcp,
+    Acp,
+}
+
+impl Surface {
+    pub fn name(self) -> &'static str {
+        match self {
+            Surface::Http => "http serve",
+            Surface::Mcp => "mcp serve",
+            Surface::Acp => "acp serve",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServeArgs {
+    pub surface: Surface,
     /// The agent options, shared with print mode (prompt and formats unused).
     pub agent: PrintArgs,
+    /// `--addr` (http) or `--listen` (mcp).
     pub addr: Option<String>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -289,7 +324,7 @@ pub struct ServeArgs {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Print(Box<PrintArgs>),
-    HttpServe(Box<ServeArgs>),
+    Serve(Box<ServeArgs>),
     StubModel { script: PathBuf, addr: String },
     Help,
     Version,
@@ -323,8 +358,22 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
     let mut serve: Option<ServeArgs> = None;
     while let Some(arg) = parser.next()? {
         if let Some(serve) = serve.as_mut() {
+            let surface = serve.surface;
+            let on = |name: &str| {
+                FLAGS
+                    .iter()
+                    .any(|f| f.long == name && f.scope.split('|').any(|s| s == surface.name()))
+            };
             match arg {
-                Long("addr") => {
+                Long(name)
+                    if !on(name) && FLAGS.iter().any(|f| f.long == name && !f.scope.is_empty()) =>
+                {
+                    return Err(lexopt::Error::from(format!(
+                        "--{name} does not apply to `{}`",
+                        surface.name()
+                    )));
+                }
+                Long("addr" | "listen") => {
                     serve.addr = Some(parser.value()?.string()?);
                     continue;
                 }
@@ -350,8 +399,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 }
                 Value(v) => {
                     return Err(lexopt::Error::from(format!(
-                        "unexpected argument `{}`: http serve takes no prompt",
-                        v.to_string_lossy()
+                        "unexpected argument `{}`: {} takes no prompt",
+                        v.to_string_lossy(),
+                        surface.name()
                     )));
                 }
                 _ => {}
@@ -417,16 +467,27 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             Value(v) if positional.is_empty() && v == "stub-model" && serve.is_none() => {
                 return parse_stub_model(&mut parser);
             }
-            Value(v) if positional.is_empty() && v == "http" && serve.is_none() => {
+            Value(v)
+                if positional.is_empty()
+                    && serve.is_none()
+                    && (v == "http" || v == "mcp" || v == "acp") =>
+            {
+                let which = v.string()?;
+                let surface = match which.as_str() {
+                    "http" => Surface::Http,
+                    "mcp" => Surface::Mcp,
+                    _ => Surface::Acp,
+                };
                 match parser.value()?.string()?.as_str() {
                     "serve" => {}
                     other => {
                         return Err(lexopt::Error::from(format!(
-                            "unknown command `http {other}`: expected `http serve`"
+                            "unknown command `{which} {other}`: expected `{which} serve`"
                         )));
                     }
                 }
                 serve = Some(ServeArgs {
+                    surface,
                     agent: print.clone(),
                     addr: None,
                     tls_cert: None,
@@ -440,13 +501,18 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         }
     }
     if let Some(mut serve) = serve {
-        // Agent flags may come before or after `http serve`: the parser kept filling the
+        // Agent flags may come before or after `… serve`: the parser kept filling the
         // same struct, so it holds the final values.
         serve.agent = print;
         if serve.tls_cert.is_some() != serve.tls_key.is_some() {
             return Err(lexopt::Error::from("--tls-cert and --tls-key go together"));
         }
-        return Ok(Command::HttpServe(Box::new(serve)));
+        if serve.surface == Surface::Mcp && serve.tls_cert.is_some() && serve.addr.is_none() {
+            return Err(lexopt::Error::from(
+                "--tls-cert needs --listen: stdio has no TLS",
+            ));
+        }
+        return Ok(Command::Serve(Box::new(serve)));
     }
     if !positional.is_empty() {
         print.prompt = Some(positional.join(" "));
@@ -498,7 +564,7 @@ fn flag_label(f: &Flag) -> String {
 pub fn help_text() -> String {
     let mut out = format!(
         "caliban {VERSION}\nA coding agent that other programs drive.\n\n\
-USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
+USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban mcp serve [OPTIONS] [--listen ADDR]\n    caliban acp serve [OPTIONS]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
 Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     );
     for f in FLAGS.iter().filter(|f| f.scope.is_empty()) {
@@ -507,7 +573,10 @@ Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     out.push_str("\nCOMMANDS:\n");
     for (name, help) in SUBCOMMANDS {
         out.push_str(&format!("    {name:<12} {help}\n"));
-        for f in FLAGS.iter().filter(|f| f.scope == *name) {
+        for f in FLAGS
+            .iter()
+            .filter(|f| f.scope.split('|').any(|s| s == *name))
+        {
             out.push_str(&format!("        {:<30} {}\n", flag_label(f), f.help));
         }
     }
@@ -533,7 +602,7 @@ pub fn man_page() -> String {
         ".TH CALIBAN 1 \"\" \"caliban {VERSION}\" \"User Commands\"\n\
 .SH NAME\ncaliban \\- a coding agent that other programs drive\n\
 .SH SYNOPSIS\n.B caliban\n[\\fB\\-p\\fR] [\\fIOPTIONS\\fR] [\\fIPROMPT\\fR]\n.br\n\
-.B caliban http serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
+.B caliban mcp serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban acp serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban http serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
 .SH DESCRIPTION\ncaliban is a coding agent (model, tools and permission rules) in one static \
 binary. Print mode answers a prompt headlessly; \\fBstub\\-model\\fR serves scripted model \
 streams on loopback for offline use.\n.SH OPTIONS\n"
@@ -558,7 +627,10 @@ streams on loopback for offline use.\n.SH OPTIONS\n"
             roff_escape(name),
             roff_escape(help)
         ));
-        for f in FLAGS.iter().filter(|f| f.scope == *name) {
+        for f in FLAGS
+            .iter()
+            .filter(|f| f.scope.split('|').any(|s| s == *name))
+        {
             entry(&mut out, f);
         }
     }
@@ -622,8 +694,8 @@ mod tests {
                     argv.extend(["--script".to_owned(), "x.json".to_owned()]);
                 }
             }
-            if f.scope == "http serve" {
-                argv.extend(["http".to_owned(), "serve".to_owned()]);
+            if let Some(first) = f.scope.split('|').find(|s| s.ends_with(" serve")) {
+                argv.extend(first.split(' ').map(str::to_owned));
                 if f.long == "tls-cert" {
                     argv.extend(["--tls-key".to_owned(), "k.pem".to_owned()]);
                 }

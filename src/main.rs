@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caliban::cli::{self, Command, InputFormat, PrintArgs, ServeArgs};
+use caliban::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
 use caliban::engine::{Engine, EngineConfig};
 use caliban::model::retry::RetryPolicy;
 use caliban::model::{self, Provider, ProviderKind};
 use caliban::permissions::{Mode, Policy};
 use caliban::print::{self, Printer};
-use caliban::surface::http_api;
+use caliban::surface::{self, ListenConfig, http_api};
 use caliban::{agent, auth, drive, http, log, settings, stub_model, sys, tools, transport};
 
 fn main() -> ExitCode {
@@ -47,7 +47,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Print(args) => ExitCode::from(run_print(*args)),
-        Command::HttpServe(args) => ExitCode::from(run_http_serve(*args)),
+        Command::Serve(args) => ExitCode::from(match args.surface {
+            cli::Surface::Http => run_http_serve(*args),
+            cli::Surface::Mcp | cli::Surface::Acp => run_stdio_surface(*args),
+        }),
     }
 }
 
@@ -253,37 +256,46 @@ fn run_print(args: PrintArgs) -> u8 {
     printer.exit_code
 }
 
-fn run_http_serve(args: ServeArgs) -> u8 {
-    let addr_text = args
-        .addr
-        .clone()
-        .unwrap_or_else(|| http_api::DEFAULT_ADDR.to_owned());
+/// Where a network surface listens: address, TLS, limits and the auth gate, checked
+/// (fail closed) before anything binds.
+fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> {
     let Ok(addr) = addr_text.parse::<SocketAddr>() else {
-        log::error(&format!("invalid --addr {addr_text}"));
-        return print::EXIT_USAGE;
+        let flag = if args.surface == Surface::Mcp {
+            "--listen"
+        } else {
+            "--addr"
+        };
+        log::error(&format!("invalid {flag} {addr_text}"));
+        return Err(print::EXIT_USAGE);
     };
     let gate = auth::Gate::from_env(&env_var);
     if let Err(e) = gate.check_bind(&addr) {
         log::error(&e);
-        return print::EXIT_CONFIG;
+        return Err(print::EXIT_CONFIG);
     }
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => match transport::server_config(cert, key) {
-            Ok(config) => Some(config),
-            Err(e) => return config_error(&e),
-        },
+        (Some(cert), Some(key)) => {
+            Some(transport::server_config(cert, key).map_err(|e| config_error(&e))?)
+        }
         _ => None,
     };
-    let setup = match agent_setup(&args.agent, false) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let store = match drive::session::default_dir(&env_var)
+    Ok(ListenConfig {
+        addr,
+        tls,
+        limits: http::server::Limits::default(),
+        max_connections: args
+            .max_connections
+            .unwrap_or(surface::DEFAULT_MAX_CONNECTIONS),
+        gate,
+    })
+}
+
+/// The drive core every serve command shares, with earlier runs loaded from disk.
+fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig), u8> {
+    let setup = agent_setup(&args.agent, false)?;
+    let store = drive::session::default_dir(&env_var)
         .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
-    {
-        Ok(store) => store,
-        Err(e) => return config_error(&format!("session store: {e}")),
-    };
+        .map_err(|e| config_error(&format!("session store: {e}")))?;
     let drive_config = drive::table::DriveConfig {
         run: setup.run_config,
         policy: setup.policy,
@@ -297,28 +309,40 @@ fn run_http_serve(args: ServeArgs) -> u8 {
     };
     let mut core = drive::table::DriveCore::new(store, drive_config);
     core.load_existing();
-    let serve_config = http_api::ServeConfig {
-        addr,
-        tls,
-        limits: http::server::Limits::default(),
-        max_connections: args
-            .max_connections
-            .unwrap_or(http_api::DEFAULT_MAX_CONNECTIONS),
-        gate,
+    Ok((core, setup.engine_config))
+}
+
+fn new_engine(config: EngineConfig) -> Result<Engine, u8> {
+    Engine::new(config).map_err(|e| {
+        log::error(&format!("cannot start the event loop: {e}"));
+        print::EXIT_RUNTIME
+    })
+}
+
+fn run_http_serve(args: ServeArgs) -> u8 {
+    let addr_text = args
+        .addr
+        .clone()
+        .unwrap_or_else(|| http_api::DEFAULT_ADDR.to_owned());
+    let listen = match listen_config(&args, &addr_text) {
+        Ok(l) => l,
+        Err(code) => return code,
     };
-    let mut server = match http_api::HttpServe::new(core, serve_config) {
+    let addr = listen.addr;
+    let (core, engine_config) = match drive_core(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut server = match http_api::HttpServe::new(core, listen) {
         Ok(s) => s,
         Err(e) => {
             log::error(&format!("failed to bind {addr}: {e}"));
             return print::EXIT_RUNTIME;
         }
     };
-    let mut engine = match Engine::new(setup.engine_config) {
+    let mut engine = match new_engine(engine_config) {
         Ok(e) => e,
-        Err(e) => {
-            log::error(&format!("cannot start the event loop: {e}"));
-            return print::EXIT_RUNTIME;
-        }
+        Err(code) => return code,
     };
     if let Err(e) = engine.with_ctx(|ctx| server.start(ctx)) {
         log::error(&format!("cannot listen on {addr}: {e}"));
@@ -337,6 +361,34 @@ fn run_http_serve(args: ServeArgs) -> u8 {
         return print::EXIT_RUNTIME;
     }
     0
+}
+
+/// `mcp serve` and `acp serve`: JSON-RPC on stdin/stdout, which then carry nothing else.
+fn run_stdio_surface(args: ServeArgs) -> u8 {
+    let listen = match (&args.surface, &args.addr) {
+        (Surface::Mcp, Some(addr)) => match listen_config(&args, addr) {
+            Ok(l) => Some(l),
+            Err(code) => return code,
+        },
+        _ => None,
+    };
+    let (core, engine_config) = match drive_core(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut engine = match new_engine(engine_config) {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
+    engine.attach_stdout();
+    if let Err(e) = engine.attach_stdin() {
+        log::error(&format!("cannot read stdin: {e}"));
+        return print::EXIT_RUNTIME;
+    }
+    match args.surface {
+        Surface::Mcp => surface::mcp::run(engine, core, listen),
+        _ => surface::acp::run(engine, core),
+    }
 }
 
 fn resolve_workspace(cwd: Option<&Path>) -> Result<PathBuf, String> {

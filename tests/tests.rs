@@ -4,5 +4,7 @@
 mod util;
 
 mod cli;
+mod http_serve;
+mod http_util;
 mod print;
 mod tls;

@@ -521,6 +521,28 @@ impl EventLog {
     /// input `user_message` as user messages, and for every `TurnEnd` event its
     /// `assistant_message` then its `tool_results`, in file order. Empty texts are skipped (the
     /// model APIs reject empty text blocks). An event stored as an `Oversized` marker is lost.
+    /// The status the run had when `cursor` events had been written: the last status line
+    /// written before event `cursor`. A replay of a finished run opens with it, so its first
+    /// line is a status and its terminal status can still be the last line.
+    pub fn status_at(&self, cursor: u64) -> io::Result<Option<Value>> {
+        self.with_file(|file| {
+            let mut current = None;
+            let mut lines = LineReader::new(file, 0, self.end);
+            while let LineEnd::Whole = lines.next_line()? {
+                let Some(line) = parse_line(lines.line()) else {
+                    break;
+                };
+                match line {
+                    // Event `c` is the (c+1)th: past `cursor` events, stop.
+                    Line::Event { cursor: c, .. } if c >= cursor => break,
+                    Line::Status(status) => current = Some(status),
+                    _ => {}
+                }
+            }
+            Ok(current)
+        })
+    }
+
     pub fn messages(&self) -> io::Result<Vec<Value>> {
         self.with_file(|file| {
             let mut messages = Vec::new();

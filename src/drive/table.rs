@@ -445,6 +445,24 @@ impl DriveCore {
         Ok(self.record(id)?.status.clone())
     }
 
+    /// The status as of `cursor` events (see `EventLog::status_at`); the current status when
+    /// the file cannot tell.
+    pub fn status_at(&self, id: &str, cursor: u64) -> Result<DriveStatus, DriveError> {
+        let rec = self.record(id)?;
+        if cursor >= rec.log.len() {
+            return Ok(rec.status.clone());
+        }
+        Ok(rec
+            .log
+            .status_at(cursor)
+            .ok()
+            .flatten()
+            .as_ref()
+            .and_then(DriveStatus::from_json)
+            .filter(|s| !s.is_terminal())
+            .unwrap_or(DriveStatus::Running))
+    }
+
     pub fn event_count(&self, id: &str) -> Result<u64, DriveError> {
         Ok(self.record(id)?.log.len())
     }

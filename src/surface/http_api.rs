@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use mio::net::TcpListener;
@@ -18,17 +17,16 @@ use serde_json::{Value, json};
 use crate::agent::event::StopCondition;
 use crate::agent::event::TurnEvent;
 use crate::agent::run::ToolCall;
-use crate::auth::{Decision, Gate};
+use crate::auth::Decision;
 use crate::drive::table::{DriveCore, DriveError, DriveStatus, Inbound, RunSpec};
 use crate::engine::{AskReply, Ctx, Host, HostAction, RunId};
-use crate::http::server::{ConnEvent, Connection, Limits, Request};
+use crate::http::server::{ConnEvent, Connection, Request};
 use crate::log;
 use crate::permissions::{Action, Mode, Rule, RuleSource};
 use crate::reactor::{Signal, TimerId};
+use crate::surface::ListenConfig;
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
-/// Open connections beyond this wait in the kernel's backlog until one closes.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// One poll response carries at most this many events / bytes; `next_cursor` continues.
 const POLL_MAX_EVENTS: usize = 1000;
 const POLL_MAX_BYTES: usize = 4 * 1024 * 1024;
@@ -42,14 +40,6 @@ const OPENAPI: &str = include_str!("openapi.json");
 /// stay below `CONN_BASE`.
 const LISTENER_KEY: u64 = u64::MAX;
 const CONN_BASE: u64 = 1 << 40;
-
-pub struct ServeConfig {
-    pub addr: SocketAddr,
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub limits: Limits,
-    pub max_connections: usize,
-    pub gate: Gate,
-}
 
 /// A live `follow=1` stream on one connection.
 struct Follow {
@@ -72,7 +62,7 @@ struct Client {
 
 pub struct HttpServe {
     core: DriveCore,
-    config: ServeConfig,
+    config: ListenConfig,
     listener: TcpListener,
     listener_token: Option<Token>,
     clients: HashMap<u64, Client>,
@@ -107,7 +97,7 @@ fn envelope(raw: &str) -> String {
 }
 
 impl HttpServe {
-    pub fn new(core: DriveCore, config: ServeConfig) -> std::io::Result<HttpServe> {
+    pub fn new(core: DriveCore, config: ListenConfig) -> std::io::Result<HttpServe> {
         let listener = TcpListener::bind(config.addr)?;
         Ok(HttpServe {
             core,
@@ -342,8 +332,16 @@ impl HttpServe {
             },
             ("POST", ["runs", id, "input"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
-                    let end = body.get("end").and_then(Value::as_bool).unwrap_or(false);
-                    let text = body.get("text").and_then(Value::as_str);
+                    let end = match body.get("end") {
+                        None | Some(Value::Null) => false,
+                        Some(Value::Bool(b)) => *b,
+                        Some(_) => return Err((422, "`end` must be a boolean".to_owned())),
+                    };
+                    let text = match body.get("text") {
+                        None | Some(Value::Null) => None,
+                        Some(Value::String(t)) => Some(t.as_str()),
+                        Some(_) => return Err((422, "`text` must be a string".to_owned())),
+                    };
                     let input = if end {
                         Inbound::EndInput
                     } else if let Some(text) = text {
@@ -519,30 +517,30 @@ impl HttpServe {
                 format!("{body}\n")
             }
         };
-        // The first line is the status (DESIGN §4.5). A terminal status must also be the
-        // last line, so a replay of a finished run sends its events first and the status
-        // after them, once.
+        // The first line is the status (DESIGN §4.5) as of the starting cursor: for a live
+        // run that is its current status; a replay of a finished run opens with the status
+        // it had back then, so its terminal status still comes last, after every event.
         if !follow.started {
             follow.started = true;
             let (Ok(status), Ok(total)) = (
-                self.core.status(&follow.run),
+                self.core.status_at(&follow.run, follow.next_cursor),
                 self.core.event_count(&follow.run),
             ) else {
                 client.conn.end_stream();
                 client.follow = None;
                 return;
             };
-            if !(status.is_terminal() && follow.next_cursor < total) {
-                let body = format!(
-                    "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
-                    follow.next_cursor,
-                    status.to_json()
-                );
-                client
-                    .conn
-                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
-                follow.sent_status = Some(status);
-            }
+            // A cursor past the end resumes from the end, as a poll does.
+            follow.next_cursor = follow.next_cursor.min(total);
+            let body = format!(
+                "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
+                follow.next_cursor,
+                status.to_json()
+            );
+            client
+                .conn
+                .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+            follow.sent_status = Some(status);
         }
         loop {
             if !client.conn.wants_more_stream() {
