@@ -6,5 +6,6 @@ mod util;
 mod cli;
 mod http_serve;
 mod http_util;
+mod openapi;
 mod print;
 mod tls;

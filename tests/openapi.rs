@@ -1,0 +1,299 @@
+//! `/openapi.json` checked by real tools: the document by `openapi-spec-validator`, and every
+//! example plus real responses captured from a running server by `jsonschema`, through
+//! `tests/openapi_check.py`. The validators are installed from PyPI into a venv under the
+//! target directory on first use (`tests/requirements-openapi.txt` pins them).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::http_util::{Follow, Serve, request};
+use crate::util::*;
+
+const REQUIREMENTS: &str = include_str!("requirements-openapi.txt");
+
+/// The venv's python, created once per target dir (and again when the pins change).
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openapi-venv");
+        let python = dir.join("bin/python");
+        let marker = dir.join("installed-requirements.txt");
+        if std::fs::read_to_string(&marker).ok().as_deref() == Some(REQUIREMENTS) {
+            return python;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&dir)
+            .status()
+            .expect("python3 is needed to validate the OpenAPI document");
+        assert!(status.success(), "python3 -m venv failed");
+        let out = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/requirements-openapi.txt"
+            ))
+            .output()
+            .expect("run pip");
+        assert!(
+            out.status.success(),
+            "pip install of the OpenAPI validators failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&marker, REQUIREMENTS).expect("write marker");
+        python
+    })
+}
+
+/// Runs the checker; panics with its output unless it says `ok:`.
+fn check(args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/openapi_check.py"
+        ))
+        .args(args)
+        .output()
+        .expect("run openapi_check.py");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.starts_with("ok:"),
+        "openapi_check.py {args:?} failed:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn the_document_is_valid_openapi_and_every_example_validates() {
+    check(&[]);
+    check(&["--examples"]);
+}
+
+struct Captured {
+    dir: PathBuf,
+    n: usize,
+    checked: Vec<String>,
+}
+
+impl Captured {
+    /// Validates one real response body against the document's schema for `route`/`status`.
+    fn validate(&mut self, route: &str, status: u16, body: &[u8], extra: &[&str]) {
+        self.n += 1;
+        let file = self.dir.join(format!("response-{}.txt", self.n));
+        std::fs::write(&file, body).expect("write captured body");
+        let status_text = status.to_string();
+        let mut args = vec![
+            "--response",
+            route,
+            status_text.as_str(),
+            file.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        check(&args);
+        self.checked.push(format!("{route} {status}"));
+    }
+}
+
+fn post_json(addr: std::net::SocketAddr, path: &str, body: &Value) -> crate::http_util::Response {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
+fn wait_for_prompt(addr: std::net::SocketAddr, run: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let resp = request(
+            addr,
+            "GET",
+            &format!("/runs/{run}/events?cursor=0"),
+            &[],
+            b"",
+        );
+        let body: Value = serde_json::from_slice(&resp.body).expect("poll json");
+        if !body["permission_request"].is_null() {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "no permission prompt: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn real_responses_validate_against_the_served_document() {
+    let ws = Workspace::new("openapi-live");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"text": "Checking.", "tool_calls": [{"id": "toolu_1", "name": "Bash", "input": {"command": "echo ok"}}]},
+            {"text": "All good."},
+            {"text": "Second run.", "faults": [{"drip_ms": 50}]},
+            {"text": "Third run."},
+        ]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let mut cap = Captured {
+        dir: ws.path("captured"),
+        n: 0,
+        checked: Vec::new(),
+    };
+    std::fs::create_dir_all(&cap.dir).expect("capture dir");
+
+    let served = request(addr, "GET", "/openapi.json", &[], b"");
+    assert_eq!(served.status, 200);
+    let on_disk = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/surface/openapi.json"
+    ))
+    .expect("openapi.json");
+    assert_eq!(
+        served.body, on_disk,
+        "GET /openapi.json serves the checked-in document"
+    );
+    cap.validate("GET /openapi.json", 200, &served.body, &[]);
+    let health = request(addr, "GET", "/healthz", &[], b"");
+    cap.validate("GET /healthz", 200, &health.body, &[]);
+
+    // Errors of POST /runs.
+    let r = request(addr, "POST", "/runs", &[], b"{}");
+    cap.validate("POST /runs", r.status, &r.body, &[]);
+    let r = request(
+        addr,
+        "POST",
+        "/runs",
+        &[("content-type", "application/json")],
+        b"{nope",
+    );
+    cap.validate("POST /runs", r.status, &r.body, &[]);
+    let r = post_json(addr, "/runs", &json!({"interactive": true}));
+    cap.validate("POST /runs", r.status, &r.body, &[]);
+
+    // A run that stops on a permission prompt: poll, permit errors, then allow.
+    let started = post_json(addr, "/runs", &json!({"prompt": "check"}));
+    cap.validate("POST /runs", started.status, &started.body, &[]);
+    let run: Value = serde_json::from_slice(&started.body).expect("run json");
+    let run = run["run_id"].as_str().expect("run_id").to_owned();
+    let mut follow = Follow::open(addr, &format!("/runs/{run}/events?cursor=0&follow=1"), &[]);
+    let polled = wait_for_prompt(addr, &run);
+    cap.validate(
+        "GET /runs/{id}/events",
+        200,
+        polled.to_string().as_bytes(),
+        &[],
+    );
+    let r = request(
+        addr,
+        "GET",
+        &format!("/runs/{run}/events?cursor=x"),
+        &[],
+        b"",
+    );
+    cap.validate("GET /runs/{id}/events", r.status, &r.body, &[]);
+    let r = request(addr, "GET", "/runs/run-999/events", &[], b"");
+    cap.validate("GET /runs/{id}/events", r.status, &r.body, &[]);
+    let r = request(addr, "GET", &format!("/runs/{run}/status"), &[], b"");
+    cap.validate("GET /runs/{id}/status", r.status, &r.body, &[]);
+    let r = request(addr, "GET", "/runs/run-999/status", &[], b"");
+    cap.validate("GET /runs/{id}/status", r.status, &r.body, &[]);
+    let r = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"text": "more"}),
+    );
+    cap.validate("POST /runs/{id}/input", r.status, &r.body, &[]);
+    let r = post_json(addr, &format!("/runs/{run}/input"), &json!({}));
+    cap.validate("POST /runs/{id}/input", r.status, &r.body, &[]);
+    let r = post_json(
+        addr,
+        &format!("/runs/{run}/permit"),
+        &json!({"tool_use_id": "toolu_other", "allow": true}),
+    );
+    cap.validate("POST /runs/{id}/permit", r.status, &r.body, &[]);
+    let r = post_json(
+        addr,
+        &format!("/runs/{run}/permit"),
+        &json!({"tool_use_id": "toolu_1", "allow": true}),
+    );
+    cap.validate("POST /runs/{id}/permit", r.status, &r.body, &[]);
+    // The lines as received, re-serialised one per line (NDJSON).
+    let stream: String = follow.rest().iter().map(|v| format!("{v}\n")).collect();
+    cap.validate(
+        "GET /runs/{id}/events",
+        200,
+        stream.as_bytes(),
+        &["--media-type", "application/x-ndjson", "--stream-complete"],
+    );
+
+    // A replay of the finished run as SSE, byte for byte (the stream ends by itself).
+    let replay = request(
+        addr,
+        "GET",
+        &format!("/runs/{run}/events?cursor=0&follow=1"),
+        &[("accept", "text/event-stream")],
+        b"",
+    );
+    assert_eq!(replay.status, 200);
+    cap.validate(
+        "GET /runs/{id}/events",
+        200,
+        &replay.body,
+        &["--media-type", "text/event-stream", "--stream-complete"],
+    );
+
+    // Interactive run: input accepted, then cancel and delete; a non-interactive run's input.
+    let second = post_json(
+        addr,
+        "/runs",
+        &json!({"prompt": "again", "interactive": true}),
+    );
+    let second: Value = serde_json::from_slice(&second.body).expect("json");
+    let second = second["run_id"].as_str().expect("run_id").to_owned();
+    let r = request(addr, "POST", &format!("/runs/{second}/cancel"), &[], b"");
+    cap.validate("POST /runs/{id}/cancel", r.status, &r.body, &[]);
+    let r = request(addr, "POST", "/runs/run-999/cancel", &[], b"");
+    cap.validate("POST /runs/{id}/cancel", r.status, &r.body, &[]);
+    let r = post_json(addr, &format!("/runs/{run}/input"), &json!({"end": true}));
+    cap.validate("POST /runs/{id}/input", r.status, &r.body, &[]);
+    let runs = request(addr, "GET", "/runs", &[], b"");
+    cap.validate("GET /runs", runs.status, &runs.body, &[]);
+    let r = request(addr, "DELETE", &format!("/runs/{second}"), &[], b"");
+    cap.validate("DELETE /runs/{id}", r.status, &r.body, &[]);
+    let r = request(addr, "DELETE", &format!("/runs/{second}"), &[], b"");
+    cap.validate("DELETE /runs/{id}", r.status, &r.body, &[]);
+    let metrics = request(addr, "GET", "/metrics", &[], b"");
+    cap.validate("GET /metrics", metrics.status, &metrics.body, &[]);
+
+    // 401 from a remote peer (the test seam classifies loopback as remote).
+    let guarded = Serve::start(
+        &ws,
+        &stub,
+        &[],
+        &[
+            ("CALIBAN_TEST_LOOPBACK_IS_REMOTE", "1"),
+            ("CALIBAN_DRIVE_TOKEN", "tok"),
+        ],
+    );
+    let r = request(guarded.addr, "GET", "/runs", &[], b"");
+    assert_eq!(r.status, 401);
+    cap.validate("GET /runs", 401, &r.body, &["--media-type", "text/plain"]);
+
+    assert!(cap.checked.len() >= 25, "checked {:?}", cap.checked);
+}
