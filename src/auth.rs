@@ -171,6 +171,58 @@ impl Gate {
             Err(BIND_REFUSED.to_owned())
         }
     }
+
+    /// Loopback needs no token, which a web page could exploit: it can send requests to
+    /// 127.0.0.1 (simple cross-origin POSTs), or rebind its own host name to 127.0.0.1. A
+    /// browser always says where it came from, so a loopback request must name a loopback
+    /// `Host`, and any `Origin` must be a loopback one too. Remote peers already proved
+    /// themselves with the token.
+    pub fn check_browser_headers(
+        &self,
+        peer: Peer,
+        host: Option<&str>,
+        origin: Option<&str>,
+    ) -> Result<(), &'static str> {
+        if peer == Peer::Remote {
+            return Ok(());
+        }
+        if !host.is_some_and(is_loopback_authority) {
+            return Err("forbidden: the Host header must name a loopback address");
+        }
+        match origin {
+            None => Ok(()),
+            Some(origin) => {
+                let authority = origin
+                    .split_once("://")
+                    .map(|(_, rest)| rest)
+                    .filter(|_| origin.starts_with("http://") || origin.starts_with("https://"));
+                if authority.is_some_and(is_loopback_authority) {
+                    Ok(())
+                } else {
+                    Err("forbidden: cross-origin requests are not accepted")
+                }
+            }
+        }
+    }
+}
+
+/// `localhost`, `127.x.y.z` or `[::1]`, with an optional port.
+fn is_loopback_authority(authority: &str) -> bool {
+    let authority = authority.trim();
+    let host = if let Some(rest) = authority.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((host, tail)) if tail.is_empty() || tail.starts_with(':') => host,
+            _ => return false,
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+            Some(_) => return false,
+            None => authority,
+        }
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| is_loopback(&ip))
 }
 
 fn is_loopback(addr: &IpAddr) -> bool {
@@ -207,6 +259,27 @@ impl Token {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn browser_headers_must_be_loopback_for_loopback_peers() {
+        let gate = Gate::from_env(&|_| None);
+        let ok = |host, origin| {
+            gate.check_browser_headers(Peer::Loopback, host, origin)
+                .is_ok()
+        };
+        assert!(ok(Some("127.0.0.1:8730"), None));
+        assert!(ok(Some("localhost"), Some("http://localhost:3000")));
+        assert!(ok(Some("[::1]:8730"), Some("https://127.0.0.1")));
+        assert!(!ok(None, None));
+        assert!(!ok(Some("attacker.example:8730"), None));
+        assert!(!ok(Some("127.0.0.1:8730"), Some("http://attacker.example")));
+        assert!(!ok(Some("127.0.0.1:8730"), Some("null")));
+        assert!(!ok(Some("127.0.0.1.attacker.example"), None));
+        assert!(
+            gate.check_browser_headers(Peer::Remote, Some("api.example.com"), Some("https://x"))
+                .is_ok()
+        );
+    }
+
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
 

@@ -267,3 +267,31 @@ pub fn wait_writable(fd: RawFd, timeout: Option<std::time::Duration>) -> io::Res
     }
     Ok(rc > 0)
 }
+
+/// Turns on TCP keepalive probes after `idle` of silence, so a peer that vanished without a
+/// FIN (a dead laptop, a dropped NAT entry) is noticed even on a quiet, long-lived stream.
+pub fn set_keepalive(fd: RawFd, idle: std::time::Duration) -> io::Result<()> {
+    let secs = libc::c_int::try_from(idle.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
+    let options: [(libc::c_int, libc::c_int, libc::c_int); 4] = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 6),
+    ];
+    for (level, name, value) in options {
+        // SAFETY: `value` is a live c_int and the length passed is its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

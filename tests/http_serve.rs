@@ -1897,3 +1897,165 @@ fn curl_drives_a_run_to_completion() {
     run_end(&events);
     assert_eq!(events, all_events(server.addr, "run-1"));
 }
+
+// ---- hardening: what a browser, a greedy client or a second server can do ---------------
+
+#[test]
+fn browser_requests_to_loopback_are_refused() {
+    let ws = Workspace::new("hs-browser");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    // DNS rebinding: the page's own host name now resolves to 127.0.0.1.
+    let mut conn = HttpConn::connect(addr);
+    conn.send_raw(
+        b"POST /runs HTTP/1.1\r\nhost: attacker.example:8730\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n{\"prompt\":\"hi\"}",
+    );
+    let rebound = conn.read_response();
+    assert_eq!(rebound.status, 403, "{rebound:?}");
+    // A cross-origin request from a page that targets 127.0.0.1 directly.
+    let cross = request(
+        addr,
+        "POST",
+        "/runs/run-1/cancel",
+        &[("origin", "http://attacker.example")],
+        b"",
+    );
+    assert_eq!(cross.status, 403, "{cross:?}");
+    // The same request from a loopback origin (a local tool's page) is fine.
+    let local = request(
+        addr,
+        "GET",
+        "/runs",
+        &[("origin", "http://localhost:3000")],
+        b"",
+    );
+    assert_eq!(local.status, 200, "{local:?}");
+    assert!(
+        get(addr, "/runs").json()["runs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_capped_poll_never_reports_the_end_early() {
+    let ws = Workspace::new("hs-capped");
+    let words = "word ".repeat(6000);
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn(&words)]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "long"}));
+    wait_terminal(addr, &run);
+    let first = events_page(addr, &run, 0);
+    assert_eq!(
+        first["events"].as_array().unwrap().len(),
+        1000,
+        "one capped batch"
+    );
+    assert!(
+        !is_terminal(&first["status"]),
+        "a batch that leaves events behind reports a terminal status: {}",
+        first["status"]
+    );
+    let all = all_events(addr, &run);
+    assert!(all.len() > 1000);
+    assert_eq!(run_end(&all)["type"], "RunEnd");
+    let last = events_page(addr, &run, all.len() as u64);
+    assert_eq!(last["status"]["state"], "done");
+}
+
+#[test]
+fn queued_input_is_bounded_and_nothing_follows_end() {
+    let ws = Workspace::new("hs-inputs");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"text": "slow", "faults": [{"delay_ms": 1500}]},
+            text_turn("b"),
+        ], "repeat_last": true}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "go", "interactive": true}));
+    // While the first turn is still waiting on the model, input queues up to the cap.
+    for i in 0..16 {
+        let r = post_json(
+            addr,
+            &format!("/runs/{run}/input"),
+            &json!({"text": format!("m{i}")}),
+        );
+        assert_json(&r, 200, json!({"ok": true}));
+    }
+    let over = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"text": "one too many"}),
+    );
+    assert_eq!(over.status, 409, "{over:?}");
+    // After end, nothing more is accepted.
+    let run2 = start_run(addr, json!({"prompt": "again", "interactive": true}));
+    wait_state(addr, &run2, "awaiting_input");
+    let end = post_json(addr, &format!("/runs/{run2}/input"), &json!({"end": true}));
+    assert_json(&end, 200, json!({"ok": true}));
+    let after = post_json(
+        addr,
+        &format!("/runs/{run2}/input"),
+        &json!({"text": "late"}),
+    );
+    assert_error(
+        &after,
+        409,
+        "cannot send input: drive session has ended; it accepts no further input",
+    );
+}
+
+#[test]
+fn last_event_id_wins_over_the_urls_cursor() {
+    let ws = Workspace::new("hs-lastid");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("one two three four five six")]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "x"}));
+    wait_terminal(addr, &run);
+    let total = all_events(addr, &run).len() as u64;
+    // An EventSource reconnects to its original URL (cursor=0) with Last-Event-ID.
+    let resumed = request(
+        addr,
+        "GET",
+        &follow_path(&run, 0),
+        &[
+            ("accept", "text/event-stream"),
+            ("last-event-id", &(total - 1).to_string()),
+        ],
+        b"",
+    );
+    assert_eq!(resumed.status, 200);
+    let body = String::from_utf8_lossy(&resumed.body).into_owned();
+    let events = body.matches("\"event\":").count();
+    assert_eq!(events, 1, "only the one event after Last-Event-ID: {body}");
+}
+
+#[test]
+fn deleted_run_ids_are_not_reused_after_a_restart() {
+    let ws = Workspace::new("hs-reuse");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("a")], "repeat_last": true}),
+    );
+    let mut server = Serve::start(&ws, &stub, &[], &[]);
+    let first = start_run(server.addr, json!({"prompt": "first"}));
+    let second = start_run(server.addr, json!({"prompt": "second"}));
+    wait_terminal(server.addr, &second);
+    wait_terminal(server.addr, &first);
+    let deleted = request(server.addr, "DELETE", &format!("/runs/{second}"), &[], b"");
+    assert_json(&deleted, 200, json!({"ok": true}));
+    server.restart(&ws, &stub);
+    let third = start_run(server.addr, json!({"prompt": "third"}));
+    assert_ne!(third, second, "a deleted run's id came back");
+    assert_eq!(third, "run-3");
+}

@@ -67,6 +67,8 @@ pub const TAIL_BYTES: usize = 1 << 20;
 /// One sparse-index entry (a byte offset) per this many events. A file read starts at most
 /// this many events before the cursor asked for.
 pub const INDEX_STRIDE: u64 = 64;
+/// Status transitions remembered per run for `status_at`.
+pub const MAX_STATUS_CHANGES: usize = 1024;
 
 /// The deepest event nesting stored as is. serde_json refuses to parse past 127 levels and
 /// the line wrapper is one of them, so a deeper event could be written but never read back.
@@ -201,6 +203,9 @@ impl SessionStore {
                 Err(error) => return Err(error),
             };
             self.next_run = number.saturating_add(1);
+            // Remember the highest number ever used, so a deleted newest run's id is never
+            // handed out again (a stale client could otherwise read a different run).
+            let _ = fs::write(self.dir.join(HIGH_WATER_FILE), number.to_string());
             let line = header_line(&run_id, &fields);
             let started =
                 lock_for_append(&file, &run_id).and_then(|()| (&file).write_all(line.as_bytes()));
@@ -281,9 +286,18 @@ impl SessionStore {
 
     /// Removes a run's file. A live `EventLog` of it keeps working on the unlinked file until
     /// dropped, but nothing can load it again.
+    /// Removes a run's file, unless another process still writes it (`WouldBlock`).
     pub fn delete(&self, run_id: &str) -> io::Result<()> {
         check_run_id(run_id)?;
-        fs::remove_file(self.path_of(run_id))
+        let path = self.path_of(run_id);
+        let file = OpenOptions::new().read(true).open(&path)?;
+        if let Err(TryLockError::WouldBlock) = file.try_lock() {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{run_id} is being written by another caliban process"),
+            ));
+        }
+        fs::remove_file(path)
     }
 }
 
@@ -314,6 +328,10 @@ pub struct EventLog {
     index: Vec<u64>,
     tail: Tail,
     status: Option<Value>,
+    /// `(events written before it, status)` for each status line, so `status_at` needs no
+    /// file scan; a run changes status a few times per turn, and the oldest are dropped
+    /// past `MAX_STATUS_CHANGES`.
+    status_changes: VecDeque<(u64, Value)>,
     permission: Option<Value>,
     /// A scan stopped at a line that will never parse, so later lines are unreachable and the
     /// file is never appended to (that would bury the new lines behind the damage too).
@@ -348,6 +366,7 @@ impl EventLog {
             index: Vec::new(),
             tail,
             status: None,
+            status_changes: VecDeque::new(),
             permission: None,
             damaged: false,
             ignored: 0,
@@ -417,8 +436,16 @@ impl EventLog {
     pub fn append_status(&mut self, status: &Value) -> io::Result<()> {
         let line = record_line("status", self.events, "status", status)?;
         self.write_line(line.as_bytes())?;
-        self.status = Some(status.clone());
+        self.record_status(status.clone());
         Ok(())
+    }
+
+    fn record_status(&mut self, status: Value) {
+        if self.status_changes.len() >= MAX_STATUS_CHANGES {
+            self.status_changes.pop_front();
+        }
+        self.status_changes.push_back((self.events, status.clone()));
+        self.status = Some(status);
     }
 
     /// Records the surfaced permission request, or `None` once it is answered.
@@ -524,23 +551,13 @@ impl EventLog {
     /// The status the run had when `cursor` events had been written: the last status line
     /// written before event `cursor`. A replay of a finished run opens with it, so its first
     /// line is a status and its terminal status can still be the last line.
-    pub fn status_at(&self, cursor: u64) -> io::Result<Option<Value>> {
-        self.with_file(|file| {
-            let mut current = None;
-            let mut lines = LineReader::new(file, 0, self.end);
-            while let LineEnd::Whole = lines.next_line()? {
-                let Some(line) = parse_line(lines.line()) else {
-                    break;
-                };
-                match line {
-                    // Event `c` is the (c+1)th: past `cursor` events, stop.
-                    Line::Event { cursor: c, .. } if c >= cursor => break,
-                    Line::Status(status) => current = Some(status),
-                    _ => {}
-                }
-            }
-            Ok(current)
-        })
+    pub fn status_at(&self, cursor: u64) -> Option<&Value> {
+        self.status_changes
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= cursor)
+            .or_else(|| self.status_changes.front())
+            .map(|(_, status)| status)
     }
 
     pub fn messages(&self) -> io::Result<Vec<Value>> {
@@ -770,7 +787,7 @@ impl EventLog {
                     self.tail.skip();
                 }
             }
-            Line::Status(status) => self.status = Some(status),
+            Line::Status(status) => self.record_status(status),
             Line::Permission(request) => self.permission = request,
             Line::Input(_) | Line::Unknown => {}
         }
@@ -1131,8 +1148,13 @@ fn push_user_text(messages: &mut Vec<Value>, text: &Value) {
 }
 
 /// The highest run number among the directory's run files.
+/// Holds the highest run number ever allocated in a sessions directory.
+const HIGH_WATER_FILE: &str = ".last-run";
+
 fn max_run_number(dir: &Path) -> io::Result<Option<u64>> {
-    let mut max = None;
+    let mut max = fs::read_to_string(dir.join(HIGH_WATER_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
     for entry in fs::read_dir(dir)? {
         let Ok(entry) = entry else {
             continue;
@@ -1341,6 +1363,12 @@ mod tests {
         assert!(listed[0].modified_ms > 0);
 
         assert_eq!(store.create(Map::new()).unwrap().run_id(), "run-2");
+        // While its writer holds the file, a run cannot be deleted (by anyone).
+        assert_eq!(
+            store.delete("run-1").unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        drop(log);
         store.delete("run-1").unwrap();
         assert_eq!(store.list().unwrap().len(), 1);
         assert_eq!(

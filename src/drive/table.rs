@@ -28,7 +28,12 @@ pub const ENVELOPE_VERSION: u64 = 1;
 /// How long a surfaced permission prompt waits for an answer before it is denied.
 pub const DEFAULT_PERMISSION_TIMEOUT: Duration = Duration::from_secs(600);
 /// Finished runs kept in memory; older ones are served from their session files.
-pub const MAX_FINISHED_IN_MEMORY: usize = 256;
+pub const MAX_FINISHED_IN_MEMORY: usize = 1000;
+/// Input queued for a running interactive run (taken at its next turn boundary).
+pub const MAX_QUEUED_INPUTS: usize = 16;
+pub const MAX_QUEUED_INPUT_BYTES: usize = 4 * 1024 * 1024;
+/// Runs the engine works on at once; more are refused until one ends.
+pub const MAX_LIVE_RUNS: usize = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DriveStatus {
@@ -106,6 +111,10 @@ pub enum DriveError {
     Permit(String),
     BadRequest(String),
     Build(String),
+    /// Too much in flight (live runs); retry later.
+    Busy(String),
+    /// Another caliban process owns the run's session file.
+    Foreign(String),
 }
 
 impl std::fmt::Display for DriveError {
@@ -113,7 +122,10 @@ impl std::fmt::Display for DriveError {
         match self {
             DriveError::UnknownRun(id) => write!(f, "unknown run_id: {id}"),
             DriveError::Input(e) => write!(f, "cannot send input: {e}"),
-            DriveError::Permit(e) | DriveError::BadRequest(e) => f.write_str(e),
+            DriveError::Permit(e)
+            | DriveError::BadRequest(e)
+            | DriveError::Busy(e)
+            | DriveError::Foreign(e) => f.write_str(e),
             DriveError::Build(e) => write!(f, "failed to build run: {e}"),
         }
     }
@@ -175,6 +187,10 @@ struct RunRecord {
     prompts: VecDeque<Prompt>,
     surfaced: Option<(Prompt, TimerId)>,
     inputs: VecDeque<Inbound>,
+    /// `end_input` was queued or delivered: no more input is accepted.
+    ended: bool,
+    /// Appending to the session file failed; the run is stopped and reported failed.
+    write_error: Option<String>,
     created_ms: u64,
     prompt: String,
 }
@@ -209,18 +225,17 @@ pub struct DriveCore {
     /// Runs whose events, status or prompt changed since `take_changed`.
     changed: BTreeSet<u64>,
     events_total: u64,
+    /// Runs to cancel at the next chance (their session file broke).
+    pending_cancels: Vec<u64>,
 }
 
 pub fn run_id(num: u64) -> String {
     format!("run-{num}")
 }
 
+/// `run-<N>` in its one canonical spelling (no leading zeros), so a run has one id.
 pub fn parse_run_id(id: &str) -> Option<u64> {
-    let digits = id.strip_prefix("run-")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    crate::drive::session::run_number(id)
 }
 
 fn now_ms() -> u64 {
@@ -230,9 +245,12 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Timer keys the core hands to `Ctx::add_timer`; the host routes them back here.
-pub fn prompt_timer_key(num: u64) -> u64 {
-    num
+/// Timer keys the core hands to `Ctx::add_timer` carry this tag; a host passes every timer
+/// to `DriveCore::on_timer` first and handles the rest (keys without the tag) itself.
+pub const CORE_TIMER_TAG: u64 = 1 << 62;
+
+fn prompt_timer_key(num: u64) -> u64 {
+    CORE_TIMER_TAG | (num & (CORE_TIMER_TAG - 1))
 }
 
 impl DriveCore {
@@ -243,11 +261,12 @@ impl DriveCore {
             runs: BTreeMap::new(),
             changed: BTreeSet::new(),
             events_total: 0,
+            pending_cancels: Vec::new(),
         }
     }
 
-    /// Lists runs from earlier server processes. Their engines are gone: a run that had
-    /// not finished is reported failed, and the reason is appended to its session file.
+    /// Lists runs from earlier server processes (the newest `MAX_FINISHED_IN_MEMORY`; older
+    /// ones are loaded when asked for by id).
     pub fn load_existing(&mut self) {
         let summaries = match self.store.list() {
             Ok(s) => s,
@@ -256,49 +275,72 @@ impl DriveCore {
                 return;
             }
         };
-        for summary in summaries {
-            let Some(num) = parse_run_id(&summary.run_id) else {
-                continue;
-            };
-            let mut log = match self.store.load(&summary.run_id) {
-                Ok(log) => log,
-                Err(e) => {
-                    log::warn(&format!("skipping session {}: {e}", summary.run_id));
-                    continue;
-                }
-            };
-            let mut status = summary
-                .status
-                .as_ref()
-                .and_then(DriveStatus::from_json)
-                .unwrap_or(DriveStatus::Starting);
-            if !status.is_terminal() {
-                status = DriveStatus::Failed(
-                    "interrupted: the server stopped before the run ended".into(),
-                );
-                if let Err(e) = log.append_status(&status.to_json()) {
-                    log::warn(&format!("cannot mark {} interrupted: {e}", summary.run_id));
-                }
-                // Hold no descriptor for a run nobody writes any more.
-                let _ = log.close();
-            }
-            let header = &summary.header;
-            self.runs.insert(
-                num,
-                RunRecord {
-                    num,
-                    interactive: header["interactive"].as_bool().unwrap_or(false),
-                    status,
-                    log,
-                    live: false,
-                    prompts: VecDeque::new(),
-                    surfaced: None,
-                    inputs: VecDeque::new(),
-                    created_ms: header["created_ms"].as_u64().unwrap_or(summary.modified_ms),
-                    prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
-                },
-            );
+        let skip = summaries.len().saturating_sub(MAX_FINISHED_IN_MEMORY);
+        for summary in summaries.into_iter().skip(skip) {
+            self.load_record(&summary.run_id);
         }
+    }
+
+    /// Brings a run from its session file into the table. Its engine is gone: a run that had
+    /// not finished is marked failed ("interrupted") — unless another process still writes
+    /// it, in which case it is shown as that process last recorded it.
+    fn load_record(&mut self, id: &str) -> bool {
+        let Some(num) = parse_run_id(id) else {
+            return false;
+        };
+        if self.runs.contains_key(&num) {
+            return true;
+        }
+        let mut log = match self.store.load(id) {
+            Ok(log) => log,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn(&format!("skipping session {id}: {e}"));
+                }
+                return false;
+            }
+        };
+        let header = log.header().clone();
+        let mut status = log
+            .last_status()
+            .and_then(DriveStatus::from_json)
+            .unwrap_or(DriveStatus::Starting);
+        if !status.is_terminal() {
+            let interrupted =
+                DriveStatus::Failed("interrupted: the server stopped before the run ended".into());
+            match log.append_status(&interrupted.to_json()) {
+                Ok(()) => status = interrupted,
+                // Another caliban process owns the file: its run is not ours to end.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => log::warn(&format!("cannot mark {id} interrupted: {e}")),
+            }
+        }
+        // Hold no descriptor or tail for a run this process does not write.
+        let _ = log.close();
+        self.runs.insert(
+            num,
+            RunRecord {
+                num,
+                interactive: header["interactive"].as_bool().unwrap_or(false),
+                status,
+                log,
+                live: false,
+                prompts: VecDeque::new(),
+                surfaced: None,
+                inputs: VecDeque::new(),
+                ended: true,
+                write_error: None,
+                created_ms: header["created_ms"].as_u64().unwrap_or(0),
+                prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
+            },
+        );
+        true
+    }
+
+    /// Makes sure a run that exists on disk is in the table (it may have been evicted, or
+    /// never loaded). Surfaces call it before handling a request that names a run.
+    pub fn ensure_loaded(&mut self, id: &str) -> bool {
+        self.load_record(id)
     }
 
     pub fn config(&self) -> &DriveConfig {
@@ -310,6 +352,12 @@ impl DriveCore {
     pub fn start_run(&mut self, ctx: &mut Ctx, spec: RunSpec) -> Result<String, DriveError> {
         if spec.prompt.trim().is_empty() {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
+        }
+        let live = self.runs.values().filter(|r| r.live).count();
+        if live >= MAX_LIVE_RUNS {
+            return Err(DriveError::Busy(format!(
+                "{MAX_LIVE_RUNS} runs are already in progress; cancel one or wait"
+            )));
         }
         let workspace = match &spec.cwd {
             None => self.config.workspace.clone(),
@@ -393,6 +441,8 @@ impl DriveCore {
                 prompts: VecDeque::new(),
                 surfaced: None,
                 inputs: VecDeque::new(),
+                ended: false,
+                write_error: None,
                 created_ms,
                 prompt: spec.prompt,
             },
@@ -433,6 +483,16 @@ impl DriveCore {
         // Upstream: a cursor past the end yields an empty batch and `next_cursor = len`.
         let start = cursor.min(rec.log.len());
         let next_cursor = events.last().map_or(start, |(c, _)| c + 1);
+        if next_cursor < rec.log.len() {
+            // A capped batch: report the status as of its end, never a terminal one, so a
+            // client that stops at `done` cannot miss the events still to come.
+            return Ok(PollView {
+                events,
+                next_cursor,
+                status: self.status_at(id, next_cursor)?,
+                permission_request: None,
+            });
+        }
         Ok(PollView {
             events,
             next_cursor,
@@ -455,9 +515,6 @@ impl DriveCore {
         Ok(rec
             .log
             .status_at(cursor)
-            .ok()
-            .flatten()
-            .as_ref()
             .and_then(DriveStatus::from_json)
             .filter(|s| !s.is_terminal())
             .unwrap_or(DriveStatus::Running))
@@ -555,8 +612,28 @@ impl DriveCore {
         if !rec.interactive {
             return Err(DriveError::Input(NOT_INTERACTIVE.into()));
         }
-        if rec.status.is_terminal() || !rec.live || rec.inputs.contains(&Inbound::EndInput) {
+        if rec.status.is_terminal() || !rec.live || rec.ended {
             return Err(DriveError::Input(ENDED.into()));
+        }
+        let queued_bytes: usize = rec
+            .inputs
+            .iter()
+            .map(|i| match i {
+                Inbound::UserMessage(t) => t.len(),
+                Inbound::EndInput => 0,
+            })
+            .sum();
+        let size = match &input {
+            Inbound::UserMessage(t) => t.len(),
+            Inbound::EndInput => 0,
+        };
+        if rec.inputs.len() >= MAX_QUEUED_INPUTS || queued_bytes + size > MAX_QUEUED_INPUT_BYTES {
+            return Err(DriveError::Input(format!(
+                "{MAX_QUEUED_INPUTS} inputs or {MAX_QUEUED_INPUT_BYTES} bytes are already queued; wait for the run to take them"
+            )));
+        }
+        if input == Inbound::EndInput {
+            rec.ended = true;
         }
         rec.inputs.push_back(input);
         if rec.status == DriveStatus::AwaitingInput {
@@ -673,20 +750,35 @@ impl DriveCore {
 
     /// Cancels the run if it is live, forgets it and removes its session file.
     pub fn delete(&mut self, ctx: &mut Ctx, id: &str) -> Result<(), DriveError> {
-        let num = self.record(id)?.num;
+        let rec = self.record(id)?;
+        let num = rec.num;
+        if !rec.live {
+            // Not ours to write: the file may belong to another caliban process.
+            match self.store.delete(&run_id(num)) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Err(DriveError::Foreign(e.to_string()));
+                }
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    log::warn(&format!("cannot delete the session file of {id}: {e}"));
+                }
+                _ => {}
+            }
+            self.runs.remove(&num);
+            self.changed.insert(num);
+            return Ok(());
+        }
+        // Our own live run: drop its record (closing the file and its lock), stop it, and
+        // remove the file.
         if let Some(rec) = self.runs.remove(&num) {
             if let Some((_, timer)) = rec.surfaced {
                 ctx.cancel_timer(timer);
             }
-            if rec.live && !rec.status.is_terminal() {
-                ctx.act(HostAction::Cancel(RunId(num)));
-            }
+            ctx.act(HostAction::Cancel(RunId(num)));
         }
-        if let Err(e) = self.store.delete(&run_id(num)) {
-            log::warn(&format!(
-                "cannot delete the session file of {}: {e}",
-                run_id(num)
-            ));
+        if let Err(e) = self.store.delete(&run_id(num))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            log::warn(&format!("cannot delete the session file of {id}: {e}"));
         }
         self.changed.insert(num);
         Ok(())
@@ -720,7 +812,17 @@ impl DriveCore {
         };
         match rec.log.append_event(&event.to_json()) {
             Ok(_) => self.events_total += 1,
-            Err(e) => log::error(&format!("cannot append to {}: {e}", run_id(run.0))),
+            Err(e) => {
+                // An event that cannot be recorded is lost to every reader: stop the run
+                // rather than let it finish with a hole nobody can see.
+                log::error(&format!("cannot append to {}: {e}", run_id(run.0)));
+                if rec.write_error.is_none() {
+                    rec.write_error = Some(format!("the session file could not be written: {e}"));
+                    if rec.live && !matches!(event, TurnEvent::RunEnd { .. }) {
+                        self.pending_cancels.push(run.0);
+                    }
+                }
+            }
         }
         self.changed.insert(run.0);
     }
@@ -765,6 +867,9 @@ impl DriveCore {
             let _ = rec.log.append_permission(None);
         }
         rec.status = match why {
+            _ if rec.write_error.is_some() => {
+                DriveStatus::Failed(rec.write_error.clone().unwrap_or_default())
+            }
             StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
             StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
                 "the model stream was idle for {} s",
@@ -773,14 +878,32 @@ impl DriveCore {
             _ => DriveStatus::Done,
         };
         let _ = rec.log.append_status(&rec.status.to_json());
-        let _ = rec.log.sync();
-        // A finished run is served from its file: keep no tail in memory for it.
-        rec.log.release_tail();
+        // A finished run is served from its file: no descriptor, lock or tail stays open.
+        let _ = rec.log.close();
         self.changed.insert(run.0);
     }
 
+    /// Routes a timer to the core if it is one of its own (`CORE_TIMER_TAG`); returns
+    /// whether it was.
+    pub fn on_timer(&mut self, ctx: &mut Ctx, key: u64) -> bool {
+        if key & CORE_TIMER_TAG == 0 {
+            return false;
+        }
+        self.on_prompt_timeout(ctx, key & !CORE_TIMER_TAG);
+        true
+    }
+
+    /// Work the core deferred to a safe point; hosts call it from `Host::after_batch`.
+    pub fn after_batch(&mut self, ctx: &mut Ctx) {
+        for num in std::mem::take(&mut self.pending_cancels) {
+            if self.runs.get(&num).is_some_and(|r| r.live) {
+                ctx.act(HostAction::Cancel(RunId(num)));
+            }
+        }
+    }
+
     /// A prompt deadline passed: deny, as upstream does after 10 minutes.
-    pub fn on_prompt_timeout(&mut self, ctx: &mut Ctx, num: u64) {
+    fn on_prompt_timeout(&mut self, ctx: &mut Ctx, num: u64) {
         let secs = self.config.permission_timeout.as_secs_f64();
         let Some(rec) = self.runs.get(&num) else {
             return;

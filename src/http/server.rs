@@ -189,6 +189,8 @@ pub struct Connection {
     /// A stream went over half of `max_out_buffer`; `Writable` is owed when it drains.
     writable_owed: bool,
     closed_reported: bool,
+    /// Pipelined input was dropped during a stream: the connection closes after it.
+    discarded_behind_stream: bool,
 }
 
 impl Connection {
@@ -220,6 +222,7 @@ impl Connection {
             peer_eof: false,
             writable_owed: false,
             closed_reported: false,
+            discarded_behind_stream: false,
         })
     }
 
@@ -344,7 +347,7 @@ impl Connection {
             self.outbuf.extend_from_slice(write::LAST_CHUNK);
         }
         self.writable_owed = false;
-        self.finish_exchange(exchange.keep_alive);
+        self.finish_exchange(exchange.keep_alive && !self.discarded_behind_stream);
     }
 
     /// Response bytes queued and not yet accepted by the socket.
@@ -572,12 +575,20 @@ impl Connection {
                     return false;
                 }
                 let room = self.in_cap().saturating_sub(self.inbuf.len());
-                if room == 0 {
+                if room == 0 && self.is_streaming() {
+                    // A live stream can last hours: keep reading so a hang-up is seen,
+                    // but drop what a client pipelined past the cap behind it, and close
+                    // once the stream ends, since those requests are lost.
+                    self.discarded_behind_stream = true;
+                    let mut scratch = Vec::new();
+                    self.conn.drain_read_upto(&mut scratch, LINGER_MAX_BYTES)
+                } else if room == 0 {
                     // Full of pipelined bytes while a request is out: stop draining the
                     // socket. The kernel's window then pushes back on the client.
                     return false;
+                } else {
+                    self.conn.drain_read_upto(&mut self.inbuf, room)
                 }
-                self.conn.drain_read_upto(&mut self.inbuf, room)
             }
         };
         match res {

@@ -33,6 +33,8 @@ const POLL_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// A live stream takes this much from the log per step, so one follower cannot hog the loop.
 const STREAM_STEP_EVENTS: usize = 256;
 const STREAM_STEP_BYTES: usize = 256 * 1024;
+/// Silence after which the kernel probes a connection whose peer may have vanished.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
 const OPENAPI: &str = include_str!("openapi.json");
 
@@ -40,6 +42,7 @@ const OPENAPI: &str = include_str!("openapi.json");
 /// stay below `CONN_BASE`.
 const LISTENER_KEY: u64 = u64::MAX;
 const CONN_BASE: u64 = 1 << 40;
+const _: () = assert!(CONN_BASE < crate::drive::table::CORE_TIMER_TAG);
 
 /// A live `follow=1` stream on one connection.
 struct Follow {
@@ -85,7 +88,8 @@ fn error_response(conn: &mut Connection, status: u16, message: &str) {
 fn drive_error_status(err: &DriveError) -> u16 {
     match err {
         DriveError::UnknownRun(_) => 404,
-        DriveError::Input(_) | DriveError::Permit(_) => 409,
+        DriveError::Input(_) | DriveError::Permit(_) | DriveError::Foreign(_) => 409,
+        DriveError::Busy(_) => 503,
         DriveError::BadRequest(_) => 400,
         DriveError::Build(_) => 500,
     }
@@ -150,6 +154,7 @@ impl HttpServe {
 
     fn add_client(&mut self, ctx: &mut Ctx, tcp: mio::net::TcpStream, peer: SocketAddr) {
         let _ = tcp.set_nodelay(true);
+        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
         let mut conn = match Connection::new(
             tcp,
             peer,
@@ -251,6 +256,21 @@ impl HttpServe {
             return;
         };
         let peer = self.config.gate.classify(&client.conn.peer().ip());
+        if let Err(reason) = self.config.gate.check_browser_headers(
+            peer,
+            request.header("host"),
+            request.header("origin"),
+        ) {
+            client.conn.respond(
+                403,
+                &[
+                    ("content-type", "application/json"),
+                    ("connection", "close"),
+                ],
+                json!({ "error": reason }).to_string().as_bytes(),
+            );
+            return;
+        }
         if let Decision::Deny(_) = self
             .config
             .gate
@@ -261,11 +281,20 @@ impl HttpServe {
                 &[
                     ("content-type", "text/plain; charset=utf-8"),
                     ("www-authenticate", "Bearer"),
+                    // An unauthenticated peer does not get to keep a connection slot.
+                    ("connection", "close"),
                 ],
                 b"unauthorized",
             );
             return;
         }
+        if let Some(id) = run_in_path(&request.path) {
+            // Runs evicted from memory (or from before a restart) are read back on demand.
+            self.core.ensure_loaded(id);
+        }
+        let Some(client) = self.clients.get_mut(&key) else {
+            return;
+        };
         let segments: Vec<&str> = request
             .path
             .trim_start_matches('/')
@@ -318,7 +347,7 @@ impl HttpServe {
                     .map(|r| {
                         json!({"run_id": r.run_id, "status": r.status.to_json(),
                                "interactive": r.interactive, "created_ms": r.created_ms,
-                               "events": r.events, "prompt": r.prompt})
+                               "events": r.events, "prompt": preview(&r.prompt)})
                     })
                     .collect();
                 json_response(&mut client.conn, 200, &json!({"runs": runs}));
@@ -423,7 +452,13 @@ impl HttpServe {
             .header("accept")
             .is_some_and(|a| a.contains("text/event-stream"));
         let follow = matches!(request.query_param("follow"), Some("1" | "true"));
+        // A reconnecting EventSource repeats its original URL (often `cursor=0`) and adds
+        // `Last-Event-ID`: the header is the newer information, so it wins.
+        let last_event_id = request
+            .header("last-event-id")
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let cursor = match request.query_param("cursor") {
+            _ if last_event_id.is_some() => last_event_id.unwrap_or(0),
             Some(raw) => match raw.parse::<u64>() {
                 Ok(c) => c,
                 Err(_) => {
@@ -435,11 +470,7 @@ impl HttpServe {
                     return;
                 }
             },
-            // SSE clients resume with the id of the last event they saw.
-            None => request
-                .header("last-event-id")
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0),
+            None => 0,
         };
         if !self.core.exists(id) {
             error_response(
@@ -686,6 +717,22 @@ impl HttpServe {
     }
 }
 
+/// The listing shows the start of each prompt; the full text is in the run's session.
+fn preview(prompt: &str) -> String {
+    const MAX_CHARS: usize = 200;
+    match prompt.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{}…", &prompt[..cut]),
+        None => prompt.to_owned(),
+    }
+}
+
+/// The run id in `/runs/<id>[/…]`, if the path names one.
+fn run_in_path(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/runs/")?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty()).then_some(id)
+}
+
 fn method_not_allowed(conn: &mut Connection, allow: &str) {
     conn.respond(
         405,
@@ -821,8 +868,7 @@ impl Host for HttpServe {
     }
 
     fn on_timer(&mut self, ctx: &mut Ctx, key: u64) {
-        if key < CONN_BASE {
-            self.core.on_prompt_timeout(ctx, key);
+        if self.core.on_timer(ctx, key) {
             return;
         }
         let idle = self.config.limits.idle_timeout;
@@ -830,17 +876,24 @@ impl Host for HttpServe {
             return;
         };
         let quiet = client.conn.last_activity().elapsed();
+        let streaming = client.follow.is_some() || client.conn.is_streaming();
         // Streams are allowed to be quiet (a run waiting on a prompt); request-response
         // connections are closed once idle.
-        if client.follow.is_none() && !client.conn.is_streaming() && quiet >= idle {
+        if !streaming && quiet >= idle {
             self.close_client(ctx, key);
             return;
         }
-        let wait = idle.saturating_sub(quiet).max(Duration::from_millis(10));
+        // A stream checks back a full period later; a quiet stream must not spin the loop.
+        let wait = if streaming {
+            idle
+        } else {
+            idle.saturating_sub(quiet).max(Duration::from_millis(10))
+        };
         client.idle_timer = ctx.add_timer(wait, key);
     }
 
     fn after_batch(&mut self, ctx: &mut Ctx) {
+        self.core.after_batch(ctx);
         self.pump_all(ctx);
     }
 }
