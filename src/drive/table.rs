@@ -32,8 +32,10 @@ pub const MAX_FINISHED_IN_MEMORY: usize = 1000;
 /// Input queued for a running interactive run (taken at its next turn boundary).
 pub const MAX_QUEUED_INPUTS: usize = 16;
 pub const MAX_QUEUED_INPUT_BYTES: usize = 4 * 1024 * 1024;
-/// Runs the engine works on at once; more are refused until one ends.
-pub const MAX_LIVE_RUNS: usize = 64;
+/// Runs streaming or running tools at once; more are refused until one pauses or ends.
+pub const MAX_WORKING_RUNS: usize = 64;
+/// Open runs, idle interactive ones included (an idle run costs a few KiB).
+pub const MAX_LIVE_RUNS: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DriveStatus {
@@ -353,10 +355,17 @@ impl DriveCore {
         if spec.prompt.trim().is_empty() {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
-        let live = self.runs.values().filter(|r| r.live).count();
-        if live >= MAX_LIVE_RUNS {
+        let live = self.runs.values().filter(|r| r.live);
+        let (mut n_live, mut n_working) = (0, 0);
+        for rec in live {
+            n_live += 1;
+            if rec.status != DriveStatus::AwaitingInput {
+                n_working += 1;
+            }
+        }
+        if n_working >= MAX_WORKING_RUNS || n_live >= MAX_LIVE_RUNS {
             return Err(DriveError::Busy(format!(
-                "{MAX_LIVE_RUNS} runs are already in progress; cancel one or wait"
+                "too many runs in progress ({n_working} working, {n_live} open; at most {MAX_WORKING_RUNS} and {MAX_LIVE_RUNS}); cancel one or wait"
             )));
         }
         let workspace = match &spec.cwd {
