@@ -108,7 +108,10 @@ fn main() {
         if waiting >= runs {
             break;
         }
-        assert!(Instant::now() < deadline, "only {waiting} of {runs} runs got to awaiting_input");
+        assert!(
+            Instant::now() < deadline,
+            "only {waiting} of {runs} runs got to awaiting_input"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let loaded = rss_kib(server.id());

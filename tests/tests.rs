@@ -1,11 +1,12 @@
 //! One integration-test binary: every test spawns the real `caliban` executable and speaks
-//! its real wire, against `caliban stub-model` on loopback. Nothing leaves the machine.
+//! its real wire, against `caliban stub-model` on loopback. Nothing they run reaches beyond loopback (test tooling is installed from the package registries).
 
 mod util;
 
 mod cli;
 mod http_serve;
 mod http_util;
+mod mcp;
 mod openapi;
 mod print;
 mod tls;

@@ -1,0 +1,731 @@
+//! The MCP tools: upstream's five (`reference/upstream-caliban.md` §3.1–§3.2) with their
+//! exact names, descriptions and input schemas (as rmcp 1.7 generates them from upstream's
+//! argument structs), plus `caliban_cancel`, `wait_ms` on `caliban_poll` and the optional
+//! per-run fields on `caliban_run`. Arguments are checked here with serde's wording, so a
+//! bad call gets the same `-32602` text upstream's `Parameters<T>` gives.
+//!
+//! Result bodies are written by hand, field order and all, because upstream's text block is
+//! serde's serialisation of its structs (`{"events","next_cursor","status",…}` in that
+//! order), while a `serde_json::Value` here sorts its keys.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde_json::{Map, Value, json};
+
+use crate::drive::table::{DriveStatus, PollView, Prompt};
+use crate::permissions::{Action, Mode, Rule, RuleSource};
+
+/// Longest `wait_ms` honoured: well under the 60 s many clients give a tool call.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+pub const RUN: &str = "caliban_run";
+pub const POLL: &str = "caliban_poll";
+pub const STATUS: &str = "caliban_status";
+pub const SEND_INPUT: &str = "caliban_send_input";
+pub const PERMIT: &str = "caliban_permit";
+pub const CANCEL: &str = "caliban_cancel";
+
+const SCHEMA_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
+
+/// The `status` object as upstream's serde writes it: `state` first.
+pub fn status_text(status: &DriveStatus) -> String {
+    match status {
+        DriveStatus::Failed(error) => format!(
+            "{{\"state\":\"failed\",\"error\":{}}}",
+            Value::String(error.clone())
+        ),
+        other => format!("{{\"state\":\"{}\"}}", other.label()),
+    }
+}
+
+/// A permission prompt as upstream writes it: `tool_use_id`, `tool_name`, `input`.
+pub fn prompt_text(prompt: Option<&Prompt>) -> String {
+    match prompt {
+        None => "null".to_owned(),
+        Some(p) => format!(
+            "{{\"tool_use_id\":{},\"tool_name\":{},\"input\":{}}}",
+            Value::String(p.tool_use_id.clone()),
+            Value::String(p.tool_name.clone()),
+            p.input
+        ),
+    }
+}
+
+/// `caliban_poll`'s body: every event in the `{"v":1,"event":…}` envelope.
+pub fn poll_text(view: &PollView) -> String {
+    let mut body = String::from("{\"events\":[");
+    for (i, (_, raw)) in view.events.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        let _ = write!(body, "{{\"v\":1,\"event\":{raw}}}");
+    }
+    let _ = write!(
+        body,
+        "],\"next_cursor\":{},\"status\":{},\"permission_request\":{}}}",
+        view.next_cursor,
+        status_text(&view.status),
+        prompt_text(view.permission_request.as_ref())
+    );
+    body
+}
+
+pub fn run_text(run_id: &str) -> String {
+    format!("{{\"run_id\":{}}}", Value::String(run_id.to_owned()))
+}
+
+pub fn status_body_text(status: &DriveStatus) -> String {
+    format!("{{\"status\":{}}}", status_text(status))
+}
+
+pub const OK_TEXT: &str = "{\"ok\":true}";
+
+fn prop(description: &str, kind: &str) -> Value {
+    json!({"description": description, "type": kind})
+}
+
+fn optional_string(description: &str) -> Value {
+    json!({"default": null, "description": description, "type": ["string", "null"]})
+}
+
+fn input_schema(title: &str, properties: Value, required: &[&str]) -> Value {
+    json!({
+        "$schema": SCHEMA_2020_12,
+        "properties": properties,
+        "required": required,
+        "title": title,
+        "type": "object",
+    })
+}
+
+fn status_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "state": {
+                "type": "string",
+                "enum": ["starting", "running", "awaiting_input", "done", "failed"]
+            },
+            "error": {"type": "string"}
+        },
+        "required": ["state"]
+    })
+}
+
+fn ok_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"]
+    })
+}
+
+fn annotations(read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> Value {
+    json!({
+        "readOnlyHint": read_only,
+        "destructiveHint": destructive,
+        "idempotentHint": idempotent,
+        "openWorldHint": open_world,
+    })
+}
+
+/// One tool's listing. `modern` (2025-06-18 and later) adds `title` and `outputSchema`,
+/// which 2025-03-26 did not have.
+fn tool(
+    name: &str,
+    title: &str,
+    description: &str,
+    input: Value,
+    output: Value,
+    hints: Value,
+    modern: bool,
+) -> Value {
+    let mut t = json!({
+        "name": name,
+        "description": description,
+        "inputSchema": input,
+        "annotations": hints,
+    });
+    if modern {
+        t["title"] = json!(title);
+        t["outputSchema"] = output;
+    }
+    t
+}
+
+/// The `tools/list` result: sorted by name, as rmcp lists upstream's.
+pub fn list(modern: bool) -> Value {
+    let run_id = |d: &str| prop(d, "string");
+    let tools = vec![
+        tool(
+            CANCEL,
+            "Cancel a caliban run",
+            "Cancel a run: its model request is dropped and its tool processes are killed; it \
+             ends with status done and a RunEnd event whose stopped_for is Cancelled.",
+            input_schema(
+                "CancelArgs",
+                json!({"run_id": run_id("The run to cancel.")}),
+                &["run_id"],
+            ),
+            ok_schema(),
+            annotations(false, true, true, false),
+            modern,
+        ),
+        tool(
+            PERMIT,
+            "Answer a permission prompt",
+            "Answer a run's pending permission prompt (from caliban_poll).",
+            input_schema(
+                "PermitArgs",
+                json!({
+                    "allow": prop("Allow (true) or deny (false) the tool call.", "boolean"),
+                    "reason": optional_string("Optional denial reason."),
+                    "run_id": run_id("The run whose pending permission prompt to answer."),
+                    "tool_use_id": run_id(
+                        "The `tool_use_id` from the poll response's `permission_request`."
+                    ),
+                }),
+                &["run_id", "tool_use_id", "allow"],
+            ),
+            ok_schema(),
+            annotations(false, false, false, false),
+            modern,
+        ),
+        tool(
+            POLL,
+            "Read a caliban run's events",
+            "Fetch new events for a run from `cursor` onward, plus status and any pending \
+             permission prompt.",
+            input_schema(
+                "PollArgs",
+                json!({
+                    "cursor": {
+                        "default": 0,
+                        "description": "Number of events already consumed; events from here on are returned.",
+                        "format": "uint",
+                        "minimum": 0,
+                        "type": "integer",
+                    },
+                    "run_id": run_id("The run to poll."),
+                    "wait_ms": {
+                        "default": 0,
+                        "description": "Long-poll: when there is nothing new past `cursor`, wait up to this many milliseconds (capped at 30000) for a new event, a status change or a new permission prompt before answering.",
+                        "format": "uint",
+                        "minimum": 0,
+                        "type": "integer",
+                    },
+                }),
+                &["run_id"],
+            ),
+            json!({
+                "type": "object",
+                "properties": {
+                    "events": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "v": {"type": "integer"},
+                                "event": {"type": "object"}
+                            },
+                            "required": ["v", "event"]
+                        }
+                    },
+                    "next_cursor": {"type": "integer", "minimum": 0},
+                    "status": status_schema(),
+                    "permission_request": {
+                        "type": ["object", "null"],
+                        "properties": {
+                            "tool_use_id": {"type": "string"},
+                            "tool_name": {"type": "string"},
+                            "input": {}
+                        },
+                        "required": ["tool_use_id", "tool_name", "input"]
+                    }
+                },
+                "required": ["events", "next_cursor", "status", "permission_request"]
+            }),
+            annotations(true, false, true, false),
+            modern,
+        ),
+        tool(
+            RUN,
+            "Start a caliban run",
+            "Start an agent run from a prompt; returns a run_id to poll.",
+            input_schema(
+                "RunArgs",
+                json!({
+                    "ask": {
+                        "default": [],
+                        "description": "Extra rules (e.g. `Bash(git push:*)`) whose matching tool calls must ask first in this run. Per-run rules only narrow the server's permissions.",
+                        "items": {"type": "string"},
+                        "type": "array",
+                    },
+                    "cwd": optional_string(
+                        "Directory for this run, relative to the server's workspace and inside it (default: the workspace)."
+                    ),
+                    "deny": {
+                        "default": [],
+                        "description": "Extra rules (e.g. `Bash(rm:*)`) whose matching tool calls are denied in this run.",
+                        "items": {"type": "string"},
+                        "type": "array",
+                    },
+                    "interactive": {
+                        "default": false,
+                        "description": "Pause awaiting further input at each turn boundary (default false).",
+                        "type": "boolean",
+                    },
+                    "model": optional_string("Model for this run (default: the server's)."),
+                    "permission_mode": {
+                        "default": null,
+                        "description": "Permission mode for this run. It can only narrow the server's configuration: a wider mode than the server's has no effect.",
+                        "enum": ["default", "acceptEdits", "plan", "dontAsk", "bypassPermissions", null],
+                        "type": ["string", "null"],
+                    },
+                    "prompt": prop("The initial user prompt.", "string"),
+                }),
+                &["prompt"],
+            ),
+            json!({
+                "type": "object",
+                "properties": {"run_id": {"type": "string"}},
+                "required": ["run_id"]
+            }),
+            annotations(false, true, false, true),
+            modern,
+        ),
+        tool(
+            SEND_INPUT,
+            "Send input to a caliban run",
+            "Send a follow-up message to an interactive run, or end its input.",
+            input_schema(
+                "SendInputArgs",
+                json!({
+                    "end": {
+                        "default": false,
+                        "description": "End the conversation instead of sending a message.",
+                        "type": "boolean",
+                    },
+                    "run_id": run_id("The run to feed."),
+                    "text": optional_string("A follow-up user message to inject."),
+                }),
+                &["run_id"],
+            ),
+            ok_schema(),
+            annotations(false, false, false, false),
+            modern,
+        ),
+        tool(
+            STATUS,
+            "Read a caliban run's status",
+            "Read a run's current lifecycle status.",
+            input_schema(
+                "StatusArgs",
+                json!({"run_id": run_id("The run to query.")}),
+                &["run_id"],
+            ),
+            json!({
+                "type": "object",
+                "properties": {"status": status_schema()},
+                "required": ["status"]
+            }),
+            annotations(true, false, true, false),
+            modern,
+        ),
+    ];
+    json!({ "tools": tools })
+}
+
+/// A call's arguments, decoded.
+#[derive(Debug)]
+pub enum Call {
+    Run(RunArgs),
+    Poll {
+        run_id: String,
+        cursor: u64,
+        wait_ms: u64,
+    },
+    Status {
+        run_id: String,
+    },
+    SendInput {
+        run_id: String,
+        text: Option<String>,
+        end: bool,
+    },
+    Permit {
+        run_id: String,
+        tool_use_id: String,
+        allow: bool,
+        reason: Option<String>,
+    },
+    Cancel {
+        run_id: String,
+    },
+}
+
+impl Call {
+    /// The run a call names, if any.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            Call::Run(_) => None,
+            Call::Poll { run_id, .. }
+            | Call::Status { run_id }
+            | Call::SendInput { run_id, .. }
+            | Call::Permit { run_id, .. }
+            | Call::Cancel { run_id } => Some(run_id),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RunArgs {
+    pub prompt: String,
+    pub interactive: bool,
+    pub cwd: Option<PathBuf>,
+    pub model: Option<String>,
+    pub permission_mode: Option<Mode>,
+    pub rules: Vec<Rule>,
+}
+
+/// Why a `tools/call` is refused before any tool runs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// `-32602 tool not found`, as rmcp answers.
+    UnknownTool,
+    /// `-32602 failed to deserialize parameters: …`
+    BadArguments(String),
+}
+
+/// serde's name for the kind of a JSON value, as in its `invalid type` errors.
+fn unexpected(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => format!("boolean `{b}`"),
+        Value::Number(n) if n.is_f64() => format!("floating point `{n}`"),
+        Value::Number(n) => format!("integer `{n}`"),
+        Value::String(s) => format!("string {}", Value::String(s.clone())),
+        Value::Array(_) => "sequence".to_owned(),
+        Value::Object(_) => "map".to_owned(),
+    }
+}
+
+struct Args<'a> {
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Args<'a> {
+    fn present(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key)
+    }
+
+    fn string(&self, key: &str) -> Result<String, CallError> {
+        match self.present(key) {
+            None => Err(CallError::BadArguments(format!("missing field `{key}`"))),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(invalid_type(other, "a string")),
+        }
+    }
+
+    fn opt_string(&self, key: &str) -> Result<Option<String>, CallError> {
+        match self.present(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(invalid_type(other, "a string")),
+        }
+    }
+
+    fn bool(&self, key: &str, default: Option<bool>) -> Result<bool, CallError> {
+        match (self.present(key), default) {
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(CallError::BadArguments(format!("missing field `{key}`"))),
+            (Some(Value::Bool(b)), _) => Ok(*b),
+            (Some(other), _) => Err(invalid_type(other, "a boolean")),
+        }
+    }
+
+    fn uint(&self, key: &str) -> Result<u64, CallError> {
+        match self.present(key) {
+            None => Ok(0),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(v) => Ok(v),
+                None if n.is_i64() => Err(CallError::BadArguments(format!(
+                    "invalid value: integer `{n}`, expected usize"
+                ))),
+                None => Err(invalid_type(&Value::Number(n.clone()), "usize")),
+            },
+            Some(other) => Err(invalid_type(other, "usize")),
+        }
+    }
+
+    fn strings(&self, key: &str) -> Result<Vec<String>, CallError> {
+        match self.present(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(invalid_type(other, "a string")),
+                })
+                .collect(),
+            Some(other) => Err(invalid_type(other, "a sequence")),
+        }
+    }
+}
+
+fn invalid_type(value: &Value, expected: &str) -> CallError {
+    CallError::BadArguments(format!(
+        "invalid type: {}, expected {expected}",
+        unexpected(value)
+    ))
+}
+
+/// Decodes `tools/call` params' `name` and `arguments` (absent arguments are `{}`).
+pub fn parse_call(name: &str, arguments: Option<&Value>) -> Result<Call, CallError> {
+    let empty = Map::new();
+    let map = match arguments {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            if !matches!(name, RUN | POLL | STATUS | SEND_INPUT | PERMIT | CANCEL) {
+                return Err(CallError::UnknownTool);
+            }
+            return Err(invalid_type(
+                other,
+                &format!("struct {}", struct_name(name)),
+            ));
+        }
+    };
+    let args = Args { map };
+    Ok(match name {
+        RUN => {
+            let prompt = args.string("prompt")?;
+            let interactive = args.bool("interactive", Some(false))?;
+            let cwd = args.opt_string("cwd")?.map(PathBuf::from);
+            let model = args.opt_string("model")?;
+            let permission_mode = match args.opt_string("permission_mode")? {
+                None => None,
+                Some(m) => Some(Mode::parse(&m).ok_or_else(|| {
+                    CallError::BadArguments(format!(
+                        "unknown variant `{m}`, expected one of `default`, `acceptEdits`, `plan`, `dontAsk`, `bypassPermissions`"
+                    ))
+                })?),
+            };
+            let mut rules = Vec::new();
+            for (key, action) in [("deny", Action::Deny), ("ask", Action::Ask)] {
+                for pattern in args.strings(key)? {
+                    let rule = Rule::new(&pattern, action, None, RuleSource::Session)
+                        .map_err(|e| CallError::BadArguments(format!("`{key}`: {e}")))?;
+                    rules.push(rule);
+                }
+            }
+            Call::Run(RunArgs {
+                prompt,
+                interactive,
+                cwd,
+                model,
+                permission_mode,
+                rules,
+            })
+        }
+        POLL => Call::Poll {
+            run_id: args.string("run_id")?,
+            cursor: args.uint("cursor")?,
+            wait_ms: args.uint("wait_ms")?,
+        },
+        STATUS => Call::Status {
+            run_id: args.string("run_id")?,
+        },
+        SEND_INPUT => Call::SendInput {
+            run_id: args.string("run_id")?,
+            text: args.opt_string("text")?,
+            end: args.bool("end", Some(false))?,
+        },
+        PERMIT => Call::Permit {
+            run_id: args.string("run_id")?,
+            tool_use_id: args.string("tool_use_id")?,
+            allow: args.bool("allow", None)?,
+            reason: args.opt_string("reason")?,
+        },
+        CANCEL => Call::Cancel {
+            run_id: args.string("run_id")?,
+        },
+        _ => return Err(CallError::UnknownTool),
+    })
+}
+
+fn struct_name(tool: &str) -> &'static str {
+    match tool {
+        RUN => "RunArgs",
+        POLL => "PollArgs",
+        STATUS => "StatusArgs",
+        SEND_INPUT => "SendInputArgs",
+        PERMIT => "PermitArgs",
+        _ => "CancelArgs",
+    }
+}
+
+/// The permission question sent as `elicitation/create` (form mode): a real schema, a
+/// default that makes a bare "accept" mean allow.
+pub fn elicitation_params(run_id: &str, prompt: &Prompt, with_mode: bool) -> Value {
+    let detail = match (prompt.tool_name.as_str(), prompt.input.get("command")) {
+        ("Bash", Some(Value::String(cmd))) => format!("`{}`", clip(cmd, 400)),
+        _ => clip(&prompt.input.to_string(), 400),
+    };
+    let mut params = json!({
+        "message": format!(
+            "caliban {run_id} asks to use {}: {detail}. Allow it?",
+            prompt.tool_name
+        ),
+        "requestedSchema": {
+            "type": "object",
+            "properties": {
+                "allow": {
+                    "type": "boolean",
+                    "title": "Allow",
+                    "description": format!("Allow this {} call (false denies it)", prompt.tool_name),
+                    "default": true
+                },
+                "reason": {
+                    "type": "string",
+                    "title": "Reason",
+                    "description": "Why it is denied (passed to the model)"
+                }
+            },
+            "required": []
+        }
+    });
+    if with_mode {
+        params["mode"] = json!("form");
+    }
+    params
+}
+
+fn clip(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(max_chars).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// What rmcp 1.7 lists for upstream's argument structs, byte for byte (generated with
+    /// rmcp 1.7.0 + schemars 1 from upstream's `caliban/src/serve/mcp.rs`). Our schemas
+    /// extend these with new optional properties only.
+    const UPSTREAM: &str = r#"{"tools":[{"description":"Answer a run's pending permission prompt (from caliban_poll).","inputSchema":{"$schema":"https://json-schema.org/draft/2020-12/schema","properties":{"allow":{"description":"Allow (true) or deny (false) the tool call.","type":"boolean"},"reason":{"default":null,"description":"Optional denial reason.","type":["string","null"]},"run_id":{"description":"The run whose pending permission prompt to answer.","type":"string"},"tool_use_id":{"description":"The `tool_use_id` from the poll response's `permission_request`.","type":"string"}},"required":["run_id","tool_use_id","allow"],"title":"PermitArgs","type":"object"},"name":"caliban_permit"},{"description":"Fetch new events for a run from `cursor` onward, plus status and any pending permission prompt.","inputSchema":{"$schema":"https://json-schema.org/draft/2020-12/schema","properties":{"cursor":{"default":0,"description":"Number of events already consumed; events from here on are returned.","format":"uint","minimum":0,"type":"integer"},"run_id":{"description":"The run to poll.","type":"string"}},"required":["run_id"],"title":"PollArgs","type":"object"},"name":"caliban_poll"},{"description":"Start an agent run from a prompt; returns a run_id to poll.","inputSchema":{"$schema":"https://json-schema.org/draft/2020-12/schema","properties":{"interactive":{"default":false,"description":"Pause awaiting further input at each turn boundary (default false).","type":"boolean"},"prompt":{"description":"The initial user prompt.","type":"string"}},"required":["prompt"],"title":"RunArgs","type":"object"},"name":"caliban_run"},{"description":"Send a follow-up message to an interactive run, or end its input.","inputSchema":{"$schema":"https://json-schema.org/draft/2020-12/schema","properties":{"end":{"default":false,"description":"End the conversation instead of sending a message.","type":"boolean"},"run_id":{"description":"The run to feed.","type":"string"},"text":{"default":null,"description":"A follow-up user message to inject.","type":["string","null"]}},"required":["run_id"],"title":"SendInputArgs","type":"object"},"name":"caliban_send_input"},{"description":"Read a run's current lifecycle status.","inputSchema":{"$schema":"https://json-schema.org/draft/2020-12/schema","properties":{"run_id":{"description":"The run to query.","type":"string"}},"required":["run_id"],"title":"StatusArgs","type":"object"},"name":"caliban_status"}]}"#;
+
+    #[test]
+    fn upstream_tools_are_byte_compatible() {
+        let upstream: Value = serde_json::from_str(UPSTREAM).unwrap();
+        let ours = list(true);
+        let ours = ours["tools"].as_array().unwrap();
+        for theirs in upstream["tools"].as_array().unwrap() {
+            let name = theirs["name"].as_str().unwrap();
+            let mine = ours.iter().find(|t| t["name"] == name).unwrap();
+            assert_eq!(mine["description"], theirs["description"], "{name}");
+            // Same keys, same bytes, for every property upstream has.
+            let (a, b) = (&mine["inputSchema"], &theirs["inputSchema"]);
+            for key in ["$schema", "required", "title", "type"] {
+                assert_eq!(a[key], b[key], "{name}.{key}");
+            }
+            for (prop, schema) in b["properties"].as_object().unwrap() {
+                assert_eq!(
+                    a["properties"][prop].to_string(),
+                    schema.to_string(),
+                    "{name}.{prop}"
+                );
+            }
+        }
+        let names: Vec<&str> = ours.iter().map(|t| t["name"].as_str().unwrap()).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+        assert!(names.contains(&CANCEL));
+    }
+
+    #[test]
+    fn old_protocol_gets_no_output_schema() {
+        for t in list(false)["tools"].as_array().unwrap() {
+            assert!(t.get("outputSchema").is_none() && t.get("title").is_none());
+        }
+        for t in list(true)["tools"].as_array().unwrap() {
+            assert_eq!(t["outputSchema"]["type"], "object");
+        }
+    }
+
+    #[test]
+    fn bodies_keep_upstream_field_order() {
+        let view = PollView {
+            events: vec![(0, Arc::from(r#"{"type":"TurnStart","turn_index":0}"#))],
+            next_cursor: 1,
+            status: DriveStatus::Failed("boom \"x\"".into()),
+            permission_request: Some(Prompt {
+                tool_use_id: "toolu_1".into(),
+                tool_name: "Bash".into(),
+                input: json!({"command": "ls"}),
+            }),
+        };
+        assert_eq!(
+            poll_text(&view),
+            r#"{"events":[{"v":1,"event":{"type":"TurnStart","turn_index":0}}],"next_cursor":1,"status":{"state":"failed","error":"boom \"x\""},"permission_request":{"tool_use_id":"toolu_1","tool_name":"Bash","input":{"command":"ls"}}}"#
+        );
+        assert_eq!(run_text("run-1"), r#"{"run_id":"run-1"}"#);
+        assert_eq!(
+            status_body_text(&DriveStatus::AwaitingInput),
+            r#"{"status":{"state":"awaiting_input"}}"#
+        );
+        // Every body parses, so it can be mirrored as structuredContent.
+        for text in [poll_text(&view), OK_TEXT.to_owned()] {
+            serde_json::from_str::<Value>(&text).unwrap();
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_with_serde_wording() {
+        let bad = |name: &str, args: Value| match parse_call(name, Some(&args)) {
+            Err(CallError::BadArguments(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(bad(RUN, json!({})), "missing field `prompt`");
+        assert_eq!(
+            bad(RUN, json!({"prompt": 5})),
+            "invalid type: integer `5`, expected a string"
+        );
+        assert_eq!(
+            bad(POLL, json!({"run_id": "run-1", "cursor": -1})),
+            "invalid value: integer `-1`, expected usize"
+        );
+        assert_eq!(
+            bad(PERMIT, json!({"run_id": "r", "tool_use_id": "t"})),
+            "missing field `allow`"
+        );
+        assert_eq!(
+            bad(SEND_INPUT, json!({"run_id": "r", "end": "yes"})),
+            "invalid type: string \"yes\", expected a boolean"
+        );
+        assert!(bad(RUN, json!({"prompt": "x", "permission_mode": "yolo"})).contains("yolo"));
+        assert_eq!(
+            parse_call("nope", Some(&json!({}))).unwrap_err(),
+            CallError::UnknownTool
+        );
+        match parse_call(POLL, None) {
+            Err(CallError::BadArguments(m)) => assert_eq!(m, "missing field `run_id`"),
+            other => panic!("{other:?}"),
+        }
+        match parse_call(POLL, Some(&json!({"run_id": "run-3", "wait_ms": 500}))).unwrap() {
+            Call::Poll {
+                run_id,
+                cursor,
+                wait_ms,
+            } => assert_eq!((run_id.as_str(), cursor, wait_ms), ("run-3", 0, 500)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
