@@ -308,7 +308,11 @@ fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig
         system_prompt: args.agent.system_prompt.clone(),
     };
     let mut core = drive::table::DriveCore::new(store, drive_config);
-    core.load_existing();
+    // `GET /runs` lists earlier runs from the start; the stdio surfaces (spawned by editors
+    // and agents, where start-up time matters) load the past when first asked for it.
+    if args.surface == Surface::Http {
+        core.load_existing();
+    }
     Ok((core, setup.engine_config))
 }
 

@@ -1,8 +1,9 @@
 //! One integration-test binary: every test spawns the real `caliban` executable and speaks
-//! its real wire, against `caliban stub-model` on loopback. Nothing they run reaches beyond loopback (test tooling is installed from the package registries).
+//! its real wire, against `caliban stub-model` on loopback. Nothing leaves the machine.
 
 mod util;
 
+mod acp;
 mod cli;
 mod http_serve;
 mod http_util;

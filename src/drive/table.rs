@@ -229,6 +229,7 @@ pub struct DriveCore {
     events_total: u64,
     /// Runs to cancel at the next chance (their session file broke).
     pending_cancels: Vec<u64>,
+    loaded_existing: bool,
 }
 
 pub fn run_id(num: u64) -> String {
@@ -264,12 +265,19 @@ impl DriveCore {
             changed: BTreeSet::new(),
             events_total: 0,
             pending_cancels: Vec::new(),
+            loaded_existing: false,
         }
     }
 
     /// Lists runs from earlier server processes (the newest `MAX_FINISHED_IN_MEMORY`; older
     /// ones are loaded when asked for by id).
     pub fn load_existing(&mut self) {
+        // Idempotent: a surface calls it when it first needs the past (listing sessions),
+        // so start-up never pays for scanning a large sessions directory.
+        if self.loaded_existing {
+            return;
+        }
+        self.loaded_existing = true;
         let summaries = match self.store.list() {
             Ok(s) => s,
             Err(e) => {

@@ -73,7 +73,7 @@ pub struct BashJob {
 }
 
 /// Where a shell can be found, preferring bash for the syntax models expect.
-fn shell() -> &'static str {
+pub fn shell() -> &'static str {
     if Path::new("/bin/bash").exists() {
         "/bin/bash"
     } else {
@@ -101,31 +101,55 @@ fn resolve_cwd(workspace: &Path, cwd: Option<&str>) -> Result<PathBuf, String> {
     Ok(canonical)
 }
 
+/// A `Bash` call's input once checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BashInput {
+    pub command: String,
+    pub timeout: Duration,
+    /// Where to run: the workspace or a directory inside it.
+    pub cwd: PathBuf,
+}
+
+/// Validates a `Bash` call's input (also for a host that runs the command elsewhere, such as
+/// an editor's terminal). Errors are tool results for the model.
+pub fn parse_input(input: &Value, workspace: &Path) -> Result<BashInput, ToolOutput> {
+    let command = match input.get("command") {
+        Some(Value::String(c)) if !c.trim().is_empty() => c.clone(),
+        Some(Value::String(_)) => return Err(ToolOutput::error("Bash: `command` is empty")),
+        _ => {
+            return Err(ToolOutput::error(
+                "Bash: missing required string field `command`",
+            ));
+        }
+    };
+    let timeout = match input.get("timeout_seconds") {
+        None | Some(Value::Null) => DEFAULT_TIMEOUT,
+        Some(v) => match v.as_u64() {
+            Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
+            _ => {
+                return Err(ToolOutput::error(format!(
+                    "Bash: `timeout_seconds` must be an integer from 1 to {MAX_TIMEOUT_SECS}"
+                )));
+            }
+        },
+    };
+    let cwd = resolve_cwd(workspace, input.get("cwd").and_then(Value::as_str))
+        .map_err(ToolOutput::error)?;
+    Ok(BashInput {
+        command,
+        timeout,
+        cwd,
+    })
+}
+
 impl BashJob {
     /// Validates the input and starts the child. Errors are tool results for the model.
     pub fn spawn(input: &Value, workspace: &Path) -> Result<BashJob, ToolOutput> {
-        let command = match input.get("command") {
-            Some(Value::String(c)) if !c.trim().is_empty() => c.clone(),
-            Some(Value::String(_)) => return Err(ToolOutput::error("Bash: `command` is empty")),
-            _ => {
-                return Err(ToolOutput::error(
-                    "Bash: missing required string field `command`",
-                ));
-            }
-        };
-        let timeout = match input.get("timeout_seconds") {
-            None | Some(Value::Null) => DEFAULT_TIMEOUT,
-            Some(v) => match v.as_u64() {
-                Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
-                _ => {
-                    return Err(ToolOutput::error(format!(
-                        "Bash: `timeout_seconds` must be an integer from 1 to {MAX_TIMEOUT_SECS}"
-                    )));
-                }
-            },
-        };
-        let cwd = resolve_cwd(workspace, input.get("cwd").and_then(Value::as_str))
-            .map_err(ToolOutput::error)?;
+        let BashInput {
+            command,
+            timeout,
+            cwd,
+        } = parse_input(input, workspace)?;
         let mut cmd = Command::new(shell());
         cmd.arg("-c")
             .arg(&command)

@@ -68,24 +68,29 @@ pub fn run(name: &str, input: &Value, workspace: &Path) -> ToolOutput {
         "Grep" => grep(input, workspace),
         _ => return ToolOutput::error(cap_output(format!("unknown file tool `{name}`"))),
     };
-    match res {
-        Ok(text) => ToolOutput::ok(cap_output(text)),
-        Err(err) => ToolOutput::error(cap_output(format!("{name}: {err}"))),
-    }
+    finish(name, res)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Read
 
 fn read(input: &Value, workspace: &Path) -> ToolResult {
+    let (target, offset, limit) = read_args(input, workspace)?;
+    let (text, lossy) = load_text(&target)?;
+    render_read(&target.rel, &text, lossy, offset, limit)
+}
+
+/// `Read`'s input: the file, the first line (1-based) and how many lines.
+fn read_args(input: &Value, workspace: &Path) -> Result<(Resolved, u64, u64), String> {
     let obj = object(input)?;
     let raw_path = required_str(obj, "path")?;
     let offset = optional_int(obj, "offset", 1, u64::MAX)?.unwrap_or(1);
     let limit = optional_int(obj, "limit", 1, u64::MAX)?.unwrap_or(READ_DEFAULT_LIMIT);
-    let target = resolve(workspace, raw_path)?;
-    let (text, lossy) = load_text(&target)?;
-    let rel = &target.rel;
+    Ok((resolve(workspace, raw_path)?, offset, limit))
+}
 
+/// `Read`'s result for a file's text: numbered lines from `offset`, at most `limit` of them.
+fn render_read(rel: &str, text: &str, lossy: bool, offset: u64, limit: u64) -> ToolResult {
     let lines: Vec<&str> = text.lines().collect();
     let total = lines.len();
     if total == 0 {
@@ -144,36 +149,47 @@ fn read(input: &Value, workspace: &Path) -> ToolResult {
 // Write
 
 fn write(input: &Value, workspace: &Path) -> ToolResult {
-    let obj = object(input)?;
-    let raw_path = required_str(obj, "path")?;
-    let content = required_str(obj, "content")?;
-    let target = resolve(workspace, raw_path)?;
+    let (target, content) = write_args(input, workspace)?;
     let rel = &target.rel;
-
-    let existing = match fs::metadata(&target.abs) {
-        Ok(meta) if meta.is_dir() => return Err(format!("`{rel}` is a directory")),
-        Ok(meta) if !meta.is_file() => return Err(format!("`{rel}` is not a regular file")),
-        Ok(meta) => Some(meta),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => None,
-        Err(err) => return Err(io_message(rel, &err)),
-    };
+    let existing = write_target(&target)?;
     if let Some(parent) = target.abs.parent() {
         fs::create_dir_all(parent)
             .map_err(|err| format!("cannot create the parent directories of `{rel}`: {err}"))?;
     }
     atomic_write(&target.abs, content.as_bytes(), existing.as_ref())
         .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
+    Ok(write_summary(rel, content, existing.is_some()))
+}
 
+fn write_args<'a>(input: &'a Value, workspace: &Path) -> Result<(Resolved, &'a str), String> {
+    let obj = object(input)?;
+    let raw_path = required_str(obj, "path")?;
+    let content = required_str(obj, "content")?;
+    Ok((resolve(workspace, raw_path)?, content))
+}
+
+/// What a `Write` would replace: `None` for a new file; an error for a directory or a
+/// special file.
+fn write_target(target: &Resolved) -> Result<Option<Metadata>, String> {
+    let rel = &target.rel;
+    match fs::metadata(&target.abs) {
+        Ok(meta) if meta.is_dir() => Err(format!("`{rel}` is a directory")),
+        Ok(meta) if !meta.is_file() => Err(format!("`{rel}` is not a regular file")),
+        Ok(meta) => Ok(Some(meta)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(io_message(rel, &err)),
+    }
+}
+
+fn write_summary(rel: &str, content: &str, existed: bool) -> String {
     let n_bytes = content.len();
     let n_lines = content.lines().count();
-    let how = if existing.is_some() {
+    let how = if existed {
         "overwrote the existing file"
     } else {
         "created"
     };
-    Ok(format!(
-        "→ Wrote {n_bytes} bytes ({n_lines} lines) to {rel} ({how})"
-    ))
+    format!("→ Wrote {n_bytes} bytes ({n_lines} lines) to {rel} ({how})")
 }
 
 /// Replaces `path` with `bytes` so that readers see either the old or the new content, never
@@ -215,6 +231,29 @@ fn atomic_write(path: &Path, bytes: &[u8], existing: Option<&Metadata>) -> io::R
 // Edit
 
 fn edit(input: &Value, workspace: &Path) -> ToolResult {
+    let (target, args) = edit_args(input, workspace)?;
+    let rel = &target.rel;
+    let meta = edit_target(&target)?;
+    let (text, lossy) = load_text(&target)?;
+    if lossy {
+        return Err(format!(
+            "`{rel}` is not valid UTF-8; Edit only changes UTF-8 text (use Write to replace it)"
+        ));
+    }
+    let (new_text, summary) = edit_text(rel, &text, &args)?;
+    atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
+        .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
+    Ok(summary)
+}
+
+/// `Edit`'s input once checked.
+struct EditArgs<'a> {
+    old: &'a str,
+    new: &'a str,
+    replace_all: bool,
+}
+
+fn edit_args<'a>(input: &'a Value, workspace: &Path) -> Result<(Resolved, EditArgs<'a>), String> {
     let obj = object(input)?;
     let raw_path = required_str(obj, "path")?;
     let old = required_str(obj, "old_string")?;
@@ -230,29 +269,34 @@ fn edit(input: &Value, workspace: &Path) -> ToolResult {
         return Err("`old_string` and `new_string` are identical; nothing to change".to_owned());
     }
     let target = resolve(workspace, raw_path)?;
+    Ok((
+        target,
+        EditArgs {
+            old,
+            new,
+            replace_all,
+        },
+    ))
+}
+
+/// The file an `Edit` changes must exist.
+fn edit_target(target: &Resolved) -> Result<Metadata, String> {
     let rel = &target.rel;
-    let meta = match fs::metadata(&target.abs) {
-        Err(err) if err.kind() == io::ErrorKind::NotFound => {
-            return Err(format!(
-                "`{rel}` does not exist; use Write to create a new file"
-            ));
-        }
-        Err(err) => return Err(io_message(rel, &err)),
-        Ok(meta) => meta,
-    };
-    let (text, lossy) = load_text(&target)?;
-    if lossy {
-        return Err(format!(
-            "`{rel}` is not valid UTF-8; Edit only changes UTF-8 text (use Write to replace it)"
-        ));
+    match fs::metadata(&target.abs) {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Err(format!(
+            "`{rel}` does not exist; use Write to create a new file"
+        )),
+        Err(err) => Err(io_message(rel, &err)),
+        Ok(meta) => Ok(meta),
     }
+}
 
-    let plan = plan_edit(&text, old, new, replace_all).map_err(|miss| miss.describe(rel))?;
-    let new_text = apply_edit(&text, &plan.ranges, &plan.replacement);
-    atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
-        .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
-
-    let diff = diff_summary(&text, &plan.ranges, &plan.replacement);
+/// Applies an `Edit` to a file's text: the new text and the result for the model.
+fn edit_text(rel: &str, text: &str, args: &EditArgs) -> Result<(String, String), String> {
+    let plan =
+        plan_edit(text, args.old, args.new, args.replace_all).map_err(|miss| miss.describe(rel))?;
+    let new_text = apply_edit(text, &plan.ranges, &plan.replacement);
+    let diff = diff_summary(text, &plan.ranges, &plan.replacement);
     let n = plan.ranges.len();
     let mut out = format!(
         "→ Edited {rel}: {n} replacement{}, -{} +{} lines",
@@ -265,7 +309,7 @@ fn edit(input: &Value, workspace: &Path) -> ToolResult {
     }
     out.push('\n');
     out.push_str(&diff.text);
-    Ok(out.trim_end_matches('\n').to_owned())
+    Ok((new_text, out.trim_end_matches('\n').to_owned()))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -916,6 +960,140 @@ fn walk(
         stack.extend(subdirs.into_iter().rev());
     }
     notes
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delegation: the same tools over a file a host reads and writes elsewhere (an editor, whose
+// buffers may hold unsaved changes). The host fetches and stores the text; these functions
+// make the same checks and give the same results as the local tools.
+
+/// A file a tool call names, rooted in the workspace exactly as the local tools root it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolPath {
+    pub abs: PathBuf,
+    /// Workspace-relative, as results name it.
+    pub rel: String,
+}
+
+/// A `Read`, `Write` or `Edit` call, checked, ready for a host to carry out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delegated {
+    Read {
+        path: ToolPath,
+        offset: u64,
+        limit: u64,
+    },
+    Write {
+        path: ToolPath,
+        content: String,
+        existed: bool,
+    },
+    Edit {
+        path: ToolPath,
+        input: Value,
+    },
+}
+
+/// Checks a `Read`, `Write` or `Edit` call the way the local tool does, without reading the
+/// file. The error is the tool result the local tool would give.
+pub fn delegate(name: &str, input: &Value, workspace: &Path) -> Result<Delegated, ToolOutput> {
+    let fail = |err: String| ToolOutput::error(cap_output(format!("{name}: {err}")));
+    let path = |target: Resolved| ToolPath {
+        abs: target.abs,
+        rel: target.rel,
+    };
+    match name {
+        "Read" => {
+            let (target, offset, limit) = read_args(input, workspace).map_err(fail)?;
+            Ok(Delegated::Read {
+                path: path(target),
+                offset,
+                limit,
+            })
+        }
+        "Write" => {
+            let (target, content) = write_args(input, workspace).map_err(fail)?;
+            let existed = write_target(&target).map_err(fail)?.is_some();
+            Ok(Delegated::Write {
+                content: content.to_owned(),
+                path: path(target),
+                existed,
+            })
+        }
+        "Edit" => {
+            let (target, _) = edit_args(input, workspace).map_err(fail)?;
+            edit_target(&target).map_err(fail)?;
+            Ok(Delegated::Edit {
+                path: path(target),
+                input: input.clone(),
+            })
+        }
+        _ => Err(fail(format!("`{name}` cannot be delegated"))),
+    }
+}
+
+/// The text a host fetched for a delegated file, held to the local tools' limits.
+fn delegated_text<'a>(rel: &str, text: &'a str) -> Result<&'a str, String> {
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "`{rel}` is {} bytes, over the 5 MB limit; search it with Grep instead",
+            text.len()
+        ));
+    }
+    if looks_binary(text.as_bytes()) {
+        return Err(format!(
+            "`{rel}` looks binary (a NUL byte in its first 8 KiB); not shown"
+        ));
+    }
+    Ok(text)
+}
+
+/// `Read`'s result for the text a host fetched.
+pub fn read_delegated(path: &ToolPath, offset: u64, limit: u64, text: &str) -> ToolOutput {
+    let result = delegated_text(&path.rel, text)
+        .and_then(|text| render_read(&path.rel, text, false, offset, limit));
+    finish("Read", result)
+}
+
+/// `Edit` over the text a host fetched: the new text to store and the result for the model
+/// once stored, or the error result.
+pub fn edit_delegated(
+    path: &ToolPath,
+    input: &Value,
+    text: &str,
+) -> Result<(String, ToolOutput), ToolOutput> {
+    let fail = |err: String| ToolOutput::error(cap_output(format!("Edit: {err}")));
+    let obj = object(input).map_err(fail)?;
+    let args = EditArgs {
+        old: required_str(obj, "old_string").map_err(fail)?,
+        new: required_str(obj, "new_string").map_err(fail)?,
+        replace_all: optional_bool(obj, "replace_all")
+            .map_err(fail)?
+            .unwrap_or(false),
+    };
+    let text = delegated_text(&path.rel, text).map_err(fail)?;
+    let (new_text, summary) = edit_text(&path.rel, text, &args).map_err(fail)?;
+    Ok((new_text, ToolOutput::ok(cap_output(summary))))
+}
+
+/// `Write`'s result once a host stored the content.
+pub fn write_delegated(path: &ToolPath, content: &str, existed: bool) -> ToolOutput {
+    ToolOutput::ok(cap_output(write_summary(&path.rel, content, existed)))
+}
+
+/// Roots a path a tool call names (a display location, a diff) as the tools would.
+pub fn resolve_path(workspace: &Path, raw: &str) -> Result<ToolPath, String> {
+    resolve(workspace, raw).map(|target| ToolPath {
+        abs: target.abs,
+        rel: target.rel,
+    })
+}
+
+fn finish(name: &str, result: ToolResult) -> ToolOutput {
+    match result {
+        Ok(text) => ToolOutput::ok(cap_output(text)),
+        Err(err) => ToolOutput::error(cap_output(format!("{name}: {err}"))),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,335 @@
+//! Tool-call cards: how a tool call looks in an editor. From a tool's name and input this
+//! derives the ACP `kind`, a title, the file `locations` and `diff` content, and it finds the
+//! moment a streamed input is complete. Pure functions; the only I/O is a bounded read of the
+//! file a `Write` would replace, for its diff.
+
+use std::io::Read as _;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::tools::fs::resolve_path;
+
+/// A diff larger than this (old and new text together) is left out of the card: the result
+/// text still says what changed, and a frame this size would choke some clients.
+pub const MAX_DIFF_BYTES: usize = 1024 * 1024;
+/// The most of an existing file read to show what a `Write` replaces.
+pub const MAX_DIFF_OLD_BYTES: u64 = 256 * 1024;
+/// Titles are labels, not documents: a longer command is cut here.
+const MAX_TITLE_CHARS: usize = 400;
+
+/// ACP's `ToolKind` for a tool, which picks the editor's icon.
+pub fn kind(tool: &str) -> &'static str {
+    match tool {
+        "Read" => "read",
+        "Write" | "Edit" => "edit",
+        "Bash" => "execute",
+        "Glob" | "Grep" => "search",
+        _ => "other",
+    }
+}
+
+/// What a card shows once the input is known.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Described {
+    pub title: String,
+    /// `ToolCallLocation`s: absolute paths, with a 1-based line when there is one.
+    pub locations: Vec<Value>,
+    /// `ToolCallContent`: the diff of an edit.
+    pub content: Vec<Value>,
+}
+
+/// How the old text of a `Write` is found for its diff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OldText {
+    /// Read the file now (it has not been written yet).
+    ReadFile,
+    /// Show no diff (a replayed call: the file has moved on since).
+    Unknown,
+}
+
+/// The card for a call of `tool` with `input`, paths rooted in `workspace` as the tools root
+/// them. Paths that do not resolve still title the card; they get no location.
+pub fn describe(tool: &str, input: &Value, workspace: &Path, old: OldText) -> Described {
+    let field = |key: &str| input.get(key).and_then(Value::as_str).unwrap_or_default();
+    let abs = |raw: &str| -> Option<String> {
+        if raw.is_empty() {
+            return None;
+        }
+        resolve_path(workspace, raw)
+            .ok()
+            .map(|p| p.abs.display().to_string())
+    };
+    let location = |path: &str, line: Option<u64>| match line {
+        Some(line) => json!({"path": path, "line": line}),
+        None => json!({"path": path}),
+    };
+    let mut out = Described::default();
+    match tool {
+        "Read" => {
+            let path = field("path");
+            let offset = input.get("offset").and_then(Value::as_u64);
+            out.title = match offset {
+                Some(line) if line > 1 => format!("Read {path} (from line {line})"),
+                _ => format!("Read {path}"),
+            };
+            out.locations
+                .extend(abs(path).map(|p| location(&p, offset)));
+        }
+        "Write" => {
+            let path = field("path");
+            out.title = format!("Write {path}");
+            if let Some(p) = abs(path) {
+                out.locations.push(location(&p, None));
+                let content = field("content");
+                let old_text = match old {
+                    OldText::ReadFile => existing_text(Path::new(&p)),
+                    OldText::Unknown => None,
+                };
+                if let Some(old_text) = old_text {
+                    let size = content.len() + old_text.as_deref().map_or(0, str::len);
+                    if size <= MAX_DIFF_BYTES {
+                        out.content.push(
+                            json!({"type": "diff", "path": p, "oldText": old_text, "newText": content}),
+                        );
+                    }
+                }
+            }
+        }
+        "Edit" => {
+            let path = field("path");
+            out.title = format!("Edit {path}");
+            if let Some(p) = abs(path) {
+                out.locations.push(location(&p, None));
+                let (old_string, new_string) = (field("old_string"), field("new_string"));
+                if old_string.len() + new_string.len() <= MAX_DIFF_BYTES {
+                    out.content.push(json!({"type": "diff", "path": p,
+                                            "oldText": old_string, "newText": new_string}));
+                }
+            }
+        }
+        // An editor shows an execute card's title as the command line itself.
+        "Bash" => out.title = cap_title(field("command")),
+        "Glob" => {
+            let path = field("path");
+            out.title = match path {
+                "" => format!("Glob {}", field("pattern")),
+                dir => format!("Glob {} in {dir}", field("pattern")),
+            };
+            out.locations.extend(abs(path).map(|p| location(&p, None)));
+        }
+        "Grep" => {
+            let mut title = format!("Grep {:?}", field("pattern"));
+            let path = field("path");
+            if !path.is_empty() {
+                title.push_str(&format!(" in {path}"));
+            }
+            let include = field("include");
+            if !include.is_empty() {
+                title.push_str(&format!(" ({include})"));
+            }
+            out.title = cap_title(&title);
+            out.locations.extend(abs(path).map(|p| location(&p, None)));
+        }
+        other => out.title = other.to_owned(),
+    }
+    if out.title.trim().is_empty() {
+        out.title = tool.to_owned();
+    }
+    out
+}
+
+fn cap_title(text: &str) -> String {
+    match text.char_indices().nth(MAX_TITLE_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// The text a `Write` replaces: `Some(None)` for a new file, `Some(Some(text))` for a small
+/// text file, `None` when no honest diff can be shown (too big, binary, unreadable).
+fn existing_text(path: &Path) -> Option<Option<String>> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(None),
+        Err(_) => return None,
+    };
+    if !meta.is_file() || meta.len() > MAX_DIFF_OLD_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_DIFF_OLD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    if bytes.len() as u64 > MAX_DIFF_OLD_BYTES || bytes.contains(&0) {
+        return None;
+    }
+    String::from_utf8(bytes).ok().map(Some)
+}
+
+/// `rawInput` from the streamed input fragments: the JSON value when they form one, else
+/// the raw text; `None` when nothing was streamed.
+pub fn raw_input(raw: &str) -> Option<Value> {
+    if raw.trim().is_empty() {
+        return None;
+    }
+    Some(serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned())))
+}
+
+/// Finds where a streamed JSON object or array closes, one fragment at a time, in linear time
+/// overall, so a card can show the input the moment it is complete rather than re-parsing the
+/// growing text on every fragment.
+#[derive(Clone, Debug, Default)]
+pub struct JsonEnd {
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    done: bool,
+}
+
+impl JsonEnd {
+    /// Feeds the next fragment; true once the top-level value has closed.
+    pub fn feed(&mut self, fragment: &str) -> bool {
+        if self.done {
+            return true;
+        }
+        for b in fragment.bytes() {
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                }
+                continue;
+            }
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth = self.depth.saturating_add(1),
+                b'}' | b']' if self.depth > 0 => {
+                    self.depth -= 1;
+                    if self.depth == 0 {
+                        self.done = true;
+                        return true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_end_at_every_split_point() {
+        let text = r#"{"command":"echo \"}{\" \\","nested":{"a":[1,{"b":"]"}]}}"#;
+        assert!(serde_json::from_str::<Value>(text).is_ok());
+        for cut in 0..=text.len() {
+            let mut scan = JsonEnd::default();
+            let first = scan.feed(&text[..cut]);
+            assert_eq!(first, cut == text.len(), "closed early at {cut}");
+            assert!(scan.feed(&text[cut..]), "not closed after split at {cut}");
+        }
+        let mut scan = JsonEnd::default();
+        for b in text.bytes() {
+            let done = scan.feed(std::str::from_utf8(&[b]).unwrap());
+            assert_eq!(done, b == b'}' && scan.depth == 0);
+        }
+    }
+
+    #[test]
+    fn raw_input_is_json_or_text_or_nothing() {
+        assert_eq!(raw_input(""), None);
+        assert_eq!(raw_input("  "), None);
+        assert_eq!(raw_input(r#"{"path":"a"}"#), Some(json!({"path": "a"})));
+        assert_eq!(raw_input(r#"{"path":"#), Some(json!(r#"{"path":"#)));
+    }
+
+    #[test]
+    fn cards_for_each_tool() {
+        let dir = std::env::temp_dir().join(format!("caliban-card-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = dir.canonicalize().unwrap();
+        std::fs::write(dir.join("old.txt"), "before\n").unwrap();
+        let abs = |rel: &str| dir.join(rel).display().to_string();
+
+        let read = describe(
+            "Read",
+            &json!({"path": "a.rs", "offset": 10}),
+            &dir,
+            OldText::ReadFile,
+        );
+        assert_eq!(read.title, "Read a.rs (from line 10)");
+        assert_eq!(
+            read.locations,
+            vec![json!({"path": abs("a.rs"), "line": 10})]
+        );
+
+        let write = describe(
+            "Write",
+            &json!({"path": "old.txt", "content": "after\n"}),
+            &dir,
+            OldText::ReadFile,
+        );
+        assert_eq!(
+            write.content,
+            vec![
+                json!({"type": "diff", "path": abs("old.txt"), "oldText": "before\n", "newText": "after\n"})
+            ]
+        );
+        let new = describe(
+            "Write",
+            &json!({"path": "new.txt", "content": "x"}),
+            &dir,
+            OldText::ReadFile,
+        );
+        assert_eq!(new.content[0]["oldText"], Value::Null);
+        let replayed = describe(
+            "Write",
+            &json!({"path": "old.txt", "content": "x"}),
+            &dir,
+            OldText::Unknown,
+        );
+        assert!(replayed.content.is_empty());
+
+        let edit = describe(
+            "Edit",
+            &json!({"path": "old.txt", "old_string": "before", "new_string": "after"}),
+            &dir,
+            OldText::ReadFile,
+        );
+        assert_eq!(edit.title, "Edit old.txt");
+        assert_eq!(edit.content[0]["oldText"], "before");
+
+        let bash = describe(
+            "Bash",
+            &json!({"command": "cargo test"}),
+            &dir,
+            OldText::ReadFile,
+        );
+        assert_eq!(
+            (bash.title.as_str(), bash.locations.len()),
+            ("cargo test", 0)
+        );
+        let outside = describe(
+            "Read",
+            &json!({"path": "/etc/passwd"}),
+            &dir,
+            OldText::ReadFile,
+        );
+        assert!(outside.locations.is_empty());
+        assert_eq!(
+            describe("Mystery", &json!({}), &dir, OldText::ReadFile).title,
+            "Mystery"
+        );
+        assert_eq!(kind("Grep"), "search");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

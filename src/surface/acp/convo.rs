@@ -1,0 +1,257 @@
+//! Conversations between ACP and the drive core: a prompt's content blocks flattened to the
+//! user text a run takes, a session file's messages turned back into model messages (the
+//! history a new run continues) and into `session/update`s (what `session/load` replays).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::log;
+use crate::model::types::{ContentBlock, Message, Role};
+use crate::surface::acp::card::{self, OldText};
+
+/// The user text of a `session/prompt`: text blocks as they are, mentions (`resource_link`,
+/// `resource`) inline as markdown links, and the text of embedded resources appended as
+/// context after the message. Images and audio are not advertised, and are left out.
+pub fn prompt_text(blocks: &Value) -> Result<String, String> {
+    let Some(blocks) = blocks.as_array() else {
+        return Err("`prompt` must be an array of content blocks".into());
+    };
+    let mut text = String::new();
+    let mut context = String::new();
+    for block in blocks {
+        let str_of = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => text.push_str(&str_of(block, "text").unwrap_or_default()),
+            Some("resource_link") => {
+                let uri = str_of(block, "uri").unwrap_or_default();
+                let name = str_of(block, "name").unwrap_or_else(|| last_segment(&uri));
+                text.push_str(&format!("[@{name}]({uri})"));
+            }
+            Some("resource") => {
+                let resource = block.get("resource").unwrap_or(&Value::Null);
+                let uri = str_of(resource, "uri").unwrap_or_default();
+                text.push_str(&format!("[@{}]({uri})", last_segment(&uri)));
+                if let Some(body) = str_of(resource, "text") {
+                    context.push_str(&format!("\n\n<context ref=\"{uri}\">\n{body}\n</context>"));
+                }
+            }
+            Some(other) => log::info(&format!("ignoring a `{other}` block in a prompt")),
+            None => return Err("a prompt content block has no `type`".into()),
+        }
+    }
+    text.push_str(&context);
+    Ok(text)
+}
+
+fn last_segment(uri: &str) -> String {
+    uri.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(uri)
+        .to_owned()
+}
+
+/// Model messages from a session file's JSON messages (`DriveCore::messages`). A message
+/// that does not parse is left out, with a warning, rather than failing the session.
+pub fn history(messages: &[Value]) -> Vec<Message> {
+    let mut out = Vec::new();
+    for message in messages {
+        let role = match message.get("role").and_then(Value::as_str) {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            _ => continue,
+        };
+        let blocks: Result<Vec<ContentBlock>, String> = message
+            .get("content")
+            .and_then(Value::as_array)
+            .map(|blocks| blocks.iter().map(ContentBlock::from_json).collect())
+            .unwrap_or_else(|| Ok(Vec::new()));
+        match blocks {
+            Ok(content) if !content.is_empty() => out.push(Message { role, content }),
+            Ok(_) => {}
+            Err(e) => log::warn(&format!("leaving a message out of the history: {e}")),
+        }
+    }
+    out
+}
+
+/// Drops the last user prompt and everything after it (a refused turn, which ACP says is not
+/// carried into the next prompt). Tool results are user messages too; a prompt is a user
+/// message with text.
+pub fn drop_last_prompt(history: &mut Vec<Message>) {
+    let is_prompt = |m: &Message| {
+        m.role == Role::User
+            && m.content
+                .iter()
+                .any(|b| matches!(b, ContentBlock::Text { .. }))
+    };
+    if let Some(at) = history.iter().rposition(is_prompt) {
+        history.truncate(at);
+    }
+}
+
+/// The text of a tool result block's content (blocks or a bare string).
+fn result_text(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn text_content(text: &str) -> Value {
+    json!({"type": "content", "content": {"type": "text", "text": text}})
+}
+
+/// The `session/update`s that replay a conversation: user and agent text, thoughts, and one
+/// `tool_call` per call carrying its input and final status and result.
+pub fn replay(messages: &[Value], workspace: &Path) -> Vec<Value> {
+    let mut results: HashMap<&str, (bool, String)> = HashMap::new();
+    for message in messages {
+        for block in message
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if block.get("type").and_then(Value::as_str) == Some("tool_result")
+                && let Some(id) = block.get("tool_use_id").and_then(Value::as_str)
+            {
+                let is_error = block
+                    .get("is_error")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                let text = result_text(block.get("content").unwrap_or(&Value::Null));
+                results.insert(id, (is_error, text));
+            }
+        }
+    }
+    let mut updates = Vec::new();
+    for message in messages {
+        let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+        for block in message
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let text = block.get("text").and_then(Value::as_str);
+            match (role, block.get("type").and_then(Value::as_str)) {
+                ("user", Some("text")) => updates.push(json!({
+                    "sessionUpdate": "user_message_chunk",
+                    "content": {"type": "text", "text": text.unwrap_or_default()}})),
+                ("assistant", Some("text")) => updates.push(json!({
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": text.unwrap_or_default()}})),
+                ("assistant", Some("thinking")) => updates.push(json!({
+                    "sessionUpdate": "agent_thought_chunk",
+                    "content": {"type": "text",
+                                "text": block.get("thinking").and_then(Value::as_str).unwrap_or_default()}})),
+                ("assistant", Some("tool_use")) => {
+                    let id = block.get("id").and_then(Value::as_str).unwrap_or_default();
+                    let name = block.get("name").and_then(Value::as_str).unwrap_or_default();
+                    let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                    let described = card::describe(name, &input, workspace, OldText::Unknown);
+                    let (status, mut content) = match results.get(id) {
+                        Some((is_error, text)) => (
+                            if *is_error { "failed" } else { "completed" },
+                            vec![text_content(text)],
+                        ),
+                        None => ("failed", Vec::new()),
+                    };
+                    let mut all = described.content;
+                    all.append(&mut content);
+                    updates.push(json!({
+                        "sessionUpdate": "tool_call",
+                        "toolCallId": id,
+                        "title": described.title,
+                        "name": name,
+                        "kind": card::kind(name),
+                        "status": status,
+                        "rawInput": input,
+                        "locations": described.locations,
+                        "content": all,
+                    }));
+                }
+                _ => {}
+            }
+        }
+    }
+    updates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_flatten_mentions_and_context() {
+        let blocks = json!([
+            {"type": "text", "text": "look at "},
+            {"type": "resource_link", "uri": "file:///w/src/main.rs", "name": "main.rs"},
+            {"type": "text", "text": " and "},
+            {"type": "resource", "resource": {"uri": "file:///w/notes.md", "text": "be brief"}},
+            {"type": "image", "data": "AA==", "mimeType": "image/png"}
+        ]);
+        assert_eq!(
+            prompt_text(&blocks).unwrap(),
+            "look at [@main.rs](file:///w/src/main.rs) and [@notes.md](file:///w/notes.md)\
+             \n\n<context ref=\"file:///w/notes.md\">\nbe brief\n</context>"
+        );
+        assert!(prompt_text(&json!("hi")).is_err());
+    }
+
+    #[test]
+    fn history_round_trips_and_refusals_drop_their_prompt() {
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "one"}]}),
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {"path": "a"}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "A"}], "is_error": false}]}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "done"}]}),
+            json!({"role": "user", "content": [{"type": "text", "text": "two"}]}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "no"}]}),
+        ];
+        let mut h = history(&messages);
+        assert_eq!(h.len(), 6);
+        assert_eq!(h.iter().map(Message::to_json).collect::<Vec<_>>(), messages);
+        drop_last_prompt(&mut h);
+        assert_eq!(h.len(), 4);
+        assert_eq!(h.last().unwrap().text(), "done");
+    }
+
+    #[test]
+    fn replay_turns_messages_into_updates() {
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm"},
+                {"type": "text", "text": "reading"},
+                {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                   "content": [{"type": "text", "text": "a.txt"}], "is_error": true}]}),
+        ];
+        let updates = replay(&messages, Path::new("/"));
+        let kinds: Vec<&str> = updates
+            .iter()
+            .map(|u| u["sessionUpdate"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "user_message_chunk",
+                "agent_thought_chunk",
+                "agent_message_chunk",
+                "tool_call"
+            ]
+        );
+        assert_eq!(updates[3]["status"], "failed");
+        assert_eq!(updates[3]["title"], "ls");
+        assert_eq!(updates[3]["content"][0]["content"]["text"], "a.txt");
+    }
+}

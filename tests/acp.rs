@@ -1,0 +1,1076 @@
+//! `caliban acp serve` end to end. Most tests drive the real binary with the official ACP
+//! TypeScript SDK (`@agentclientprotocol/sdk`, `tests/acp/driver.mjs`), which npm installs
+//! into `target/acp-sdk` on first use, and every frame caliban sends in them is validated
+//! against the ACP JSON schema the SDK ships. The raw-wire tests speak NDJSON by hand, for
+//! what an SDK would never send (bad JSON, unknown methods) and for stdin EOF.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+/// The longest one scenario (node, the SDK and one or two agents) may take.
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(90);
+/// The longest npm may take to install the SDK.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest any single frame may take to arrive on the raw wire.
+const RECV_TIMEOUT: Duration = Duration::from_secs(20);
+
+// ---- the SDK driver --------------------------------------------------------------------------
+
+static SDK: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static INSTALL: Mutex<()> = Mutex::new(());
+
+/// `target/acp-sdk` with the pinned SDK installed (`npm ci`, once per lockfile) and the
+/// driver scripts copied in next to it.
+fn sdk_dir() -> PathBuf {
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    match SDK.get_or_init(install_sdk) {
+        Ok(dir) => dir.clone(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn install_sdk() -> Result<PathBuf, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .ok_or("CARGO_TARGET_TMPDIR has no parent")?
+        .join("acp-sdk");
+    std::fs::create_dir_all(&target).map_err(|e| format!("mkdir {}: {e}", target.display()))?;
+    let lock = std::fs::read(src.join("package-lock.json")).map_err(|e| e.to_string())?;
+    let stamp = target.join(".installed-lock");
+    if std::fs::read(&stamp).ok().as_deref() != Some(&lock[..]) {
+        for file in ["package.json", "package-lock.json"] {
+            std::fs::copy(src.join(file), target.join(file)).map_err(|e| e.to_string())?;
+        }
+        let mut npm = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&target)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run npm (node 20 and npm are needed): {e}"))?;
+        let deadline = Instant::now() + INSTALL_TIMEOUT;
+        let status = loop {
+            if let Some(status) = npm.try_wait().map_err(|e| e.to_string())? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = npm.kill();
+                return Err(format!("npm ci did not finish within {INSTALL_TIMEOUT:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !status.success() {
+            let mut err = String::new();
+            if let Some(mut e) = npm.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return Err(format!("npm ci failed ({status}):\n{err}"));
+        }
+        std::fs::write(&stamp, &lock).map_err(|e| e.to_string())?;
+    }
+    for entry in std::fs::read_dir(&src).map_err(|e| e.to_string())? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_some_and(|x| x == "mjs")
+            && let Some(name) = path.file_name()
+        {
+            std::fs::copy(&path, target.join(name)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(target)
+}
+
+/// The agent command line the driver spawns.
+fn agent(flags: &[&str]) -> Value {
+    let mut argv = vec![BIN, "acp", "serve"];
+    argv.extend_from_slice(flags);
+    json!(argv)
+}
+
+/// Runs one scenario of `tests/acp/driver.mjs` and returns its result, after checking that
+/// it succeeded and that every frame caliban sent validated against the ACP schema.
+fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
+    let dir = sdk_dir();
+    args["cwd"] = json!(path_str(&ws.root));
+    if args.get("agent").is_none() {
+        args["agent"] = agent(&[]);
+    }
+    // The same sanitised environment `caliban(ws)` gives the binary; the driver passes it
+    // on to the agents it spawns.
+    let mut cmd = Command::new("node");
+    cmd.arg(dir.join("driver.mjs"))
+        .arg(args.to_string())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", ws.path("home"))
+        .env("XDG_CONFIG_HOME", ws.path("home/.config"))
+        .env("XDG_STATE_HOME", ws.path("home/.state"))
+        .env("ANTHROPIC_BASE_URL", &stub.url)
+        .current_dir(&ws.root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn node (node 20 is needed)");
+    let out = wait_output(child, SCENARIO_TIMEOUT);
+    let line = out.stdout.lines().last().unwrap_or_default();
+    let report: Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("driver printed no report ({e}): {out:?}"));
+    assert_eq!(
+        report["ok"],
+        true,
+        "scenario failed: {}\n--- stderr\n{}",
+        report["error"].as_str().unwrap_or_default(),
+        out.stderr
+    );
+    assert_eq!(
+        report["problems"],
+        json!([]),
+        "frames that break the ACP schema or protocol ({} frames)",
+        report["frames"]
+    );
+    report["result"].clone()
+}
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+fn text_turn(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+}
+
+fn tool_turn(name: &str, id: &str, input: Value) -> Value {
+    json!({"tool_calls": [{"id": id, "name": name, "input": input}],
+           "usage": {"input_tokens": 20, "output_tokens": 8}})
+}
+
+fn script(turns: Vec<Value>) -> Value {
+    json!({ "turns": turns })
+}
+
+fn of_kind<'a>(updates: &'a Value, kind: &str) -> Vec<&'a Value> {
+    updates
+        .as_array()
+        .map(|u| u.iter().filter(|u| u["sessionUpdate"] == kind).collect())
+        .unwrap_or_default()
+}
+
+/// Every update about one tool call, the opening `tool_call` first.
+fn tool_updates<'a>(updates: &'a Value, id: &str) -> Vec<&'a Value> {
+    updates
+        .as_array()
+        .map(|u| u.iter().filter(|u| u["toolCallId"] == id).collect())
+        .unwrap_or_default()
+}
+
+fn text_of(updates: &Value, kind: &str) -> String {
+    of_kind(updates, kind)
+        .iter()
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect()
+}
+
+/// The text of every block of the messages the model was sent in request `n` (0-based).
+fn request_messages(stub: &Stub, n: usize) -> Vec<Value> {
+    let requests = stub.requests();
+    requests
+        .get(n)
+        .and_then(|r| r["body"]["messages"].as_array().cloned())
+        .unwrap_or_else(|| panic!("no request {n} among {}", requests.len()))
+}
+
+fn flat(messages: &[Value]) -> String {
+    serde_json::to_string(messages).unwrap_or_default()
+}
+
+// ---- the seed's lifecycle ----------------------------------------------------------------
+
+#[test]
+fn acp_seed_handshake_then_a_second_prompt_continues_the_conversation() {
+    let ws = Workspace::new("acp-handshake");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            text_turn("The README describes a small agent."),
+            text_turn("You asked about the README."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["summarize the README", "what did I ask?"]}),
+    );
+    let init = &r["init"];
+    assert_eq!(init["protocolVersion"], 1);
+    assert_eq!(init["authMethods"], json!([]));
+    let caps = &init["agentCapabilities"];
+    assert_eq!(caps["loadSession"], true);
+    assert_eq!(
+        caps["promptCapabilities"],
+        json!({"image": false, "audio": false, "embeddedContext": true})
+    );
+    assert_eq!(init["agentInfo"]["name"], "caliban");
+    assert_eq!(r["auth"], json!({}));
+    let modes = &r["session"]["modes"];
+    assert_eq!(modes["currentModeId"], "default");
+    let ids: Vec<&str> = modes["availableModes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "default",
+            "acceptEdits",
+            "plan",
+            "dontAsk",
+            "bypassPermissions"
+        ]
+    );
+    // The run stays open between prompts, so there is no `_meta` yet.
+    assert_eq!(
+        r["stops"],
+        json!([{"stopReason": "end_turn"}, {"stopReason": "end_turn"}])
+    );
+    assert_eq!(
+        text_of(&r["updates"], "agent_message_chunk"),
+        "The README describes a small agent.You asked about the README."
+    );
+    // The second prompt continued the same conversation.
+    let second = flat(&request_messages(&stub, 1));
+    for part in [
+        "summarize the README",
+        "The README describes a small agent.",
+        "what did I ask?",
+    ] {
+        assert!(second.contains(part), "{part:?} missing from {second}");
+    }
+}
+
+#[test]
+fn acp_tool_call_cards_carry_kind_title_locations_and_raw_input() {
+    let ws = Workspace::new("acp-card");
+    ws.write("notes.txt", "alpha\nbeta\n");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            json!({"thinking": "Look at the notes first.", "text": "Reading.",
+                   "tool_calls": [{"id": "toolu_r", "name": "Read", "input": {"path": "notes.txt"}}]}),
+            text_turn("Two lines."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["read the notes"]}),
+    );
+    let updates = &r["updates"];
+    assert_eq!(
+        text_of(updates, "agent_thought_chunk"),
+        "Look at the notes first."
+    );
+    let card = tool_updates(updates, "toolu_r");
+    let abs = path_str(&ws.path("notes.txt"));
+    assert_eq!(card[0]["sessionUpdate"], "tool_call");
+    assert_eq!(card[0]["kind"], "read");
+    assert_eq!(card[0]["status"], "pending");
+    // The input is shown as soon as it is complete: on the opening card or the next update,
+    // and before the call runs.
+    let shown = card
+        .iter()
+        .position(|u| u["rawInput"] == json!({"path": "notes.txt"}))
+        .expect("the input on the card");
+    let running = card
+        .iter()
+        .position(|u| u["status"] == "in_progress")
+        .expect("an in_progress update");
+    assert!(shown < running, "{card:?}");
+    assert_eq!(card[shown]["title"], "Read notes.txt");
+    assert_eq!(card[shown]["locations"], json!([{"path": abs}]));
+    let done = card.last().unwrap();
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["rawInput"], json!({"path": "notes.txt"}));
+    let text = done["content"][0]["content"]["text"].as_str().unwrap();
+    assert!(text.contains("alpha") && text.contains("beta"), "{text}");
+    assert_eq!(r["permissions"], json!([]), "Read needs no permission");
+    assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+}
+
+#[test]
+fn acp_permission_prompts_allowed_and_rejected() {
+    let ws = Workspace::new("acp-permit");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Bash", "toolu_ok", json!({"command": "echo allowed-run"})),
+            tool_turn("Bash", "toolu_no", json!({"command": "touch rejected.txt"})),
+            tool_turn("Bash", "toolu_err", json!({"command": "touch errored.txt"})),
+            text_turn("One ran, two were not allowed."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["run them"],
+               "answers": ["allow", "reject", "error"]}),
+    );
+    let asks = r["permissions"].as_array().unwrap();
+    assert_eq!(asks.len(), 3, "{asks:?}");
+    let options: Vec<(&str, &str)> = asks[0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["optionId"].as_str().unwrap(), o["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        options,
+        [
+            ("allow", "allow_once"),
+            ("allow_always", "allow_always"),
+            ("reject", "reject_once"),
+            ("reject_always", "reject_always")
+        ]
+    );
+    assert_eq!(asks[0]["toolCall"]["toolCallId"], "toolu_ok");
+    assert_eq!(asks[0]["toolCall"]["title"], "echo allowed-run");
+    assert_eq!(asks[0]["toolCall"]["kind"], "execute");
+    assert_eq!(
+        asks[0]["toolCall"]["rawInput"],
+        json!({"command": "echo allowed-run"})
+    );
+    let ok = tool_updates(&r["updates"], "toolu_ok");
+    assert_eq!(ok.last().unwrap()["status"], "completed");
+    assert!(
+        ok.last().unwrap()["content"][0]["content"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("allowed-run")
+    );
+    let no = tool_updates(&r["updates"], "toolu_no");
+    assert_eq!(no.last().unwrap()["status"], "failed");
+    assert!(
+        !no.iter().any(|u| u["status"] == "in_progress"),
+        "a rejected call never runs"
+    );
+    assert!(!ws.path("rejected.txt").exists());
+    let told = flat(&request_messages(&stub, 2));
+    assert!(told.contains("the user rejected this tool call"), "{told}");
+    // A client that fails to answer denies too.
+    let err = tool_updates(&r["updates"], "toolu_err");
+    assert_eq!(err.last().unwrap()["status"], "failed");
+    assert!(!ws.path("errored.txt").exists());
+    let told = flat(&request_messages(&stub, 3));
+    assert!(
+        told.contains("the editor could not ask for permission"),
+        "{told}"
+    );
+    assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+}
+
+#[test]
+fn acp_allow_always_adds_a_session_rule() {
+    let ws = Workspace::new("acp-always");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            // Both calls ask; the answer to the first covers the second.
+            json!({"tool_calls": [
+                {"id": "toolu_1", "name": "Bash", "input": {"command": "echo one"}},
+                {"id": "toolu_2", "name": "Bash", "input": {"command": "echo two"}}]}),
+            tool_turn("Bash", "toolu_3", json!({"command": "pwd"})),
+            tool_turn("Bash", "toolu_4", json!({"command": "echo three"})),
+            text_turn("done"),
+            tool_turn("Bash", "toolu_5", json!({"command": "echo four"})),
+            text_turn("still allowed"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["go", "again"],
+               "answers": ["allow_always", "allow"]}),
+    );
+    let asked: Vec<&str> = r["permissions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["toolCall"]["toolCallId"].as_str())
+        .collect();
+    // `echo` was allowed for the session; `pwd` is another command and still asks.
+    assert_eq!(asked, ["toolu_1", "toolu_3"]);
+    assert_eq!(
+        r["permissions"][0]["options"][1]["name"],
+        "Always allow Bash(echo:*)"
+    );
+    for id in ["toolu_1", "toolu_2", "toolu_3", "toolu_4", "toolu_5"] {
+        let card = tool_updates(&r["updates"], id);
+        assert_eq!(
+            card.last().unwrap()["status"],
+            "completed",
+            "{id}: {card:?}"
+        );
+    }
+}
+
+// ---- cancel ----------------------------------------------------------------------------------
+
+#[test]
+fn acp_cancel_during_a_streaming_reply() {
+    let ws = Workspace::new("acp-cancel-stream");
+    let long = (1..=40)
+        .map(|i| format!("word{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            json!({"text": long, "faults": [{"drip_ms": 100}]}),
+            text_turn("A fresh answer."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "cancel", "prompts": ["tell me a long story", "short one please"]}),
+    );
+    let stop = &r["stop"];
+    assert_eq!(stop["stopReason"], "cancelled");
+    // The run ended, so its accounting comes along.
+    assert!(stop["_meta"]["caliban/usage"].is_object(), "{stop}");
+    assert!(stop["_meta"]["caliban/turns"].is_u64(), "{stop}");
+    let streamed = text_of(&r["cancelled"], "agent_message_chunk");
+    assert!(streamed.starts_with("word1"), "{streamed}");
+    assert!(
+        !streamed.contains("word40"),
+        "the stream was not stopped: {streamed}"
+    );
+    assert_eq!(r["updatesAfterAnswer"], json!([]));
+    // Nothing of the cancelled turn leaks into the next prompt.
+    assert_eq!(r["second"], json!({"stopReason": "end_turn"}));
+    assert_eq!(
+        text_of(&r["secondUpdates"], "agent_message_chunk"),
+        "A fresh answer."
+    );
+    assert_eq!(
+        r["secondUpdates"].as_array().unwrap().len(),
+        of_kind(&r["secondUpdates"], "agent_message_chunk").len()
+    );
+    // The next prompt continues the conversation in a new run: the cancelled request is
+    // there, its partial answer is not.
+    let next = flat(&request_messages(&stub, 1));
+    assert!(next.contains("tell me a long story"), "{next}");
+    assert!(next.contains("short one please"), "{next}");
+    assert!(!next.contains("word1"), "{next}");
+}
+
+#[test]
+fn acp_cancel_during_a_running_bash_kills_it() {
+    let ws = Workspace::new("acp-cancel-bash");
+    let marker = format!("acp-cancel-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn(
+                "Bash",
+                "toolu_sleep",
+                json!({"command": format!("sleep 30; echo {marker}")}),
+            ),
+            text_turn("after the cancel"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "cancel", "cancelOn": "running", "cancelDelayMs": 300,
+               "prompts": ["sleep", "next"]}),
+    );
+    assert_eq!(r["stop"]["stopReason"], "cancelled");
+    assert!(
+        r["cancelMs"].as_u64().unwrap() < 10_000,
+        "{}",
+        r["cancelMs"]
+    );
+    let card = tool_updates(&r["cancelled"], "toolu_sleep");
+    let last = card.last().unwrap();
+    assert_eq!(last["status"], "failed", "{card:?}");
+    assert_eq!(last["content"][0]["content"]["text"], "cancelled");
+    assert!(
+        !process_with_marker_exists(&marker),
+        "the Bash process outlived the cancel"
+    );
+    assert_eq!(r["second"], json!({"stopReason": "end_turn"}));
+}
+
+#[test]
+fn acp_cancel_during_bash_in_an_editor_terminal() {
+    let ws = Workspace::new("acp-cancel-term");
+    let marker = format!("acp-term-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn(
+                "Bash",
+                "toolu_t",
+                json!({"command": format!("sleep 30; echo {marker}")}),
+            ),
+            text_turn("after the cancel"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "cancel", "cancelOn": "terminal", "cancelDelayMs": 200,
+               "caps": {"terminal": true}, "prompts": ["sleep", "next"]}),
+    );
+    assert_eq!(r["stop"]["stopReason"], "cancelled");
+    let methods: Vec<&str> = r["terminal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["method"].as_str())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            "terminal/create",
+            "terminal/wait_for_exit",
+            "terminal/kill",
+            "terminal/release"
+        ]
+    );
+    assert_eq!(r["killedTerminals"], 1);
+    let card = tool_updates(&r["cancelled"], "toolu_t");
+    assert_eq!(card.last().unwrap()["status"], "failed");
+    assert!(!process_with_marker_exists(&marker));
+    assert_eq!(r["second"], json!({"stopReason": "end_turn"}));
+}
+
+#[test]
+fn acp_cancel_answers_a_pending_permission_prompt() {
+    let ws = Workspace::new("acp-cancel-ask");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Bash", "toolu_ask", json!({"command": "touch never.txt"})),
+            text_turn("ok"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "cancel", "cancelOn": "permission", "cancelDelayMs": 100,
+               "answers": ["never"], "prompts": ["touch it", "next"]}),
+    );
+    assert_eq!(r["stop"]["stopReason"], "cancelled");
+    assert_eq!(r["permissions"].as_array().unwrap().len(), 1);
+    let card = tool_updates(&r["cancelled"], "toolu_ask");
+    assert_eq!(card.last().unwrap()["status"], "failed");
+    assert!(!ws.path("never.txt").exists());
+    assert_eq!(r["second"], json!({"stopReason": "end_turn"}));
+}
+
+// ---- sessions --------------------------------------------------------------------------------
+
+#[test]
+fn acp_session_load_replays_the_conversation_after_a_restart() {
+    let ws = Workspace::new("acp-load");
+    ws.write("notes.txt", "gamma\n");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            json!({"text": "Let me read.",
+                   "tool_calls": [{"id": "toolu_n", "name": "Read", "input": {"path": "notes.txt"}}]}),
+            text_turn("It says gamma."),
+            text_turn("Still here."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "prompts": ["what do the notes say?"],
+               "after": "are you still there?"}),
+    );
+    let replay = &r["second"]["replay"];
+    let kinds: Vec<&str> = replay
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|u| u["sessionUpdate"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "user_message_chunk",
+            "agent_message_chunk",
+            "tool_call",
+            "agent_message_chunk"
+        ]
+    );
+    assert_eq!(replay[0]["content"]["text"], "what do the notes say?");
+    assert_eq!(replay[1]["content"]["text"], "Let me read.");
+    let call = &replay[2];
+    assert_eq!(call["toolCallId"], "toolu_n");
+    assert_eq!(call["kind"], "read");
+    assert_eq!(call["status"], "completed");
+    assert_eq!(call["rawInput"], json!({"path": "notes.txt"}));
+    assert!(
+        call["content"][0]["content"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("gamma")
+    );
+    assert_eq!(replay[3]["content"]["text"], "It says gamma.");
+    assert!(r["second"]["loaded"]["modes"].is_object());
+    // The loaded session goes on with its whole conversation.
+    assert_eq!(r["second"]["stop"], json!({"stopReason": "end_turn"}));
+    let after = flat(&request_messages(&stub, 2));
+    for part in [
+        "what do the notes say?",
+        "toolu_n",
+        "It says gamma.",
+        "are you still there?",
+    ] {
+        assert!(after.contains(part), "{part:?} missing from {after}");
+    }
+    assert_eq!(r["second"]["unknown"]["code"], -32002);
+}
+
+#[test]
+fn acp_sessions_are_listed_resumed_and_closed() {
+    let ws = Workspace::new("acp-sessions");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("a"), text_turn("b"), text_turn("resumed")]),
+    );
+    let r = drive(&ws, &stub, json!({"scenario": "sessions"}));
+    let first = &r["first"];
+    let listed: Vec<&str> = first["list"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sessionId"].as_str())
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.contains(&first["a"].as_str().unwrap()));
+    assert_eq!(first["closed"], json!({}));
+    assert_eq!(first["afterClose"]["code"], -32002);
+    let second = &r["second"];
+    let titles: Vec<&str> = second["list"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["title"].as_str())
+        .collect();
+    assert_eq!(titles.len(), 2, "{second}");
+    assert!(titles.contains(&"first session"), "{titles:?}");
+    assert_eq!(second["replayed"], 0, "resume does not replay");
+    assert_eq!(second["stop"], json!({"stopReason": "end_turn"}));
+}
+
+// ---- the editor's file system and terminals ------------------------------------------------
+
+#[test]
+fn acp_fs_and_terminal_delegation() {
+    let ws = Workspace::new("acp-delegate");
+    ws.write("buffered.txt", "what is on disk\n");
+    ws.write("edit.txt", "alpha beta\n");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Read", "toolu_read", json!({"path": "buffered.txt"})),
+            tool_turn(
+                "Edit",
+                "toolu_edit",
+                json!({"path": "edit.txt", "old_string": "alpha", "new_string": "ALPHA"}),
+            ),
+            tool_turn(
+                "Write",
+                "toolu_write",
+                json!({"path": "sub/new.txt", "content": "brand new\n"}),
+            ),
+            tool_turn(
+                "Bash",
+                "toolu_bash",
+                json!({"command": "echo from-the-terminal"}),
+            ),
+            text_turn("All done."),
+        ]),
+    );
+    let buffered = path_str(&ws.path("buffered.txt"));
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["do it all"], "mode": "bypassPermissions",
+               "caps": {"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": true},
+               "buffers": {buffered.clone(): "the unsaved buffer\n"}}),
+    );
+    assert_eq!(r["mode"], json!({}));
+    assert_eq!(
+        r["permissions"],
+        json!([]),
+        "bypassPermissions asks nothing"
+    );
+    let fs: Vec<(String, String)> = r["fs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let path = c["params"]["path"].as_str().unwrap();
+            let rel = path
+                .strip_prefix(&format!("{}/", ws.root.display()))
+                .unwrap_or(path);
+            (c["method"].as_str().unwrap().to_owned(), rel.to_owned())
+        })
+        .collect();
+    let expect = |m: &str, p: &str| (m.to_owned(), p.to_owned());
+    assert_eq!(
+        fs,
+        [
+            expect("fs/read_text_file", "buffered.txt"),
+            expect("fs/read_text_file", "edit.txt"),
+            expect("fs/write_text_file", "edit.txt"),
+            expect("fs/write_text_file", "sub/new.txt"),
+        ]
+    );
+    // Read saw the editor's buffer, not the disk.
+    let after_read = flat(&request_messages(&stub, 1));
+    assert!(after_read.contains("the unsaved buffer"), "{after_read}");
+    assert!(!after_read.contains("what is on disk"), "{after_read}");
+    // Edit and Write went through the editor, which stored them.
+    assert_eq!(ws.read("edit.txt"), "ALPHA beta\n");
+    assert_eq!(ws.read("sub/new.txt"), "brand new\n");
+    let edit = tool_updates(&r["updates"], "toolu_edit");
+    let diff = json!({"type": "diff", "path": path_str(&ws.path("edit.txt")),
+                      "oldText": "alpha", "newText": "ALPHA"});
+    assert!(
+        edit.iter()
+            .any(|u| u["content"].as_array().is_some_and(|c| c.contains(&diff))),
+        "{edit:?}"
+    );
+    assert_eq!(edit[0]["kind"], "edit");
+    let done = edit.last().unwrap();
+    assert_eq!(done["status"], "completed");
+    assert_eq!(
+        done["content"][0], diff,
+        "the diff stays on the finished card"
+    );
+    let write = tool_updates(&r["updates"], "toolu_write");
+    let new_file = write
+        .iter()
+        .find_map(|u| u["content"].as_array().and_then(|c| c.first()))
+        .expect("a diff for the write");
+    assert_eq!(new_file["oldText"], Value::Null);
+    assert_eq!(new_file["newText"], "brand new\n");
+    // Bash ran in an editor terminal, embedded in its card, and was released.
+    let methods: Vec<&str> = r["terminal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["method"].as_str())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            "terminal/create",
+            "terminal/wait_for_exit",
+            "terminal/output",
+            "terminal/release"
+        ]
+    );
+    let create = &r["terminal"][0]["params"];
+    assert_eq!(create["args"], json!(["-c", "echo from-the-terminal"]));
+    assert_eq!(create["cwd"], path_str(&ws.root));
+    let bash = tool_updates(&r["updates"], "toolu_bash");
+    let terminal_id = r["terminal"][1]["params"]["terminalId"].clone();
+    assert!(
+        bash.iter()
+            .any(|u| u["content"][0] == json!({"type": "terminal", "terminalId": terminal_id})),
+        "{bash:?}"
+    );
+    let result = bash.last().unwrap()["content"][1]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(result, "from-the-terminal\n[exit code: 0]");
+    assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+}
+
+// ---- modes, stop reasons, timeouts ---------------------------------------------------------
+
+#[test]
+fn acp_set_config_option_switches_the_permission_mode() {
+    let ws = Workspace::new("acp-mode");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn(
+                "Write",
+                "toolu_w",
+                json!({"path": "out.txt", "content": "x"}),
+            ),
+            text_turn("written"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["write"], "configMode": "acceptEdits"}),
+    );
+    let options = &r["config"]["configOptions"][0];
+    assert_eq!(options["id"], "mode");
+    assert_eq!(options["currentValue"], "acceptEdits");
+    assert_eq!(
+        r["permissions"],
+        json!([]),
+        "acceptEdits writes without asking"
+    );
+    assert_eq!(ws.read("out.txt"), "x");
+}
+
+#[test]
+fn acp_other_stop_reasons() {
+    for (turn, flags, want) in [
+        (
+            json!({"text": "cut off", "stop_reason": "max_tokens"}),
+            vec![],
+            "max_tokens",
+        ),
+        (
+            json!({"text": "I can't", "stop_reason": "refusal"}),
+            vec![],
+            "refusal",
+        ),
+        (
+            tool_turn("Read", "toolu_m", json!({"path": "."})),
+            vec!["--max-turns", "1"],
+            "max_turn_requests",
+        ),
+    ] {
+        let ws = Workspace::new("acp-stop");
+        let stub = Stub::start(&ws, &script(vec![turn, text_turn("next")]));
+        let r = drive(
+            &ws,
+            &stub,
+            json!({"scenario": "prompts", "prompts": ["go", "again"], "agent": agent(&flags)}),
+        );
+        let stop = &r["stops"][0];
+        assert_eq!(stop["stopReason"], want, "{stop}");
+        assert_eq!(stop["_meta"]["caliban/turns"], 1, "{stop}");
+        assert!(
+            stop["_meta"]["caliban/usage"]["output_tokens"].is_u64(),
+            "{stop}"
+        );
+        // The session goes on in a new run.
+        assert_eq!(r["stops"][1], json!({"stopReason": "end_turn"}), "{want}");
+        if want == "refusal" {
+            // ACP: a refused prompt is not carried into the next one.
+            let next = flat(&request_messages(&stub, 1));
+            assert!(!next.contains("I can't"), "{next}");
+        }
+    }
+}
+
+#[test]
+fn acp_unanswered_permission_is_denied_and_withdrawn() {
+    let ws = Workspace::new("acp-timeout");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Bash", "toolu_late", json!({"command": "touch late.txt"})),
+            text_turn("denied"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["touch"], "answers": ["never"],
+               "agent": agent(&["--permission-timeout", "1"])}),
+    );
+    assert_eq!(r["permissions"].as_array().unwrap().len(), 1);
+    assert_eq!(r["withdrawn"].as_array().unwrap().len(), 1, "{r}");
+    let card = tool_updates(&r["updates"], "toolu_late");
+    assert_eq!(card.last().unwrap()["status"], "failed");
+    assert!(!ws.path("late.txt").exists());
+    assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+}
+
+// ---- the raw wire ----------------------------------------------------------------------------
+
+/// `caliban acp serve` with pipes, and a reader thread so every receive has a deadline.
+struct Raw {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Raw {
+    fn start(ws: &Workspace, stub: &Stub, flags: &[&str]) -> Raw {
+        let mut cmd = caliban(ws);
+        anthropic(&mut cmd, stub);
+        let mut child = cmd
+            .args(["acp", "serve"])
+            .args(flags)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn caliban acp serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Raw {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(line.as_bytes()).expect("write");
+        stdin.write_all(b"\n").expect("write");
+        stdin.flush().expect("flush");
+    }
+
+    fn recv(&self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(RECV_TIMEOUT)
+            .expect("a frame within the deadline");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Frames until one matches.
+    fn recv_until(&self, what: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
+        let mut seen = Vec::new();
+        loop {
+            let frame = self.recv();
+            if what(&frame) {
+                return (frame, seen);
+            }
+            seen.push(frame);
+        }
+    }
+
+    /// Closes stdin and waits for the exit; returns its code and how long it took.
+    fn close(&mut self) -> (Option<i32>, Duration) {
+        let start = Instant::now();
+        drop(self.stdin.take());
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return (status.code(), start.elapsed());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no exit after stdin EOF"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
+    let ws = Workspace::new("acp-raw");
+    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    raw.send("{nope");
+    let e = raw.recv();
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (Value::Null, json!(-32700))
+    );
+    raw.send("[1,2]");
+    assert_eq!(raw.recv()["error"]["code"], -32600);
+    raw.send(r#"{"jsonrpc":"2.0","id":5,"method":"no/such_method","params":{}}"#);
+    let e = raw.recv();
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(5), json!(-32601))
+    );
+    // Unknown notifications are ignored; the next answer is for the next request.
+    raw.send(r#"{"jsonrpc":"2.0","method":"_vendor/ping","params":{}}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    let init = raw.recv();
+    assert_eq!(init["id"], "i");
+    assert_eq!(init["result"]["protocolVersion"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","id":6,"method":"session/prompt","params":{"sessionId":"nope","prompt":[{"type":"text","text":"x"}]}}"#);
+    assert_eq!(raw.recv()["error"]["code"], -32002);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":7,"method":"session/new","params":{"cwd":"relative/dir","mcpServers":[]}}"#,
+    );
+    assert_eq!(raw.recv()["error"]["code"], -32602);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":8,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}"#,
+    );
+    let outside = raw.recv();
+    assert_eq!(outside["error"]["code"], -32602);
+    assert!(
+        outside["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("workspace"),
+        "{outside}"
+    );
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
+    let ws = Workspace::new("acp-eof");
+    let marker = format!("acp-eof-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![tool_turn(
+            "Bash",
+            "toolu_e",
+            json!({"command": format!("sleep 30; echo {marker}")}),
+        )]),
+    );
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        json!(path_str(&ws.root))
+    ));
+    let session = raw.recv()["result"]["sessionId"].clone();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
+    ));
+    raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
+    assert!(process_with_marker_exists(&marker), "the command runs");
+    let (code, took) = raw.close();
+    assert_eq!(code, Some(0));
+    assert!(took < Duration::from_secs(5), "exit took {took:?}");
+    let (answer, _) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(answer["result"]["stopReason"], "cancelled");
+    assert!(
+        !process_with_marker_exists(&marker),
+        "the command outlived caliban"
+    );
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Spawn-to-`initialize`-reply time of `caliban acp serve`, as an editor sees it.
+
+Each round spawns the binary with pipes, writes one `initialize` request, and stops the clock
+when the whole reply line has been read; then it reads the idle RSS, closes stdin and times the
+exit. Spawning `true` the same way is the floor any process pays on this machine. Medians and
+90th percentiles over the rounds.
+
+    python3 tests/acp/initialize_time.py [BINARY] [--rounds N] [--state XDG_STATE_HOME]
+
+BINARY defaults to the static release build (target/x86_64-unknown-linux-gnu/release/caliban)
+or else target/release/caliban. The environment is empty apart from a throwaway state
+directory and a model URL that is never contacted (initialize starts no run).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+INITIALIZE = (
+    json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}},
+        }
+    )
+    + "\n"
+).encode()
+
+
+def default_binary():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for rel in ("target/x86_64-unknown-linux-gnu/release/caliban", "target/release/caliban"):
+        path = os.path.join(root, rel)
+        if os.path.exists(path):
+            return path
+    sys.exit("no release binary: cargo build --release (or the static build in README)")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def one_round(argv, env, cwd):
+    start = time.perf_counter_ns()
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, env=env, cwd=cwd)
+    p.stdin.write(INITIALIZE)
+    p.stdin.flush()
+    line = p.stdout.readline()
+    ready = time.perf_counter_ns()
+    reply = json.loads(line)
+    assert reply["result"]["protocolVersion"] == 1, reply
+    rss = rss_kib(p.pid)
+    eof = time.perf_counter_ns()
+    p.stdin.close()
+    p.wait(timeout=10)
+    gone = time.perf_counter_ns()
+    return (ready - start) / 1e6, rss, (gone - eof) / 1e6
+
+
+def floor_round():
+    start = time.perf_counter_ns()
+    p = subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL)
+    p.wait()
+    return (time.perf_counter_ns() - start) / 1e6
+
+
+def summary(samples):
+    samples = sorted(samples)
+    p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
+    return f"median {statistics.median(samples):7.3f}  p90 {p90:7.3f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary", nargs="?", default=None)
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--state", help="XDG_STATE_HOME to use (say, one holding many sessions)")
+    a = ap.parse_args()
+    binary = os.path.abspath(a.binary or default_binary())
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": tmp,
+            "XDG_STATE_HOME": a.state or os.path.join(tmp, "state"),
+            "XDG_CONFIG_HOME": os.path.join(tmp, "config"),
+            "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+        }
+        argv = [binary, "acp", "serve"]
+        one_round(argv, env, tmp)  # warm the page cache
+        init, rss, exits, floor = [], [], [], []
+        for _ in range(a.rounds):
+            floor.append(floor_round())
+            ms, kib, exit_ms = one_round(argv, env, tmp)
+            init.append(ms)
+            rss.append(kib)
+            exits.append(exit_ms)
+    print(f"binary: {binary} ({os.path.getsize(binary) / 1024 / 1024:.2f} MiB), {a.rounds} rounds")
+    print(f"spawn `true` (floor)           ms  {summary(floor)}")
+    print(f"spawn → initialize reply       ms  {summary(init)}")
+    print(f"stdin EOF → exit               ms  {summary(exits)}")
+    print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}")
+
+
+if __name__ == "__main__":
+    main()
