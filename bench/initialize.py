@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Spawn-to-`initialize`-reply time of `caliban acp serve`, as an editor sees it.
+"""Spawn-to-`initialize`-reply time of `caliban acp serve` / `caliban mcp serve`, as an
+editor or an orchestrating agent sees it.
 
 Each round spawns the binary with pipes, writes one `initialize` request, and stops the clock
 when the whole reply line has been read; then it reads the idle RSS, closes stdin and times the
 exit. Spawning `true` the same way is the floor any process pays on this machine. Medians and
 90th percentiles over the rounds.
 
-    python3 tests/acp/initialize_time.py [BINARY] [--rounds N] [--state XDG_STATE_HOME]
+    python3 bench/initialize.py [BINARY] [--surface acp|mcp] [--rounds N] [--state XDG_STATE_HOME]
 
 BINARY defaults to the static release build (target/x86_64-unknown-linux-gnu/release/caliban)
 or else target/release/caliban. The environment is empty apart from a throwaway state
@@ -22,21 +23,23 @@ import sys
 import tempfile
 import time
 
-INITIALIZE = (
-    json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {"protocolVersion": 1, "clientCapabilities": {}},
-        }
-    )
-    + "\n"
-).encode()
+INITIALIZE = {
+    "acp": {"protocolVersion": 1, "clientCapabilities": {}},
+    "mcp": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "bench", "version": "0"},
+    },
+}
+
+
+def initialize_line(surface):
+    msg = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE[surface]}
+    return (json.dumps(msg) + "\n").encode()
 
 
 def default_binary():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for rel in ("target/x86_64-unknown-linux-gnu/release/caliban", "target/release/caliban"):
         path = os.path.join(root, rel)
         if os.path.exists(path):
@@ -52,16 +55,16 @@ def rss_kib(pid):
     return 0
 
 
-def one_round(argv, env, cwd):
+def one_round(argv, env, cwd, surface):
     start = time.perf_counter_ns()
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, env=env, cwd=cwd)
-    p.stdin.write(INITIALIZE)
+    p.stdin.write(initialize_line(surface))
     p.stdin.flush()
     line = p.stdout.readline()
     ready = time.perf_counter_ns()
     reply = json.loads(line)
-    assert reply["result"]["protocolVersion"] == 1, reply
+    assert "protocolVersion" in reply["result"], reply
     rss = rss_kib(p.pid)
     eof = time.perf_counter_ns()
     p.stdin.close()
@@ -88,6 +91,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary", nargs="?", default=None)
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--surface", choices=["acp", "mcp"], default="acp")
     ap.add_argument("--state", help="XDG_STATE_HOME to use (say, one holding many sessions)")
     a = ap.parse_args()
     binary = os.path.abspath(a.binary or default_binary())
@@ -99,16 +103,17 @@ def main():
             "XDG_CONFIG_HOME": os.path.join(tmp, "config"),
             "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
         }
-        argv = [binary, "acp", "serve"]
-        one_round(argv, env, tmp)  # warm the page cache
+        argv = [binary, a.surface, "serve"]
+        one_round(argv, env, tmp, a.surface)  # warm the page cache
         init, rss, exits, floor = [], [], [], []
         for _ in range(a.rounds):
             floor.append(floor_round())
-            ms, kib, exit_ms = one_round(argv, env, tmp)
+            ms, kib, exit_ms = one_round(argv, env, tmp, a.surface)
             init.append(ms)
             rss.append(kib)
             exits.append(exit_ms)
-    print(f"binary: {binary} ({os.path.getsize(binary) / 1024 / 1024:.2f} MiB), {a.rounds} rounds")
+    size = os.path.getsize(binary) / 1024 / 1024
+    print(f"{a.surface} serve: {binary} ({size:.2f} MiB), {a.rounds} rounds")
     print(f"spawn `true` (floor)           ms  {summary(floor)}")
     print(f"spawn → initialize reply       ms  {summary(init)}")
     print(f"stdin EOF → exit               ms  {summary(exits)}")
