@@ -58,30 +58,6 @@ fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// A random RFC 4122 version-4 id for the session.
-fn new_session_id() -> String {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 16];
-    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        bytes = (nanos ^ u128::from(std::process::id())).to_le_bytes();
-    }
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 fn config_error(msg: &str) -> u8 {
     log::error(msg);
     print::EXIT_CONFIG
@@ -231,7 +207,7 @@ fn run_print(args: PrintArgs) -> u8 {
         args.output_format,
         args.input_format,
         args.include_partial_messages,
-        new_session_id(),
+        auth::new_uuid(),
         provider.kind.as_str(),
         provider.model.clone(),
     );

@@ -24,7 +24,7 @@ use crate::http::server::{ConnEvent, Connection, Request};
 use crate::log;
 use crate::permissions::{Action, Mode, Rule, RuleSource};
 use crate::reactor::{Signal, TimerId};
-use crate::surface::ListenConfig;
+use crate::surface::{ListenConfig, register_connection};
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
 /// One poll response carries at most this many events / bytes; `next_cursor` continues.
@@ -33,8 +33,6 @@ const POLL_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// A live stream takes this much from the log per step, so one follower cannot hog the loop.
 const STREAM_STEP_EVENTS: usize = 256;
 const STREAM_STEP_BYTES: usize = 256 * 1024;
-/// Silence after which the kernel probes a connection whose peer may have vanished.
-const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
 const OPENAPI: &str = include_str!("openapi.json");
 
@@ -153,39 +151,18 @@ impl HttpServe {
     }
 
     fn add_client(&mut self, ctx: &mut Ctx, tcp: mio::net::TcpStream, peer: SocketAddr) {
-        let _ = tcp.set_nodelay(true);
-        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
-        let mut conn = match Connection::new(
-            tcp,
-            peer,
-            self.config.tls.clone(),
-            self.config.limits.clone(),
-        ) {
-            Ok(conn) => conn,
-            Err(e) => {
-                log::warn(&format!("cannot set up a connection from {peer}: {e}"));
-                return;
-            }
-        };
         let key = self.next_key;
         self.next_key += 1;
-        let token = ctx.host_token(key);
-        if let Err(e) =
-            ctx.registry()
-                .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
-        {
-            log::warn(&format!("cannot register a connection: {e}"));
-            ctx.forget_token(token);
+        let Some(accepted) = register_connection(ctx, &self.config, tcp, peer, key) else {
             return;
-        }
-        let idle_timer = ctx.add_timer(self.config.limits.idle_timeout, key);
+        };
         self.clients.insert(
             key,
             Client {
-                conn,
-                token,
+                conn: accepted.conn,
+                token: accepted.token,
                 follow: None,
-                idle_timer,
+                idle_timer: accepted.idle_timer,
             },
         );
         // Bytes may already be waiting (a fast client); readiness was edge-triggered

@@ -7,9 +7,16 @@ pub mod mcp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use mio::net::TcpStream;
+use mio::{Interest, Token};
 
 use crate::auth::Gate;
-use crate::http::server::Limits;
+use crate::engine::Ctx;
+use crate::http::server::{Connection, Limits};
+use crate::log;
+use crate::reactor::TimerId;
 
 /// Open connections beyond this wait in the kernel's backlog until one closes.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
@@ -21,4 +28,50 @@ pub struct ListenConfig {
     pub limits: Limits,
     pub max_connections: usize,
     pub gate: Gate,
+}
+
+/// Silence after which the kernel probes a connection whose peer may have vanished.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+
+/// An accepted connection, registered on the loop under a host key, with its idle timer.
+pub struct Accepted {
+    pub conn: Connection,
+    pub token: Token,
+    pub idle_timer: TimerId,
+}
+
+/// Sets up an accepted socket for a network surface: socket options, the HTTP connection
+/// (TLS when configured), registration under `key`, and the idle timer. `None` (logged)
+/// when any step fails; the socket is then dropped.
+pub fn register_connection(
+    ctx: &mut Ctx,
+    config: &ListenConfig,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    key: u64,
+) -> Option<Accepted> {
+    let _ = tcp.set_nodelay(true);
+    let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
+    let mut conn = match Connection::new(tcp, peer, config.tls.clone(), config.limits.clone()) {
+        Ok(conn) => conn,
+        Err(e) => {
+            log::warn(&format!("cannot set up a connection from {peer}: {e}"));
+            return None;
+        }
+    };
+    let token = ctx.host_token(key);
+    if let Err(e) =
+        ctx.registry()
+            .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
+    {
+        log::warn(&format!("cannot register a connection: {e}"));
+        ctx.forget_token(token);
+        return None;
+    }
+    let idle_timer = ctx.add_timer(config.limits.idle_timeout, key);
+    Some(Accepted {
+        conn,
+        token,
+        idle_timer,
+    })
 }

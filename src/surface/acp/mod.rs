@@ -276,30 +276,6 @@ fn text_content(text: &str) -> Value {
     json!({"type": "content", "content": {"type": "text", "text": text}})
 }
 
-/// A random RFC 4122 version-4 id.
-fn new_session_id() -> String {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 16];
-    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        bytes = (nanos ^ u128::from(std::process::id())).to_le_bytes();
-    }
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// Milliseconds since the epoch as ISO 8601 UTC (`2026-08-01T12:00:00Z`).
 fn iso8601(ms: u64) -> String {
     let secs = ms / 1000;
@@ -551,7 +527,7 @@ impl AcpServe {
 
     fn new_session(&mut self, params: &Value) -> Result<Value, RpcError> {
         let cwd = self.session_cwd(params)?;
-        let id = new_session_id();
+        let id = crate::auth::new_uuid();
         let mode = self.core.config().policy.mode();
         self.sessions
             .insert(id.clone(), Session::new(cwd, mode, None));

@@ -24,7 +24,7 @@ use crate::http::server::{ConnEvent, Connection, Request};
 use crate::jsonrpc::{self, Id, Message};
 use crate::log;
 use crate::reactor::TimerId;
-use crate::surface::ListenConfig;
+use crate::surface::{ListenConfig, register_connection};
 
 /// Connection keys count up from here (prompt timers use run numbers below it).
 pub(super) const CONN_BASE: u64 = 1 << 40;
@@ -35,8 +35,6 @@ const MAX_SESSIONS: usize = 1024;
 /// Server requests held for a session with no open stream; the oldest go first.
 const MAX_PENDING: usize = 64;
 /// Silence after which the kernel probes a connection whose peer may have vanished (a
-/// `GET` stream can be quiet for hours).
-const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug)]
 enum Role {
@@ -376,37 +374,17 @@ impl McpHost {
         let Some(http) = self.http.as_mut() else {
             return;
         };
-        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
-        let mut conn = match Connection::new(
-            tcp,
-            peer,
-            http.config.tls.clone(),
-            http.config.limits.clone(),
-        ) {
-            Ok(conn) => conn,
-            Err(e) => {
-                log::warn(&format!("cannot set up a connection from {peer}: {e}"));
-                return;
-            }
-        };
         let key = http.next_key;
         http.next_key += 1;
-        let token = ctx.host_token(key);
-        if let Err(e) =
-            ctx.registry()
-                .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
-        {
-            log::warn(&format!("cannot register a connection: {e}"));
-            ctx.forget_token(token);
+        let Some(accepted) = register_connection(ctx, &http.config, tcp, peer, key) else {
             return;
-        }
-        let idle_timer = ctx.add_timer(http.config.limits.idle_timeout, key);
+        };
         http.conns.insert(
             key,
             HttpConn {
-                conn,
-                token,
-                idle_timer,
+                conn: accepted.conn,
+                token: accepted.token,
+                idle_timer: accepted.idle_timer,
                 role: Role::Plain,
             },
         );
