@@ -180,7 +180,9 @@ fn from_object(mut obj: Map<String, Value>) -> Result<Message, Invalid> {
             id,
             result: Ok(result),
         }),
-        None => Err(invalid(&Some(id), "a response needs `result` or `error`")),
+        // Answering with its id would look like the answer to one of the peer's own
+        // requests; a null id cannot be mistaken for one.
+        None => Err(invalid(&None, "a response needs `result` or `error`")),
     }
 }
 

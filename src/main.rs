@@ -268,6 +268,7 @@ fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> 
 
 /// The drive core every serve command shares, with earlier runs loaded from disk.
 fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig), u8> {
+    sys::raise_fd_limit();
     let setup = agent_setup(&args.agent, false)?;
     let store = drive::session::default_dir(&env_var)
         .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))

@@ -372,11 +372,21 @@ impl Policy {
         policy
     }
 
-    /// Prepends a highest-priority rule, such as an editor's "always allow/reject". It joins
-    /// the base rules only: a narrowing profile still applies, so an "always allow" never
-    /// lifts a profile's deny or ask.
+    /// Adds an editor's "always allow/reject" rule. A session deny goes first; a session
+    /// allow goes after every configured deny rule (CLI, settings), so an answer in the
+    /// editor never overrides what the configuration forbids, yet still outranks the
+    /// configured and built-in asks it was given to silence. It joins the base rules only:
+    /// a narrowing profile still applies.
     pub fn with_session_rule(&mut self, rule: Rule) {
-        self.rules.insert(0, rule);
+        let at = match rule.action {
+            Action::Deny => 0,
+            Action::Allow | Action::Ask => self
+                .rules
+                .iter()
+                .rposition(|r| r.action == Action::Deny && r.source != RuleSource::Builtin)
+                .map_or(0, |i| i + 1),
+        };
+        self.rules.insert(at, rule);
     }
 
     pub fn mode(&self) -> Mode {
@@ -418,6 +428,47 @@ pub fn ask_denied_message(tool: &str, input: &Value) -> String {
 }
 
 /// A rule pattern that would allow this call without allowing everything the tool can do.
+/// Commands that run another command: a prefix rule on them would allow anything.
+const WRAPPERS: &[&str] = &[
+    "sudo", "env", "xargs", "timeout", "nice", "nohup", "time", "exec", "bash", "sh", "zsh",
+    "command", "builtin", "eval", "doas", "su",
+];
+
+/// The rules that would allow exactly this kind of call again ("always allow" in an
+/// editor): for Bash, one prefix rule per distinct command word in the chain (skipping
+/// `VAR=value` assignments; commands that wrap another command get an exact rule); for
+/// file tools the exact path; for WebFetch the site. Empty when no safe rule exists.
+pub fn suggested_rules(tool: &str, input: &Value) -> Vec<String> {
+    if tool != "Bash" {
+        return suggested_pattern(tool, input).into_iter().collect();
+    }
+    let Some(command) = input.get("command").and_then(Value::as_str) else {
+        return Vec::new();
+    };
+    let Some(segments) = split_command(command) else {
+        return Vec::new();
+    };
+    let mut rules: Vec<String> = Vec::new();
+    for segment in &segments {
+        let words: Vec<&str> = segment
+            .split_whitespace()
+            .skip_while(|w| w.contains('=') && !w.starts_with('='))
+            .collect();
+        let Some(first) = words.first() else {
+            continue;
+        };
+        let rule = if WRAPPERS.contains(first) || first.starts_with(['>', '<']) {
+            format!("Bash({})", escape_glob(&words.join(" ")))
+        } else {
+            format!("Bash({}:*)", escape_glob(first))
+        };
+        if !rules.contains(&rule) {
+            rules.push(rule);
+        }
+    }
+    rules
+}
+
 fn suggested_pattern(tool: &str, input: &Value) -> Option<String> {
     let field = first_arg(tool)?;
     let value = input.get(field.name)?.as_str()?;
@@ -1437,6 +1488,38 @@ mod tests {
     }
 
     #[test]
+    fn an_always_allow_never_overrides_a_configured_deny() {
+        let mut p = policy(
+            vec![rule("Bash(echo publish*)", Action::Deny)],
+            Mode::Default,
+        );
+        p.with_session_rule(
+            Rule::new("Bash(echo:*)", Action::Allow, None, RuleSource::Session).unwrap(),
+        );
+        assert_eq!(action(&p, "Bash", &bash("echo test")), Action::Allow);
+        assert_eq!(action(&p, "Bash", &bash("echo publish-now")), Action::Deny);
+        // A session deny outranks everything.
+        p.with_session_rule(
+            Rule::new("Bash(echo test*)", Action::Deny, None, RuleSource::Session).unwrap(),
+        );
+        assert_eq!(action(&p, "Bash", &bash("echo test")), Action::Deny);
+    }
+
+    #[test]
+    fn suggested_rules_cover_each_command_word() {
+        assert_eq!(
+            suggested_rules("Bash", &bash("cd . && echo hi | grep h")),
+            ["Bash(cd:*)", "Bash(echo:*)", "Bash(grep:*)"]
+        );
+        assert_eq!(
+            suggested_rules("Bash", &bash("timeout 5 make")),
+            ["Bash(timeout 5 make)"]
+        );
+        assert!(suggested_rules("Bash", &bash("echo 'unclosed")).is_empty());
+        assert_eq!(suggested_rules("Write", &file("a/b.rs")), ["Write(a/b.rs)"]);
+    }
+
+    #[test]
     fn a_run_in_a_subdirectory_is_judged_from_its_cwd() {
         let p = policy(
             vec![
@@ -1711,14 +1794,21 @@ mod tests {
     }
 
     #[test]
-    fn session_rules_come_first() {
-        let mut policy = policy(vec![rule("Bash", Action::Deny)], Mode::Default);
+    fn session_allows_outrank_asks_but_not_configured_denies() {
+        let mut policy = policy(vec![rule("Bash(rm:*)", Action::Deny)], Mode::Default);
         policy.with_session_rule(
             Rule::new("Bash(ls)", Action::Allow, None, RuleSource::Session).unwrap(),
         );
+        // The built-in `Bash` ask is what the editor's answer silences.
         assert_eq!(action(&policy, "Bash", &bash("ls")), Action::Allow);
-        assert_eq!(action(&policy, "Bash", &bash("ls -la")), Action::Deny);
-        assert_eq!(policy.rules()[0].source, RuleSource::Session);
+        assert_eq!(action(&policy, "Bash", &bash("ls -la")), Action::Ask);
+        assert_eq!(policy.rules()[0].source, RuleSource::Project);
+        assert_eq!(policy.rules()[1].source, RuleSource::Session);
+        let mut denied = self::policy(vec![rule("Bash", Action::Deny)], Mode::Default);
+        denied.with_session_rule(
+            Rule::new("Bash(ls)", Action::Allow, None, RuleSource::Session).unwrap(),
+        );
+        assert_eq!(action(&denied, "Bash", &bash("ls")), Action::Deny);
     }
 
     #[test]

@@ -295,3 +295,22 @@ pub fn set_keepalive(fd: RawFd, idle: std::time::Duration) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Raises the soft open-file limit to the hard limit. Every open run holds its session file
+/// and every client a socket; a default soft limit of 256 or 1024 would cap a server well
+/// below what the machine allows.
+pub fn raise_fd_limit() {
+    // SAFETY: a zeroed rlimit is a valid out-parameter that getrlimit fills in.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid resource id and a writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: valid resource id and an initialised rlimit; failure leaves the old limit.
+        unsafe {
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}

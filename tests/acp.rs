@@ -787,7 +787,10 @@ fn acp_fs_and_terminal_delegation() {
         ]
     );
     let create = &r["terminal"][0]["params"];
-    assert_eq!(create["args"], json!(["-c", "echo from-the-terminal"]));
+    assert_eq!(
+        create["args"],
+        json!(["-c", "exec </dev/null\necho from-the-terminal"])
+    );
     assert_eq!(create["cwd"], path_str(&ws.root));
     let bash = tool_updates(&r["updates"], "toolu_bash");
     let terminal_id = r["terminal"][1]["params"]["terminalId"].clone();

@@ -540,7 +540,7 @@ fn input_and_permit_errors_use_upstream_texts() {
     assert_error(
         &permit("toolu_p", true),
         409,
-        "run is no longer waiting on that prompt",
+        "no pending permission request for this run",
     );
 
     // A non-interactive run takes no input, running or not.
@@ -1449,7 +1449,7 @@ fn run_killed_with_the_server_is_failed_interrupted_after_restart() {
             &json!({"tool_use_id": "x", "allow": true}),
         ),
         409,
-        "run is no longer waiting on that prompt",
+        "no pending permission request for this run",
     );
 }
 
@@ -2058,4 +2058,38 @@ fn deleted_run_ids_are_not_reused_after_a_restart() {
     let third = start_run(server.addr, json!({"prompt": "third"}));
     assert_ne!(third, second, "a deleted run's id came back");
     assert_eq!(third, "run-3");
+}
+
+#[test]
+fn a_prompt_left_pending_by_a_cancel_is_no_longer_waited_on() {
+    let ws = Workspace::new("hs-abandoned");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [bash("toolu_a", "echo hi"), text_turn("x")]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "go"}));
+    let prompt = wait_prompt(addr, &run);
+    assert_eq!(prompt["tool_use_id"], "toolu_a");
+    let r = request(addr, "POST", &format!("/runs/{run}/cancel"), &[], b"");
+    assert_json(&r, 200, json!({"ok": true}));
+    wait_terminal(addr, &run);
+    let permit = |id: &str| {
+        post_json(
+            addr,
+            &format!("/runs/{run}/permit"),
+            &json!({"tool_use_id": id, "allow": true}),
+        )
+    };
+    assert_error(
+        &permit("toolu_a"),
+        409,
+        "run is no longer waiting on that prompt",
+    );
+    assert_error(
+        &permit("toolu_other"),
+        409,
+        "no pending permission request for this run",
+    );
 }

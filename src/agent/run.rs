@@ -7,7 +7,7 @@
 //! tools; then `Idle` again for an interactive run waiting for input, or `Done` after
 //! `RunEnd`, which is always the last event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -104,6 +104,41 @@ struct ToolsPhase {
     tbt: Option<Duration>,
     calls: Vec<ToolCall>,
     results: Vec<Option<ToolOutput>>,
+    /// The file-changing call (Write, Edit) now running; others wait in `deferred`, in
+    /// call order, so two edits of one file never race (each would read the file before
+    /// the other wrote it, and one edit would be lost).
+    mutating: Option<String>,
+    deferred: VecDeque<ToolCall>,
+}
+
+/// Tools that change files: run one at a time within a turn.
+fn is_mutating(name: &str) -> bool {
+    matches!(name, "Write" | "Edit")
+}
+
+impl ToolsPhase {
+    /// Runs `call` now, or queues it behind the file change in progress.
+    fn start(&mut self, call: ToolCall) -> Option<Effect> {
+        if !is_mutating(&call.name) {
+            return Some(Effect::RunTool(call));
+        }
+        if self.mutating.is_some() {
+            self.deferred.push_back(call);
+            return None;
+        }
+        self.mutating = Some(call.id.clone());
+        Some(Effect::RunTool(call))
+    }
+
+    /// A call finished: if it was the running file change, start the next queued one.
+    fn finished(&mut self, tool_use_id: &str) -> Option<Effect> {
+        if self.mutating.as_deref() != Some(tool_use_id) {
+            return None;
+        }
+        self.mutating = None;
+        let next = self.deferred.pop_front()?;
+        self.start(next)
+    }
 }
 
 #[derive(Debug)]
@@ -432,6 +467,8 @@ impl Run {
             tbt,
             results: vec![None; calls.len()],
             calls: calls.clone(),
+            mutating: None,
+            deferred: VecDeque::new(),
         };
         let mut asks = Vec::new();
         for ((slot, call), refusal) in calls.into_iter().enumerate().zip(refusals) {
@@ -454,7 +491,7 @@ impl Run {
             }
             let decision = self.policy.decide(&call.name, &call.input);
             match decision.action {
-                Action::Allow => out.push(Effect::RunTool(call)),
+                Action::Allow => out.extend(tools.start(call)),
                 Action::Deny => tools.results[slot] = Some(ToolOutput::error(decision.reason)),
                 Action::Ask => asks.push(call),
             }
@@ -491,7 +528,8 @@ impl Run {
             return Vec::new();
         }
         if allow {
-            return vec![Effect::RunTool(tools.calls[slot].clone())];
+            let call = tools.calls[slot].clone();
+            return tools.start(call).into_iter().collect();
         }
         let result = ToolOutput::error(denial);
         tools.results[slot] = Some(result.clone());
@@ -524,11 +562,13 @@ impl Run {
             self.turns_without_edit = 0;
         }
         tools.results[slot] = Some(output.clone());
+        let next = tools.finished(tool_use_id);
         let mut out = vec![Effect::Emit(tool_call_end(
             turn_index,
             tool_use_id,
             &output,
         ))];
+        out.extend(next);
         out.extend(self.maybe_close_tools(now));
         out
     }
@@ -659,7 +699,7 @@ fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::permissions::Mode;
+    use crate::permissions::{Mode, Rule, RuleSource};
     use crate::tools::spec;
 
     fn run() -> Run {
@@ -786,6 +826,41 @@ mod tests {
             matches!(e, TurnEvent::ToolCallEnd { is_error: true, result_text, .. } if result_text.contains("exceeds"))
         });
         assert!(refused);
+    }
+
+    #[test]
+    fn file_changes_run_one_at_a_time_in_call_order() {
+        let mut r = run();
+        let now = Instant::now();
+        r.policy_mut().with_session_rule(
+            Rule::new("Edit", Action::Allow, None, RuleSource::Session).expect("rule"),
+        );
+        r.send_user(vec![ContentBlock::text("go")], now);
+        for (i, id) in [(1, "e1"), (2, "e2"), (3, "r3")] {
+            let name = if id.starts_with('e') { "Edit" } else { "Read" };
+            r.on_model_event(tool_start(i, id, name), now);
+            r.on_model_event(
+                input(i, r#"{"path":"a.txt","old_string":"x","new_string":"y"}"#),
+                now,
+            );
+        }
+        let started = |effects: &[Effect]| -> Vec<String> {
+            effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::RunTool(c) => Some(c.id.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let out = r.on_model_complete(now);
+        assert_eq!(started(&out), ["e1", "r3"], "the second edit waits");
+        let out = r.on_tool_done("r3", ToolOutput::ok("read"), now);
+        assert!(started(&out).is_empty());
+        let out = r.on_tool_done("e1", ToolOutput::ok("edited"), now);
+        assert_eq!(started(&out), ["e2"]);
+        let out = r.on_tool_done("e2", ToolOutput::ok("edited"), now);
+        assert!(out.contains(&Effect::RequestModel));
     }
 
     #[test]

@@ -161,8 +161,14 @@ pub struct RunSpec {
     pub model: Option<String>,
     pub permission_mode: Option<Mode>,
     pub rules: Vec<Rule>,
-    /// An earlier conversation this run continues (recorded in the session header).
+    /// An earlier conversation this run continues: the model sees it all; the session
+    /// header records only where it came from (`continues`), or the messages themselves
+    /// when there is no earlier run to point at.
     pub history: Vec<Message>,
+    /// The run whose conversation `history` is (so session files do not copy it again).
+    pub continues: Option<String>,
+    /// `history` is that run's conversation minus its last prompt (it was refused).
+    pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
     pub extra_header: Map<String, Value>,
 }
@@ -193,6 +199,8 @@ struct RunRecord {
     ended: bool,
     /// Appending to the session file failed; the run is stopped and reported failed.
     write_error: Option<String>,
+    /// The prompt that was still surfaced when the run ended.
+    abandoned_prompt: Option<String>,
     created_ms: u64,
     prompt: String,
 }
@@ -214,6 +222,35 @@ pub struct PollView {
     pub next_cursor: u64,
     pub status: DriveStatus,
     pub permission_request: Option<Prompt>,
+}
+
+impl PollView {
+    /// Upstream's poll body (MCP text block and HTTP JSON alike), written with sorted keys
+    /// as upstream's `serde_json::Value` bodies are: `{"events":[{"event":…,"v":1}],
+    /// "next_cursor","permission_request","status"}`. Events are stored as their JSON
+    /// text and spliced in without re-parsing.
+    pub fn to_json_text(&self) -> String {
+        let mut body = String::from("{\"events\":[");
+        for (i, (_, raw)) in self.events.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str("{\"event\":");
+            body.push_str(raw);
+            body.push_str(",\"v\":1}");
+        }
+        let prompt = self
+            .permission_request
+            .as_ref()
+            .map_or(Value::Null, Prompt::to_json);
+        body.push_str(&format!(
+            "],\"next_cursor\":{},\"permission_request\":{},\"status\":{}}}",
+            self.next_cursor,
+            prompt,
+            self.status.to_json()
+        ));
+        body
+    }
 }
 
 pub enum PermitOutcome {
@@ -239,6 +276,22 @@ pub fn run_id(num: u64) -> String {
 /// `run-<N>` in its one canonical spelling (no leading zeros), so a run has one id.
 pub fn parse_run_id(id: &str) -> Option<u64> {
     crate::drive::session::run_number(id)
+}
+
+/// How many runs a conversation may span before older ones are no longer replayed.
+const MAX_CONTINUATION_CHAIN: usize = 10_000;
+
+/// Drops the last user prompt (a message with text, not tool results) and what follows it.
+fn drop_last_prompt(messages: &mut Vec<Value>) {
+    let is_prompt = |m: &Value| {
+        m["role"] == "user"
+            && m["content"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|b| b["type"] == "text"))
+    };
+    if let Some(at) = messages.iter().rposition(is_prompt) {
+        messages.truncate(at);
+    }
 }
 
 fn now_ms() -> u64 {
@@ -340,6 +393,7 @@ impl DriveCore {
                 inputs: VecDeque::new(),
                 ended: true,
                 write_error: None,
+                abandoned_prompt: None,
                 created_ms: header["created_ms"].as_u64().unwrap_or(0),
                 prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
             },
@@ -413,7 +467,12 @@ impl DriveCore {
         let policy = policy.with_cwd(&workspace);
 
         let mut header = spec.extra_header.clone();
-        if !spec.history.is_empty() {
+        if let Some(previous) = &spec.continues {
+            header.insert("continues".into(), json!(previous));
+            if spec.continues_without_last_prompt {
+                header.insert("continues_without_last_prompt".into(), json!(true));
+            }
+        } else if !spec.history.is_empty() {
             header.insert(
                 "history".into(),
                 Value::Array(spec.history.iter().map(Message::to_json).collect()),
@@ -460,6 +519,7 @@ impl DriveCore {
                 inputs: VecDeque::new(),
                 ended: false,
                 write_error: None,
+                abandoned_prompt: None,
                 created_ms,
                 prompt: spec.prompt,
             },
@@ -546,12 +606,34 @@ impl DriveCore {
         Ok(self.record(id)?.log.header().clone())
     }
 
-    /// The run's conversation as model messages, rebuilt from its session file.
-    pub fn messages(&self, id: &str) -> Result<Vec<Value>, DriveError> {
-        self.record(id)?
-            .log
-            .messages()
-            .map_err(|e| DriveError::Build(format!("cannot read the session file: {e}")))
+    /// The run's whole conversation as model messages, rebuilt from its session file and
+    /// those of the runs it continues (`continues` in the header), oldest first.
+    pub fn messages(&mut self, id: &str) -> Result<Vec<Value>, DriveError> {
+        let mut chain = vec![id.to_owned()];
+        while chain.len() < MAX_CONTINUATION_CHAIN {
+            let current = chain.last().cloned().unwrap_or_default();
+            self.ensure_loaded(&current);
+            let header = self.record(&current)?.log.header().clone();
+            match header.get("continues").and_then(Value::as_str) {
+                Some(previous) if !chain.iter().any(|c| c == previous) => {
+                    chain.push(previous.to_owned())
+                }
+                _ => break,
+            }
+        }
+        let mut messages: Vec<Value> = Vec::new();
+        for run in chain.iter().rev() {
+            let rec = self.record(run)?;
+            if rec.log.header().get("continues_without_last_prompt") == Some(&json!(true)) {
+                drop_last_prompt(&mut messages);
+            }
+            let own = rec
+                .log
+                .messages()
+                .map_err(|e| DriveError::Build(format!("cannot read the session file: {e}")))?;
+            messages.extend(own);
+        }
+        Ok(messages)
     }
 
     /// Runs whose session header has `key` equal to `value`, oldest first.
@@ -693,7 +775,9 @@ impl DriveCore {
     ) -> Result<PermitOutcome, DriveError> {
         let rec = self.record_mut(id)?;
         let Some((prompt, _)) = &rec.surfaced else {
-            if rec.status.is_terminal() || !rec.live {
+            // Upstream's texts: a prompt that was still pending when its run ended is "no
+            // longer waited on"; anything else has no pending prompt.
+            if rec.abandoned_prompt.as_deref() == Some(tool_use_id) {
                 return Err(DriveError::Permit(
                     "run is no longer waiting on that prompt".into(),
                 ));
@@ -879,9 +963,10 @@ impl DriveCore {
         rec.live = false;
         rec.prompts.clear();
         rec.inputs.clear();
-        if let Some((_, timer)) = rec.surfaced.take() {
+        if let Some((prompt, timer)) = rec.surfaced.take() {
             ctx.cancel_timer(timer);
             let _ = rec.log.append_permission(None);
+            rec.abandoned_prompt = Some(prompt.tool_use_id);
         }
         rec.status = match why {
             _ if rec.write_error.is_some() => {

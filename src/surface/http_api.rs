@@ -93,11 +93,6 @@ fn drive_error_status(err: &DriveError) -> u16 {
     }
 }
 
-/// `{"v":1,"event":<raw>}` built from the stored JSON text without re-parsing it.
-fn envelope(raw: &str) -> String {
-    format!("{{\"v\":1,\"event\":{raw}}}")
-}
-
 impl HttpServe {
     pub fn new(core: DriveCore, config: ListenConfig) -> std::io::Result<HttpServe> {
         let listener = TcpListener::bind(config.addr)?;
@@ -482,28 +477,11 @@ impl HttpServe {
             return;
         }
         match self.core.poll(id, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES) {
-            Ok(view) => {
-                let mut body = String::from("{\"events\":[");
-                for (i, (_, raw)) in view.events.iter().enumerate() {
-                    if i > 0 {
-                        body.push(',');
-                    }
-                    body.push_str(&envelope(raw));
-                }
-                let prompt = view.permission_request.map_or(Value::Null, |p| p.to_json());
-                let _ = write!(
-                    body,
-                    "],\"next_cursor\":{},\"status\":{},\"permission_request\":{}}}",
-                    view.next_cursor,
-                    view.status.to_json(),
-                    prompt
-                );
-                client.conn.respond(
-                    200,
-                    &[("content-type", "application/json")],
-                    body.as_bytes(),
-                );
-            }
+            Ok(view) => client.conn.respond(
+                200,
+                &[("content-type", "application/json")],
+                view.to_json_text().as_bytes(),
+            ),
             Err(e) => error_response(&mut client.conn, drive_error_status(&e), &e.to_string()),
         }
     }

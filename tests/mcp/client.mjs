@@ -201,7 +201,7 @@ const scenarios = {
     assert.equal(unknown.result.isError, true);
     assert.equal(unknown.error, "unknown run_id: run-999");
     const neither = await call(client, "caliban_send_input", { run_id: "run-999" });
-    assert.equal(neither.error, "unknown run_id: run-999");
+    assert.equal(neither.error, "send_input requires `text` or `end: true`");
     await client.close();
     return { names, serverVersion: info.version };
   },
@@ -319,7 +319,7 @@ const scenarios = {
       tool_use_id: "toolu_perm",
       allow: true,
     });
-    assert.equal(again.error, "run is no longer waiting on that prompt");
+    assert.equal(again.error, "no pending permission request for this run");
     await client.close();
     return { run_id };
   },

@@ -138,7 +138,9 @@ pub fn start(
                 params: json!({
                     "sessionId": session,
                     "command": bash::shell(),
-                    "args": ["-c", parsed.command],
+                    // As the local Bash does, give the command no stdin: in an editor's
+                    // terminal it would otherwise wait on a prompt nobody sees.
+                    "args": ["-c", format!("exec </dev/null\n{}", parsed.command)],
                     "cwd": parsed.cwd.display().to_string(),
                     "outputByteLimit": TERMINAL_OUTPUT_BYTES,
                 }),
@@ -383,7 +385,20 @@ fn terminal_result(
     if output.get("truncated").and_then(Value::as_bool) == Some(true) {
         text.push_str("[… earlier output not shown]\n");
     }
-    text.push_str(output.get("output").and_then(Value::as_str).unwrap_or(""));
+    // The client should keep to `outputByteLimit`; keep the tail ourselves if it did not,
+    // as the local Bash caps what it hands the model.
+    let raw = output.get("output").and_then(Value::as_str).unwrap_or("");
+    let limit = TERMINAL_OUTPUT_BYTES as usize;
+    if raw.len() > limit {
+        let mut start = raw.len() - limit;
+        while !raw.is_char_boundary(start) {
+            start += 1;
+        }
+        text.push_str(&format!("[… {start} earlier bytes not shown]\n"));
+        text.push_str(&raw[start..]);
+    } else {
+        text.push_str(raw);
+    }
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -506,7 +521,10 @@ mod tests {
         let ws = workspace();
         let input = json!({"command": "sleep 5", "timeout_seconds": 2});
         let (mut step, create) = start(ALL, "Bash", &input, &ws, "s").unwrap().unwrap();
-        assert_eq!(create.params["args"], json!(["-c", "sleep 5"]));
+        assert_eq!(
+            create.params["args"],
+            json!(["-c", "exec </dev/null\nsleep 5"])
+        );
         let next = on_answer(&mut step, Ok(&json!({"terminalId": "t1"})), "s");
         assert_eq!(next.show_terminal.as_deref(), Some("t1"));
         let wait = next.request.unwrap();

@@ -161,6 +161,8 @@ struct Card {
     name: String,
     /// The streamed input fragments, for `rawInput`.
     raw: String,
+    /// The input passed `MAX_TOOL_INPUT_BYTES`; `raw` stopped growing.
+    overflowed: bool,
     scan: JsonEnd,
     /// Title, locations and content were sent.
     described: bool,
@@ -298,28 +300,14 @@ fn iso8601(ms: u64) -> String {
     )
 }
 
-/// The rule an "always" answer adds: for `Bash` the command's first word (as print mode
-/// suggests, `Bash(cargo:*)`), for other tools the tool.
-fn always_pattern(tool: &str, input: &Value) -> String {
-    if tool == "Bash"
-        && let Some(word) = input
-            .get("command")
-            .and_then(Value::as_str)
-            .and_then(|c| c.split_whitespace().next())
-    {
-        let mut escaped = String::new();
-        for ch in word.chars() {
-            if matches!(
-                ch,
-                '*' | '?' | '[' | ']' | '{' | '}' | '\\' | '(' | ')' | ':'
-            ) {
-                escaped.push('\\');
-            }
-            escaped.push(ch);
-        }
-        return format!("Bash({escaped}:*)");
+/// The session rules an "always" answer adds (`permissions::suggested_rules`); tools with
+/// no argument to match (Glob, Grep) get their bare name.
+fn always_patterns(tool: &str, input: &Value) -> Vec<String> {
+    let rules = crate::permissions::suggested_rules(tool, input);
+    if rules.is_empty() && tool != "Bash" {
+        return vec![tool.to_owned()];
     }
-    tool.to_owned()
+    rules
 }
 
 fn modes_json(current: Mode) -> Value {
@@ -742,6 +730,8 @@ impl AcpServe {
                     interactive: true,
                     cwd: Some(session.cwd.clone()),
                     history,
+                    continues: session.run.clone(),
+                    continues_without_last_prompt: session.drop_last_prompt,
                     extra_header,
                     ..RunSpec::default()
                 };
@@ -878,18 +868,28 @@ impl AcpServe {
         if !described.content.is_empty() {
             tool_call["content"] = json!(described.content);
         }
-        let pattern = always_pattern(&prompt.tool_name, &prompt.input);
+        // The rules an "always" answer adds, one per line (a chained command needs one per
+        // command word); none when no rule would be safe, and then no "always" options.
+        let pattern = always_patterns(&prompt.tool_name, &prompt.input).join("\n");
+        let shown = pattern.replace('\n', ", ");
+        let mut options = vec![json!({"optionId": "allow", "name": "Allow", "kind": "allow_once"})];
+        if !pattern.is_empty() {
+            options.push(
+                json!({"optionId": "allow_always", "name": format!("Always allow {shown}"),
+                                "kind": "allow_always"}),
+            );
+        }
+        options.push(json!({"optionId": "reject", "name": "Reject", "kind": "reject_once"}));
+        if !pattern.is_empty() {
+            options.push(
+                json!({"optionId": "reject_always", "name": format!("Always reject {shown}"),
+                                "kind": "reject_always"}),
+            );
+        }
         let params = json!({
             "sessionId": sid,
             "toolCall": tool_call,
-            "options": [
-                {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
-                {"optionId": "allow_always", "name": format!("Always allow {pattern}"),
-                 "kind": "allow_always"},
-                {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
-                {"optionId": "reject_always", "name": format!("Always reject {pattern}"),
-                 "kind": "reject_always"},
-            ],
+            "options": options,
         });
         let tool_use_id = prompt.tool_use_id.clone();
         let request = self.request(
@@ -971,12 +971,14 @@ impl AcpServe {
         };
         let run = run_id(num);
         if let Some(action) = always {
-            match Rule::new(pattern, action, None, RuleSource::Session) {
-                Ok(rule) => {
-                    session.rules.push(rule.clone());
-                    let _ = self.core.update_policy(ctx, &run, None, Some(rule));
+            for pattern in pattern.split('\n').filter(|p| !p.is_empty()) {
+                match Rule::new(pattern, action, None, RuleSource::Session) {
+                    Ok(rule) => {
+                        session.rules.push(rule.clone());
+                        let _ = self.core.update_policy(ctx, &run, None, Some(rule));
+                    }
+                    Err(e) => log::warn(&format!("cannot keep the answer as a rule: {e}")),
                 }
-                Err(e) => log::warn(&format!("cannot keep the answer as a rule: {e}")),
             }
         }
         let _ = self.core.permit(ctx, &run, tool_use_id, allow, reason);
@@ -1010,6 +1012,7 @@ impl AcpServe {
                     Card {
                         name: name.clone(),
                         raw: String::new(),
+                        overflowed: false,
                         scan: JsonEnd::default(),
                         described: false,
                         content: Vec::new(),
@@ -1031,7 +1034,11 @@ impl AcpServe {
                 let Some(card) = session.cards.get_mut(tool_use_id) else {
                     return;
                 };
-                if card.raw.len() + partial_json.len() <= MAX_TOOL_INPUT_BYTES {
+                // Past the cap nothing more is kept (as the run does), so `rawInput` is a
+                // clean prefix, never fragments spliced around a gap.
+                if card.overflowed || card.raw.len() + partial_json.len() > MAX_TOOL_INPUT_BYTES {
+                    card.overflowed = true;
+                } else {
                     card.raw.push_str(partial_json);
                 }
                 if !card.described && card.scan.feed(partial_json) {
@@ -1487,21 +1494,29 @@ mod tests {
             (
                 "Bash",
                 json!({"command": "cargo test --all"}),
-                "Bash(cargo:*)",
+                vec!["Bash(cargo:*)"],
             ),
             (
                 "Bash",
-                json!({"command": "a(b):c*"}),
-                "Bash(a\\(b\\)\\:c\\*:*)",
+                json!({"command": "cd . && FOO=1 echo hi"}),
+                vec!["Bash(cd:*)", "Bash(echo:*)"],
             ),
-            ("Edit", json!({"path": "x"}), "Edit"),
+            (
+                "Bash",
+                json!({"command": "sudo rm -rf build"}),
+                vec!["Bash(sudo rm -rf build)"],
+            ),
+            ("Edit", json!({"path": "x"}), vec!["Edit(x)"]),
+            ("Glob", json!({"pattern": "*.rs"}), vec!["Glob"]),
         ] {
-            let pattern = always_pattern(tool, &input);
-            assert_eq!(pattern, want);
-            assert!(
-                Rule::new(&pattern, Action::Allow, None, RuleSource::Session).is_ok(),
-                "{pattern}"
-            );
+            let patterns = always_patterns(tool, &input);
+            assert_eq!(patterns, want);
+            for pattern in patterns {
+                assert!(
+                    Rule::new(&pattern, Action::Allow, None, RuleSource::Session).is_ok(),
+                    "{pattern}"
+                );
+            }
         }
     }
 

@@ -405,9 +405,12 @@ impl McpHost {
         c.conn.close();
         match c.role {
             Role::Reply { session, id, .. } => {
-                // A disconnect is not a cancel, but the answer has nowhere to go now.
-                http.replies.remove(&(session, id.clone()));
-                self.drop_request_wait(ctx, session, &id);
+                // A disconnect is not a cancel, but the answer has nowhere to go now. Only
+                // this connection's own entry goes (never another request's).
+                if http.replies.get(&(session, id.clone())) == Some(&key) {
+                    http.replies.remove(&(session, id.clone()));
+                    self.drop_request_wait(ctx, session, &id);
+                }
             }
             Role::Listen { session } => {
                 if let Some(s) = http.sessions.get_mut(&session)
@@ -438,8 +441,10 @@ impl McpHost {
                 }
             }
         }
-        // A stream whose reader hung up will never be read.
+        // A GET stream whose reader hung up will never be read. (A half-closed client
+        // waiting on a POST reply still gets its answer.)
         if let Some(c) = self.http.as_ref().and_then(|h| h.conns.get(&key))
+            && matches!(c.role, Role::Listen { .. })
             && c.conn.is_streaming()
             && c.conn.peer_eof()
         {
@@ -776,6 +781,28 @@ impl McpHost {
             Message::Request { id, .. } => Some(id.clone()),
             _ => None,
         };
+        // Replies are routed by (session, id): a second request with an id still in flight
+        // would steal the first one's answer, so it is refused.
+        if let Some(id) = &request_id
+            && self
+                .http
+                .as_ref()
+                .is_some_and(|h| h.replies.contains_key(&(session, id.clone())))
+        {
+            let reply = jsonrpc::error_response(
+                id.clone(),
+                jsonrpc::RpcError::new(jsonrpc::INVALID_REQUEST, "request id is already in use"),
+            );
+            if let Some(http) = self.http.as_mut() {
+                http.respond(
+                    key,
+                    200,
+                    &[("content-type", "application/json")],
+                    message_text(&reply).as_bytes(),
+                );
+            }
+            return;
+        }
         let outcome = self.on_message(ctx, session, message);
         let Some(http) = self.http.as_mut() else {
             return;

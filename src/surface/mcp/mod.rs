@@ -416,13 +416,24 @@ impl McpHost {
             .get("reason")
             .and_then(Value::as_str)
             .unwrap_or("no reason given");
-        log::info(&format!(
-            "request cancelled by the client ({reason}): cancelling {}",
-            wait.run_id
-        ));
-        // The call's work is the run it was waiting on: stop it (a host's Esc or stop
-        // button lands here). No response is sent for a cancelled request.
-        let _ = self.core.cancel(ctx, &wait.run_id);
+        // A person stopping the call (a host's Esc or stop button) means "stop this run";
+        // a client's own request timeout (the SDKs send `notifications/cancelled` with a
+        // "timed out" reason) only ends the wait: the run goes on and can be polled again.
+        // No response is sent for a cancelled request either way.
+        let timed_out = reason.to_ascii_lowercase().contains("timed out")
+            || reason.to_ascii_lowercase().contains("timeout");
+        if timed_out {
+            log::info(&format!(
+                "poll of {} timed out at the client ({reason})",
+                wait.run_id
+            ));
+        } else {
+            log::info(&format!(
+                "request cancelled by the client ({reason}): cancelling {}",
+                wait.run_id
+            ));
+            let _ = self.core.cancel(ctx, &wait.run_id);
+        }
         if let Some(http) = self.http.as_mut() {
             http.abandon(session, &wait.request);
         }
@@ -589,9 +600,8 @@ impl McpHost {
                     Inbound::EndInput
                 } else if let Some(text) = text {
                     Inbound::UserMessage(text)
-                } else if !self.core.exists(&run_id) {
-                    return fail(DriveError::UnknownRun(run_id));
                 } else {
+                    // Upstream checks the arguments before the run.
                     return Outcome::Reply(Ok(tool_error(
                         "send_input requires `text` or `end: true`",
                     )));
@@ -897,6 +907,17 @@ impl McpHost {
             Message::Request { id, .. } => Some(id.clone()),
             _ => None,
         };
+        // An id still waiting on a long-poll cannot be reused: both answers would carry it.
+        if let Some(id) = &id
+            && self.wait_index.contains_key(&(STDIO, id.clone()))
+        {
+            let reply = jsonrpc::error_response(
+                id.clone(),
+                jsonrpc::RpcError::new(jsonrpc::INVALID_REQUEST, "request id is already in use"),
+            );
+            self.deliver(STDIO, Route::Unrelated, &reply);
+            return;
+        }
         if let (Some(Outcome::Reply(result)), Some(id)) = (self.on_message(ctx, STDIO, message), id)
         {
             let reply = Message::Response { id, result };

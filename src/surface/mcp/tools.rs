@@ -4,11 +4,9 @@
 //! per-run fields on `caliban_run`. Arguments are checked here with serde's wording, so a
 //! bad call gets the same `-32602` text upstream's `Parameters<T>` gives.
 //!
-//! Result bodies are written by hand, field order and all, because upstream's text block is
-//! serde's serialisation of its structs (`{"events","next_cursor","status",…}` in that
-//! order), while a `serde_json::Value` here sorts its keys.
+//! Result bodies have sorted keys, as upstream's do: it builds them as `serde_json::Value`s
+//! (`json!`) without serde_json's `preserve_order`, and `Content::json` serialises those.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use serde_json::{Map, Value, json};
@@ -28,47 +26,9 @@ pub const CANCEL: &str = "caliban_cancel";
 
 const SCHEMA_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
 
-/// The `status` object as upstream's serde writes it: `state` first.
-pub fn status_text(status: &DriveStatus) -> String {
-    match status {
-        DriveStatus::Failed(error) => format!(
-            "{{\"state\":\"failed\",\"error\":{}}}",
-            Value::String(error.clone())
-        ),
-        other => format!("{{\"state\":\"{}\"}}", other.label()),
-    }
-}
-
-/// A permission prompt as upstream writes it: `tool_use_id`, `tool_name`, `input`.
-pub fn prompt_text(prompt: Option<&Prompt>) -> String {
-    match prompt {
-        None => "null".to_owned(),
-        Some(p) => format!(
-            "{{\"tool_use_id\":{},\"tool_name\":{},\"input\":{}}}",
-            Value::String(p.tool_use_id.clone()),
-            Value::String(p.tool_name.clone()),
-            p.input
-        ),
-    }
-}
-
-/// `caliban_poll`'s body: every event in the `{"v":1,"event":…}` envelope.
+/// `caliban_poll`'s body (see `PollView::to_json_text`).
 pub fn poll_text(view: &PollView) -> String {
-    let mut body = String::from("{\"events\":[");
-    for (i, (_, raw)) in view.events.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
-        }
-        let _ = write!(body, "{{\"v\":1,\"event\":{raw}}}");
-    }
-    let _ = write!(
-        body,
-        "],\"next_cursor\":{},\"status\":{},\"permission_request\":{}}}",
-        view.next_cursor,
-        status_text(&view.status),
-        prompt_text(view.permission_request.as_ref())
-    );
-    body
+    view.to_json_text()
 }
 
 pub fn run_text(run_id: &str) -> String {
@@ -76,7 +36,7 @@ pub fn run_text(run_id: &str) -> String {
 }
 
 pub fn status_body_text(status: &DriveStatus) -> String {
-    format!("{{\"status\":{}}}", status_text(status))
+    json!({"status": status.to_json()}).to_string()
 }
 
 pub const OK_TEXT: &str = "{\"ok\":true}";
@@ -661,7 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn bodies_keep_upstream_field_order() {
+    fn bodies_have_upstreams_sorted_keys() {
         let view = PollView {
             events: vec![(0, Arc::from(r#"{"type":"TurnStart","turn_index":0}"#))],
             next_cursor: 1,
@@ -674,7 +634,7 @@ mod tests {
         };
         assert_eq!(
             poll_text(&view),
-            r#"{"events":[{"v":1,"event":{"type":"TurnStart","turn_index":0}}],"next_cursor":1,"status":{"state":"failed","error":"boom \"x\""},"permission_request":{"tool_use_id":"toolu_1","tool_name":"Bash","input":{"command":"ls"}}}"#
+            r#"{"events":[{"event":{"type":"TurnStart","turn_index":0},"v":1}],"next_cursor":1,"permission_request":{"input":{"command":"ls"},"tool_name":"Bash","tool_use_id":"toolu_1"},"status":{"error":"boom \"x\"","state":"failed"}}"#
         );
         assert_eq!(run_text("run-1"), r#"{"run_id":"run-1"}"#);
         assert_eq!(
