@@ -1077,3 +1077,59 @@ fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
         "the command outlived caliban"
     );
 }
+
+#[test]
+fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
+    // Editors cancel the running turn and send the next prompt back to back.
+    let ws = Workspace::new("acp-cancel-then-prompt");
+    let marker = format!("acp-queued-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn(
+                "Bash",
+                "toolu_q",
+                json!({"command": format!("sleep 30; echo {marker}")}),
+            ),
+            text_turn("the second prompt's answer"),
+        ]),
+    );
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        json!(path_str(&ws.root))
+    ));
+    let session = raw.recv()["result"]["sessionId"].clone();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
+    ));
+    raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
+    // One write, two lines: the cancel and the next prompt.
+    raw.send(&format!(
+        "{}\n{}",
+        format_args!(
+            r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
+        ),
+        format_args!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
+        )
+    ));
+    let (first, _) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(first["result"]["stopReason"], "cancelled", "{first}");
+    let (second, updates) = raw.recv_until(|f| f["id"] == 4);
+    assert_eq!(second["result"]["stopReason"], "end_turn", "{second}");
+    let text: String = updates
+        .iter()
+        .filter(|u| u["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "the second prompt's answer");
+    assert!(
+        !process_with_marker_exists(&marker),
+        "the cancelled Bash survived"
+    );
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}

@@ -197,6 +197,10 @@ struct Session {
     /// The `session/prompt` being answered.
     prompt: Option<Id>,
     cancelling: bool,
+    /// A prompt that arrived while the cancelled turn was still winding down (an editor
+    /// sends `session/cancel` and the next `session/prompt` back to back); it starts as
+    /// soon as the cancelled prompt is answered.
+    queued_prompt: Option<(Id, Value)>,
     cards: HashMap<String, Card>,
     asked: Option<Asked>,
     tasks: HashMap<String, Task>,
@@ -214,6 +218,7 @@ impl Session {
             drop_last_prompt: false,
             prompt: None,
             cancelling: false,
+            queued_prompt: None,
             cards: HashMap::new(),
             asked: None,
             tasks: HashMap::new(),
@@ -689,6 +694,10 @@ impl AcpServe {
             .get_mut(&sid)
             .ok_or_else(|| unknown_session(&sid))?;
         if session.prompt.is_some() {
+            if session.cancelling && session.queued_prompt.is_none() {
+                session.queued_prompt = Some((id.clone(), params.clone()));
+                return Ok(());
+            }
             return Err(RpcError::new(
                 INVALID_REQUEST,
                 "a prompt is already running in this session; cancel it first",
@@ -779,6 +788,20 @@ impl AcpServe {
                     self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
                 }
             }
+        }
+    }
+
+    /// Starts the prompt that waited for a cancelled turn to end, if any.
+    fn start_queued_prompt(&mut self, ctx: &mut Ctx, sid: &str) {
+        let Some((id, params)) = self
+            .sessions
+            .get_mut(sid)
+            .and_then(|s| s.queued_prompt.take())
+        else {
+            return;
+        };
+        if let Err(e) = self.prompt(ctx, &id, &params) {
+            self.reply(id, Err(e));
         }
     }
 
@@ -1376,6 +1399,9 @@ impl Host for AcpServe {
             };
             self.reply(prompt, Ok(json!({"stopReason": stop})));
         }
+        if let Some(sid) = self.runs.get(&run.0).cloned() {
+            self.start_queued_prompt(ctx, &sid);
+        }
     }
 
     fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
@@ -1424,6 +1450,7 @@ impl Host for AcpServe {
             result["_meta"] = meta;
         }
         self.reply(prompt, Ok(result));
+        self.start_queued_prompt(ctx, &sid);
     }
 
     fn on_stdin(&mut self, ctx: &mut Ctx, item: StdinItem) {
