@@ -287,6 +287,7 @@ pub struct Engine {
     stdout: Option<Stdout>,
     /// A SIGINT/SIGTERM arrived: the final stdout flush gets a deadline.
     signalled: bool,
+    stdout_gone_reported: bool,
     queue: VecDeque<(RunId, Effect)>,
     actions: VecDeque<HostAction>,
     notices: VecDeque<(RunId, RetryNotice)>,
@@ -312,6 +313,7 @@ impl Engine {
             stdin: None,
             stdout: None,
             signalled: false,
+            stdout_gone_reported: false,
             queue: VecDeque::new(),
             actions: VecDeque::new(),
             notices: VecDeque::new(),
@@ -474,6 +476,15 @@ impl Engine {
         let output = host.take_output();
         if let Some(stdout) = self.stdout.as_mut() {
             stdout.push(&output);
+            // A protocol peer that stopped reading (or hung up) can no longer be answered:
+            // tell the host as if its input had ended, so it winds down instead of working
+            // for nobody.
+            if stdout.is_gone() && !self.stdout_gone_reported {
+                self.stdout_gone_reported = true;
+                crate::log::warn("stdout is gone; ending as if stdin had closed");
+                host.on_stdin(&mut self.ctx(), StdinItem::Eof);
+                self.drain(host);
+            }
         }
     }
 

@@ -279,6 +279,11 @@ impl Stdout {
         self.queue.is_empty()
     }
 
+    /// The reader went away (EPIPE) or fell `MAX_STDOUT_QUEUE` behind.
+    pub fn is_gone(&self) -> bool {
+        self.gone
+    }
+
     /// At exit: waits for the reader to take what is queued, up to `deadline` if given. A
     /// SIGINT/SIGTERM arriving meanwhile shortens the wait to `grace`.
     pub fn finish(&mut self, mut deadline: Option<std::time::Instant>, grace: std::time::Duration) {

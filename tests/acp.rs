@@ -1133,3 +1133,38 @@ fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
 }
+
+#[test]
+fn acp_exits_when_the_editor_stops_reading_its_stdout() {
+    // An editor that crashed closes our stdout before our stdin: nobody can be answered.
+    let ws = Workspace::new("acp-stdout-gone");
+    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let mut cmd = caliban(&ws);
+    cmd.env("ANTHROPIC_BASE_URL", &stub.url)
+        .args(["acp", "serve"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().expect("spawn acp serve");
+    drop(child.stdout.take());
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1,\"clientCapabilities\":{}}}\n",
+        )
+        .expect("write");
+    stdin.flush().expect("flush");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "acp serve kept running with nobody reading its stdout"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.code().is_some(), "exited normally: {status:?}");
+    drop(stdin);
+}
