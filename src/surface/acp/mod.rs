@@ -241,11 +241,6 @@ enum Pending {
         tool: String,
         method: &'static str,
     },
-    /// A terminal being killed; release it once the kill is answered.
-    Kill {
-        session: String,
-        terminal: String,
-    },
     Ignore,
 }
 
@@ -451,13 +446,6 @@ impl AcpServe {
                 tool,
                 method,
             } => self.on_tool_answer(ctx, id, &session, &tool, method, result),
-            Pending::Kill { session, terminal } => {
-                self.request(
-                    "terminal/release",
-                    json!({"sessionId": session, "terminalId": terminal}),
-                    Pending::Ignore,
-                );
-            }
             Pending::Ignore => {}
         }
     }
@@ -1281,15 +1269,13 @@ impl AcpServe {
         self.advance(ctx, sid, tool, next);
     }
 
+    /// Kills and releases a terminal nobody waits for. The release goes out right behind
+    /// the kill rather than after its answer: an editor that never answers the kill must
+    /// still get the release ACP requires (which would kill the command anyway).
     fn kill_terminal(&mut self, sid: &str, terminal: &str) {
-        self.request(
-            "terminal/kill",
-            json!({"sessionId": sid, "terminalId": terminal}),
-            Pending::Kill {
-                session: sid.to_owned(),
-                terminal: terminal.to_owned(),
-            },
-        );
+        let params = json!({"sessionId": sid, "terminalId": terminal});
+        self.request("terminal/kill", params.clone(), Pending::Ignore);
+        self.request("terminal/release", params, Pending::Ignore);
     }
 
     /// Forgets a call the run no longer waits for; its terminal is killed and released.
@@ -1489,8 +1475,13 @@ impl Host for AcpServe {
             return;
         };
         task.timer = None;
-        task.waiting_on = None;
+        // The request the deadline cut short is withdrawn: its late answer must not be
+        // applied (a write the model was told failed), and its entry must not linger.
+        let abandoned = task.waiting_on.take();
         let next = delegate::on_deadline(&mut task.step, &sid);
+        if let Some(request) = abandoned {
+            self.withdraw(request);
+        }
         self.advance(ctx, &sid, &tool, next);
     }
 
