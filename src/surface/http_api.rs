@@ -24,7 +24,7 @@ use crate::http::server::{ConnEvent, Connection, Request};
 use crate::log;
 use crate::permissions::{Action, Mode, Rule, RuleSource};
 use crate::reactor::{Signal, TimerId};
-use crate::surface::{ListenConfig, register_connection};
+use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
 /// One poll response carries at most this many events / bytes; `next_cursor` continues.
@@ -122,22 +122,15 @@ impl HttpServe {
 
     fn accept(&mut self, ctx: &mut Ctx) {
         loop {
-            if self.clients.len() >= self.config.max_connections {
-                // Stop accepting; the rest wait in the kernel backlog. Edge-triggered
-                // readiness will not fire again for them, so `close_client` resumes us.
-                self.accept_paused = true;
-                return;
-            }
-            match self.listener.accept() {
-                Ok((tcp, peer)) => self.add_client(ctx, tcp, peer),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            let open = self.clients.len();
+            match accept_next(&self.listener, open, self.config.max_connections) {
+                AcceptStep::Conn(tcp, peer) => self.add_client(ctx, tcp, peer),
+                AcceptStep::Drained => {
                     self.accept_paused = false;
                     return;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE and friends: log and retry on the next readiness or close.
-                    log::warn(&format!("accept failed: {e}"));
+                // `close_client` resumes accepting.
+                AcceptStep::Full | AcceptStep::Failed => {
                     self.accept_paused = true;
                     return;
                 }

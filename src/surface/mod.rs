@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mio::net::TcpStream;
+use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 
 use crate::auth::Gate;
@@ -74,4 +74,34 @@ pub fn register_connection(
         token,
         idle_timer,
     })
+}
+
+/// What the next `accept` on a surface's listener gave.
+pub enum AcceptStep {
+    Conn(TcpStream, SocketAddr),
+    /// At the connection cap: the rest wait in the kernel backlog. Edge-triggered
+    /// readiness will not fire again for them, so the surface retries when one closes.
+    Full,
+    /// Nothing more is waiting.
+    Drained,
+    /// EMFILE and friends (logged): retry on the next readiness or close.
+    Failed,
+}
+
+/// One step of a surface's accept loop, honouring `max` open connections.
+pub fn accept_next(listener: &TcpListener, open: usize, max: usize) -> AcceptStep {
+    if open >= max {
+        return AcceptStep::Full;
+    }
+    loop {
+        match listener.accept() {
+            Ok((tcp, peer)) => return AcceptStep::Conn(tcp, peer),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return AcceptStep::Drained,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                log::warn(&format!("accept failed: {e}"));
+                return AcceptStep::Failed;
+            }
+        }
+    }
 }

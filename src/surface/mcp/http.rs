@@ -24,7 +24,7 @@ use crate::http::server::{ConnEvent, Connection, Request};
 use crate::jsonrpc::{self, Id, Message};
 use crate::log;
 use crate::reactor::TimerId;
-use crate::surface::{ListenConfig, register_connection};
+use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
 
 /// Connection keys count up from here (prompt timers use run numbers below it).
 pub(super) const CONN_BASE: u64 = 1 << 40;
@@ -349,20 +349,15 @@ impl McpHost {
             let Some(http) = self.http.as_mut() else {
                 return;
             };
-            if http.conns.len() >= http.config.max_connections {
-                // The rest wait in the kernel backlog; `close_conn` resumes us.
-                http.accept_paused = true;
-                return;
-            }
-            match http.listener.accept() {
-                Ok((tcp, peer)) => self.add_conn(ctx, tcp, peer),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            let open = http.conns.len();
+            match accept_next(&http.listener, open, http.config.max_connections) {
+                AcceptStep::Conn(tcp, peer) => self.add_conn(ctx, tcp, peer),
+                AcceptStep::Drained => {
                     http.accept_paused = false;
                     return;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    log::warn(&format!("accept failed: {e}"));
+                // `close_conn` resumes accepting.
+                AcceptStep::Full | AcceptStep::Failed => {
                     http.accept_paused = true;
                     return;
                 }
