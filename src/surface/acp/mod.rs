@@ -557,7 +557,7 @@ impl AcpServe {
         let id = str_param(params, "sessionId")?.to_owned();
         let cwd = self.session_cwd(params)?;
         let newest = match self.sessions.get(&id) {
-            Some(session) if session.prompt.is_some() => {
+            Some(session) if session.prompt.is_some() || session.mcp_wait.is_some() => {
                 return Err(RpcError::new(
                     INVALID_REQUEST,
                     "the session is answering a prompt; cancel it first",
