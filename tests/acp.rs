@@ -1284,3 +1284,42 @@ fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
         "the inner MCP server outlived caliban"
     );
 }
+
+#[test]
+fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
+    let ws = Workspace::new("acp-mcp-fail");
+    let stub = Stub::start(&ws, &script(vec![text_turn("no tools, still fine")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    let servers = json!([
+        {"name": "missing", "command": "/nonexistent/mcp-server", "args": [], "env": []},
+        {"name": "quitter", "command": "/bin/sh", "args": ["-c", "exit 3"], "env": []},
+        {"name": "babbler", "command": "/bin/sh", "args": ["-c", "echo not-json; sleep 0.2"],
+         "env": []},
+    ]);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
+        .to_string(),
+    );
+    let session = raw.recv()["result"]["sessionId"].clone();
+    let start = Instant::now();
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                "params": {"sessionId": session,
+                           "prompt": [{"type": "text", "text": "hello"}]}})
+        .to_string(),
+    );
+    let (answer, _) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let tools = stub.requests()[0]["body"]["tools"].to_string();
+    assert!(!tools.contains("mcp__"), "{tools}");
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
