@@ -169,7 +169,11 @@ fn run_print(args: PrintArgs) -> u8 {
         run_config,
         engine_config,
     } = setup;
-    let tool_names: Vec<&str> = run_config.tools.iter().map(|t| t.name).collect();
+    let tool_names: Vec<String> = run_config
+        .tools
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
     let workspace_str = workspace.display().to_string();
 
     // Text input: the prompt comes from argv or, failing that, all of stdin.

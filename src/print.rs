@@ -113,7 +113,7 @@ impl Printer {
         self.out.extend_from_slice(bytes);
     }
 
-    pub fn init_frame(&mut self, tools: &[&str], cwd: &str, permission_mode: &str) {
+    pub fn init_frame(&mut self, tools: &[String], cwd: &str, permission_mode: &str) {
         self.frame(json!({
             "type": "system", "subtype": "init", "session_id": self.session_id,
             "model": format!("{}/{}", self.provider, self.model), "tools": tools, "plugins": [],

@@ -1168,3 +1168,158 @@ fn acp_exits_when_the_editor_stops_reading_its_stdout() {
     assert!(status.code().is_some(), "exited normally: {status:?}");
     drop(stdin);
 }
+
+/// Live (not zombie) processes whose environment holds `marker`.
+fn processes_with_env_marker(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if !environ
+            .split(|&b| b == 0)
+            .any(|var| var == marker.as_bytes())
+        {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or_default().trim_start();
+        if !state.starts_with('Z') {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
+    let ws = Workspace::new("acp-mcp-servers");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn(
+                "mcp__inner__caliban_status",
+                "toolu_m",
+                json!({"run_id": "run-999"}),
+            ),
+            text_turn("The inner server does not know that run."),
+        ]),
+    );
+    let marker = format!("CALIBAN_ACP_MCP_MARKER={}", std::process::id());
+    let (marker_name, marker_value) = marker.split_once('=').unwrap();
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    let servers = json!([
+        {"name": "inner", "command": BIN, "args": ["mcp", "serve"],
+         "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
+                 {"name": marker_name, "value": marker_value}]},
+        {"type": "http", "name": "remote", "url": "http://127.0.0.1:9/mcp", "headers": []},
+    ]);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
+        .to_string(),
+    );
+    let session = raw.recv()["result"]["sessionId"].clone();
+    assert!(session.is_string(), "{session}");
+    // Sent at once: the prompt waits for the server to list its tools.
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                "params": {"sessionId": session,
+                           "prompt": [{"type": "text", "text": "status of run-999"}]}})
+        .to_string(),
+    );
+    let (answer, updates) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert_eq!(
+        processes_with_env_marker(&marker).len(),
+        1,
+        "the inner server runs while the session is open"
+    );
+    // The model was offered the server's tools under their prefixed names.
+    let first = &stub.requests()[0]["body"];
+    let tools: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(tools.contains(&"Bash"), "{tools:?}");
+    assert!(tools.contains(&"mcp__inner__caliban_status"), "{tools:?}");
+    let status = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "mcp__inner__caliban_status")
+        .unwrap();
+    assert!(
+        status["input_schema"]["properties"]["run_id"].is_object(),
+        "{status}"
+    );
+    // The call went to the server, and its answer is the tool result.
+    let done = updates
+        .iter()
+        .map(|f| &f["params"]["update"])
+        .rfind(|u| u["toolCallId"] == "toolu_m")
+        .expect("updates for the MCP call");
+    let sent = flat(&request_messages(&stub, 1));
+    assert!(sent.contains("unknown run_id: run-999"), "{sent}");
+    assert_eq!(done["status"], "failed", "{done}");
+    assert!(
+        done.to_string().contains("unknown run_id: run-999"),
+        "{done}"
+    );
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        processes_with_env_marker(&marker),
+        Vec::<u32>::new(),
+        "the inner MCP server outlived caliban"
+    );
+}
+
+#[test]
+fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
+    let ws = Workspace::new("acp-mcp-fail");
+    let stub = Stub::start(&ws, &script(vec![text_turn("no tools, still fine")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    let servers = json!([
+        {"name": "missing", "command": "/nonexistent/mcp-server", "args": [], "env": []},
+        {"name": "quitter", "command": "/bin/sh", "args": ["-c", "exit 3"], "env": []},
+        {"name": "babbler", "command": "/bin/sh", "args": ["-c", "echo not-json; sleep 0.2"],
+         "env": []},
+    ]);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
+        .to_string(),
+    );
+    let session = raw.recv()["result"]["sessionId"].clone();
+    let start = Instant::now();
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                "params": {"sessionId": session,
+                           "prompt": [{"type": "text", "text": "hello"}]}})
+        .to_string(),
+    );
+    let (answer, _) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let tools = stub.requests()[0]["body"]["tools"].to_string();
+    assert!(!tools.contains("mcp__"), "{tools}");
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}

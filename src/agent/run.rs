@@ -483,7 +483,7 @@ impl Run {
                     self.config
                         .tools
                         .iter()
-                        .map(|t| t.name)
+                        .map(|t| t.name.as_ref())
                         .collect::<Vec<_>>()
                         .join(", ")
                 )));

@@ -19,7 +19,7 @@ use crate::agent::run::{Run, RunConfig, ToolCall};
 use crate::drive::session::{EventLog, SessionStore};
 use crate::engine::{AskReply, Ctx, HostAction, RunId};
 use crate::log;
-use crate::model::types::{ContentBlock, Message};
+use crate::model::types::{ContentBlock, Message, ToolSpec};
 use crate::permissions::{Mode, Policy, Rule};
 use crate::reactor::TimerId;
 
@@ -171,6 +171,9 @@ pub struct RunSpec {
     pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
     pub extra_header: Map<String, Value>,
+    /// Tools offered to the model besides the built-in ones (an ACP session's MCP servers'
+    /// tools); the host runs them (`ToolPlacement::Delegated`).
+    pub extra_tools: Vec<ToolSpec>,
 }
 
 /// The server-wide template every run starts from.
@@ -451,6 +454,7 @@ impl DriveCore {
         };
         let mut run_config = self.config.run.clone();
         run_config.interactive = spec.interactive;
+        run_config.tools.extend(spec.extra_tools.iter().cloned());
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
         }

@@ -565,8 +565,8 @@ mod tests {
 
     fn read_file_tool() -> ToolSpec {
         ToolSpec {
-            name: "read_file",
-            description: "Read a file",
+            name: "read_file".into(),
+            description: "Read a file".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {"path": {"type": "string"}},

@@ -691,8 +691,8 @@ mod tests {
             },
         ];
         let tools = [ToolSpec {
-            name: "read_file",
-            description: "Read a file",
+            name: "read_file".into(),
+            description: "Read a file".into(),
             input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}},
                                  "required": ["path"]}),
         }];

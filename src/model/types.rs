@@ -227,8 +227,9 @@ impl StopReason {
 /// A tool as offered to the model.
 #[derive(Clone, Debug)]
 pub struct ToolSpec {
-    pub name: &'static str,
-    pub description: &'static str,
+    /// Built-in tools borrow their names; dynamic ones (MCP servers' tools) own them.
+    pub name: std::borrow::Cow<'static, str>,
+    pub description: std::borrow::Cow<'static, str>,
     pub input_schema: Value,
 }
 

@@ -7,6 +7,8 @@
 
 use serde_json::{Value, json};
 
+use std::borrow::Cow;
+
 use crate::model::types::ToolSpec;
 
 /// Every built-in tool, in the order they are offered.
@@ -16,13 +18,15 @@ pub fn all() -> Vec<ToolSpec> {
 
 fn bash() -> ToolSpec {
     ToolSpec {
-        name: "Bash",
-        description: "Run a shell command in the workspace and return its exit status, stdout \
+        name: Cow::Borrowed("Bash"),
+        description: Cow::Borrowed(
+            "Run a shell command in the workspace and return its exit status, stdout \
             and stderr. The command runs in its own process group and is killed, with every \
             process it started, when it times out or the turn is cancelled. stdout and stderr \
             are each capped at 30 KiB. There is no terminal and stdin is empty, so interactive \
             commands cannot work. Prefer Read, Glob and Grep over cat, find and grep, and Edit \
             or Write over sed or echo.",
+        ),
         input_schema: object(
             json!({
                 "command": {
@@ -48,13 +52,15 @@ fn bash() -> ToolSpec {
 
 fn read() -> ToolSpec {
     ToolSpec {
-        name: "Read",
-        description: "Read a text file from the workspace. Returns a header \
+        name: Cow::Borrowed("Read"),
+        description: Cow::Borrowed(
+            "Read a text file from the workspace. Returns a header \
             `→ Read <path>, lines a-b of n`, then each line prefixed with its 1-based number. \
             Shows at most `limit` lines (default 2000) starting at line `offset` (default 1); \
             lines over 2000 characters are cut, and output stops at 64 KiB with a note saying \
             which offset to continue from. Files over 5 MB and binary files are refused; \
             invalid UTF-8 is shown as U+FFFD. Use Glob, not Read, to list a directory.",
+        ),
         input_schema: object(
             json!({
                 "path": {
@@ -79,11 +85,13 @@ fn read() -> ToolSpec {
 
 fn write() -> ToolSpec {
     ToolSpec {
-        name: "Write",
-        description: "Create a file, or replace all of an existing file's content, in the \
+        name: Cow::Borrowed("Write"),
+        description: Cow::Borrowed(
+            "Create a file, or replace all of an existing file's content, in the \
             workspace. Parent directories are created as needed, and the file is replaced \
             atomically, so readers never see a partial write. To change part of an existing \
             file, use Edit instead.",
+        ),
         input_schema: object(
             json!({
                 "path": {
@@ -102,13 +110,15 @@ fn write() -> ToolSpec {
 
 fn edit() -> ToolSpec {
     ToolSpec {
-        name: "Edit",
-        description: "Replace text in an existing UTF-8 file in the workspace. `old_string` \
+        name: Cow::Borrowed("Edit"),
+        description: Cow::Borrowed(
+            "Replace text in an existing UTF-8 file in the workspace. `old_string` \
             must appear exactly once, unless `replace_all` is true; if it appears more than \
             once, include more surrounding lines to make it unique. Copy `old_string` exactly \
             from a recent Read, without the line-number prefix. If there is no exact match, \
             a match that ignores trailing whitespace and CRLF/LF differences is accepted when \
             it is unique. The file is rewritten atomically, and the result shows a short diff.",
+        ),
         input_schema: object(
             json!({
                 "path": {
@@ -135,12 +145,14 @@ fn edit() -> ToolSpec {
 
 fn glob() -> ToolSpec {
     ToolSpec {
-        name: "Glob",
-        description: "Find files by name pattern, such as `**/*.rs` or `src/*.{ts,tsx}`. \
+        name: Cow::Borrowed("Glob"),
+        description: Cow::Borrowed(
+            "Find files by name pattern, such as `**/*.rs` or `src/*.{ts,tsx}`. \
             The pattern is matched against paths relative to `path`: `*` and `?` do not \
             cross `/`, and `**` matches any number of directories. Returns workspace-relative \
             paths, newest first, at most 200 (a note says how many more there were). `.git` \
             is skipped, and symlinked directories are not followed.",
+        ),
         input_schema: object(
             json!({
                 "pattern": {
@@ -160,12 +172,14 @@ fn glob() -> ToolSpec {
 
 fn grep() -> ToolSpec {
     ToolSpec {
-        name: "Grep",
-        description: "Search file contents with a regular expression (Rust regex syntax, \
+        name: Cow::Borrowed("Grep"),
+        description: Cow::Borrowed(
+            "Search file contents with a regular expression (Rust regex syntax, \
             matched one line at a time). Returns `path:line: text` for each matching line, \
             with workspace-relative paths and lines cut at 500 characters, up to \
             `max_matches` (default 100) and 64 KiB. Skips `.git`, binary files and files \
             over 5 MB, and does not follow symlinks while walking directories.",
+        ),
         input_schema: object(
             json!({
                 "pattern": {
@@ -212,7 +226,8 @@ mod tests {
 
     #[test]
     fn all_lists_the_six_tools_in_order() {
-        let names: Vec<&str> = all().iter().map(|spec| spec.name).collect();
+        let specs = all();
+        let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_ref()).collect();
         assert_eq!(names, ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]);
     }
 

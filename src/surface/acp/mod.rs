@@ -18,6 +18,7 @@
 mod card;
 mod convo;
 mod delegate;
+mod mcp_client;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,7 @@ use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 use card::{Described, JsonEnd, OldText};
 use delegate::{Advance, ClientCaps, Step};
+use mcp_client::{Phase, Server};
 
 /// The ACP major version spoken here.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -47,6 +49,11 @@ pub const SESSION_FIELD: &str = "acp_session";
 const TIMER_BASE: u64 = 1 << 40;
 /// The longest session title `session/list` shows.
 const MAX_TITLE_CHARS: usize = 80;
+/// This surface's I/O keys for MCP servers' pipes: server `n` has `MCP_IO_BASE + 2n`
+/// (stdout) and `MCP_IO_BASE + 2n + 1` (stdin).
+const MCP_IO_BASE: u64 = 1 << 41;
+/// How long a prompt waits for the session's MCP servers to list their tools.
+const MCP_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The permission modes a session can be switched to, as `session/new` advertises them.
 const MODES: [(Mode, &str, &str); 5] = [
@@ -206,6 +213,12 @@ struct Session {
     tasks: HashMap<String, Task>,
     /// `_meta` from the run's `RunEnd`, for the prompt answer.
     run_end: Option<Value>,
+    /// The session's MCP servers (keys of `AcpServe::mcp`).
+    mcp: Vec<u64>,
+    /// A prompt waiting for MCP servers to list their tools: (request, params, deadline).
+    mcp_wait: Option<(Id, Value, TimerId, u64)>,
+    /// A prompt already waited its full time: later ones do not wait for stragglers.
+    mcp_gave_up: bool,
 }
 
 impl Session {
@@ -223,8 +236,19 @@ impl Session {
             asked: None,
             tasks: HashMap::new(),
             run_end: None,
+            mcp: Vec::new(),
+            mcp_wait: None,
+            mcp_gave_up: false,
         }
     }
+}
+
+/// An MCP server of a session.
+struct McpEntry {
+    session: String,
+    server: Server,
+    /// Calls in flight: tool use id → run.
+    calls: HashMap<String, RunId>,
 }
 
 /// What an answer to one of our requests is for.
@@ -257,6 +281,10 @@ pub struct AcpServe {
     timers: HashMap<u64, (String, String)>,
     next_timer: u64,
     quitting: bool,
+    mcp: HashMap<u64, McpEntry>,
+    next_mcp: u64,
+    /// Deadlines of prompts waiting for MCP servers: timer key → session.
+    mcp_timers: HashMap<u64, String>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -344,6 +372,9 @@ impl AcpServe {
             timers: HashMap::new(),
             next_timer: TIMER_BASE,
             quitting: false,
+            mcp: HashMap::new(),
+            next_mcp: 0,
+            mcp_timers: HashMap::new(),
         }
     }
 
@@ -383,9 +414,9 @@ impl AcpServe {
         let result = match method {
             "initialize" => self.initialize(params),
             "authenticate" => Ok(json!({})),
-            "session/new" => self.new_session(params),
-            "session/load" => self.open_session(params, true),
-            "session/resume" => self.open_session(params, false),
+            "session/new" => self.new_session(ctx, params),
+            "session/load" => self.open_session(ctx, params, true),
+            "session/resume" => self.open_session(ctx, params, false),
             "session/list" => self.list_sessions(params),
             "session/close" => self.close_session(ctx, params),
             "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
@@ -416,7 +447,12 @@ impl AcpServe {
                 let found = self
                     .sessions
                     .iter()
-                    .find(|(_, s)| s.prompt.as_ref().is_some_and(|p| &p.to_json() == request))
+                    .find(|(_, s)| {
+                        s.prompt.as_ref().is_some_and(|p| &p.to_json() == request)
+                            || s.mcp_wait
+                                .as_ref()
+                                .is_some_and(|w| &w.0.to_json() == request)
+                    })
                     .map(|(id, _)| id.clone());
                 if let Some(session) = found {
                     self.cancel_turn(ctx, &session);
@@ -496,33 +532,32 @@ impl AcpServe {
                 workspace.display()
             )));
         }
-        if params
-            .get("mcpServers")
-            .and_then(Value::as_array)
-            .is_some_and(|servers| !servers.is_empty())
-        {
-            log::warn("caliban does not connect MCP servers from the editor yet; ignoring them");
-        }
         Ok(canonical)
     }
 
-    fn new_session(&mut self, params: &Value) -> Result<Value, RpcError> {
+    fn new_session(&mut self, ctx: &mut Ctx, params: &Value) -> Result<Value, RpcError> {
         let cwd = self.session_cwd(params)?;
         let id = crate::auth::new_uuid();
         let mode = self.core.config().policy.mode();
         self.sessions
             .insert(id.clone(), Session::new(cwd, mode, None));
+        self.connect_servers(ctx, &id, params);
         Ok(json!({"sessionId": id, "modes": modes_json(mode),
                   "configOptions": config_options_json(mode)}))
     }
 
     /// `session/load` (with `replay`) and `session/resume`: a session of this process or of
     /// an earlier one, found by its runs' session headers.
-    fn open_session(&mut self, params: &Value, replay: bool) -> Result<Value, RpcError> {
+    fn open_session(
+        &mut self,
+        ctx: &mut Ctx,
+        params: &Value,
+        replay: bool,
+    ) -> Result<Value, RpcError> {
         let id = str_param(params, "sessionId")?.to_owned();
         let cwd = self.session_cwd(params)?;
         let newest = match self.sessions.get(&id) {
-            Some(session) if session.prompt.is_some() => {
+            Some(session) if session.prompt.is_some() || session.mcp_wait.is_some() => {
                 return Err(RpcError::new(
                     INVALID_REQUEST,
                     "the session is answering a prompt; cancel it first",
@@ -561,6 +596,7 @@ impl AcpServe {
             self.runs.insert(num, id.clone());
         }
         let mode = session.mode;
+        self.connect_servers(ctx, &id, params);
         Ok(json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)}))
     }
 
@@ -627,6 +663,11 @@ impl AcpServe {
             self.withdraw(asked.request);
         }
         self.abandon_tasks(ctx, &id, &mut session);
+        if let Some((prompt, _, key)) = Self::take_mcp_wait(ctx, &mut session) {
+            self.mcp_timers.remove(&key);
+            self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
+        }
+        self.stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
     }
 
@@ -681,6 +722,12 @@ impl AcpServe {
             .sessions
             .get_mut(&sid)
             .ok_or_else(|| unknown_session(&sid))?;
+        if session.mcp_wait.is_some() {
+            return Err(RpcError::new(
+                INVALID_REQUEST,
+                "a prompt is already running in this session; cancel it first",
+            ));
+        }
         if session.prompt.is_some() {
             if session.cancelling && session.queued_prompt.is_none() {
                 session.queued_prompt = Some((id.clone(), params.clone()));
@@ -705,6 +752,26 @@ impl AcpServe {
                 ));
             }
             None => {
+                let starting = session.mcp.iter().any(|n| {
+                    self.mcp
+                        .get(n)
+                        .is_some_and(|e| e.server.client.phase() == Phase::Starting)
+                });
+                if starting && !session.mcp_gave_up {
+                    // The run's tools are fixed when it starts: wait for the servers' lists.
+                    let key = self.next_timer;
+                    self.next_timer += 1;
+                    let timer = ctx.add_timer(MCP_START_WAIT, key);
+                    self.mcp_timers.insert(key, sid.clone());
+                    session.mcp_wait = Some((id.clone(), params.clone(), timer, key));
+                    return Ok(());
+                }
+                let extra_tools: Vec<_> = session
+                    .mcp
+                    .iter()
+                    .filter_map(|n| self.mcp.get(n))
+                    .flat_map(|e| e.server.client.tools().iter().cloned())
+                    .collect();
                 let mut history = match &session.run {
                     Some(run) => {
                         // The newest run may have been evicted from memory since.
@@ -730,6 +797,7 @@ impl AcpServe {
                     continues: session.run.clone(),
                     continues_without_last_prompt: session.drop_last_prompt,
                     extra_header,
+                    extra_tools,
                     ..RunSpec::default()
                 };
                 let run = self
@@ -763,6 +831,11 @@ impl AcpServe {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
+        if let Some((prompt, _, key)) = Self::take_mcp_wait(ctx, session) {
+            self.mcp_timers.remove(&key);
+            self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
+            return;
+        }
         if session.prompt.is_none() || session.cancelling {
             return;
         }
@@ -1298,6 +1371,220 @@ impl AcpServe {
         }
     }
 
+    // ---- MCP servers ---------------------------------------------------------------------
+
+    /// Starts the servers a `session/new`, `session/load` or `session/resume` names; they
+    /// replace the session's earlier ones. Without `mcpServers` the session keeps its own.
+    fn connect_servers(&mut self, ctx: &mut Ctx, sid: &str, params: &Value) {
+        if params.get("mcpServers").is_none() {
+            return;
+        }
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let old = std::mem::take(&mut session.mcp);
+        let cwd = session.cwd.clone();
+        self.stop_servers(ctx, old);
+        let (configs, warnings) = mcp_client::parse_servers(params);
+        for warning in warnings {
+            log::warn(&warning);
+        }
+        for config in configs {
+            let mut server = match Server::spawn(&config, &cwd) {
+                Ok(server) => server,
+                Err(e) => {
+                    log::warn(&format!(
+                        "MCP server `{}`: cannot start {}: {e}",
+                        config.name, config.command
+                    ));
+                    continue;
+                }
+            };
+            let n = self.next_mcp;
+            self.next_mcp += 1;
+            let tokens = [
+                ctx.host_token(MCP_IO_BASE + 2 * n),
+                ctx.host_token(MCP_IO_BASE + 2 * n + 1),
+            ];
+            if let Err(e) = server.register(ctx.registry(), tokens) {
+                log::warn(&format!(
+                    "MCP server `{}`: cannot watch its pipes: {e}",
+                    config.name
+                ));
+                server.kill(ctx.registry());
+                for token in tokens {
+                    ctx.forget_token(token);
+                }
+                continue;
+            }
+            log::info(&format!(
+                "MCP server `{}` started (pid {})",
+                config.name,
+                server.pid()
+            ));
+            let events = server.flush(ctx.registry());
+            self.mcp.insert(
+                n,
+                McpEntry {
+                    session: sid.to_owned(),
+                    server,
+                    calls: HashMap::new(),
+                },
+            );
+            if let Some(session) = self.sessions.get_mut(sid) {
+                session.mcp.push(n);
+            }
+            self.on_mcp_events(ctx, n, events);
+        }
+    }
+
+    /// Kills servers (their process groups) and answers their calls in flight.
+    fn stop_servers(&mut self, ctx: &mut Ctx, servers: Vec<u64>) {
+        for n in servers {
+            let Some(mut entry) = self.mcp.remove(&n) else {
+                continue;
+            };
+            for token in entry.server.tokens {
+                ctx.forget_token(token);
+            }
+            let events = entry.server.kill(ctx.registry());
+            Self::answer_calls(ctx, &mut entry, events);
+        }
+    }
+
+    fn answer_calls(ctx: &mut Ctx, entry: &mut McpEntry, events: Vec<mcp_client::Event>) -> bool {
+        let mut settled = false;
+        for event in events {
+            match event {
+                mcp_client::Event::Settled => settled = true,
+                mcp_client::Event::CallDone {
+                    tool_use_id,
+                    output,
+                } => {
+                    if let Some(run) = entry.calls.remove(&tool_use_id) {
+                        ctx.act(HostAction::ToolResult {
+                            run,
+                            tool_use_id,
+                            output,
+                        });
+                    }
+                }
+            }
+        }
+        settled
+    }
+
+    fn on_mcp_events(&mut self, ctx: &mut Ctx, n: u64, events: Vec<mcp_client::Event>) {
+        let Some(entry) = self.mcp.get_mut(&n) else {
+            return;
+        };
+        let settled = Self::answer_calls(ctx, entry, events);
+        let sid = entry.session.clone();
+        if entry.server.client.phase() == Phase::Failed {
+            log::warn(&format!(
+                "MCP server `{}` {}; its tools are not offered",
+                entry.server.client.name(),
+                entry.server.client.failure().unwrap_or("failed")
+            ));
+            if let Some(session) = self.sessions.get_mut(&sid) {
+                session.mcp.retain(|m| *m != n);
+            }
+            self.stop_servers(ctx, vec![n]);
+        } else if settled {
+            let count = entry.server.client.tools().len();
+            log::info(&format!(
+                "MCP server `{}` offers {count} tool{}",
+                entry.server.client.name(),
+                if count == 1 { "" } else { "s" }
+            ));
+        }
+        if settled {
+            let starting = self.sessions.get(&sid).is_some_and(|s| {
+                s.mcp.iter().any(|m| {
+                    self.mcp
+                        .get(m)
+                        .is_some_and(|e| e.server.client.phase() == Phase::Starting)
+                })
+            });
+            if !starting {
+                self.mcp_wait_over(ctx, &sid, false);
+            }
+        }
+    }
+
+    fn take_mcp_wait(ctx: &mut Ctx, session: &mut Session) -> Option<(Id, TimerId, u64)> {
+        let (prompt, _, timer, key) = session.mcp_wait.take()?;
+        ctx.cancel_timer(timer);
+        Some((prompt, timer, key))
+    }
+
+    /// A prompt that waited for the session's MCP servers goes ahead: they all listed their
+    /// tools, or the wait ran out (`gave_up`) and the stragglers are left out.
+    fn mcp_wait_over(&mut self, ctx: &mut Ctx, sid: &str, gave_up: bool) {
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let Some((id, params, timer, key)) = session.mcp_wait.take() else {
+            return;
+        };
+        if gave_up {
+            session.mcp_gave_up = true;
+            let stragglers: Vec<&str> = session
+                .mcp
+                .iter()
+                .filter_map(|n| self.mcp.get(n))
+                .filter(|e| e.server.client.phase() == Phase::Starting)
+                .map(|e| e.server.client.name())
+                .collect();
+            log::warn(&format!(
+                "MCP servers still starting after {} s, going ahead without them: {}",
+                MCP_START_WAIT.as_secs(),
+                stragglers.join(", ")
+            ));
+        } else {
+            ctx.cancel_timer(timer);
+            self.mcp_timers.remove(&key);
+        }
+        if let Err(e) = self.prompt(ctx, &id, &params) {
+            self.reply(id, Err(e));
+        }
+    }
+
+    /// An `mcp__server__tool` call goes to the server that offers it.
+    fn call_mcp_tool(&mut self, ctx: &mut Ctx, sid: &str, run: RunId, call: &ToolCall) {
+        let found = self.sessions.get(sid).and_then(|s| {
+            s.mcp.iter().copied().find(|n| {
+                self.mcp
+                    .get(n)
+                    .is_some_and(|e| e.server.client.has_tool(&call.name))
+            })
+        });
+        let Some(entry) = found.and_then(|n| self.mcp.get_mut(&n)) else {
+            ctx.act(HostAction::ToolResult {
+                run,
+                tool_use_id: call.id.clone(),
+                output: crate::tools::ToolOutput::error(format!(
+                    "no MCP server of this session offers `{}` (it may have exited)",
+                    call.name
+                )),
+            });
+            return;
+        };
+        if let Some(output) = entry.server.client.call(&call.id, &call.name, &call.input) {
+            ctx.act(HostAction::ToolResult {
+                run,
+                tool_use_id: call.id.clone(),
+                output,
+            });
+            return;
+        }
+        entry.calls.insert(call.id.clone(), run);
+        let events = entry.server.flush(ctx.registry());
+        if let Some(n) = found {
+            self.on_mcp_events(ctx, n, events);
+        }
+    }
+
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
     fn shutdown(&mut self, ctx: &mut Ctx) {
@@ -1305,6 +1592,19 @@ impl AcpServe {
             return;
         }
         self.quitting = true;
+        let mut sids: Vec<String> = self.sessions.keys().cloned().collect();
+        sids.sort();
+        for sid in sids {
+            let Some(session) = self.sessions.get_mut(&sid) else {
+                continue;
+            };
+            let servers = std::mem::take(&mut session.mcp);
+            if let Some((prompt, _, key)) = Self::take_mcp_wait(ctx, session) {
+                self.mcp_timers.remove(&key);
+                self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
+            }
+            self.stop_servers(ctx, servers);
+        }
         let mut runs: Vec<u64> = self.runs.keys().copied().collect();
         runs.sort_unstable();
         for num in runs {
@@ -1339,6 +1639,10 @@ impl Host for AcpServe {
             json!({"sessionUpdate": "tool_call_update", "toolCallId": call.id,
                    "status": "in_progress"}),
         );
+        if call.name.starts_with(mcp_client::TOOL_PREFIX) {
+            self.call_mcp_tool(ctx, &sid, run, call);
+            return ToolPlacement::Delegated;
+        }
         let Some(session) = self.sessions.get_mut(&sid) else {
             return ToolPlacement::Local;
         };
@@ -1463,6 +1767,10 @@ impl Host for AcpServe {
         if self.core.on_timer(ctx, key) {
             return;
         }
+        if let Some(sid) = self.mcp_timers.remove(&key) {
+            self.mcp_wait_over(ctx, &sid, true);
+            return;
+        }
         let Some((sid, tool)) = self.timers.remove(&key) else {
             return;
         };
@@ -1483,6 +1791,22 @@ impl Host for AcpServe {
             self.withdraw(request);
         }
         self.advance(ctx, &sid, &tool, next);
+    }
+
+    fn on_io(&mut self, ctx: &mut Ctx, key: u64) {
+        let Some(offset) = key.checked_sub(MCP_IO_BASE) else {
+            return;
+        };
+        let n = offset / 2;
+        let Some(entry) = self.mcp.get_mut(&n) else {
+            return;
+        };
+        let events = if offset % 2 == 0 {
+            entry.server.read(ctx.registry())
+        } else {
+            entry.server.flush(ctx.registry())
+        };
+        self.on_mcp_events(ctx, n, events);
     }
 
     fn after_batch(&mut self, ctx: &mut Ctx) {
