@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod auth;
 pub mod cli;
+pub mod clock;
 pub mod drive;
 pub mod engine;
 pub mod glob;

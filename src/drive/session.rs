@@ -37,6 +37,7 @@
 //! lock, reads lines written since the load, and cuts off a crash's partial last line. A file
 //! damaged in the middle is never appended to, since the new lines would be unreadable too.
 
+use crate::clock::{millis_since_epoch, now_ms};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt;
@@ -46,7 +47,6 @@ use std::mem;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
@@ -1187,15 +1187,6 @@ fn truncate_chars(text: &str, max: usize) -> &str {
 
 fn invalid_input(msg: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg.to_owned())
-}
-
-fn now_ms() -> u64 {
-    millis_since_epoch(SystemTime::now())
-}
-
-fn millis_since_epoch(time: SystemTime) -> u64 {
-    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

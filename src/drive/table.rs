@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Run, RunConfig, ToolCall};
+use crate::clock::now_ms;
 use crate::drive::session::{EventLog, SessionStore};
 use crate::engine::{AskReply, Ctx, HostAction, RunId};
 use crate::log;
@@ -297,13 +298,6 @@ fn drop_last_prompt(messages: &mut Vec<Value>) {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Timer keys the core hands to `Ctx::add_timer` carry this tag; a host passes every timer
 /// to `DriveCore::on_timer` first and handles the rest (keys without the tag) itself.
 pub const CORE_TIMER_TAG: u64 = 1 << 62;
@@ -482,13 +476,13 @@ impl DriveCore {
                 Value::Array(spec.history.iter().map(Message::to_json).collect()),
             );
         }
-        header.insert("created_ms".into(), json!(now_ms()));
+        let created_ms = now_ms();
+        header.insert("created_ms".into(), json!(created_ms));
         header.insert("interactive".into(), json!(spec.interactive));
         header.insert("prompt".into(), json!(spec.prompt));
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
-        let created_ms = now_ms();
         let mut log = self
             .store
             .create(header)

@@ -954,29 +954,15 @@ pub fn http_date(time: SystemTime) -> String {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|since| since.as_secs())
-        .unwrap_or(0);
-    let days = secs / 86_400;
-    let of_day = secs % 86_400;
-    // Howard Hinnant's civil_from_days, on unsigned values since we start at 1970.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    let weekday = DAYS.get((days % 7) as usize).copied().unwrap_or("Thu");
-    let month_name = MONTHS.get((month - 1) as usize).copied().unwrap_or("Jan");
+    let t = crate::clock::Utc::from_unix_secs(crate::clock::millis_since_epoch(time) / 1000);
+    let weekday = DAYS
+        .get(t.weekday_from_thursday as usize)
+        .copied()
+        .unwrap_or("Thu");
+    let month_name = MONTHS.get((t.month - 1) as usize).copied().unwrap_or("Jan");
     format!(
-        "{weekday}, {day:02} {month_name} {year} {:02}:{:02}:{:02} GMT",
-        of_day / 3_600,
-        of_day % 3_600 / 60,
-        of_day % 60
+        "{weekday}, {:02} {month_name} {} {:02}:{:02}:{:02} GMT",
+        t.day, t.year, t.hour, t.minute, t.second
     )
 }
 

@@ -22,11 +22,11 @@ mod tools;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
-use crate::drive::table::{self, DriveCore, DriveError, DriveStatus, Inbound, RunSpec};
+use crate::drive::table::{self, DriveCore, DriveError, DriveStatus, Inbound};
 use crate::engine::{AskReply, Ctx, Engine, Host, HostAction, RunId};
 use crate::jsonrpc::{self, Id, Message, RpcError};
 use crate::log;
@@ -536,19 +536,8 @@ impl McpHost {
         let ok = |text: String| Outcome::Reply(Ok(tool_ok(modern, text)));
         let fail = |e: DriveError| Outcome::Reply(Ok(tool_error(e.to_string())));
         match call {
-            Call::Run(args) => {
-                let mut extra_header = Map::new();
-                extra_header.insert("surface".into(), json!("mcp"));
-                let spec = RunSpec {
-                    prompt: args.prompt,
-                    interactive: args.interactive,
-                    cwd: args.cwd,
-                    model: args.model,
-                    permission_mode: args.permission_mode,
-                    rules: args.rules,
-                    extra_header,
-                    ..RunSpec::default()
-                };
+            Call::Run(mut spec) => {
+                spec.extra_header.insert("surface".into(), json!("mcp"));
                 match self.core.start_run(ctx, spec) {
                     Ok(run_id) => {
                         if let Some(num) = table::parse_run_id(&run_id) {

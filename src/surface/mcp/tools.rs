@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value, json};
 
-use crate::drive::table::{DriveStatus, PollView, Prompt};
+use crate::drive::table::{DriveStatus, PollView, Prompt, RunSpec};
 use crate::permissions::{Action, Mode, Rule, RuleSource};
 
 /// Longest `wait_ms` honoured: well under the 60 s many clients give a tool call.
@@ -300,7 +300,7 @@ pub fn list(modern: bool) -> Value {
 /// A call's arguments, decoded.
 #[derive(Debug)]
 pub enum Call {
-    Run(RunArgs),
+    Run(RunSpec),
     Poll {
         run_id: String,
         cursor: u64,
@@ -337,16 +337,6 @@ impl Call {
             | Call::Cancel { run_id } => Some(run_id),
         }
     }
-}
-
-#[derive(Debug, Default)]
-pub struct RunArgs {
-    pub prompt: String,
-    pub interactive: bool,
-    pub cwd: Option<PathBuf>,
-    pub model: Option<String>,
-    pub permission_mode: Option<Mode>,
-    pub rules: Vec<Rule>,
 }
 
 /// Why a `tools/call` is refused before any tool runs.
@@ -480,13 +470,14 @@ pub fn parse_call(name: &str, arguments: Option<&Value>) -> Result<Call, CallErr
                     rules.push(rule);
                 }
             }
-            Call::Run(RunArgs {
+            Call::Run(RunSpec {
                 prompt,
                 interactive,
                 cwd,
                 model,
                 permission_mode,
                 rules,
+                ..RunSpec::default()
             })
         }
         POLL => Call::Poll {
