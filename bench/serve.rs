@@ -7,6 +7,9 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common.rs"]
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_caliban");
 
 fn rss_kib(pid: u32) -> u64 {
@@ -35,17 +38,12 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
     out
 }
 
-fn banner(child: &mut Child, from_stderr: bool) -> String {
+/// The address from the server's `… listening on http://ADDR` line on stderr.
+fn server_url(child: &mut Child) -> String {
     let mut line = String::new();
-    if from_stderr {
-        BufReader::new(child.stderr.take().expect("stderr"))
-            .read_line(&mut line)
-            .expect("banner");
-    } else {
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("banner");
-    }
+    BufReader::new(child.stderr.take().expect("stderr"))
+        .read_line(&mut line)
+        .expect("banner");
     line.trim()
         .rsplit(' ')
         .next()
@@ -66,15 +64,7 @@ fn main() {
         r#"{"turns":[{"text":"ready for more"}],"repeat_last":true}"#,
     )
     .expect("script");
-    let mut stub = Command::new(BIN)
-        .args(["stub-model", "--script"])
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("stub");
-    let stub_url = banner(&mut stub, false);
+    let (mut stub, stub_url) = common::start_stub(BIN, &script);
     let mut server = Command::new(BIN)
         .env_clear()
         .env("ANTHROPIC_BASE_URL", &stub_url)
@@ -87,7 +77,7 @@ fn main() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("server");
-    let url = banner(&mut server, true);
+    let url = server_url(&mut server);
     let addr = url.trim_start_matches("http://").to_owned();
     std::thread::sleep(Duration::from_millis(200));
     let idle = rss_kib(server.id());

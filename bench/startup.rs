@@ -5,9 +5,11 @@
 //! `caliban stub-model` on loopback, with the peak RSS of that run. Results go to stdout as a
 //! table; copy them into bench/RESULTS.md with the machine and date.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "common.rs"]
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_caliban");
 
@@ -69,19 +71,7 @@ fn main() {
     let print_rounds = rounds.min(100);
     for _ in 0..print_rounds {
         // A fresh stub per run so every run sees the whole script.
-        let mut stub = Command::new(BIN)
-            .args(["stub-model", "--script"])
-            .arg(&script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("stub");
-        let mut line = String::new();
-        BufReader::new(stub.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("banner");
-        let url = line.trim().trim_start_matches("listening on ").to_owned();
+        let (mut stub, url) = common::start_stub(BIN, &script);
         let (t, rss) = timed(
             Command::new(BIN)
                 .env_clear()

@@ -173,18 +173,7 @@ mod tests {
     };
     use super::super::sse::{SseDecoder, SseEvent, encode_event};
     use super::*;
-
-    fn deliveries(msg: &[u8]) -> Vec<Vec<&[u8]>> {
-        let mut all = vec![vec![msg]];
-        for at in 0..=msg.len() {
-            let (a, b) = msg.split_at(at);
-            all.push(vec![a, b]);
-        }
-        if !msg.is_empty() {
-            all.push(msg.chunks(1).collect());
-        }
-        all
-    }
+    use crate::http::testutil::deliveries;
 
     #[test]
     fn request_wire_bytes() {
