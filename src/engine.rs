@@ -35,8 +35,33 @@ const STDOUT_GRACE_AFTER_SIGNAL: Duration = Duration::from_millis(200);
 /// After the shell exits, how long its pipes may stay open (a grandchild holding them).
 const PIPE_GRACE: Duration = Duration::from_millis(500);
 
+/// A run's id, the one spelling of it everywhere in the process; `run-N` on the wire and in
+/// session file names (`Display`/`parse`), so a string is parsed once, at a surface's edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId(pub u64);
+
+impl RunId {
+    /// `run-<N>` in its one canonical spelling (no sign, no leading zeros), so a run has
+    /// exactly one id string.
+    pub fn parse(id: &str) -> Option<RunId> {
+        let digits = id.strip_prefix("run-")?;
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        canonical.then(|| digits.parse().ok().map(RunId)).flatten()
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run-{}", self.0)
+    }
+}
+
+/// What a host names its own event sources and timers by: a small `Copy` enum of its
+/// choosing, handed back verbatim in `Host::on_io` / `Host::on_timer`.
+pub trait HostKey: Copy + Eq + std::hash::Hash + std::fmt::Debug {}
+impl<K: Copy + Eq + std::hash::Hash + std::fmt::Debug> HostKey for K {}
 
 #[derive(Clone)]
 pub struct EngineConfig {
@@ -107,21 +132,21 @@ pub struct Stats {
 
 /// What a host may do from inside a callback: register its own sources and timers (a
 /// listener, its connections, a prompt deadline) and queue actions for the engine.
-pub struct Ctx<'a> {
+pub struct Ctx<'a, K> {
     reactor: &'a mut Reactor,
-    owners: &'a mut HashMap<Token, Owner>,
-    timers: &'a mut HashMap<TimerId, TimerOwner>,
+    owners: &'a mut HashMap<Token, Owner<K>>,
+    timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
     actions: &'a mut VecDeque<HostAction>,
     stats: Stats,
 }
 
-impl Ctx<'_> {
+impl<K: HostKey> Ctx<'_, K> {
     pub fn registry(&self) -> &mio::Registry {
         self.reactor.registry()
     }
 
     /// A token whose readiness is delivered to `Host::on_io(key)`.
-    pub fn host_token(&mut self, key: u64) -> Token {
+    pub fn host_token(&mut self, key: K) -> Token {
         let token = self.reactor.token();
         self.owners.insert(token, Owner::Host(key));
         token
@@ -132,7 +157,7 @@ impl Ctx<'_> {
     }
 
     /// A timer delivered to `Host::on_timer(key)`.
-    pub fn add_timer(&mut self, after: Duration, key: u64) -> TimerId {
+    pub fn add_timer(&mut self, after: Duration, key: K) -> TimerId {
         let id = self.reactor.add_timer(after);
         self.timers.insert(id, TimerOwner::Host(key));
         id
@@ -155,20 +180,22 @@ impl Ctx<'_> {
 /// The surface that drives runs: print mode, or the drive core with its network surfaces.
 /// Callbacks run on the loop; they must not block, and they talk back through `Ctx`.
 pub trait Host {
-    fn on_event(&mut self, ctx: &mut Ctx, run: RunId, event: &TurnEvent);
-    fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply;
-    fn on_retry(&mut self, _ctx: &mut Ctx, _run: RunId, _notice: &RetryNotice) {}
-    fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId);
-    fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition);
-    fn on_stdin(&mut self, _ctx: &mut Ctx, _item: StdinItem) {}
-    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal);
+    /// How the host names its own sources and timers (see `Ctx::host_token`).
+    type Key: HostKey;
+    fn on_event(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, event: &TurnEvent);
+    fn on_ask(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, call: &ToolCall) -> AskReply;
+    fn on_retry(&mut self, _ctx: &mut Ctx<Self::Key>, _run: RunId, _notice: &RetryNotice) {}
+    fn on_await_input(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId);
+    fn on_finished(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, why: &StopCondition);
+    fn on_stdin(&mut self, _ctx: &mut Ctx<Self::Key>, _item: StdinItem) {}
+    fn on_signal(&mut self, ctx: &mut Ctx<Self::Key>, signal: Signal);
     /// Readiness of a source registered with `Ctx::host_token(key)`.
-    fn on_io(&mut self, _ctx: &mut Ctx, _key: u64) {}
+    fn on_io(&mut self, _ctx: &mut Ctx<Self::Key>, _key: Self::Key) {}
     /// Expiry of a timer armed with `Ctx::add_timer(_, key)`.
-    fn on_timer(&mut self, _ctx: &mut Ctx, _key: u64) {}
+    fn on_timer(&mut self, _ctx: &mut Ctx<Self::Key>, _key: Self::Key) {}
     /// Called once the engine has no queued work left after a wake-up: a good moment to
     /// push buffered stream data to clients.
-    fn after_batch(&mut self, _ctx: &mut Ctx) {}
+    fn after_batch(&mut self, _ctx: &mut Ctx<Self::Key>) {}
     /// Bytes the host wants on stdout; the engine writes them without blocking the loop.
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
@@ -176,7 +203,12 @@ pub trait Host {
     /// An allowed tool call is about to run. A host that can run it elsewhere (an editor's
     /// own file system or terminal) answers `Delegated` and later reports the result with
     /// `HostAction::ToolResult`.
-    fn on_tool_start(&mut self, _ctx: &mut Ctx, _run: RunId, _call: &ToolCall) -> ToolPlacement {
+    fn on_tool_start(
+        &mut self,
+        _ctx: &mut Ctx<Self::Key>,
+        _run: RunId,
+        _call: &ToolCall,
+    ) -> ToolPlacement {
         ToolPlacement::Local
     }
 }
@@ -186,21 +218,21 @@ pub enum ToolPlacement {
     Delegated,
 }
 
-enum Owner {
+enum Owner<K> {
     Model(RunId),
     BashOut(RunId, String),
     BashErr(RunId, String),
     Stdin,
     Stdout,
-    Host(u64),
+    Host(K),
 }
 
-enum TimerOwner {
+enum TimerOwner<K> {
     Model(RunId),
     Backoff(RunId),
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
-    Host(u64),
+    Host(K),
 }
 
 enum Completion {
@@ -273,13 +305,13 @@ struct RunSlot {
     bash: HashMap<String, BashTask>,
 }
 
-pub struct Engine {
+pub struct Engine<K: HostKey> {
     reactor: Reactor,
     config: EngineConfig,
     runs: BTreeMap<RunId, RunSlot>,
     next_run: u64,
-    owners: HashMap<Token, Owner>,
-    timers: HashMap<TimerId, TimerOwner>,
+    owners: HashMap<Token, Owner<K>>,
+    timers: HashMap<TimerId, TimerOwner<K>>,
     tx: Sender<Completion>,
     rx: Receiver<Completion>,
     waker: Arc<Waker>,
@@ -295,8 +327,8 @@ pub struct Engine {
     quit: bool,
 }
 
-impl Engine {
-    pub fn new(config: EngineConfig) -> std::io::Result<Engine> {
+impl<K: HostKey> Engine<K> {
+    pub fn new(config: EngineConfig) -> std::io::Result<Engine<K>> {
         let reactor = Reactor::new()?;
         let waker = reactor.waker();
         let (tx, rx) = channel();
@@ -358,7 +390,7 @@ impl Engine {
         self.actions.push_back(action);
     }
 
-    fn ctx(&mut self) -> Ctx<'_> {
+    fn ctx(&mut self) -> Ctx<'_, K> {
         Ctx {
             reactor: &mut self.reactor,
             owners: &mut self.owners,
@@ -369,12 +401,12 @@ impl Engine {
     }
 
     /// Lets a host set up its sources (listeners) before the loop starts.
-    pub fn with_ctx<T>(&mut self, f: impl FnOnce(&mut Ctx) -> T) -> T {
+    pub fn with_ctx<T>(&mut self, f: impl FnOnce(&mut Ctx<K>) -> T) -> T {
         f(&mut self.ctx())
     }
 
     /// Runs the loop until a host asks to quit; then kills whatever is still running.
-    pub fn run_loop(&mut self, host: &mut impl Host) -> std::io::Result<()> {
+    pub fn run_loop(&mut self, host: &mut impl Host<Key = K>) -> std::io::Result<()> {
         let mut wakes = Vec::new();
         self.drain(host);
         while !self.quit {
@@ -400,7 +432,7 @@ impl Engine {
         Ok(())
     }
 
-    fn dispatch(&mut self, wake: Wake, host: &mut impl Host) {
+    fn dispatch(&mut self, wake: Wake, host: &mut impl Host<Key = K>) {
         match wake {
             Wake::Io { token, .. } => match self.owners.get(&token) {
                 Some(Owner::Model(run)) => {
@@ -442,7 +474,7 @@ impl Engine {
         }
     }
 
-    fn drain_stdin(&mut self, host: &mut impl Host) {
+    fn drain_stdin(&mut self, host: &mut impl Host<Key = K>) {
         let Some(stdin) = self.stdin.as_mut() else {
             return;
         };
@@ -454,7 +486,7 @@ impl Engine {
     }
 
     /// Performs queued effects and host actions until both queues are empty.
-    fn drain(&mut self, host: &mut impl Host) {
+    fn drain(&mut self, host: &mut impl Host<Key = K>) {
         loop {
             if let Some((run, notice)) = self.notices.pop_front() {
                 host.on_retry(&mut self.ctx(), run, &notice);
@@ -561,7 +593,7 @@ impl Engine {
         }
     }
 
-    fn perform(&mut self, run: RunId, effect: Effect, host: &mut impl Host) {
+    fn perform(&mut self, run: RunId, effect: Effect, host: &mut impl Host<Key = K>) {
         match effect {
             Effect::Emit(event) => host.on_event(&mut self.ctx(), run, &event),
             Effect::RequestModel => {
@@ -898,7 +930,7 @@ impl Engine {
 
     // ---- timers --------------------------------------------------------------------------
 
-    fn on_timer(&mut self, id: TimerId, host: &mut impl Host) {
+    fn on_timer(&mut self, id: TimerId, host: &mut impl Host<Key = K>) {
         let Some(owner) = self.timers.remove(&id) else {
             return;
         };
@@ -1155,7 +1187,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl<K: HostKey> Drop for Engine<K> {
     /// However the engine goes away (an error return, a panic unwinding), no tool process
     /// outlives it.
     fn drop(&mut self) {

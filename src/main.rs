@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use caliban::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
-use caliban::engine::{Engine, EngineConfig};
+use caliban::engine::{Engine, EngineConfig, HostKey};
 use caliban::model::retry::RetryPolicy;
 use caliban::model::{self, Provider, ProviderKind};
 use caliban::permissions::{Mode, Policy};
@@ -297,7 +297,7 @@ fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig
     Ok((core, setup.engine_config))
 }
 
-fn new_engine(config: EngineConfig) -> Result<Engine, u8> {
+fn new_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
     Engine::new(config).map_err(|e| {
         log::error(&format!("cannot start the event loop: {e}"));
         print::EXIT_RUNTIME
@@ -313,39 +313,14 @@ fn run_http_serve(args: ServeArgs) -> u8 {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let addr = listen.addr;
     let (core, engine_config) = match drive_core(&args) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let mut server = match http_api::HttpServe::new(core, listen) {
-        Ok(s) => s,
-        Err(e) => {
-            log::error(&format!("failed to bind {addr}: {e}"));
-            return print::EXIT_RUNTIME;
-        }
-    };
-    let mut engine = match new_engine(engine_config) {
-        Ok(e) => e,
-        Err(code) => return code,
-    };
-    if let Err(e) = engine.with_ctx(|ctx| server.start(ctx)) {
-        log::error(&format!("cannot listen on {addr}: {e}"));
-        return print::EXIT_RUNTIME;
+    match new_engine(engine_config) {
+        Ok(engine) => http_api::run(engine, core, listen),
+        Err(code) => code,
     }
-    let local = server.local_addr().map_or(addr, |a| a);
-    let scheme = if args.tls_cert.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    // One line on stderr that scripts and tests can wait for (stdout stays unused).
-    eprintln!("caliban http serve listening on {scheme}://{local}");
-    if let Err(e) = engine.run_loop(&mut server) {
-        log::error(&format!("event loop failed: {e}"));
-        return print::EXIT_RUNTIME;
-    }
-    0
 }
 
 /// `mcp serve` and `acp serve`: JSON-RPC on stdin/stdout, which then carry nothing else.
@@ -361,19 +336,27 @@ fn run_stdio_surface(args: ServeArgs) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let mut engine = match new_engine(engine_config) {
-        Ok(e) => e,
-        Err(code) => return code,
-    };
+    match args.surface {
+        Surface::Mcp => match stdio_engine(engine_config) {
+            Ok(engine) => surface::mcp::run(engine, core, listen),
+            Err(code) => code,
+        },
+        _ => match stdio_engine(engine_config) {
+            Ok(engine) => surface::acp::run(engine, core),
+            Err(code) => code,
+        },
+    }
+}
+
+/// An engine whose stdin and stdout are the protocol channel.
+fn stdio_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
+    let mut engine = new_engine(config)?;
     engine.attach_stdout();
     if let Err(e) = engine.attach_stdin() {
         log::error(&format!("cannot read stdin: {e}"));
-        return print::EXIT_RUNTIME;
+        return Err(print::EXIT_RUNTIME);
     }
-    match args.surface {
-        Surface::Mcp => surface::mcp::run(engine, core, listen),
-        _ => surface::acp::run(engine, core),
-    }
+    Ok(engine)
 }
 
 fn resolve_workspace(cwd: Option<&Path>) -> Result<PathBuf, String> {

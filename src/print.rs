@@ -267,11 +267,14 @@ impl Printer {
 }
 
 impl Host for Printer {
+    /// Print mode registers no sources of its own.
+    type Key = ();
+
     fn take_output(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.out)
     }
 
-    fn on_event(&mut self, _ctx: &mut Ctx, _run: RunId, event: &TurnEvent) {
+    fn on_event(&mut self, _ctx: &mut Ctx<()>, _run: RunId, event: &TurnEvent) {
         match event {
             TurnEvent::AssistantTextDelta { text, .. } if self.partial => {
                 self.frame(json!({"type": "text", "delta": text}));
@@ -335,11 +338,11 @@ impl Host for Printer {
         }
     }
 
-    fn on_ask(&mut self, _ctx: &mut Ctx, _run: RunId, call: &ToolCall) -> AskReply {
+    fn on_ask(&mut self, _ctx: &mut Ctx<()>, _run: RunId, call: &ToolCall) -> AskReply {
         AskReply::Deny(permissions::ask_denied_message(&call.name, &call.input))
     }
 
-    fn on_retry(&mut self, _ctx: &mut Ctx, _run: RunId, notice: &RetryNotice) {
+    fn on_retry(&mut self, _ctx: &mut Ctx<()>, _run: RunId, notice: &RetryNotice) {
         let mut frame = json!({
             "type": "system", "subtype": "api_retry", "attempt": notice.attempt,
             "max_retries": notice.max_retries, "retry_delay_ms": notice.delay.as_millis() as u64,
@@ -351,19 +354,19 @@ impl Host for Printer {
         self.frame(frame);
     }
 
-    fn on_await_input(&mut self, ctx: &mut Ctx, _run: RunId) {
+    fn on_await_input(&mut self, ctx: &mut Ctx<()>, _run: RunId) {
         self.awaiting_input = true;
         for action in self.feed_pending() {
             ctx.act(action);
         }
     }
 
-    fn on_finished(&mut self, ctx: &mut Ctx, _run: RunId, why: &StopCondition) {
+    fn on_finished(&mut self, ctx: &mut Ctx<()>, _run: RunId, why: &StopCondition) {
         self.result(why);
         ctx.act(HostAction::Quit);
     }
 
-    fn on_stdin(&mut self, ctx: &mut Ctx, item: StdinItem) {
+    fn on_stdin(&mut self, ctx: &mut Ctx<()>, item: StdinItem) {
         if self.input != InputFormat::StreamJson {
             return;
         }
@@ -408,7 +411,7 @@ impl Host for Printer {
         }
     }
 
-    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal) {
+    fn on_signal(&mut self, ctx: &mut Ctx<()>, signal: Signal) {
         if signal == Signal::Interrupt {
             self.interrupts += 1;
         }

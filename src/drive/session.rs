@@ -97,13 +97,7 @@ pub fn default_dir(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf, Stri
 /// Only such ids name files, so an id from a client can never reach outside the directory, and
 /// each number has exactly one id.
 pub fn run_number(run_id: &str) -> Option<u64> {
-    let digits = run_id.strip_prefix("run-")?;
-    let canonical = match digits.as_bytes() {
-        [] => false,
-        [b'0', _, ..] => false,
-        bytes => bytes.iter().all(u8::is_ascii_digit),
-    };
-    if canonical { digits.parse().ok() } else { None }
+    crate::engine::RunId::parse(run_id).map(|id| id.0)
 }
 
 /// A past run as `SessionStore::list` reports it.

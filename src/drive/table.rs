@@ -3,6 +3,12 @@
 //! surface requests (run, stream, status, input, permit, cancel, delete) into engine
 //! actions. Surfaces translate protocols to these calls and hold no agent logic.
 //!
+//! It does no I/O on the loop beyond its session files: like `agent::Run`, it queues what
+//! should happen as `CoreAction`s (`take_actions`) and the drive host (`surface::host`)
+//! performs them, so the core can be tested without a reactor. Timers are named by
+//! `CoreTimer` and never cancelled: one that fires for a prompt no longer surfaced is
+//! ignored.
+//!
 //! LIFECYCLE (`DriveStatus`): `starting → running → (awaiting_input ⇄ running)* → done |
 //! failed`. Architecture Invariant: an event is appended to the log before the engine
 //! reports the next thing, and the status changes only after, so a client that sees a
@@ -18,11 +24,10 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Run, RunConfig, ToolCall};
 use crate::clock::now_ms;
 use crate::drive::session::{EventLog, SessionStore};
-use crate::engine::{AskReply, Ctx, HostAction, RunId};
+use crate::engine::{AskReply, HostAction, RunId};
 use crate::log;
 use crate::model::types::{ContentBlock, Message, ToolSpec};
 use crate::permissions::{Mode, Policy, Rule};
-use crate::reactor::TimerId;
 
 /// Upstream's envelope version for `{"v":1,"event":…}`.
 pub const ENVELOPE_VERSION: u64 = 1;
@@ -167,7 +172,7 @@ pub struct RunSpec {
     /// when there is no earlier run to point at.
     pub history: Vec<Message>,
     /// The run whose conversation `history` is (so session files do not copy it again).
-    pub continues: Option<String>,
+    pub continues: Option<RunId>,
     /// `history` is that run's conversation minus its last prompt (it was refused).
     pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
@@ -190,14 +195,15 @@ pub struct DriveConfig {
 }
 
 struct RunRecord {
-    num: u64,
+    id: RunId,
     interactive: bool,
     status: DriveStatus,
     log: EventLog,
     /// The engine has this run (false for runs loaded from disk and finished ones).
     live: bool,
     prompts: VecDeque<Prompt>,
-    surfaced: Option<(Prompt, TimerId)>,
+    /// The prompt shown to clients, with the number of its deadline timer.
+    surfaced: Option<(Prompt, u64)>,
     inputs: VecDeque<Inbound>,
     /// `end_input` was queued or delivered: no more input is accepted.
     ended: bool,
@@ -212,7 +218,7 @@ struct RunRecord {
 /// One run as listed by `GET /runs`.
 #[derive(Clone, Debug)]
 pub struct RunSummary {
-    pub run_id: String,
+    pub run_id: RunId,
     pub status: DriveStatus,
     pub interactive: bool,
     pub created_ms: u64,
@@ -257,29 +263,32 @@ impl PollView {
     }
 }
 
-pub enum PermitOutcome {
-    Answered,
+/// A deadline the core asked for; it comes back through `DriveCore::on_timer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoreTimer {
+    /// The surfaced prompt numbered `seq` of `run` waited too long.
+    Prompt { run: RunId, seq: u64 },
+}
+
+/// What the core wants done; the drive host performs these in order.
+pub enum CoreAction {
+    Engine(HostAction),
+    Arm(Duration, CoreTimer),
 }
 
 pub struct DriveCore {
     store: SessionStore,
     config: DriveConfig,
-    runs: BTreeMap<u64, RunRecord>,
+    runs: BTreeMap<RunId, RunRecord>,
     /// Runs whose events, status or prompt changed since `take_changed`.
-    changed: BTreeSet<u64>,
+    changed: BTreeSet<RunId>,
     events_total: u64,
     /// Runs to cancel at the next chance (their session file broke).
-    pending_cancels: Vec<u64>,
+    pending_cancels: Vec<RunId>,
     loaded_existing: bool,
-}
-
-pub fn run_id(num: u64) -> String {
-    format!("run-{num}")
-}
-
-/// `run-<N>` in its one canonical spelling (no leading zeros), so a run has one id.
-pub fn parse_run_id(id: &str) -> Option<u64> {
-    crate::drive::session::run_number(id)
+    actions: Vec<CoreAction>,
+    /// Numbers surfaced prompts (their timers), so a late timer can tell it is stale.
+    next_prompt_seq: u64,
 }
 
 /// How many runs a conversation may span before older ones are no longer replayed.
@@ -298,14 +307,6 @@ fn drop_last_prompt(messages: &mut Vec<Value>) {
     }
 }
 
-/// Timer keys the core hands to `Ctx::add_timer` carry this tag; a host passes every timer
-/// to `DriveCore::on_timer` first and handles the rest (keys without the tag) itself.
-pub const CORE_TIMER_TAG: u64 = 1 << 62;
-
-fn prompt_timer_key(num: u64) -> u64 {
-    CORE_TIMER_TAG | (num & (CORE_TIMER_TAG - 1))
-}
-
 impl DriveCore {
     pub fn new(store: SessionStore, config: DriveConfig) -> DriveCore {
         DriveCore {
@@ -316,6 +317,26 @@ impl DriveCore {
             events_total: 0,
             pending_cancels: Vec::new(),
             loaded_existing: false,
+            actions: Vec::new(),
+            next_prompt_seq: 0,
+        }
+    }
+
+    /// What the core's calls since the last take want done, oldest first.
+    pub fn take_actions(&mut self) -> Vec<CoreAction> {
+        std::mem::take(&mut self.actions)
+    }
+
+    fn act(&mut self, action: HostAction) {
+        self.actions.push(CoreAction::Engine(action));
+    }
+
+    /// The run a client names, read back from its session file if it is not in memory
+    /// (evicted, or from before a restart). The one place a run id string is parsed.
+    pub fn resolve(&mut self, id: &str) -> Result<RunId, DriveError> {
+        match RunId::parse(id) {
+            Some(run) if self.load_record(run) => Ok(run),
+            _ => Err(DriveError::UnknownRun(id.to_owned())),
         }
     }
 
@@ -337,21 +358,21 @@ impl DriveCore {
         };
         let skip = summaries.len().saturating_sub(MAX_FINISHED_IN_MEMORY);
         for summary in summaries.into_iter().skip(skip) {
-            self.load_record(&summary.run_id);
+            if let Some(run) = RunId::parse(&summary.run_id) {
+                self.load_record(run);
+            }
         }
     }
 
     /// Brings a run from its session file into the table. Its engine is gone: a run that had
     /// not finished is marked failed ("interrupted") — unless another process still writes
     /// it, in which case it is shown as that process last recorded it.
-    fn load_record(&mut self, id: &str) -> bool {
-        let Some(num) = parse_run_id(id) else {
-            return false;
-        };
-        if self.runs.contains_key(&num) {
+    fn load_record(&mut self, run: RunId) -> bool {
+        if self.runs.contains_key(&run) {
             return true;
         }
-        let mut log = match self.store.load(id) {
+        let id = run.to_string();
+        let mut log = match self.store.load(&id) {
             Ok(log) => log,
             Err(e) => {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -378,9 +399,9 @@ impl DriveCore {
         // Hold no descriptor or tail for a run this process does not write.
         let _ = log.close();
         self.runs.insert(
-            num,
+            run,
             RunRecord {
-                num,
+                id: run,
                 interactive: header["interactive"].as_bool().unwrap_or(false),
                 status,
                 log,
@@ -398,19 +419,13 @@ impl DriveCore {
         true
     }
 
-    /// Makes sure a run that exists on disk is in the table (it may have been evicted, or
-    /// never loaded). Surfaces call it before handling a request that names a run.
-    pub fn ensure_loaded(&mut self, id: &str) -> bool {
-        self.load_record(id)
-    }
-
     pub fn config(&self) -> &DriveConfig {
         &self.config
     }
 
     // ---- operations for surfaces ---------------------------------------------------------
 
-    pub fn start_run(&mut self, ctx: &mut Ctx, spec: RunSpec) -> Result<String, DriveError> {
+    pub fn start_run(&mut self, spec: RunSpec) -> Result<RunId, DriveError> {
         if spec.prompt.trim().is_empty() {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
@@ -466,7 +481,7 @@ impl DriveCore {
 
         let mut header = spec.extra_header.clone();
         if let Some(previous) = &spec.continues {
-            header.insert("continues".into(), json!(previous));
+            header.insert("continues".into(), json!(previous.to_string()));
             if spec.continues_without_last_prompt {
                 header.insert("continues_without_last_prompt".into(), json!(true));
             }
@@ -487,7 +502,7 @@ impl DriveCore {
             .store
             .create(header)
             .map_err(|e| DriveError::Build(format!("cannot create the session file: {e}")))?;
-        let Some(num) = parse_run_id(log.run_id()) else {
+        let Some(id) = RunId::parse(log.run_id()) else {
             return Err(DriveError::Build(format!("bad run id {}", log.run_id())));
         };
         let status = DriveStatus::Running;
@@ -495,19 +510,19 @@ impl DriveCore {
         let _ = log.append_status(&DriveStatus::Starting.to_json());
         let _ = log.append_status(&status.to_json());
         let run = Run::new(run_config, policy, spec.history.clone());
-        ctx.act(HostAction::StartRun {
-            id: RunId(num),
+        self.act(HostAction::StartRun {
+            id,
             run: Box::new(run),
             workspace,
         });
-        ctx.act(HostAction::SendInput(
-            RunId(num),
+        self.act(HostAction::SendInput(
+            id,
             vec![ContentBlock::text(spec.prompt.clone())],
         ));
         self.runs.insert(
-            num,
+            id,
             RunRecord {
-                num,
+                id,
                 interactive: spec.interactive,
                 status,
                 log,
@@ -522,30 +537,30 @@ impl DriveCore {
                 prompt: spec.prompt,
             },
         );
-        self.changed.insert(num);
+        self.changed.insert(id);
         self.evict_finished();
-        Ok(run_id(num))
+        Ok(id)
     }
 
-    fn record(&self, id: &str) -> Result<&RunRecord, DriveError> {
-        parse_run_id(id)
-            .and_then(|n| self.runs.get(&n))
-            .ok_or_else(|| DriveError::UnknownRun(id.to_owned()))
+    fn record(&self, id: RunId) -> Result<&RunRecord, DriveError> {
+        self.runs
+            .get(&id)
+            .ok_or_else(|| DriveError::UnknownRun(id.to_string()))
     }
 
-    fn record_mut(&mut self, id: &str) -> Result<&mut RunRecord, DriveError> {
-        parse_run_id(id)
-            .and_then(|n| self.runs.get_mut(&n))
-            .ok_or_else(|| DriveError::UnknownRun(id.to_owned()))
+    fn record_mut(&mut self, id: RunId) -> Result<&mut RunRecord, DriveError> {
+        self.runs
+            .get_mut(&id)
+            .ok_or_else(|| DriveError::UnknownRun(id.to_string()))
     }
 
-    pub fn exists(&self, id: &str) -> bool {
-        self.record(id).is_ok()
+    pub fn exists(&self, id: RunId) -> bool {
+        self.runs.contains_key(&id)
     }
 
     pub fn poll(
         &self,
-        id: &str,
+        id: RunId,
         cursor: u64,
         max_events: usize,
         max_bytes: usize,
@@ -576,13 +591,13 @@ impl DriveCore {
         })
     }
 
-    pub fn status(&self, id: &str) -> Result<DriveStatus, DriveError> {
+    pub fn status(&self, id: RunId) -> Result<DriveStatus, DriveError> {
         Ok(self.record(id)?.status.clone())
     }
 
     /// The status as of `cursor` events (see `EventLog::status_at`); the current status when
     /// the file cannot tell.
-    pub fn status_at(&self, id: &str, cursor: u64) -> Result<DriveStatus, DriveError> {
+    pub fn status_at(&self, id: RunId, cursor: u64) -> Result<DriveStatus, DriveError> {
         let rec = self.record(id)?;
         if cursor >= rec.log.len() {
             return Ok(rec.status.clone());
@@ -595,33 +610,33 @@ impl DriveCore {
             .unwrap_or(DriveStatus::Running))
     }
 
-    pub fn event_count(&self, id: &str) -> Result<u64, DriveError> {
+    pub fn event_count(&self, id: RunId) -> Result<u64, DriveError> {
         Ok(self.record(id)?.log.len())
     }
 
     /// The session header of a run (prompt, cwd, model, surface fields).
-    pub fn header(&self, id: &str) -> Result<Value, DriveError> {
+    pub fn header(&self, id: RunId) -> Result<Value, DriveError> {
         Ok(self.record(id)?.log.header().clone())
     }
 
     /// The run's whole conversation as model messages, rebuilt from its session file and
     /// those of the runs it continues (`continues` in the header), oldest first.
-    pub fn messages(&mut self, id: &str) -> Result<Vec<Value>, DriveError> {
-        let mut chain = vec![id.to_owned()];
+    pub fn messages(&mut self, id: RunId) -> Result<Vec<Value>, DriveError> {
+        let mut chain = vec![id];
         while chain.len() < MAX_CONTINUATION_CHAIN {
-            let current = chain.last().cloned().unwrap_or_default();
-            self.ensure_loaded(&current);
-            let header = self.record(&current)?.log.header().clone();
-            match header.get("continues").and_then(Value::as_str) {
-                Some(previous) if !chain.iter().any(|c| c == previous) => {
-                    chain.push(previous.to_owned())
-                }
+            let current = chain[chain.len() - 1];
+            self.load_record(current);
+            let header = self.record(current)?.log.header().clone();
+            let previous = header.get("continues").and_then(Value::as_str);
+            match previous.map(|p| (p, RunId::parse(p))) {
+                Some((_, Some(previous))) if !chain.contains(&previous) => chain.push(previous),
+                Some((text, None)) => return Err(DriveError::UnknownRun(text.to_owned())),
                 _ => break,
             }
         }
         let mut messages: Vec<Value> = Vec::new();
         for run in chain.iter().rev() {
-            let rec = self.record(run)?;
+            let rec = self.record(*run)?;
             if rec.log.header().get("continues_without_last_prompt") == Some(&json!(true)) {
                 drop_last_prompt(&mut messages);
             }
@@ -635,16 +650,16 @@ impl DriveCore {
     }
 
     /// Runs whose session header has `key` equal to `value`, oldest first.
-    pub fn find_by_header(&self, key: &str, value: &Value) -> Vec<String> {
+    pub fn find_by_header(&self, key: &str, value: &Value) -> Vec<RunId> {
         self.runs
             .values()
             .filter(|rec| rec.log.header().get(key) == Some(value))
-            .map(|rec| run_id(rec.num))
+            .map(|rec| rec.id)
             .collect()
     }
 
     /// Whether the engine still runs this run (it can take input, prompts, cancel).
-    pub fn is_live(&self, id: &str) -> bool {
+    pub fn is_live(&self, id: RunId) -> bool {
         self.record(id).is_ok_and(|rec| rec.live)
     }
 
@@ -652,24 +667,22 @@ impl DriveCore {
     /// configured ones (an editor's "always allow"); a narrowing profile still applies.
     pub fn update_policy(
         &mut self,
-        ctx: &mut Ctx,
-        id: &str,
+        id: RunId,
         mode: Option<Mode>,
         rule: Option<Rule>,
     ) -> Result<(), DriveError> {
-        let rec = self.record(id)?;
-        if !rec.live {
+        if !self.record(id)?.live {
             return Err(DriveError::Input(ENDED.into()));
         }
-        ctx.act(HostAction::UpdatePolicy {
-            run: RunId(rec.num),
+        self.act(HostAction::UpdatePolicy {
+            run: id,
             mode,
             rule: rule.map(Box::new),
         });
         Ok(())
     }
 
-    pub fn surfaced_prompt(&self, id: &str) -> Result<Option<Prompt>, DriveError> {
+    pub fn surfaced_prompt(&self, id: RunId) -> Result<Option<Prompt>, DriveError> {
         Ok(self.record(id)?.surfaced.as_ref().map(|(p, _)| p.clone()))
     }
 
@@ -677,7 +690,7 @@ impl DriveCore {
         self.runs
             .values()
             .map(|rec| RunSummary {
-                run_id: run_id(rec.num),
+                run_id: rec.id,
                 status: rec.status.clone(),
                 interactive: rec.interactive,
                 created_ms: rec.created_ms,
@@ -699,12 +712,7 @@ impl DriveCore {
         (by_state, self.events_total)
     }
 
-    pub fn send_input(
-        &mut self,
-        ctx: &mut Ctx,
-        id: &str,
-        input: Inbound,
-    ) -> Result<(), DriveError> {
+    pub fn send_input(&mut self, id: RunId, input: Inbound) -> Result<(), DriveError> {
         let rec = self.record_mut(id)?;
         if !rec.interactive {
             return Err(DriveError::Input(NOT_INTERACTIVE.into()));
@@ -734,14 +742,13 @@ impl DriveCore {
         }
         rec.inputs.push_back(input);
         if rec.status == DriveStatus::AwaitingInput {
-            let num = rec.num;
-            self.deliver_input(ctx, num);
+            self.deliver_input(id);
         }
         Ok(())
     }
 
-    fn deliver_input(&mut self, ctx: &mut Ctx, num: u64) {
-        let Some(rec) = self.runs.get_mut(&num) else {
+    fn deliver_input(&mut self, id: RunId) {
+        let Some(rec) = self.runs.get_mut(&id) else {
             return;
         };
         let Some(input) = rec.inputs.pop_front() else {
@@ -753,24 +760,20 @@ impl DriveCore {
             Inbound::UserMessage(text) => {
                 rec.status = DriveStatus::Running;
                 let _ = rec.log.append_status(&rec.status.to_json());
-                ctx.act(HostAction::SendInput(
-                    RunId(num),
-                    vec![ContentBlock::text(text)],
-                ));
+                self.act(HostAction::SendInput(id, vec![ContentBlock::text(text)]));
             }
-            Inbound::EndInput => ctx.act(HostAction::EndInput(RunId(num))),
+            Inbound::EndInput => self.act(HostAction::EndInput(id)),
         }
-        self.changed.insert(num);
+        self.changed.insert(id);
     }
 
     pub fn permit(
         &mut self,
-        ctx: &mut Ctx,
-        id: &str,
+        id: RunId,
         tool_use_id: &str,
         allow: bool,
         reason: Option<String>,
-    ) -> Result<PermitOutcome, DriveError> {
+    ) -> Result<(), DriveError> {
         let rec = self.record_mut(id)?;
         let Some((prompt, _)) = &rec.surfaced else {
             // Upstream's texts: a prompt that was still pending when its run ended is "no
@@ -797,34 +800,32 @@ impl DriveCore {
                 .filter(|r| !r.trim().is_empty())
                 .unwrap_or_else(|| "denied by client".to_owned())
         };
-        let num = rec.num;
-        self.answer_prompt(ctx, num, allow, message);
-        Ok(PermitOutcome::Answered)
+        self.answer_prompt(id, allow, message);
+        Ok(())
     }
 
     /// Resolves the surfaced prompt and surfaces the next queued one, if any.
-    fn answer_prompt(&mut self, ctx: &mut Ctx, num: u64, allow: bool, message: String) {
-        let Some(rec) = self.runs.get_mut(&num) else {
+    fn answer_prompt(&mut self, id: RunId, allow: bool, message: String) {
+        let Some(rec) = self.runs.get_mut(&id) else {
             return;
         };
-        let Some((prompt, timer)) = rec.surfaced.take() else {
+        let Some((prompt, _)) = rec.surfaced.take() else {
             return;
         };
-        ctx.cancel_timer(timer);
         let _ = rec.log.append_permission(None);
-        ctx.act(HostAction::Permit {
-            run: RunId(num),
+        self.act(HostAction::Permit {
+            run: id,
             tool_use_id: prompt.tool_use_id,
             allow,
             message,
         });
-        self.changed.insert(num);
-        self.surface_next(ctx, num);
+        self.changed.insert(id);
+        self.surface_next(id);
     }
 
-    fn surface_next(&mut self, ctx: &mut Ctx, num: u64) {
+    fn surface_next(&mut self, id: RunId) {
         let timeout = self.config.permission_timeout;
-        let Some(rec) = self.runs.get_mut(&num) else {
+        let Some(rec) = self.runs.get_mut(&id) else {
             return;
         };
         if rec.surfaced.is_some() {
@@ -833,27 +834,29 @@ impl DriveCore {
         let Some(prompt) = rec.prompts.pop_front() else {
             return;
         };
-        let timer = ctx.add_timer(timeout, prompt_timer_key(num));
+        let seq = self.next_prompt_seq;
+        self.next_prompt_seq += 1;
         let _ = rec.log.append_permission(Some(&prompt.to_json()));
-        rec.surfaced = Some((prompt, timer));
-        self.changed.insert(num);
+        rec.surfaced = Some((prompt, seq));
+        self.actions
+            .push(CoreAction::Arm(timeout, CoreTimer::Prompt { run: id, seq }));
+        self.changed.insert(id);
     }
 
-    pub fn cancel(&mut self, ctx: &mut Ctx, id: &str) -> Result<(), DriveError> {
-        let rec = self.record_mut(id)?;
+    pub fn cancel(&mut self, id: RunId) -> Result<(), DriveError> {
+        let rec = self.record(id)?;
         if rec.live && !rec.status.is_terminal() {
-            ctx.act(HostAction::Cancel(RunId(rec.num)));
+            self.act(HostAction::Cancel(id));
         }
         Ok(())
     }
 
     /// Cancels the run if it is live, forgets it and removes its session file.
-    pub fn delete(&mut self, ctx: &mut Ctx, id: &str) -> Result<(), DriveError> {
+    pub fn delete(&mut self, id: RunId) -> Result<(), DriveError> {
         let rec = self.record(id)?;
-        let num = rec.num;
         if !rec.live {
             // Not ours to write: the file may belong to another caliban process.
-            match self.store.delete(&run_id(num)) {
+            match self.store.delete(&id.to_string()) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     return Err(DriveError::Foreign(e.to_string()));
                 }
@@ -862,38 +865,34 @@ impl DriveCore {
                 }
                 _ => {}
             }
-            self.runs.remove(&num);
-            self.changed.insert(num);
+            self.runs.remove(&id);
+            self.changed.insert(id);
             return Ok(());
         }
         // Our own live run: drop its record (closing the file and its lock), stop it, and
-        // remove the file.
-        if let Some(rec) = self.runs.remove(&num) {
-            if let Some((_, timer)) = rec.surfaced {
-                ctx.cancel_timer(timer);
-            }
-            ctx.act(HostAction::Cancel(RunId(num)));
-        }
-        if let Err(e) = self.store.delete(&run_id(num))
+        // remove the file. A prompt timer still armed finds no record and is ignored.
+        self.runs.remove(&id);
+        self.act(HostAction::Cancel(id));
+        if let Err(e) = self.store.delete(&id.to_string())
             && e.kind() != std::io::ErrorKind::NotFound
         {
             log::warn(&format!("cannot delete the session file of {id}: {e}"));
         }
-        self.changed.insert(num);
+        self.changed.insert(id);
         Ok(())
     }
 
     /// Runs whose observable state changed since the last call (for live streams).
-    pub fn take_changed(&mut self) -> BTreeSet<u64> {
+    pub fn take_changed(&mut self) -> BTreeSet<RunId> {
         std::mem::take(&mut self.changed)
     }
 
     fn evict_finished(&mut self) {
-        let finished: Vec<u64> = self
+        let finished: Vec<RunId> = self
             .runs
             .values()
             .filter(|r| !r.live && r.status.is_terminal())
-            .map(|r| r.num)
+            .map(|r| r.id)
             .collect();
         if finished.len() > MAX_FINISHED_IN_MEMORY {
             // Oldest first; they stay on disk and reappear after a restart.
@@ -906,7 +905,7 @@ impl DriveCore {
     // ---- engine callbacks ----------------------------------------------------------------
 
     pub fn on_event(&mut self, run: RunId, event: &TurnEvent) {
-        let Some(rec) = self.runs.get_mut(&run.0) else {
+        let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
         match rec.log.append_event(&event.to_json()) {
@@ -914,20 +913,20 @@ impl DriveCore {
             Err(e) => {
                 // An event that cannot be recorded is lost to every reader: stop the run
                 // rather than let it finish with a hole nobody can see.
-                log::error(&format!("cannot append to {}: {e}", run_id(run.0)));
+                log::error(&format!("cannot append to {run}: {e}"));
                 if rec.write_error.is_none() {
                     rec.write_error = Some(format!("the session file could not be written: {e}"));
                     if rec.live && !matches!(event, TurnEvent::RunEnd { .. }) {
-                        self.pending_cancels.push(run.0);
+                        self.pending_cancels.push(run);
                     }
                 }
             }
         }
-        self.changed.insert(run.0);
+        self.changed.insert(run);
     }
 
-    pub fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply {
-        let Some(rec) = self.runs.get_mut(&run.0) else {
+    pub fn on_ask(&mut self, run: RunId, call: &ToolCall) -> AskReply {
+        let Some(rec) = self.runs.get_mut(&run) else {
             return AskReply::Deny(format!(
                 "permission denied for tool '{}': no drive client attached",
                 call.name
@@ -938,31 +937,30 @@ impl DriveCore {
             tool_name: call.name.clone(),
             input: call.input.clone(),
         });
-        self.surface_next(ctx, run.0);
+        self.surface_next(run);
         AskReply::Pending
     }
 
-    pub fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId) {
-        let Some(rec) = self.runs.get_mut(&run.0) else {
+    pub fn on_await_input(&mut self, run: RunId) {
+        let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
         rec.status = DriveStatus::AwaitingInput;
         let _ = rec.log.append_status(&rec.status.to_json());
-        self.changed.insert(run.0);
+        self.changed.insert(run);
         if !rec.inputs.is_empty() {
-            self.deliver_input(ctx, run.0);
+            self.deliver_input(run);
         }
     }
 
-    pub fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
-        let Some(rec) = self.runs.get_mut(&run.0) else {
+    pub fn on_finished(&mut self, run: RunId, why: &StopCondition) {
+        let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
         rec.live = false;
         rec.prompts.clear();
         rec.inputs.clear();
-        if let Some((prompt, timer)) = rec.surfaced.take() {
-            ctx.cancel_timer(timer);
+        if let Some((prompt, _)) = rec.surfaced.take() {
             let _ = rec.log.append_permission(None);
             rec.abandoned_prompt = Some(prompt.tool_use_id);
         }
@@ -980,47 +978,42 @@ impl DriveCore {
         let _ = rec.log.append_status(&rec.status.to_json());
         // A finished run is served from its file: no descriptor, lock or tail stays open.
         let _ = rec.log.close();
-        self.changed.insert(run.0);
+        self.changed.insert(run);
     }
 
-    /// Routes a timer to the core if it is one of its own (`CORE_TIMER_TAG`); returns
-    /// whether it was.
-    pub fn on_timer(&mut self, ctx: &mut Ctx, key: u64) -> bool {
-        if key & CORE_TIMER_TAG == 0 {
-            return false;
+    /// A deadline the core armed passed.
+    pub fn on_timer(&mut self, timer: CoreTimer) {
+        match timer {
+            CoreTimer::Prompt { run, seq } => self.on_prompt_timeout(run, seq),
         }
-        self.on_prompt_timeout(ctx, key & !CORE_TIMER_TAG);
-        true
     }
 
-    /// Work the core deferred to a safe point; hosts call it from `Host::after_batch`.
-    pub fn after_batch(&mut self, ctx: &mut Ctx) {
-        for num in std::mem::take(&mut self.pending_cancels) {
-            if self.runs.get(&num).is_some_and(|r| r.live) {
-                ctx.act(HostAction::Cancel(RunId(num)));
+    /// Work the core deferred to a safe point; the drive host calls it after each batch.
+    pub fn after_batch(&mut self) {
+        for run in std::mem::take(&mut self.pending_cancels) {
+            if self.runs.get(&run).is_some_and(|r| r.live) {
+                self.act(HostAction::Cancel(run));
             }
         }
     }
 
-    /// A prompt deadline passed: deny, as upstream does after 10 minutes.
-    fn on_prompt_timeout(&mut self, ctx: &mut Ctx, num: u64) {
+    /// A prompt deadline passed: deny, as upstream does after 10 minutes. A timer for a
+    /// prompt already answered (another `seq`, or none surfaced) is stale and ignored.
+    fn on_prompt_timeout(&mut self, run: RunId, seq: u64) {
         let secs = self.config.permission_timeout.as_secs_f64();
-        let Some(rec) = self.runs.get(&num) else {
+        let Some(rec) = self.runs.get(&run) else {
             return;
         };
-        let Some((prompt, _)) = &rec.surfaced else {
+        let Some((prompt, surfaced_seq)) = &rec.surfaced else {
             return;
         };
+        if *surfaced_seq != seq {
+            return;
+        }
         let message = format!(
             "permission denied for tool '{}': drive client did not respond within {secs}s",
             prompt.tool_name
         );
-        // The timer already fired; forget it so answer_prompt does not cancel a dead id.
-        if let Some(rec) = self.runs.get_mut(&num)
-            && let Some((_, timer)) = &mut rec.surfaced
-        {
-            ctx.cancel_timer(*timer);
-        }
-        self.answer_prompt(ctx, num, false, message);
+        self.answer_prompt(run, false, message);
     }
 }

@@ -5,7 +5,7 @@
 //! It translates HTTP to drive-core calls and drive-core state to HTTP; it holds no agent
 //! logic. It owns the listener, the connections and each live stream's position.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,16 +14,14 @@ use mio::net::TcpListener;
 use mio::{Interest, Token};
 use serde_json::{Value, json};
 
-use crate::agent::event::StopCondition;
-use crate::agent::event::TurnEvent;
-use crate::agent::run::ToolCall;
 use crate::auth::Decision;
 use crate::drive::table::{DriveCore, DriveError, DriveStatus, Inbound, RunSpec};
-use crate::engine::{AskReply, Ctx, Host, HostAction, RunId};
+use crate::engine::{Engine, HostAction, RunId};
 use crate::http::server::{ConnEvent, Connection, Request};
 use crate::log;
 use crate::permissions::{Action, Mode, Rule, RuleSource};
 use crate::reactor::{Signal, TimerId};
+use crate::surface::host::{Cx, DriveHost, Key, Surface};
 use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
@@ -36,15 +34,16 @@ const STREAM_STEP_BYTES: usize = 256 * 1024;
 
 const OPENAPI: &str = include_str!("openapi.json");
 
-/// Host keys: the listener, connections from `CONN_BASE` up. Run numbers (prompt timers)
-/// stay below `CONN_BASE`.
-const LISTENER_KEY: u64 = u64::MAX;
-const CONN_BASE: u64 = 1 << 40;
-const _: () = assert!(CONN_BASE < crate::drive::table::CORE_TIMER_TAG);
+/// What this surface registers on the loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HttpKey {
+    Listener,
+    Conn(u64),
+}
 
 /// A live `follow=1` stream on one connection.
 struct Follow {
-    run: String,
+    run: RunId,
     /// The opening status line was decided (sent, or deferred for a finished run).
     started: bool,
     next_cursor: u64,
@@ -62,7 +61,6 @@ struct Client {
 }
 
 pub struct HttpServe {
-    core: DriveCore,
     config: ListenConfig,
     listener: TcpListener,
     listener_token: Option<Token>,
@@ -93,16 +91,45 @@ fn drive_error_status(err: &DriveError) -> u16 {
     }
 }
 
+/// Serves HTTP until SIGINT/SIGTERM; runs still going are cancelled on the way out.
+pub fn run(mut engine: Engine<Key<HttpKey>>, core: DriveCore, listen: ListenConfig) -> u8 {
+    let addr = listen.addr;
+    let scheme = if listen.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let server = match HttpServe::new(listen) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error(&format!("failed to bind {addr}: {e}"));
+            return crate::print::EXIT_RUNTIME;
+        }
+    };
+    let mut host = DriveHost::new(core, server);
+    if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |http, cx| http.start(cx))) {
+        log::error(&format!("cannot listen on {addr}: {e}"));
+        return crate::print::EXIT_RUNTIME;
+    }
+    let local = host.surface.local_addr().unwrap_or(addr);
+    // One line on stderr that scripts and tests can wait for (stdout stays unused).
+    eprintln!("caliban http serve listening on {scheme}://{local}");
+    if let Err(e) = engine.run_loop(&mut host) {
+        log::error(&format!("event loop failed: {e}"));
+        return crate::print::EXIT_RUNTIME;
+    }
+    0
+}
+
 impl HttpServe {
-    pub fn new(core: DriveCore, config: ListenConfig) -> std::io::Result<HttpServe> {
+    pub fn new(config: ListenConfig) -> std::io::Result<HttpServe> {
         let listener = TcpListener::bind(config.addr)?;
         Ok(HttpServe {
-            core,
             config,
             listener,
             listener_token: None,
             clients: HashMap::new(),
-            next_key: CONN_BASE,
+            next_key: 0,
             accept_paused: false,
         })
     }
@@ -112,15 +139,15 @@ impl HttpServe {
     }
 
     /// Registers the listener on the engine's loop.
-    pub fn start(&mut self, ctx: &mut Ctx) -> std::io::Result<()> {
-        let token = ctx.host_token(LISTENER_KEY);
+    pub fn start(&mut self, ctx: &mut Cx<HttpKey>) -> std::io::Result<()> {
+        let token = ctx.host_token(HttpKey::Listener);
         ctx.registry()
             .register(&mut self.listener, token, Interest::READABLE)?;
         self.listener_token = Some(token);
         Ok(())
     }
 
-    fn accept(&mut self, ctx: &mut Ctx) {
+    fn accept(&mut self, ctx: &mut Cx<HttpKey>) {
         loop {
             let open = self.clients.len();
             match accept_next(&self.listener, open, self.config.max_connections) {
@@ -138,10 +165,11 @@ impl HttpServe {
         }
     }
 
-    fn add_client(&mut self, ctx: &mut Ctx, tcp: mio::net::TcpStream, peer: SocketAddr) {
+    fn add_client(&mut self, ctx: &mut Cx<HttpKey>, tcp: mio::net::TcpStream, peer: SocketAddr) {
         let key = self.next_key;
         self.next_key += 1;
-        let Some(accepted) = register_connection(ctx, &self.config, tcp, peer, key) else {
+        let Some(accepted) = register_connection(ctx, &self.config, tcp, peer, HttpKey::Conn(key))
+        else {
             return;
         };
         self.clients.insert(
@@ -158,7 +186,7 @@ impl HttpServe {
         self.on_client_ready(ctx, key);
     }
 
-    fn close_client(&mut self, ctx: &mut Ctx, key: u64) {
+    fn close_client(&mut self, ctx: &mut Cx<HttpKey>, key: u64) {
         if let Some(mut client) = self.clients.remove(&key) {
             let _ = ctx.registry().deregister(client.conn.tcp());
             ctx.forget_token(client.token);
@@ -170,7 +198,7 @@ impl HttpServe {
         }
     }
 
-    fn on_client_ready(&mut self, ctx: &mut Ctx, key: u64) {
+    fn on_client_ready(&mut self, ctx: &mut Cx<HttpKey>, key: u64) {
         let Some(client) = self.clients.get_mut(&key) else {
             return;
         };
@@ -178,7 +206,7 @@ impl HttpServe {
         for event in events {
             match event {
                 ConnEvent::Request(request) => self.handle(ctx, key, request),
-                ConnEvent::Writable => self.pump_follow(key),
+                ConnEvent::Writable => self.pump_follow(ctx.core, key),
                 ConnEvent::Closed => {
                     self.close_client(ctx, key);
                     return;
@@ -197,7 +225,7 @@ impl HttpServe {
     }
 
     /// Serves requests a pipelining client already sent, and drops closed connections.
-    fn after_response(&mut self, ctx: &mut Ctx, key: u64) {
+    fn after_response(&mut self, ctx: &mut Cx<HttpKey>, key: u64) {
         loop {
             let Some(client) = self.clients.get_mut(&key) else {
                 return;
@@ -216,7 +244,7 @@ impl HttpServe {
         }
     }
 
-    fn handle(&mut self, ctx: &mut Ctx, key: u64, request: Request) {
+    fn handle(&mut self, ctx: &mut Cx<HttpKey>, key: u64, request: Request) {
         let Some(client) = self.clients.get_mut(&key) else {
             return;
         };
@@ -253,10 +281,16 @@ impl HttpServe {
             );
             return;
         }
-        if let Some(id) = run_in_path(&request.path) {
-            // Runs evicted from memory (or from before a restart) are read back on demand.
-            self.core.ensure_loaded(id);
-        }
+        // The run a path names, parsed (and read back from disk if evicted or from before a
+        // restart) once; routes report an unknown one where they would use it.
+        let run = match run_in_path(&request.path) {
+            Some(id) => ctx.core.resolve(id),
+            None => Err(DriveError::UnknownRun(String::new())),
+        };
+        let run_or_status = || {
+            run.clone()
+                .map_err(|e| (drive_error_status(&e), e.to_string()))
+        };
         let Some(client) = self.clients.get_mut(&key) else {
             return;
         };
@@ -292,39 +326,41 @@ impl HttpServe {
             ("POST", ["runs"]) => {
                 let result = parse_json_body(&request).and_then(|body| run_spec(&body));
                 let result = result.and_then(|spec| {
-                    self.core
-                        .start_run(ctx, spec)
+                    ctx.core
+                        .start_run(spec)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
                 let Some(client) = self.clients.get_mut(&key) else {
                     return;
                 };
                 match result {
-                    Ok(run_id) => json_response(&mut client.conn, 200, &json!({"run_id": run_id})),
+                    Ok(run) => {
+                        json_response(&mut client.conn, 200, &json!({"run_id": run.to_string()}))
+                    }
                     Err((status, message)) => error_response(&mut client.conn, status, &message),
                 }
             }
             ("GET", ["runs"]) => {
-                let runs: Vec<Value> = self
+                let runs: Vec<Value> = ctx
                     .core
                     .list()
                     .into_iter()
                     .map(|r| {
-                        json!({"run_id": r.run_id, "status": r.status.to_json(),
+                        json!({"run_id": r.run_id.to_string(), "status": r.status.to_json(),
                                "interactive": r.interactive, "created_ms": r.created_ms,
                                "events": r.events, "prompt": preview(&r.prompt)})
                     })
                     .collect();
                 json_response(&mut client.conn, 200, &json!({"runs": runs}));
             }
-            ("GET", ["runs", id, "events"]) => self.events(key, id, &request),
-            ("GET", ["runs", id, "status"]) => match self.core.status(id) {
+            ("GET", ["runs", _, "events"]) => self.events(ctx, key, run, &request),
+            ("GET", ["runs", _, "status"]) => match run.and_then(|r| ctx.core.status(r)) {
                 Ok(status) => {
                     json_response(&mut client.conn, 200, &json!({"status": status.to_json()}))
                 }
                 Err(e) => error_response(&mut client.conn, drive_error_status(&e), &e.to_string()),
             },
-            ("POST", ["runs", id, "input"]) => {
+            ("POST", ["runs", _, "input"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
                     let end = match body.get("end") {
                         None | Some(Value::Null) => false,
@@ -343,13 +379,13 @@ impl HttpServe {
                     } else {
                         return Err((400, "input requires `text` or `end: true`".to_owned()));
                     };
-                    self.core
-                        .send_input(ctx, id, input)
+                    ctx.core
+                        .send_input(run_or_status()?, input)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
                 self.reply_ok(key, result);
             }
-            ("POST", ["runs", id, "permit"]) => {
+            ("POST", ["runs", _, "permit"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
                     let Some(tool_use_id) = body.get("tool_use_id").and_then(Value::as_str) else {
                         return Err((422, "missing field `tool_use_id`".to_owned()));
@@ -361,25 +397,26 @@ impl HttpServe {
                         .get("reason")
                         .and_then(Value::as_str)
                         .map(str::to_owned);
-                    self.core
-                        .permit(ctx, id, tool_use_id, allow, reason)
-                        .map(|_| ())
+                    ctx.core
+                        .permit(run_or_status()?, tool_use_id, allow, reason)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
                 self.reply_ok(key, result);
             }
-            ("POST", ["runs", id, "cancel"]) => {
-                let result = self
-                    .core
-                    .cancel(ctx, id)
-                    .map_err(|e| (drive_error_status(&e), e.to_string()));
+            ("POST", ["runs", _, "cancel"]) => {
+                let result = run_or_status().and_then(|run| {
+                    ctx.core
+                        .cancel(run)
+                        .map_err(|e| (drive_error_status(&e), e.to_string()))
+                });
                 self.reply_ok(key, result);
             }
-            ("DELETE", ["runs", id]) => {
-                let result = self
-                    .core
-                    .delete(ctx, id)
-                    .map_err(|e| (drive_error_status(&e), e.to_string()));
+            ("DELETE", ["runs", _]) => {
+                let result = run_or_status().and_then(|run| {
+                    ctx.core
+                        .delete(run)
+                        .map_err(|e| (drive_error_status(&e), e.to_string()))
+                });
                 self.reply_ok(key, result);
             }
             (
@@ -409,7 +446,13 @@ impl HttpServe {
         }
     }
 
-    fn events(&mut self, key: u64, id: &str, request: &Request) {
+    fn events(
+        &mut self,
+        ctx: &mut Cx<HttpKey>,
+        key: u64,
+        run: Result<RunId, DriveError>,
+        request: &Request,
+    ) {
         let Some(client) = self.clients.get_mut(&key) else {
             return;
         };
@@ -437,14 +480,13 @@ impl HttpServe {
             },
             None => 0,
         };
-        if !self.core.exists(id) {
-            error_response(
-                &mut client.conn,
-                404,
-                &DriveError::UnknownRun(id.to_owned()).to_string(),
-            );
-            return;
-        }
+        let id = match run {
+            Ok(id) => id,
+            Err(e) => {
+                error_response(&mut client.conn, drive_error_status(&e), &e.to_string());
+                return;
+            }
+        };
         if follow {
             let content_type = if sse {
                 "text/event-stream"
@@ -459,17 +501,17 @@ impl HttpServe {
                 ],
             );
             client.follow = Some(Follow {
-                run: id.to_owned(),
+                run: id,
                 started: false,
                 next_cursor: cursor,
                 sent_status: None,
                 sent_prompt: None,
                 sse,
             });
-            self.pump_follow(key);
+            self.pump_follow(ctx.core, key);
             return;
         }
-        match self.core.poll(id, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES) {
+        match ctx.core.poll(id, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES) {
             Ok(view) => client.conn.respond(
                 200,
                 &[("content-type", "application/json")],
@@ -482,7 +524,7 @@ impl HttpServe {
     /// Writes what a live stream has not seen yet, as far as the client keeps up: events in
     /// order, then (once caught up) the prompt and status if they changed. The stream ends
     /// after the line carrying a terminal status, which is only sent once every event was.
-    fn pump_follow(&mut self, key: u64) {
+    fn pump_follow(&mut self, core: &DriveCore, key: u64) {
         let Some(client) = self.clients.get_mut(&key) else {
             return;
         };
@@ -502,8 +544,8 @@ impl HttpServe {
         if !follow.started {
             follow.started = true;
             let (Ok(status), Ok(total)) = (
-                self.core.status_at(&follow.run, follow.next_cursor),
-                self.core.event_count(&follow.run),
+                core.status_at(follow.run, follow.next_cursor),
+                core.event_count(follow.run),
             ) else {
                 client.conn.end_stream();
                 client.follow = None;
@@ -525,8 +567,8 @@ impl HttpServe {
             if !client.conn.wants_more_stream() {
                 return;
             }
-            let view = match self.core.poll(
-                &follow.run,
+            let view = match core.poll(
+                follow.run,
                 follow.next_cursor,
                 STREAM_STEP_EVENTS,
                 STREAM_STEP_BYTES,
@@ -586,8 +628,8 @@ impl HttpServe {
         }
     }
 
-    fn metrics(&self, ctx: &Ctx) -> String {
-        let (by_state, events) = self.core.counts();
+    fn metrics(&self, ctx: &Cx<HttpKey>) -> String {
+        let (by_state, events) = ctx.core.counts();
         let stats = ctx.stats();
         let mut out = String::new();
         out.push_str("# HELP caliban_runs Runs known to this server, by lifecycle state.\n");
@@ -642,24 +684,18 @@ impl HttpServe {
         out
     }
 
-    fn pump_all(&mut self, ctx: &mut Ctx) {
-        let changed = self.core.take_changed();
+    fn pump_all(&mut self, ctx: &mut Cx<HttpKey>, changed: &BTreeSet<RunId>) {
         if changed.is_empty() {
             return;
         }
         let keys: Vec<u64> = self
             .clients
             .iter()
-            .filter(|(_, c)| {
-                c.follow
-                    .as_ref()
-                    .and_then(|f| crate::drive::table::parse_run_id(&f.run))
-                    .is_some_and(|n| changed.contains(&n))
-            })
+            .filter(|(_, c)| c.follow.as_ref().is_some_and(|f| changed.contains(&f.run)))
             .map(|(k, _)| *k)
             .collect();
         for key in keys {
-            self.pump_follow(key);
+            self.pump_follow(ctx.core, key);
             self.after_response(ctx, key);
         }
     }
@@ -778,47 +814,32 @@ fn run_spec(body: &Value) -> Result<RunSpec, (u16, String)> {
     })
 }
 
-impl Host for HttpServe {
-    fn on_event(&mut self, _ctx: &mut Ctx, run: RunId, event: &TurnEvent) {
-        self.core.on_event(run, event);
-    }
+impl Surface for HttpServe {
+    type Key = HttpKey;
 
-    fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply {
-        self.core.on_ask(ctx, run, call)
-    }
-
-    fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId) {
-        self.core.on_await_input(ctx, run);
-    }
-
-    fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
-        self.core.on_finished(ctx, run, why);
-    }
-
-    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal) {
+    fn on_signal(&mut self, ctx: &mut Cx<HttpKey>, signal: Signal) {
         log::info(&format!(
             "{signal:?}: cancelling live runs and shutting down"
         ));
-        for summary in self.core.list() {
+        for summary in ctx.core.list() {
             if !summary.status.is_terminal() {
-                let _ = self.core.cancel(ctx, &summary.run_id);
+                let _ = ctx.core.cancel(summary.run_id);
             }
         }
         ctx.act(HostAction::Quit);
     }
 
-    fn on_io(&mut self, ctx: &mut Ctx, key: u64) {
-        if key == LISTENER_KEY {
-            self.accept(ctx);
-        } else {
-            self.on_client_ready(ctx, key);
+    fn on_io(&mut self, ctx: &mut Cx<HttpKey>, key: HttpKey) {
+        match key {
+            HttpKey::Listener => self.accept(ctx),
+            HttpKey::Conn(key) => self.on_client_ready(ctx, key),
         }
     }
 
-    fn on_timer(&mut self, ctx: &mut Ctx, key: u64) {
-        if self.core.on_timer(ctx, key) {
+    fn on_timer(&mut self, ctx: &mut Cx<HttpKey>, key: HttpKey) {
+        let HttpKey::Conn(key) = key else {
             return;
-        }
+        };
         let idle = self.config.limits.idle_timeout;
         let Some(client) = self.clients.get_mut(&key) else {
             return;
@@ -837,11 +858,10 @@ impl Host for HttpServe {
         } else {
             idle.saturating_sub(quiet).max(Duration::from_millis(10))
         };
-        client.idle_timer = ctx.add_timer(wait, key);
+        client.idle_timer = ctx.add_timer(wait, HttpKey::Conn(key));
     }
 
-    fn after_batch(&mut self, ctx: &mut Ctx) {
-        self.core.after_batch(ctx);
-        self.pump_all(ctx);
+    fn after_batch(&mut self, ctx: &mut Cx<HttpKey>, changed: &BTreeSet<RunId>) {
+        self.pump_all(ctx, changed);
     }
 }

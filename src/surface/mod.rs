@@ -2,6 +2,7 @@
 //! drive-core calls and drive-core state back; none holds agent logic.
 
 pub mod acp;
+pub mod host;
 pub mod http_api;
 pub mod mcp;
 
@@ -13,7 +14,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 
 use crate::auth::Gate;
-use crate::engine::Ctx;
+use crate::engine::HostKey;
 use crate::http::server::{Connection, Limits};
 use crate::log;
 use crate::reactor::TimerId;
@@ -43,12 +44,12 @@ pub struct Accepted {
 /// Sets up an accepted socket for a network surface: socket options, the HTTP connection
 /// (TLS when configured), registration under `key`, and the idle timer. `None` (logged)
 /// when any step fails; the socket is then dropped.
-pub fn register_connection(
-    ctx: &mut Ctx,
+pub fn register_connection<K: HostKey>(
+    ctx: &mut host::Cx<K>,
     config: &ListenConfig,
     tcp: TcpStream,
     peer: SocketAddr,
-    key: u64,
+    key: K,
 ) -> Option<Accepted> {
     let _ = tcp.set_nodelay(true);
     let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);

@@ -20,20 +20,21 @@ mod convo;
 mod delegate;
 mod mcp_client;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{MAX_TOOL_INPUT_BYTES, ToolCall};
-use crate::drive::table::{DriveCore, DriveStatus, Inbound, Prompt, RunSpec, parse_run_id, run_id};
-use crate::engine::{AskReply, Ctx, Engine, Host, HostAction, RunId, ToolPlacement};
+use crate::drive::table::{DriveCore, DriveStatus, Inbound, Prompt, RunSpec};
+use crate::engine::{Engine, HostAction, RunId, ToolPlacement};
 use crate::jsonrpc::{self, INTERNAL_ERROR, INVALID_REQUEST, Id, Message, RpcError, notification};
 use crate::log;
 use crate::permissions::{Action, Mode, Policy, Rule, RuleSource};
 use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
+use crate::surface::host::{Cx, DriveHost, Key, Surface};
 use card::{Described, JsonEnd, OldText};
 use delegate::{Advance, ClientCaps, Step};
 use mcp_client::{Phase, Server};
@@ -44,14 +45,18 @@ pub const PROTOCOL_VERSION: u64 = 1;
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
 /// The session-header field that ties a run to its ACP session.
 pub const SESSION_FIELD: &str = "acp_session";
-/// This surface's timer keys (delegated calls' deadlines) count up from here; the drive
-/// core's own keys carry `CORE_TIMER_TAG` and are routed to it first.
-const TIMER_BASE: u64 = 1 << 40;
+/// What this surface registers on the loop: deadlines of delegated calls and of prompts
+/// waiting for MCP servers (numbered by `AcpServe::next_timer`), and the pipes of MCP
+/// server `n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AcpKey {
+    Task(u64),
+    McpWait(u64),
+    McpOut(u64),
+    McpIn(u64),
+}
 /// The longest session title `session/list` shows.
 const MAX_TITLE_CHARS: usize = 80;
-/// This surface's I/O keys for MCP servers' pipes: server `n` has `MCP_IO_BASE + 2n`
-/// (stdout) and `MCP_IO_BASE + 2n + 1` (stdin).
-const MCP_IO_BASE: u64 = 1 << 41;
 /// How long a prompt waits for the session's MCP servers to list their tools.
 const MCP_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -86,8 +91,8 @@ const MODES: [(Mode, &str, &str); 5] = [
 
 /// Serves ACP on stdin/stdout until stdin closes or a signal arrives. Runs still going are
 /// cancelled on the way out, which kills their tool processes.
-pub fn run(mut engine: Engine, core: DriveCore) -> u8 {
-    let mut server = AcpServe::new(core);
+pub fn run(mut engine: Engine<Key<AcpKey>>, core: DriveCore) -> u8 {
+    let mut server = DriveHost::new(core, AcpServe::new());
     match engine.run_loop(&mut server) {
         Ok(()) => 0,
         Err(e) => {
@@ -198,7 +203,7 @@ struct Session {
     /// Rules from "always" answers, given to every run the session starts.
     rules: Vec<Rule>,
     /// The newest run (live or not): a new run continues its conversation.
-    run: Option<String>,
+    run: Option<RunId>,
     /// The newest run ended on a refusal: its last prompt is not carried on.
     drop_last_prompt: bool,
     /// The `session/prompt` being answered.
@@ -222,7 +227,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(cwd: PathBuf, mode: Mode, run: Option<String>) -> Session {
+    fn new(cwd: PathBuf, mode: Mode, run: Option<RunId>) -> Session {
         Session {
             cwd,
             mode,
@@ -255,7 +260,7 @@ struct McpEntry {
 enum Pending {
     Permission {
         session: String,
-        run: u64,
+        run: RunId,
         tool_use_id: String,
         /// The rule an "always" answer adds.
         pattern: String,
@@ -269,11 +274,10 @@ enum Pending {
 }
 
 pub struct AcpServe {
-    core: DriveCore,
     caps: ClientCaps,
     sessions: HashMap<String, Session>,
     /// The session of each run this process started and still runs.
-    runs: HashMap<u64, String>,
+    runs: HashMap<RunId, String>,
     outbox: Outbox,
     next_request: i64,
     pending: HashMap<i64, Pending>,
@@ -343,9 +347,8 @@ fn config_options_json(current: Mode) -> Value {
 }
 
 impl AcpServe {
-    pub fn new(core: DriveCore) -> AcpServe {
+    fn new() -> AcpServe {
         AcpServe {
-            core,
             caps: ClientCaps::default(),
             sessions: HashMap::new(),
             runs: HashMap::new(),
@@ -353,7 +356,7 @@ impl AcpServe {
             next_request: 1,
             pending: HashMap::new(),
             timers: HashMap::new(),
-            next_timer: TIMER_BASE,
+            next_timer: 0,
             quitting: false,
             mcp: HashMap::new(),
             next_mcp: 0,
@@ -379,7 +382,7 @@ impl AcpServe {
 
     // ---- the client's messages -----------------------------------------------------------
 
-    fn on_line(&mut self, ctx: &mut Ctx, line: &[u8]) {
+    fn on_line(&mut self, ctx: &mut Cx<AcpKey>, line: &[u8]) {
         match jsonrpc::parse(line) {
             Ok(None) => {}
             Ok(Some(Message::Request { id, method, params })) => {
@@ -393,14 +396,14 @@ impl AcpServe {
         }
     }
 
-    fn on_request(&mut self, ctx: &mut Ctx, id: Id, method: &str, params: &Value) {
+    fn on_request(&mut self, ctx: &mut Cx<AcpKey>, id: Id, method: &str, params: &Value) {
         let result = match method {
             "initialize" => self.initialize(params),
             "authenticate" => Ok(json!({})),
             "session/new" => self.new_session(ctx, params),
             "session/load" => self.open_session(ctx, params, true),
             "session/resume" => self.open_session(ctx, params, false),
-            "session/list" => self.list_sessions(params),
+            "session/list" => self.list_sessions(ctx.core, params),
             "session/close" => self.close_session(ctx, params),
             "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
             "session/set_config_option" => self.set_config_option(ctx, params),
@@ -414,7 +417,7 @@ impl AcpServe {
         self.reply(id, result);
     }
 
-    fn on_notification(&mut self, ctx: &mut Ctx, method: &str, params: &Value) {
+    fn on_notification(&mut self, ctx: &mut Cx<AcpKey>, method: &str, params: &Value) {
         match method {
             "session/cancel" => {
                 if let Some(session) = params.get("sessionId").and_then(Value::as_str) {
@@ -446,7 +449,7 @@ impl AcpServe {
         }
     }
 
-    fn on_response(&mut self, ctx: &mut Ctx, id: &Id, result: Result<Value, RpcError>) {
+    fn on_response(&mut self, ctx: &mut Cx<AcpKey>, id: &Id, result: Result<Value, RpcError>) {
         let Id::Num(id) = *id else {
             return;
         };
@@ -496,7 +499,7 @@ impl AcpServe {
 
     /// A session's directory: absolute, existing, inside the workspace caliban serves (its
     /// settings and permission rules are that workspace's).
-    fn session_cwd(&self, params: &Value) -> Result<PathBuf, RpcError> {
+    fn session_cwd(core: &DriveCore, params: &Value) -> Result<PathBuf, RpcError> {
         let raw = str_param(params, "cwd")?;
         let path = Path::new(raw);
         if !path.is_absolute() {
@@ -507,7 +510,7 @@ impl AcpServe {
         let canonical = path
             .canonicalize()
             .map_err(|e| invalid_params(format!("cwd {raw}: {e}")))?;
-        let workspace = &self.core.config().workspace;
+        let workspace = &core.config().workspace;
         if !canonical.is_dir() || !canonical.starts_with(workspace) {
             return Err(invalid_params(format!(
                 "cwd {raw} is not a directory inside caliban's workspace {}; start `caliban acp \
@@ -518,10 +521,10 @@ impl AcpServe {
         Ok(canonical)
     }
 
-    fn new_session(&mut self, ctx: &mut Ctx, params: &Value) -> Result<Value, RpcError> {
-        let cwd = self.session_cwd(params)?;
+    fn new_session(&mut self, ctx: &mut Cx<AcpKey>, params: &Value) -> Result<Value, RpcError> {
+        let cwd = Self::session_cwd(ctx.core, params)?;
         let id = crate::auth::new_uuid();
-        let mode = self.core.config().policy.mode();
+        let mode = ctx.core.config().policy.mode();
         self.sessions
             .insert(id.clone(), Session::new(cwd, mode, None));
         self.connect_servers(ctx, &id, params);
@@ -533,12 +536,12 @@ impl AcpServe {
     /// an earlier one, found by its runs' session headers.
     fn open_session(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<AcpKey>,
         params: &Value,
         replay: bool,
     ) -> Result<Value, RpcError> {
         let id = str_param(params, "sessionId")?.to_owned();
-        let cwd = self.session_cwd(params)?;
+        let cwd = Self::session_cwd(ctx.core, params)?;
         let newest = match self.sessions.get(&id) {
             Some(session) if session.prompt.is_some() || session.mcp_wait.is_some() => {
                 return Err(RpcError::new(
@@ -546,19 +549,18 @@ impl AcpServe {
                     "the session is answering a prompt; cancel it first",
                 ));
             }
-            Some(session) => session.run.clone(),
+            Some(session) => session.run,
             None => {
-                self.core.load_existing();
-                let runs = self.core.find_by_header(SESSION_FIELD, &json!(id));
+                ctx.core.load_existing();
+                let runs = ctx.core.find_by_header(SESSION_FIELD, &json!(id));
                 match runs.last() {
-                    Some(run) => Some(run.clone()),
+                    Some(run) => Some(*run),
                     None => return Err(unknown_session(&id)),
                 }
             }
         };
-        if replay && let Some(run) = &newest {
-            self.core.ensure_loaded(run);
-            let messages = self
+        if replay && let Some(run) = newest {
+            let messages = ctx
                 .core
                 .messages(run)
                 .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
@@ -566,25 +568,24 @@ impl AcpServe {
                 self.outbox.update(&id, update);
             }
         }
-        let default_mode = self.core.config().policy.mode();
+        let default_mode = ctx.core.config().policy.mode();
         let session = self
             .sessions
             .entry(id.clone())
-            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest.clone()));
+            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest));
         session.cwd = cwd;
-        if let Some(run) = &newest
-            && self.core.is_live(run)
-            && let Some(num) = parse_run_id(run)
+        if let Some(run) = newest
+            && ctx.core.is_live(run)
         {
-            self.runs.insert(num, id.clone());
+            self.runs.insert(run, id.clone());
         }
         let mode = session.mode;
         self.connect_servers(ctx, &id, params);
         Ok(json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)}))
     }
 
-    fn list_sessions(&mut self, params: &Value) -> Result<Value, RpcError> {
-        self.core.load_existing();
+    fn list_sessions(&mut self, core: &mut DriveCore, params: &Value) -> Result<Value, RpcError> {
+        core.load_existing();
         // Headers record the canonical directory.
         let cwd = params.get("cwd").and_then(Value::as_str).map(|c| {
             Path::new(c)
@@ -593,8 +594,8 @@ impl AcpServe {
         });
         // session → (title, cwd, newest run's start)
         let mut found: BTreeMap<String, (String, String, u64)> = BTreeMap::new();
-        for summary in self.core.list() {
-            let Ok(header) = self.core.header(&summary.run_id) else {
+        for summary in core.list() {
+            let Ok(header) = core.header(summary.run_id) else {
                 continue;
             };
             let Some(session) = header.get(SESSION_FIELD).and_then(Value::as_str) else {
@@ -628,16 +629,16 @@ impl AcpServe {
         Ok(json!({"sessions": sessions}))
     }
 
-    fn close_session(&mut self, ctx: &mut Ctx, params: &Value) -> Result<Value, RpcError> {
+    fn close_session(&mut self, ctx: &mut Cx<AcpKey>, params: &Value) -> Result<Value, RpcError> {
         let id = str_param(params, "sessionId")?.to_owned();
         let Some(mut session) = self.sessions.remove(&id) else {
             return Err(unknown_session(&id));
         };
         self.runs.retain(|_, s| *s != id);
-        if let Some(run) = &session.run
-            && self.core.is_live(run)
+        if let Some(run) = session.run
+            && ctx.core.is_live(run)
         {
-            let _ = self.core.cancel(ctx, run);
+            let _ = ctx.core.cancel(run);
         }
         if let Some(prompt) = session.prompt.take() {
             self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
@@ -654,13 +655,17 @@ impl AcpServe {
         Ok(json!({}))
     }
 
-    fn set_mode(&mut self, ctx: &mut Ctx, params: &Value) -> Result<(), RpcError> {
+    fn set_mode(&mut self, ctx: &mut Cx<AcpKey>, params: &Value) -> Result<(), RpcError> {
         let id = str_param(params, "sessionId")?;
         let mode_id = str_param(params, "modeId")?;
         self.switch_mode(ctx, id, mode_id)
     }
 
-    fn set_config_option(&mut self, ctx: &mut Ctx, params: &Value) -> Result<Value, RpcError> {
+    fn set_config_option(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
         let id = str_param(params, "sessionId")?.to_owned();
         let option = str_param(params, "configId")?;
         if option != "mode" {
@@ -672,7 +677,12 @@ impl AcpServe {
         Ok(json!({"configOptions": config_options_json(mode)}))
     }
 
-    fn switch_mode(&mut self, ctx: &mut Ctx, id: &str, mode_id: &str) -> Result<(), RpcError> {
+    fn switch_mode(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        id: &str,
+        mode_id: &str,
+    ) -> Result<(), RpcError> {
         let mode = Mode::parse(mode_id).ok_or_else(|| {
             invalid_params(format!(
                 "unknown mode `{mode_id}`: expected default, acceptEdits, plan, dontAsk or \
@@ -684,17 +694,17 @@ impl AcpServe {
             .get_mut(id)
             .ok_or_else(|| unknown_session(id))?;
         session.mode = mode;
-        if let Some(run) = &session.run
-            && self.core.is_live(run)
+        if let Some(run) = session.run
+            && ctx.core.is_live(run)
         {
-            let _ = self.core.update_policy(ctx, run, Some(mode), None);
+            let _ = ctx.core.update_policy(run, Some(mode), None);
         }
         Ok(())
     }
 
     /// Takes a prompt: input at the session's turn boundary, or a new run that continues the
     /// conversation. The answer comes when the turn ends.
-    fn prompt(&mut self, ctx: &mut Ctx, id: &Id, params: &Value) -> Result<(), RpcError> {
+    fn prompt(&mut self, ctx: &mut Cx<AcpKey>, id: &Id, params: &Value) -> Result<(), RpcError> {
         let sid = str_param(params, "sessionId")?.to_owned();
         let text = convo::prompt_text(params.get("prompt").unwrap_or(&Value::Null))
             .map_err(invalid_params)?;
@@ -721,11 +731,11 @@ impl AcpServe {
                 "a prompt is already running in this session; cancel it first",
             ));
         }
-        let live = session.run.clone().filter(|run| self.core.is_live(run));
+        let live = session.run.filter(|run| ctx.core.is_live(*run));
         match live {
-            Some(run) if self.core.status(&run) == Ok(DriveStatus::AwaitingInput) => {
-                self.core
-                    .send_input(ctx, &run, Inbound::UserMessage(text))
+            Some(run) if ctx.core.status(run) == Ok(DriveStatus::AwaitingInput) => {
+                ctx.core
+                    .send_input(run, Inbound::UserMessage(text))
                     .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
             }
             Some(_) => {
@@ -744,7 +754,7 @@ impl AcpServe {
                     // The run's tools are fixed when it starts: wait for the servers' lists.
                     let key = self.next_timer;
                     self.next_timer += 1;
-                    let timer = ctx.add_timer(MCP_START_WAIT, key);
+                    let timer = ctx.add_timer(MCP_START_WAIT, AcpKey::McpWait(key));
                     self.mcp_timers.insert(key, sid.clone());
                     session.mcp_wait = Some((id.clone(), params.clone(), timer, key));
                     return Ok(());
@@ -755,11 +765,11 @@ impl AcpServe {
                     .filter_map(|n| self.mcp.get(n))
                     .flat_map(|e| e.server.client.tools().iter().cloned())
                     .collect();
-                let mut history = match &session.run {
+                let mut history = match session.run {
                     Some(run) => {
-                        // The newest run may have been evicted from memory since.
-                        self.core.ensure_loaded(run);
-                        let messages = self
+                        // The newest run may have been evicted from memory since; `messages`
+                        // reads it back.
+                        let messages = ctx
                             .core
                             .messages(run)
                             .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
@@ -777,25 +787,23 @@ impl AcpServe {
                     interactive: true,
                     cwd: Some(session.cwd.clone()),
                     history,
-                    continues: session.run.clone(),
+                    continues: session.run,
                     continues_without_last_prompt: session.drop_last_prompt,
                     extra_header,
                     extra_tools,
                     ..RunSpec::default()
                 };
-                let run = self
+                let run = ctx
                     .core
-                    .start_run(ctx, spec)
+                    .start_run(spec)
                     .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
                 // Queued after the run's first input: applied before any tool call is judged,
                 // since that needs a model answer first.
-                let _ = self.core.update_policy(ctx, &run, Some(session.mode), None);
+                let _ = ctx.core.update_policy(run, Some(session.mode), None);
                 for rule in &session.rules {
-                    let _ = self.core.update_policy(ctx, &run, None, Some(rule.clone()));
+                    let _ = ctx.core.update_policy(run, None, Some(rule.clone()));
                 }
-                if let Some(num) = parse_run_id(&run) {
-                    self.runs.insert(num, sid.clone());
-                }
+                self.runs.insert(run, sid.clone());
                 session.run = Some(run);
                 session.drop_last_prompt = false;
                 session.cards.clear();
@@ -810,7 +818,7 @@ impl AcpServe {
     /// `session/cancel`: stops the turn in flight (the run ends; its model stream is dropped
     /// and its tools killed), and the prompt is answered `cancelled` once the run has ended.
     /// A cancel with no turn in flight does nothing, so a stale one never hits the next turn.
-    fn cancel_turn(&mut self, ctx: &mut Ctx, sid: &str) {
+    fn cancel_turn(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -823,9 +831,9 @@ impl AcpServe {
             return;
         }
         session.cancelling = true;
-        match session.run.clone().filter(|run| self.core.is_live(run)) {
+        match session.run.filter(|run| ctx.core.is_live(*run)) {
             Some(run) => {
-                let _ = self.core.cancel(ctx, &run);
+                let _ = ctx.core.cancel(run);
             }
             None => {
                 if let Some(prompt) = session.prompt.take() {
@@ -836,7 +844,7 @@ impl AcpServe {
     }
 
     /// Starts the prompt that waited for a cancelled turn to end, if any.
-    fn start_queued_prompt(&mut self, ctx: &mut Ctx, sid: &str) {
+    fn start_queued_prompt(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
         let Some((id, params)) = self
             .sessions
             .get_mut(sid)
@@ -856,12 +864,12 @@ impl AcpServe {
     ///
     /// A prompt an "always" answer already covers (a call queued in the same turn, before
     /// the rule existed) is answered without asking again.
-    fn sync_permissions(&mut self, ctx: &mut Ctx) {
-        for num in self.core.take_changed() {
-            let Some(sid) = self.runs.get(&num).cloned() else {
+    fn sync_permissions(&mut self, ctx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+        for &run in changed {
+            let Some(sid) = self.runs.get(&run).cloned() else {
                 continue;
             };
-            let surfaced = self.core.surfaced_prompt(&run_id(num)).ok().flatten();
+            let surfaced = ctx.core.surfaced_prompt(run).ok().flatten();
             let Some(session) = self.sessions.get_mut(&sid) else {
                 continue;
             };
@@ -875,28 +883,27 @@ impl AcpServe {
             let Some(prompt) = surfaced else {
                 continue;
             };
-            if let Some((allow, pattern)) = self.remembered(&sid, &prompt) {
+            let workspace = &ctx.core.config().workspace;
+            if let Some((allow, pattern)) = self.remembered(workspace, &sid, &prompt) {
                 let reason = (!allow)
                     .then(|| format!("the user rejected every {pattern} call in this session"));
-                let _ = self
-                    .core
-                    .permit(ctx, &run_id(num), &prompt.tool_use_id, allow, reason);
+                let _ = ctx.core.permit(run, &prompt.tool_use_id, allow, reason);
                 continue;
             }
-            self.ask_client(&sid, num, prompt);
+            self.ask_client(&sid, run, prompt);
         }
     }
 
     /// The session's "always" answer for a call, if one covers it: (allow, its pattern).
-    fn remembered(&self, sid: &str, prompt: &Prompt) -> Option<(bool, String)> {
+    fn remembered(&self, workspace: &Path, sid: &str, prompt: &Prompt) -> Option<(bool, String)> {
         let session = self.sessions.get(sid)?;
         if session.rules.is_empty() {
             return None;
         }
         // Newest first, the order `Policy::with_session_rule` gives a run.
         let rules: Vec<Rule> = session.rules.iter().rev().cloned().collect();
-        let policy = Policy::new(rules, Mode::Default, self.core.config().workspace.clone())
-            .with_cwd(&session.cwd);
+        let policy =
+            Policy::new(rules, Mode::Default, workspace.to_path_buf()).with_cwd(&session.cwd);
         let decision = policy.decide(&prompt.tool_name, &prompt.input);
         let pattern = decision.matched?;
         let ours = session.rules.iter().any(|r| r.pattern == pattern);
@@ -912,7 +919,7 @@ impl AcpServe {
         ));
     }
 
-    fn ask_client(&mut self, sid: &str, num: u64, prompt: Prompt) {
+    fn ask_client(&mut self, sid: &str, run: RunId, prompt: Prompt) {
         let Some(session) = self.sessions.get(sid) else {
             return;
         };
@@ -964,7 +971,7 @@ impl AcpServe {
             params,
             Pending::Permission {
                 session: sid.to_owned(),
-                run: num,
+                run,
                 tool_use_id: tool_use_id.clone(),
                 pattern,
             },
@@ -980,10 +987,10 @@ impl AcpServe {
     #[allow(clippy::too_many_arguments)]
     fn on_permission_answer(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<AcpKey>,
         request: i64,
         sid: &str,
-        num: u64,
+        run: RunId,
         tool_use_id: &str,
         pattern: &str,
         answer: Result<Value, RpcError>,
@@ -1036,19 +1043,18 @@ impl AcpServe {
                 )
             }
         };
-        let run = run_id(num);
         if let Some(action) = always {
             for pattern in pattern.split('\n').filter(|p| !p.is_empty()) {
                 match Rule::new(pattern, action, None, RuleSource::Session) {
                     Ok(rule) => {
                         session.rules.push(rule.clone());
-                        let _ = self.core.update_policy(ctx, &run, None, Some(rule));
+                        let _ = ctx.core.update_policy(run, None, Some(rule));
                     }
                     Err(e) => log::warn(&format!("cannot keep the answer as a rule: {e}")),
                 }
             }
         }
-        let _ = self.core.permit(ctx, &run, tool_use_id, allow, reason);
+        let _ = ctx.core.permit(run, tool_use_id, allow, reason);
         if cancel_turn {
             self.cancel_turn(ctx, sid);
         }
@@ -1056,7 +1062,7 @@ impl AcpServe {
 
     // ---- tool-call cards -----------------------------------------------------------------
 
-    fn translate(&mut self, ctx: &mut Ctx, sid: &str, event: &TurnEvent) {
+    fn translate(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, event: &TurnEvent) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -1218,7 +1224,7 @@ impl AcpServe {
 
     fn send_task_request(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<AcpKey>,
         sid: &str,
         tool: &str,
         request: delegate::Request,
@@ -1234,7 +1240,7 @@ impl AcpServe {
         );
         let key = self.next_timer;
         self.next_timer += 1;
-        let timer = ctx.add_timer(request.deadline, key);
+        let timer = ctx.add_timer(request.deadline, AcpKey::Task(key));
         self.timers.insert(key, (sid.to_owned(), tool.to_owned()));
         let Some(task) = self
             .sessions
@@ -1252,7 +1258,7 @@ impl AcpServe {
         }
     }
 
-    fn advance(&mut self, ctx: &mut Ctx, sid: &str, tool: &str, next: Advance) {
+    fn advance(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, tool: &str, next: Advance) {
         if let Some(terminal) = next.show_terminal {
             let content = vec![json!({"type": "terminal", "terminalId": terminal})];
             if let Some(card) = self
@@ -1298,7 +1304,7 @@ impl AcpServe {
 
     fn on_tool_answer(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<AcpKey>,
         request: i64,
         sid: &str,
         tool: &str,
@@ -1335,7 +1341,7 @@ impl AcpServe {
     }
 
     /// Forgets a call the run no longer waits for; its terminal is killed and released.
-    fn drop_task(&mut self, ctx: &mut Ctx, sid: &str, task: Task) {
+    fn drop_task(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, task: Task) {
         if let Some((timer, key)) = task.timer {
             ctx.cancel_timer(timer);
             self.timers.remove(&key);
@@ -1346,7 +1352,7 @@ impl AcpServe {
         }
     }
 
-    fn abandon_tasks(&mut self, ctx: &mut Ctx, sid: &str, session: &mut Session) {
+    fn abandon_tasks(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, session: &mut Session) {
         let mut tasks: Vec<(String, Task)> = session.tasks.drain().collect();
         tasks.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, task) in tasks {
@@ -1358,7 +1364,7 @@ impl AcpServe {
 
     /// Starts the servers a `session/new`, `session/load` or `session/resume` names; they
     /// replace the session's earlier ones. Without `mcpServers` the session keeps its own.
-    fn connect_servers(&mut self, ctx: &mut Ctx, sid: &str, params: &Value) {
+    fn connect_servers(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, params: &Value) {
         if params.get("mcpServers").is_none() {
             return;
         }
@@ -1386,8 +1392,8 @@ impl AcpServe {
             let n = self.next_mcp;
             self.next_mcp += 1;
             let tokens = [
-                ctx.host_token(MCP_IO_BASE + 2 * n),
-                ctx.host_token(MCP_IO_BASE + 2 * n + 1),
+                ctx.host_token(AcpKey::McpOut(n)),
+                ctx.host_token(AcpKey::McpIn(n)),
             ];
             if let Err(e) = server.register(ctx.registry(), tokens) {
                 log::warn(&format!(
@@ -1422,7 +1428,7 @@ impl AcpServe {
     }
 
     /// Kills servers (their process groups) and answers their calls in flight.
-    fn stop_servers(&mut self, ctx: &mut Ctx, servers: Vec<u64>) {
+    fn stop_servers(&mut self, ctx: &mut Cx<AcpKey>, servers: Vec<u64>) {
         for n in servers {
             let Some(mut entry) = self.mcp.remove(&n) else {
                 continue;
@@ -1435,7 +1441,11 @@ impl AcpServe {
         }
     }
 
-    fn answer_calls(ctx: &mut Ctx, entry: &mut McpEntry, events: Vec<mcp_client::Event>) -> bool {
+    fn answer_calls(
+        ctx: &mut Cx<AcpKey>,
+        entry: &mut McpEntry,
+        events: Vec<mcp_client::Event>,
+    ) -> bool {
         let mut settled = false;
         for event in events {
             match event {
@@ -1457,7 +1467,7 @@ impl AcpServe {
         settled
     }
 
-    fn on_mcp_events(&mut self, ctx: &mut Ctx, n: u64, events: Vec<mcp_client::Event>) {
+    fn on_mcp_events(&mut self, ctx: &mut Cx<AcpKey>, n: u64, events: Vec<mcp_client::Event>) {
         let Some(entry) = self.mcp.get_mut(&n) else {
             return;
         };
@@ -1495,7 +1505,7 @@ impl AcpServe {
         }
     }
 
-    fn take_mcp_wait(ctx: &mut Ctx, session: &mut Session) -> Option<(Id, TimerId, u64)> {
+    fn take_mcp_wait(ctx: &mut Cx<AcpKey>, session: &mut Session) -> Option<(Id, TimerId, u64)> {
         let (prompt, _, timer, key) = session.mcp_wait.take()?;
         ctx.cancel_timer(timer);
         Some((prompt, timer, key))
@@ -1503,7 +1513,7 @@ impl AcpServe {
 
     /// A prompt that waited for the session's MCP servers goes ahead: they all listed their
     /// tools, or the wait ran out (`gave_up`) and the stragglers are left out.
-    fn mcp_wait_over(&mut self, ctx: &mut Ctx, sid: &str, gave_up: bool) {
+    fn mcp_wait_over(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, gave_up: bool) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -1534,7 +1544,7 @@ impl AcpServe {
     }
 
     /// An `mcp__server__tool` call goes to the server that offers it.
-    fn call_mcp_tool(&mut self, ctx: &mut Ctx, sid: &str, run: RunId, call: &ToolCall) {
+    fn call_mcp_tool(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, run: RunId, call: &ToolCall) {
         let found = self.sessions.get(sid).and_then(|s| {
             s.mcp.iter().copied().find(|n| {
                 self.mcp
@@ -1570,7 +1580,7 @@ impl AcpServe {
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
-    fn shutdown(&mut self, ctx: &mut Ctx) {
+    fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
         if self.quitting {
             return;
         }
@@ -1588,32 +1598,37 @@ impl AcpServe {
             }
             self.stop_servers(ctx, servers);
         }
-        let mut runs: Vec<u64> = self.runs.keys().copied().collect();
+        let mut runs: Vec<RunId> = self.runs.keys().copied().collect();
         runs.sort_unstable();
-        for num in runs {
-            let _ = self.core.cancel(ctx, &run_id(num));
+        for run in runs {
+            let _ = ctx.core.cancel(run);
         }
         ctx.act(HostAction::Quit);
     }
 }
 
-impl Host for AcpServe {
-    fn on_event(&mut self, ctx: &mut Ctx, run: RunId, event: &TurnEvent) {
-        self.core.on_event(run, event);
-        if let Some(sid) = self.runs.get(&run.0).cloned() {
+impl Surface for AcpServe {
+    type Key = AcpKey;
+
+    fn on_event(&mut self, ctx: &mut Cx<AcpKey>, run: RunId, event: &TurnEvent) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
             self.translate(ctx, &sid, event);
         }
     }
 
-    fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply {
-        if let Some(sid) = self.runs.get(&run.0).cloned() {
+    fn on_ask(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
             self.show_input(&sid, &call.id, &call.input);
         }
-        self.core.on_ask(ctx, run, call)
     }
 
-    fn on_tool_start(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> ToolPlacement {
-        let Some(sid) = self.runs.get(&run.0).cloned() else {
+    fn on_tool_start(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        run: RunId,
+        call: &ToolCall,
+    ) -> ToolPlacement {
+        let Some(sid) = self.runs.get(&run).cloned() else {
             return ToolPlacement::Local;
         };
         self.show_input(&sid, &call.id, &call.input);
@@ -1655,11 +1670,10 @@ impl Host for AcpServe {
         }
     }
 
-    fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId) {
-        self.core.on_await_input(ctx, run);
+    fn on_await_input(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {
         let Some(session) = self
             .runs
-            .get(&run.0)
+            .get(&run)
             .and_then(|sid| self.sessions.get_mut(sid))
         else {
             return;
@@ -1672,14 +1686,13 @@ impl Host for AcpServe {
             };
             self.reply(prompt, Ok(json!({"stopReason": stop})));
         }
-        if let Some(sid) = self.runs.get(&run.0).cloned() {
+        if let Some(sid) = self.runs.get(&run).cloned() {
             self.start_queued_prompt(ctx, &sid);
         }
     }
 
-    fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
-        self.core.on_finished(ctx, run, why);
-        let Some(sid) = self.runs.remove(&run.0) else {
+    fn on_finished(&mut self, ctx: &mut Cx<AcpKey>, run: RunId, why: &StopCondition) {
+        let Some(sid) = self.runs.remove(&run) else {
             return;
         };
         let Some(session) = self.sessions.get_mut(&sid) else {
@@ -1726,7 +1739,7 @@ impl Host for AcpServe {
         self.start_queued_prompt(ctx, &sid);
     }
 
-    fn on_stdin(&mut self, ctx: &mut Ctx, item: StdinItem) {
+    fn on_stdin(&mut self, ctx: &mut Cx<AcpKey>, item: StdinItem) {
         match item {
             StdinItem::Line(line) => self.on_line(ctx, &line),
             StdinItem::Oversized => self.reply(
@@ -1740,20 +1753,22 @@ impl Host for AcpServe {
         }
     }
 
-    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal) {
+    fn on_signal(&mut self, ctx: &mut Cx<AcpKey>, signal: Signal) {
         log::info(&format!("{signal:?}: cancelling runs and shutting down"));
         self.shutdown(ctx);
     }
 
-    fn on_timer(&mut self, ctx: &mut Ctx, key: u64) {
-        // Prompt deadlines belong to the drive core (keys tagged CORE_TIMER_TAG).
-        if self.core.on_timer(ctx, key) {
-            return;
-        }
-        if let Some(sid) = self.mcp_timers.remove(&key) {
-            self.mcp_wait_over(ctx, &sid, true);
-            return;
-        }
+    fn on_timer(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
+        let key = match key {
+            AcpKey::McpWait(key) => {
+                if let Some(sid) = self.mcp_timers.remove(&key) {
+                    self.mcp_wait_over(ctx, &sid, true);
+                }
+                return;
+            }
+            AcpKey::Task(key) => key,
+            AcpKey::McpOut(_) | AcpKey::McpIn(_) => return,
+        };
         let Some((sid, tool)) = self.timers.remove(&key) else {
             return;
         };
@@ -1776,15 +1791,16 @@ impl Host for AcpServe {
         self.advance(ctx, &sid, &tool, next);
     }
 
-    fn on_io(&mut self, ctx: &mut Ctx, key: u64) {
-        let Some(offset) = key.checked_sub(MCP_IO_BASE) else {
-            return;
+    fn on_io(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
+        let (n, stdout) = match key {
+            AcpKey::McpOut(n) => (n, true),
+            AcpKey::McpIn(n) => (n, false),
+            AcpKey::Task(_) | AcpKey::McpWait(_) => return,
         };
-        let n = offset / 2;
         let Some(entry) = self.mcp.get_mut(&n) else {
             return;
         };
-        let events = if offset % 2 == 0 {
+        let events = if stdout {
             entry.server.read(ctx.registry())
         } else {
             entry.server.flush(ctx.registry())
@@ -1792,9 +1808,8 @@ impl Host for AcpServe {
         self.on_mcp_events(ctx, n, events);
     }
 
-    fn after_batch(&mut self, ctx: &mut Ctx) {
-        self.core.after_batch(ctx);
-        self.sync_permissions(ctx);
+    fn after_batch(&mut self, ctx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+        self.sync_permissions(ctx, changed);
     }
 
     fn take_output(&mut self) -> Vec<u8> {

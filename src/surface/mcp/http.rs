@@ -17,18 +17,15 @@ use mio::net::TcpListener;
 use mio::{Interest, Token};
 use serde_json::json;
 
-use super::{McpHost, Outcome, Route, SUPPORTED_VERSIONS, Session, SessionKey};
+use super::{McpHost, McpKey, Outcome, Route, SUPPORTED_VERSIONS, Session, SessionKey};
 use crate::auth::{Decision, Peer};
-use crate::engine::Ctx;
 use crate::http::server::{ConnEvent, Connection, Request};
 use crate::jsonrpc::{self, Id, Message};
 use crate::log;
 use crate::reactor::TimerId;
+use crate::surface::host::Cx;
 use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
 
-/// Connection keys count up from here (prompt timers use run numbers below it).
-pub(super) const CONN_BASE: u64 = 1 << 40;
-const LISTENER_KEY: u64 = u64::MAX;
 pub const PATH: &str = "/mcp";
 /// Sessions kept at once; past it the least recently used idle one is dropped.
 const MAX_SESSIONS: usize = 1024;
@@ -149,7 +146,7 @@ impl HttpSide {
             listener,
             listener_token: None,
             conns: HashMap::new(),
-            next_key: CONN_BASE,
+            next_key: 0,
             accept_paused: false,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
@@ -325,26 +322,18 @@ impl HttpSide {
 
 impl McpHost {
     /// Registers the listener on the engine's loop.
-    pub(super) fn start_http(&mut self, ctx: &mut Ctx) -> std::io::Result<()> {
+    pub(super) fn start_http(&mut self, ctx: &mut Cx<McpKey>) -> std::io::Result<()> {
         let Some(http) = self.http.as_mut() else {
             return Ok(());
         };
-        let token = ctx.host_token(LISTENER_KEY);
+        let token = ctx.host_token(McpKey::Listener);
         ctx.registry()
             .register(&mut http.listener, token, Interest::READABLE)?;
         http.listener_token = Some(token);
         Ok(())
     }
 
-    pub(super) fn http_io(&mut self, ctx: &mut Ctx, key: u64) {
-        if key == LISTENER_KEY {
-            self.accept(ctx);
-        } else {
-            self.on_conn_ready(ctx, key);
-        }
-    }
-
-    fn accept(&mut self, ctx: &mut Ctx) {
+    pub(super) fn accept(&mut self, ctx: &mut Cx<McpKey>) {
         loop {
             let Some(http) = self.http.as_mut() else {
                 return;
@@ -365,13 +354,14 @@ impl McpHost {
         }
     }
 
-    fn add_conn(&mut self, ctx: &mut Ctx, tcp: mio::net::TcpStream, peer: SocketAddr) {
+    fn add_conn(&mut self, ctx: &mut Cx<McpKey>, tcp: mio::net::TcpStream, peer: SocketAddr) {
         let Some(http) = self.http.as_mut() else {
             return;
         };
         let key = http.next_key;
         http.next_key += 1;
-        let Some(accepted) = register_connection(ctx, &http.config, tcp, peer, key) else {
+        let Some(accepted) = register_connection(ctx, &http.config, tcp, peer, McpKey::Conn(key))
+        else {
             return;
         };
         http.conns.insert(
@@ -387,7 +377,7 @@ impl McpHost {
         self.on_conn_ready(ctx, key);
     }
 
-    fn close_conn(&mut self, ctx: &mut Ctx, key: u64) {
+    fn close_conn(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
         let Some(http) = self.http.as_mut() else {
             return;
         };
@@ -421,7 +411,7 @@ impl McpHost {
         }
     }
 
-    fn on_conn_ready(&mut self, ctx: &mut Ctx, key: u64) {
+    pub(super) fn on_conn_ready(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
         let Some(c) = self.http.as_mut().and_then(|h| h.conns.get_mut(&key)) else {
             return;
         };
@@ -451,7 +441,7 @@ impl McpHost {
 
     /// Serves requests a client sent while the previous response was pending, and drops
     /// connections that finished closing.
-    fn serve_next(&mut self, ctx: &mut Ctx, key: u64) {
+    fn serve_next(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
         loop {
             let Some(c) = self.http.as_mut().and_then(|h| h.conns.get_mut(&key)) else {
                 return;
@@ -471,7 +461,7 @@ impl McpHost {
     }
 
     /// Connections whose response completed since the last look.
-    pub(super) fn http_service(&mut self, ctx: &mut Ctx) {
+    pub(super) fn http_service(&mut self, ctx: &mut Cx<McpKey>) {
         loop {
             let Some(key) = self.http.as_mut().and_then(|h| h.dirty.pop()) else {
                 return;
@@ -480,7 +470,7 @@ impl McpHost {
         }
     }
 
-    pub(super) fn http_timer(&mut self, ctx: &mut Ctx, key: u64) {
+    pub(super) fn http_timer(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
         let Some(http) = self.http.as_mut() else {
             return;
         };
@@ -503,7 +493,7 @@ impl McpHost {
             return;
         };
         let wait = if quiet >= idle { idle } else { idle - quiet };
-        c.idle_timer = ctx.add_timer(wait.max(Duration::from_millis(10)), key);
+        c.idle_timer = ctx.add_timer(wait.max(Duration::from_millis(10)), McpKey::Conn(key));
     }
 
     /// Host and Origin, against DNS rebinding: a peer that reached us without a token
@@ -527,7 +517,7 @@ impl McpHost {
         Ok(())
     }
 
-    fn on_http_request(&mut self, ctx: &mut Ctx, key: u64, request: Request) {
+    fn on_http_request(&mut self, ctx: &mut Cx<McpKey>, key: u64, request: Request) {
         let Some(http) = self.http.as_mut() else {
             return;
         };
@@ -635,7 +625,7 @@ impl McpHost {
 
     /// A new session for an `initialize`, making room by dropping the least recently used
     /// idle one when full.
-    fn new_http_session(&mut self, ctx: &mut Ctx) -> Option<(SessionKey, String)> {
+    fn new_http_session(&mut self, ctx: &mut Cx<McpKey>) -> Option<(SessionKey, String)> {
         let http = self.http.as_mut()?;
         if http.sessions.len() >= MAX_SESSIONS {
             let busy: Vec<SessionKey> = http.replies.keys().map(|(s, _)| *s).collect();
@@ -669,7 +659,7 @@ impl McpHost {
     }
 
     /// Forgets a session: its streams end, its waits go unanswered, its runs go on.
-    fn end_http_session(&mut self, ctx: &mut Ctx, session: SessionKey) {
+    fn end_http_session(&mut self, ctx: &mut Cx<McpKey>, session: SessionKey) {
         self.drop_session_waits(ctx, session);
         self.sessions.remove(&session);
         self.elicits.retain(|_, e| e.session != session);
@@ -697,7 +687,7 @@ impl McpHost {
         }
     }
 
-    fn http_post(&mut self, ctx: &mut Ctx, key: u64, request: &Request) {
+    fn http_post(&mut self, ctx: &mut Cx<McpKey>, key: u64, request: &Request) {
         let (json_ok, sse_ok) = accepts(request);
         let Some(http) = self.http.as_mut() else {
             return;
@@ -911,7 +901,7 @@ impl McpHost {
         http.flush_pending(session, key);
     }
 
-    fn http_delete(&mut self, ctx: &mut Ctx, key: u64, request: &Request) {
+    fn http_delete(&mut self, ctx: &mut Cx<McpKey>, key: u64, request: &Request) {
         if !self.version_ok(key, request) {
             return;
         }

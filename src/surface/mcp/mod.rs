@@ -19,20 +19,20 @@
 mod http;
 mod tools;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::agent::event::{StopCondition, TurnEvent};
-use crate::agent::run::ToolCall;
-use crate::drive::table::{self, DriveCore, DriveError, DriveStatus, Inbound};
-use crate::engine::{AskReply, Ctx, Engine, Host, HostAction, RunId};
+use crate::drive::table::PollView;
+use crate::drive::table::{DriveCore, DriveError, DriveStatus, Inbound};
+use crate::engine::{Engine, HostAction, RunId};
 use crate::jsonrpc::{self, Id, Message, RpcError};
 use crate::log;
 use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 use crate::surface::ListenConfig;
+use crate::surface::host::{Cx, DriveHost, Key, Surface};
 
 use self::tools::Call;
 
@@ -48,10 +48,14 @@ const POLL_MAX_BYTES: usize = 256 * 1024;
 /// How often a waiting call with a progress token hears from us.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// Host keys: HTTP connections count up from `http::CONN_BASE`, waits from `WAIT_BASE`,
-/// the listener is `u64::MAX`; the drive core's own timers carry `CORE_TIMER_TAG`.
-const WAIT_BASE: u64 = 1 << 48;
-const _: () = assert!(http::CONN_BASE < WAIT_BASE && WAIT_BASE < table::CORE_TIMER_TAG);
+/// What this surface registers on the loop: the HTTP listener and its connections, and
+/// the deadlines of long-polls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum McpKey {
+    Listener,
+    Conn(u64),
+    Wait(u64),
+}
 
 const INSTRUCTIONS: &str = "Drive a caliban agent over MCP. Start a run with caliban_run, then loop \
 caliban_poll with an advancing cursor to read TurnEvent batches (each wrapped as {v, event}) until \
@@ -111,8 +115,7 @@ impl Session {
 struct Wait {
     session: SessionKey,
     request: Id,
-    run: u64,
-    run_id: String,
+    run: RunId,
     cursor: u64,
     seen_status: DriveStatus,
     seen_prompt: Option<String>,
@@ -149,7 +152,6 @@ enum Outcome {
 }
 
 pub struct McpHost {
-    core: DriveCore,
     sessions: HashMap<SessionKey, Session>,
     /// Bytes for stdout: protocol lines only.
     stdout: Vec<u8>,
@@ -158,15 +160,15 @@ pub struct McpHost {
     wait_index: HashMap<(SessionKey, Id), u64>,
     next_wait: u64,
     /// Which session started each run still in progress.
-    owners: HashMap<u64, SessionKey>,
+    owners: HashMap<RunId, SessionKey>,
     /// Per run: the status label and prompt the owner was last told about.
-    told: HashMap<u64, (&'static str, Option<String>)>,
-    elicits: HashMap<u64, Elicit>,
+    told: HashMap<RunId, (&'static str, Option<String>)>,
+    elicits: HashMap<RunId, Elicit>,
     http: Option<http::HttpSide>,
 }
 
-pub fn run(mut engine: Engine, core: DriveCore, listen: Option<ListenConfig>) -> u8 {
-    let mut host = McpHost::new(core);
+pub fn run(mut engine: Engine<Key<McpKey>>, core: DriveCore, listen: Option<ListenConfig>) -> u8 {
+    let mut host = DriveHost::new(core, McpHost::new());
     if let Some(listen) = listen {
         let addr = listen.addr;
         let scheme = if listen.tls.is_some() {
@@ -182,8 +184,8 @@ pub fn run(mut engine: Engine, core: DriveCore, listen: Option<ListenConfig>) ->
             }
         };
         let local = side.local_addr().unwrap_or(addr);
-        host.http = Some(side);
-        if let Err(e) = engine.with_ctx(|ctx| host.start_http(ctx)) {
+        host.surface.http = Some(side);
+        if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |mcp, cx| mcp.start_http(cx))) {
             log::error(&format!("cannot listen on {addr}: {e}"));
             return crate::print::EXIT_RUNTIME;
         }
@@ -217,11 +219,10 @@ fn tool_error(message: impl Into<String>) -> Value {
 }
 
 impl McpHost {
-    fn new(core: DriveCore) -> McpHost {
+    fn new() -> McpHost {
         let mut sessions = HashMap::new();
         sessions.insert(STDIO, Session::new());
         McpHost {
-            core,
             sessions,
             stdout: Vec::new(),
             stdio_open: true,
@@ -278,7 +279,7 @@ impl McpHost {
     /// transport, which knows how to frame it.
     fn on_message(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<McpKey>,
         session: SessionKey,
         message: Message,
     ) -> Option<Outcome> {
@@ -305,7 +306,7 @@ impl McpHost {
 
     fn on_request(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<McpKey>,
         session: SessionKey,
         id: Id,
         method: &str,
@@ -388,7 +389,7 @@ impl McpHost {
 
     fn on_notification(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<McpKey>,
         session: SessionKey,
         method: &str,
         params: &Value,
@@ -425,14 +426,14 @@ impl McpHost {
         if timed_out {
             log::info(&format!(
                 "poll of {} timed out at the client ({reason})",
-                wait.run_id
+                wait.run
             ));
         } else {
             log::info(&format!(
                 "request cancelled by the client ({reason}): cancelling {}",
-                wait.run_id
+                wait.run
             ));
-            let _ = self.core.cancel(ctx, &wait.run_id);
+            let _ = ctx.core.cancel(wait.run);
         }
         if let Some(http) = self.http.as_mut() {
             http.abandon(session, &wait.request);
@@ -441,7 +442,7 @@ impl McpHost {
 
     fn on_response(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<McpKey>,
         session: SessionKey,
         id: &Id,
         result: Result<Value, RpcError>,
@@ -457,7 +458,7 @@ impl McpHost {
         else {
             return;
         };
-        let run_id = table::run_id(run);
+        let run_id = run;
         let Some(elicit) = self.elicits.get_mut(&run) else {
             return;
         };
@@ -498,20 +499,26 @@ impl McpHost {
             return;
         };
         // Answered meanwhile (caliban_permit, the timeout)? Then this answer is moot.
-        if self
+        if ctx
             .core
-            .surfaced_prompt(&run_id)
+            .surfaced_prompt(run)
             .ok()
             .flatten()
             .is_some_and(|p| p.tool_use_id == tool_use_id)
         {
-            let _ = self.core.permit(ctx, &run_id, &tool_use_id, allow, reason);
+            let _ = ctx.core.permit(run, &tool_use_id, allow, reason);
         }
     }
 
     // ---- tools ---------------------------------------------------------------------------
 
-    fn call_tool(&mut self, ctx: &mut Ctx, session: SessionKey, id: Id, params: &Value) -> Outcome {
+    fn call_tool(
+        &mut self,
+        ctx: &mut Cx<McpKey>,
+        session: SessionKey,
+        id: Id,
+        params: &Value,
+    ) -> Outcome {
         let Some(name) = params.get("name").and_then(Value::as_str) else {
             return Outcome::Reply(Err(RpcError::invalid_params(
                 "tools/call requires `name` (a string)",
@@ -528,35 +535,34 @@ impl McpHost {
                 ))));
             }
         };
-        // Runs evicted from memory (or from before a restart) are read back on demand.
-        if let Some(run_id) = call.run_id() {
-            self.core.ensure_loaded(run_id);
-        }
+        // The run named, parsed (and read back from disk if evicted or from before a
+        // restart) once; each tool reports an unknown one where it would use it.
+        let resolved = call.run_id().map(|id| ctx.core.resolve(id));
+        let run = || {
+            resolved
+                .clone()
+                .unwrap_or(Err(DriveError::UnknownRun(String::new())))
+        };
         let modern = self.modern(session);
         let ok = |text: String| Outcome::Reply(Ok(tool_ok(modern, text)));
         let fail = |e: DriveError| Outcome::Reply(Ok(tool_error(e.to_string())));
         match call {
             Call::Run(mut spec) => {
                 spec.extra_header.insert("surface".into(), json!("mcp"));
-                match self.core.start_run(ctx, spec) {
-                    Ok(run_id) => {
-                        if let Some(num) = table::parse_run_id(&run_id) {
-                            self.owners.insert(num, session);
-                        }
-                        self.log_to(session, 1, format!("{run_id} started"));
-                        ok(tools::run_text(&run_id))
+                match ctx.core.start_run(spec) {
+                    Ok(run) => {
+                        self.owners.insert(run, session);
+                        self.log_to(session, 1, format!("{run} started"));
+                        ok(tools::run_text(&run.to_string()))
                     }
                     Err(e) => fail(e),
                 }
             }
             Call::Poll {
-                run_id,
-                cursor,
-                wait_ms,
+                cursor, wait_ms, ..
             } => {
-                let view = match self
-                    .core
-                    .poll(&run_id, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES)
+                let view = match run()
+                    .and_then(|run| ctx.core.poll(run, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES))
                 {
                     Ok(view) => view,
                     Err(e) => return fail(e),
@@ -568,11 +574,14 @@ impl McpHost {
                     .pointer("/_meta/progressToken")
                     .filter(|t| t.is_string() || t.is_number())
                     .cloned();
+                let Ok(run) = run() else {
+                    return ok(tools::poll_text(&view));
+                };
                 self.start_wait(
                     ctx,
                     session,
                     id,
-                    run_id,
+                    run,
                     cursor,
                     &view,
                     wait_ms,
@@ -580,11 +589,11 @@ impl McpHost {
                 );
                 Outcome::Deferred
             }
-            Call::Status { run_id } => match self.core.status(&run_id) {
+            Call::Status { .. } => match run().and_then(|run| ctx.core.status(run)) {
                 Ok(status) => ok(tools::status_body_text(&status)),
                 Err(e) => fail(e),
             },
-            Call::SendInput { run_id, text, end } => {
+            Call::SendInput { text, end, .. } => {
                 let input = if end {
                     Inbound::EndInput
                 } else if let Some(text) = text {
@@ -595,21 +604,21 @@ impl McpHost {
                         "send_input requires `text` or `end: true`",
                     )));
                 };
-                match self.core.send_input(ctx, &run_id, input) {
+                match run().and_then(|run| ctx.core.send_input(run, input)) {
                     Ok(()) => ok(tools::OK_TEXT.to_owned()),
                     Err(e) => fail(e),
                 }
             }
             Call::Permit {
-                run_id,
                 tool_use_id,
                 allow,
                 reason,
-            } => match self.core.permit(ctx, &run_id, &tool_use_id, allow, reason) {
-                Ok(_) => ok(tools::OK_TEXT.to_owned()),
+                ..
+            } => match run().and_then(|run| ctx.core.permit(run, &tool_use_id, allow, reason)) {
+                Ok(()) => ok(tools::OK_TEXT.to_owned()),
                 Err(e) => fail(e),
             },
-            Call::Cancel { run_id } => match self.core.cancel(ctx, &run_id) {
+            Call::Cancel { .. } => match run().and_then(|run| ctx.core.cancel(run)) {
                 Ok(()) => ok(tools::OK_TEXT.to_owned()),
                 Err(e) => fail(e),
             },
@@ -621,12 +630,12 @@ impl McpHost {
     #[allow(clippy::too_many_arguments)]
     fn start_wait(
         &mut self,
-        ctx: &mut Ctx,
+        ctx: &mut Cx<McpKey>,
         session: SessionKey,
         request: Id,
-        run_id: String,
+        run: RunId,
         cursor: u64,
-        view: &table::PollView,
+        view: &PollView,
         wait_ms: u64,
         progress_token: Option<Value>,
     ) {
@@ -639,7 +648,7 @@ impl McpHost {
         } else {
             total
         };
-        let timer = ctx.add_timer(first, WAIT_BASE + wait_id);
+        let timer = ctx.add_timer(first, McpKey::Wait(wait_id));
         let now = Instant::now();
         self.wait_index.insert((session, request.clone()), wait_id);
         self.waits.insert(
@@ -647,8 +656,7 @@ impl McpHost {
             Wait {
                 session,
                 request,
-                run: table::parse_run_id(&run_id).unwrap_or(u64::MAX),
-                run_id,
+                run,
                 cursor,
                 seen_status: view.status.clone(),
                 seen_prompt: view
@@ -666,7 +674,7 @@ impl McpHost {
     }
 
     /// Forgets a wait without answering it.
-    fn drop_wait(&mut self, ctx: &mut Ctx, wait_id: u64) -> Option<Wait> {
+    fn drop_wait(&mut self, ctx: &mut Cx<McpKey>, wait_id: u64) -> Option<Wait> {
         let wait = self.waits.remove(&wait_id)?;
         ctx.cancel_timer(wait.timer);
         self.wait_index
@@ -674,11 +682,11 @@ impl McpHost {
         Some(wait)
     }
 
-    fn has_news(&self, wait: &Wait) -> bool {
+    fn has_news(core: &DriveCore, wait: &Wait) -> bool {
         let (Ok(count), Ok(status), Ok(prompt)) = (
-            self.core.event_count(&wait.run_id),
-            self.core.status(&wait.run_id),
-            self.core.surfaced_prompt(&wait.run_id),
+            core.event_count(wait.run),
+            core.status(wait.run),
+            core.surfaced_prompt(wait.run),
         ) else {
             return true;
         };
@@ -688,24 +696,23 @@ impl McpHost {
     }
 
     /// Answers a wait with a poll of its run as it is now.
-    fn finish_wait(&mut self, ctx: &mut Ctx, wait_id: u64) {
+    fn finish_wait(&mut self, ctx: &mut Cx<McpKey>, wait_id: u64) {
         let Some(wait) = self.drop_wait(ctx, wait_id) else {
             return;
         };
         let modern = self.modern(wait.session);
-        let result =
-            match self
-                .core
-                .poll(&wait.run_id, wait.cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES)
-            {
-                Ok(view) => tool_ok(modern, tools::poll_text(&view)),
-                Err(e) => tool_error(e.to_string()),
-            };
+        let result = match ctx
+            .core
+            .poll(wait.run, wait.cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES)
+        {
+            Ok(view) => tool_ok(modern, tools::poll_text(&view)),
+            Err(e) => tool_error(e.to_string()),
+        };
         let message = jsonrpc::response(wait.request.clone(), result);
         self.deliver(wait.session, Route::Reply(&wait.request), &message);
     }
 
-    fn on_wait_timer(&mut self, ctx: &mut Ctx, wait_id: u64) {
+    fn on_wait_timer(&mut self, ctx: &mut Cx<McpKey>, wait_id: u64) {
         let now = Instant::now();
         let Some(wait) = self.waits.get_mut(&wait_id) else {
             return;
@@ -715,7 +722,7 @@ impl McpHost {
             return;
         }
         let remaining = wait.deadline - now;
-        wait.timer = ctx.add_timer(remaining.min(PROGRESS_EVERY), WAIT_BASE + wait_id);
+        wait.timer = ctx.add_timer(remaining.min(PROGRESS_EVERY), McpKey::Wait(wait_id));
         let Some(token) = wait.progress_token.clone() else {
             return;
         };
@@ -726,17 +733,9 @@ impl McpHost {
             return;
         }
         wait.last_progress = progress;
-        let (session, request, run_id, total) = (
-            wait.session,
-            wait.request.clone(),
-            wait.run_id.clone(),
-            wait.total_ms,
-        );
-        let state = self
-            .core
-            .status(&run_id)
-            .map(|s| s.label())
-            .unwrap_or("gone");
+        let (session, request, run_id, total) =
+            (wait.session, wait.request.clone(), wait.run, wait.total_ms);
+        let state = ctx.core.status(run_id).map(|s| s.label()).unwrap_or("gone");
         self.notify(
             session,
             Route::Related(&request),
@@ -752,7 +751,7 @@ impl McpHost {
     }
 
     /// Drops every wait of a session (it ended or its stream went away), unanswered.
-    fn drop_session_waits(&mut self, ctx: &mut Ctx, session: SessionKey) {
+    fn drop_session_waits(&mut self, ctx: &mut Cx<McpKey>, session: SessionKey) {
         let ids: Vec<u64> = self
             .waits
             .iter()
@@ -765,7 +764,7 @@ impl McpHost {
     }
 
     /// A request stream closed before its answer: the answer has nowhere to go.
-    fn drop_request_wait(&mut self, ctx: &mut Ctx, session: SessionKey, request: &Id) {
+    fn drop_request_wait(&mut self, ctx: &mut Cx<McpKey>, session: SessionKey, request: &Id) {
         if let Some(id) = self.wait_index.get(&(session, request.clone())).copied() {
             self.drop_wait(ctx, id);
         }
@@ -775,13 +774,13 @@ impl McpHost {
 
     /// Keeps the owner's elicitation in step with the run's surfaced prompt, and tells the
     /// owner (as log messages) about status changes and new prompts.
-    fn sync_run(&mut self, run: u64) {
-        let run_id = table::run_id(run);
+    fn sync_run(&mut self, core: &DriveCore, run: RunId) {
+        let run_id = run.to_string();
         let Some(owner) = self.owners.get(&run).copied() else {
             return;
         };
-        let prompt = self.core.surfaced_prompt(&run_id).ok().flatten();
-        let status = self.core.status(&run_id).ok();
+        let prompt = core.surfaced_prompt(run).ok().flatten();
+        let status = core.status(run).ok();
 
         // Withdraw an elicitation the prompt has moved past.
         if let Some(e) = self.elicits.get(&run)
@@ -869,20 +868,20 @@ impl McpHost {
 
     // ---- lifecycle -----------------------------------------------------------------------
 
-    fn cancel_all_runs(&mut self, ctx: &mut Ctx) {
-        for summary in self.core.list() {
+    fn cancel_all_runs(&mut self, ctx: &mut Cx<McpKey>) {
+        for summary in ctx.core.list() {
             if !summary.status.is_terminal() {
-                let _ = self.core.cancel(ctx, &summary.run_id);
+                let _ = ctx.core.cancel(summary.run_id);
             }
         }
     }
 
-    fn shutdown(&mut self, ctx: &mut Ctx) {
+    fn shutdown(&mut self, ctx: &mut Cx<McpKey>) {
         self.cancel_all_runs(ctx);
         ctx.act(HostAction::Quit);
     }
 
-    fn on_stdin_line(&mut self, ctx: &mut Ctx, line: &[u8]) {
+    fn on_stdin_line(&mut self, ctx: &mut Cx<McpKey>, line: &[u8]) {
         let message = match jsonrpc::parse(line) {
             Ok(Some(m)) => m,
             Ok(None) => return,
@@ -915,24 +914,10 @@ impl McpHost {
     }
 }
 
-impl Host for McpHost {
-    fn on_event(&mut self, _ctx: &mut Ctx, run: RunId, event: &TurnEvent) {
-        self.core.on_event(run, event);
-    }
+impl Surface for McpHost {
+    type Key = McpKey;
 
-    fn on_ask(&mut self, ctx: &mut Ctx, run: RunId, call: &ToolCall) -> AskReply {
-        self.core.on_ask(ctx, run, call)
-    }
-
-    fn on_await_input(&mut self, ctx: &mut Ctx, run: RunId) {
-        self.core.on_await_input(ctx, run);
-    }
-
-    fn on_finished(&mut self, ctx: &mut Ctx, run: RunId, why: &StopCondition) {
-        self.core.on_finished(ctx, run, why);
-    }
-
-    fn on_stdin(&mut self, ctx: &mut Ctx, item: StdinItem) {
+    fn on_stdin(&mut self, ctx: &mut Cx<McpKey>, item: StdinItem) {
         if !self.stdio_open {
             return;
         }
@@ -966,44 +951,42 @@ impl Host for McpHost {
         }
     }
 
-    fn on_signal(&mut self, ctx: &mut Ctx, signal: Signal) {
+    fn on_signal(&mut self, ctx: &mut Cx<McpKey>, signal: Signal) {
         log::info(&format!(
             "{signal:?}: cancelling live runs and shutting down"
         ));
         self.shutdown(ctx);
     }
 
-    fn on_io(&mut self, ctx: &mut Ctx, key: u64) {
-        self.http_io(ctx, key);
-    }
-
-    fn on_timer(&mut self, ctx: &mut Ctx, key: u64) {
-        // Prompt deadlines belong to the drive core (keys tagged CORE_TIMER_TAG).
-        if self.core.on_timer(ctx, key) {
-            return;
-        }
-        if (WAIT_BASE..table::CORE_TIMER_TAG).contains(&key) {
-            self.on_wait_timer(ctx, key - WAIT_BASE);
-        } else {
-            self.http_timer(ctx, key);
+    fn on_io(&mut self, ctx: &mut Cx<McpKey>, key: McpKey) {
+        match key {
+            McpKey::Listener => self.accept(ctx),
+            McpKey::Conn(conn) => self.on_conn_ready(ctx, conn),
+            McpKey::Wait(_) => {}
         }
     }
 
-    fn after_batch(&mut self, ctx: &mut Ctx) {
-        self.core.after_batch(ctx);
-        let changed = self.core.take_changed();
+    fn on_timer(&mut self, ctx: &mut Cx<McpKey>, key: McpKey) {
+        match key {
+            McpKey::Wait(wait) => self.on_wait_timer(ctx, wait),
+            McpKey::Conn(conn) => self.http_timer(ctx, conn),
+            McpKey::Listener => {}
+        }
+    }
+
+    fn after_batch(&mut self, ctx: &mut Cx<McpKey>, changed: &BTreeSet<RunId>) {
         if !changed.is_empty() {
             let ready: Vec<u64> = self
                 .waits
                 .iter()
-                .filter(|(_, w)| changed.contains(&w.run) && self.has_news(w))
+                .filter(|(_, w)| changed.contains(&w.run) && Self::has_news(ctx.core, w))
                 .map(|(id, _)| *id)
                 .collect();
             for id in ready {
                 self.finish_wait(ctx, id);
             }
             for run in changed {
-                self.sync_run(run);
+                self.sync_run(ctx.core, *run);
             }
         }
         self.http_service(ctx);
