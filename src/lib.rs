@@ -14,6 +14,7 @@ pub mod cli;
 pub mod clock;
 pub mod drive;
 pub mod engine;
+pub mod exit;
 pub mod glob;
 pub mod http;
 pub mod jsonrpc;

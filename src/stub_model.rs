@@ -193,7 +193,7 @@ fn exit_on_stdin_eof() {
             let mut sink = [0u8; 4096];
             loop {
                 match file.read(&mut sink) {
-                    Ok(0) => std::process::exit(0),
+                    Ok(0) => std::process::exit(crate::exit::OK.into()),
                     Ok(_) => continue,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(_) => return,

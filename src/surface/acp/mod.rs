@@ -89,10 +89,10 @@ const MODES: [(Mode, &str, &str); 5] = [
 pub fn run(mut engine: Engine, core: DriveCore) -> u8 {
     let mut server = AcpServe::new(core);
     match engine.run_loop(&mut server) {
-        Ok(()) => 0,
+        Ok(()) => crate::exit::OK,
         Err(e) => {
             log::error(&format!("event loop failed: {e}"));
-            1
+            crate::exit::RUNTIME
         }
     }
 }
