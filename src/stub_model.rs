@@ -1565,10 +1565,7 @@ fn split_fragments(json: &str) -> Vec<&str> {
     };
     let mut cuts = vec![0];
     for k in 1..parts {
-        let mut at = len * k / parts;
-        while !json.is_char_boundary(at) {
-            at += 1;
-        }
+        let at = json.ceil_char_boundary(len * k / parts);
         if at > cuts[cuts.len() - 1] && at < len {
             cuts.push(at);
         }
