@@ -28,5 +28,6 @@ pub mod stdio;
 pub mod stub_model;
 pub mod surface;
 pub mod sys;
+pub(crate) mod text;
 pub mod tools;
 pub mod transport;

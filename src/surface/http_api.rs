@@ -668,10 +668,7 @@ impl HttpServe {
 /// The listing shows the start of each prompt; the full text is in the run's session.
 fn preview(prompt: &str) -> String {
     const MAX_CHARS: usize = 200;
-    match prompt.char_indices().nth(MAX_CHARS) {
-        Some((cut, _)) => format!("{}…", &prompt[..cut]),
-        None => prompt.to_owned(),
-    }
+    crate::text::cap_chars(prompt, MAX_CHARS)
 }
 
 /// The run id in `/runs/<id>[/…]`, if the path names one.
