@@ -13,14 +13,14 @@ use caliban::model::{self, Provider, ProviderKind};
 use caliban::permissions::{Mode, Policy};
 use caliban::print::{self, Printer};
 use caliban::surface::{self, ListenConfig, http_api};
-use caliban::{agent, auth, drive, http, log, settings, stub_model, sys, tools, transport};
+use caliban::{agent, auth, drive, exit, http, log, settings, stub_model, sys, tools, transport};
 
 fn main() -> ExitCode {
     let command = match cli::parse(std::env::args_os().skip(1)) {
         Ok(command) => command,
         Err(err) => {
             eprintln!("caliban: {err}\nTry `caliban --help`.");
-            return ExitCode::from(print::EXIT_USAGE);
+            return ExitCode::from(exit::USAGE);
         }
     };
     match command {
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     log::error(&err);
-                    ExitCode::from(print::EXIT_CONFIG)
+                    ExitCode::from(exit::CONFIG)
                 }
             }
         }
@@ -60,7 +60,7 @@ fn env_var(name: &str) -> Option<String> {
 
 fn config_error(msg: &str) -> u8 {
     log::error(msg);
-    print::EXIT_CONFIG
+    exit::CONFIG
 }
 
 /// Everything both print mode and the servers derive from the agent options, settings
@@ -113,12 +113,12 @@ fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
             log::error(&format!(
                 "invalid --permission-mode `{bad}`: expected default, acceptEdits, plan, dontAsk or bypassPermissions"
             ));
-            return Err(print::EXIT_USAGE);
+            return Err(exit::USAGE);
         }
     };
     let mut rules = settings::rules_from_cli(&args.allow, &args.deny, &args.ask).map_err(|e| {
         log::error(&e.to_string());
-        print::EXIT_USAGE
+        exit::USAGE
     })?;
     rules.extend(settings.rules.iter().cloned());
     let policy = Policy::new(rules, mode, workspace.clone());
@@ -180,7 +180,7 @@ fn run_print(args: PrintArgs) -> u8 {
     let prompt = match args.input_format {
         InputFormat::StreamJson if args.prompt.is_some() => {
             log::error("a prompt argument cannot be combined with --input-format stream-json");
-            return print::EXIT_USAGE;
+            return exit::USAGE;
         }
         InputFormat::StreamJson => None,
         InputFormat::Text => match args.prompt.clone() {
@@ -189,7 +189,7 @@ fn run_print(args: PrintArgs) -> u8 {
                 Ok(p) if !p.trim().is_empty() => Some(p),
                 Ok(_) => {
                     log::error("no prompt: pass one as an argument or on stdin");
-                    return print::EXIT_NO_INPUT;
+                    return exit::NO_INPUT;
                 }
                 Err(code) => return code,
             },
@@ -200,7 +200,7 @@ fn run_print(args: PrintArgs) -> u8 {
         Ok(e) => e,
         Err(e) => {
             log::error(&format!("cannot start the event loop: {e}"));
-            return print::EXIT_RUNTIME;
+            return exit::RUNTIME;
         }
     };
     engine.attach_stdout();
@@ -225,13 +225,13 @@ fn run_print(args: PrintArgs) -> u8 {
             printer.wait_for_first_line();
             if let Err(e) = engine.attach_stdin() {
                 log::error(&format!("cannot read stdin: {e}"));
-                return print::EXIT_RUNTIME;
+                return exit::RUNTIME;
             }
         }
     }
     if let Err(e) = engine.run_loop(&mut printer) {
         log::error(&format!("event loop failed: {e}"));
-        return print::EXIT_RUNTIME;
+        return exit::RUNTIME;
     }
     printer.exit_code
 }
@@ -246,12 +246,12 @@ fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> 
             "--addr"
         };
         log::error(&format!("invalid {flag} {addr_text}"));
-        return Err(print::EXIT_USAGE);
+        return Err(exit::USAGE);
     };
     let gate = auth::Gate::from_env(&env_var);
     if let Err(e) = gate.check_bind(&addr) {
         log::error(&e);
-        return Err(print::EXIT_CONFIG);
+        return Err(exit::CONFIG);
     }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
@@ -300,7 +300,7 @@ fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig
 fn new_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
     Engine::new(config).map_err(|e| {
         log::error(&format!("cannot start the event loop: {e}"));
-        print::EXIT_RUNTIME
+        exit::RUNTIME
     })
 }
 
@@ -354,7 +354,7 @@ fn stdio_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
     engine.attach_stdout();
     if let Err(e) = engine.attach_stdin() {
         log::error(&format!("cannot read stdin: {e}"));
-        return Err(print::EXIT_RUNTIME);
+        return Err(exit::RUNTIME);
     }
     Ok(engine)
 }
@@ -373,20 +373,20 @@ fn read_stdin_prompt() -> Result<String, u8> {
     use std::io::Read;
     if sys::is_tty(0) {
         log::error("no prompt: pass one as an argument or pipe it on stdin");
-        return Err(print::EXIT_NO_INPUT);
+        return Err(exit::NO_INPUT);
     }
     let mut buf = Vec::new();
     let limit = print::MAX_STDIN_PROMPT as u64 + 1;
     if let Err(e) = std::io::stdin().lock().take(limit).read_to_end(&mut buf) {
         log::error(&format!("cannot read stdin: {e}"));
-        return Err(print::EXIT_NO_INPUT);
+        return Err(exit::NO_INPUT);
     }
     if buf.len() > print::MAX_STDIN_PROMPT {
         log::error(&format!(
             "stdin prompt exceeds {} bytes",
             print::MAX_STDIN_PROMPT
         ));
-        return Err(print::EXIT_CONFIG);
+        return Err(exit::CONFIG);
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }

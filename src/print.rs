@@ -14,20 +14,11 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::cli::{InputFormat, OutputFormat};
 use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
+use crate::exit;
 use crate::model::types::{ContentBlock, Message, Usage};
 use crate::permissions;
 use crate::reactor::Signal;
 use crate::stdio::{self, StdinItem};
-
-pub const EXIT_OK: u8 = 0;
-pub const EXIT_RUNTIME: u8 = 1;
-pub const EXIT_ASSISTANT: u8 = 2;
-pub const EXIT_USAGE: u8 = 64;
-pub const EXIT_NO_INPUT: u8 = 66;
-pub const EXIT_MAX_TURNS: u8 = 75;
-pub const EXIT_CONFIG: u8 = 78;
-pub const EXIT_CANCELLED: u8 = 124;
-pub const EXIT_INTERRUPTED_TWICE: u8 = 130;
 
 /// The largest prompt read from stdin in text mode (upstream's cap).
 pub const MAX_STDIN_PROMPT: usize = 10 * 1024 * 1024;
@@ -94,7 +85,7 @@ impl Printer {
             out: Vec::new(),
             got_input: false,
             turns_without_edit: 0,
-            exit_code: EXIT_RUNTIME,
+            exit_code: exit::RUNTIME,
         }
     }
 
@@ -135,17 +126,17 @@ impl Printer {
 
     fn result(&mut self, why: &StopCondition) {
         let (subtype, code, error) = match why {
-            StopCondition::EndOfTurn => ("success", EXIT_OK, None),
-            StopCondition::MaxTurnsReached(_) => ("max_turns", EXIT_MAX_TURNS, None),
-            StopCondition::Cancelled => ("cancelled", EXIT_CANCELLED, None),
-            StopCondition::MaxTokensExhausted => ("max_tokens", EXIT_ASSISTANT, None),
+            StopCondition::EndOfTurn => ("success", exit::OK, None),
+            StopCondition::MaxTurnsReached(_) => ("max_turns", exit::MAX_TURNS, None),
+            StopCondition::Cancelled => ("cancelled", exit::CANCELLED, None),
+            StopCondition::MaxTokensExhausted => ("max_tokens", exit::ASSISTANT, None),
             StopCondition::Refusal(e) | StopCondition::ContentFilter(e) => {
-                ("error", EXIT_ASSISTANT, Some(e.clone()))
+                ("error", exit::ASSISTANT, Some(e.clone()))
             }
-            StopCondition::ProviderError(e) => ("error", EXIT_RUNTIME, Some(e.clone())),
+            StopCondition::ProviderError(e) => ("error", exit::RUNTIME, Some(e.clone())),
             StopCondition::StreamIdle(d) => (
                 "error",
-                EXIT_RUNTIME,
+                exit::RUNTIME,
                 Some(format!(
                     "the model stream was idle for {} s",
                     d.as_secs_f64()
@@ -375,7 +366,7 @@ impl Host for Printer {
                 self.stdin_done = true;
                 if !self.got_input && self.input_error.is_none() {
                     self.input_error = Some((
-                        EXIT_NO_INPUT,
+                        exit::NO_INPUT,
                         "no input: stdin ended before any user message".to_owned(),
                     ));
                 }
@@ -383,7 +374,7 @@ impl Host for Printer {
             }
             StdinItem::Oversized => {
                 self.input_error = Some((
-                    EXIT_USAGE,
+                    exit::USAGE,
                     format!(
                         "stream-json input: a line exceeds {} bytes",
                         stdio::MAX_LINE
@@ -401,7 +392,7 @@ impl Host for Printer {
                 // `control/interrupt`: stop the current turn, like a first Ctrl-C.
                 Err(e) if e.is_empty() => vec![HostAction::Cancel(self.run)],
                 Err(e) => {
-                    self.input_error = Some((EXIT_USAGE, e));
+                    self.input_error = Some((exit::USAGE, e));
                     vec![HostAction::Cancel(self.run)]
                 }
             },
@@ -416,7 +407,7 @@ impl Host for Printer {
             self.interrupts += 1;
         }
         if self.interrupts >= 2 {
-            self.exit_code = EXIT_INTERRUPTED_TWICE;
+            self.exit_code = exit::INTERRUPTED_TWICE;
             ctx.act(HostAction::Quit);
             return;
         }

@@ -193,7 +193,7 @@ fn exit_on_stdin_eof() {
             let mut sink = [0u8; 4096];
             loop {
                 match file.read(&mut sink) {
-                    Ok(0) => std::process::exit(0),
+                    Ok(0) => std::process::exit(crate::exit::OK.into()),
                     Ok(_) => continue,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(_) => return,
@@ -1565,10 +1565,7 @@ fn split_fragments(json: &str) -> Vec<&str> {
     };
     let mut cuts = vec![0];
     for k in 1..parts {
-        let mut at = len * k / parts;
-        while !json.is_char_boundary(at) {
-            at += 1;
-        }
+        let at = json.ceil_char_boundary(len * k / parts);
         if at > cuts[cuts.len() - 1] && at < len {
             cuts.push(at);
         }

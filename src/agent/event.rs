@@ -197,8 +197,8 @@ pub fn result_text(content: &[ContentBlock]) -> (String, bool) {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    match joined.char_indices().nth(STREAM_RESULT_TEXT_CAP) {
-        Some((cut, _)) => (joined[..cut].to_owned(), true),
+    match crate::text::cut_chars(&joined, STREAM_RESULT_TEXT_CAP) {
+        Some((kept, _)) => (kept.to_owned(), true),
         None => (joined, false),
     }
 }

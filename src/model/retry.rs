@@ -54,11 +54,7 @@ pub(crate) fn snippet(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
     }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
+    format!("{}…", &text[..text.floor_char_boundary(max)])
 }
 
 /// How persistent to be. `max_retries` counts retries, not attempts: 4 means up to 5 requests.

@@ -103,22 +103,22 @@ pub fn run(mut engine: Engine<Key<HttpKey>>, core: DriveCore, listen: ListenConf
         Ok(s) => s,
         Err(e) => {
             log::error(&format!("failed to bind {addr}: {e}"));
-            return crate::print::EXIT_RUNTIME;
+            return crate::exit::RUNTIME;
         }
     };
     let mut host = DriveHost::new(core, server);
     if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |http, cx| http.start(cx))) {
         log::error(&format!("cannot listen on {addr}: {e}"));
-        return crate::print::EXIT_RUNTIME;
+        return crate::exit::RUNTIME;
     }
     let local = host.surface.local_addr().unwrap_or(addr);
     // One line on stderr that scripts and tests can wait for (stdout stays unused).
     eprintln!("caliban http serve listening on {scheme}://{local}");
     if let Err(e) = engine.run_loop(&mut host) {
         log::error(&format!("event loop failed: {e}"));
-        return crate::print::EXIT_RUNTIME;
+        return crate::exit::RUNTIME;
     }
-    0
+    crate::exit::OK
 }
 
 impl HttpServe {
@@ -704,10 +704,7 @@ impl HttpServe {
 /// The listing shows the start of each prompt; the full text is in the run's session.
 fn preview(prompt: &str) -> String {
     const MAX_CHARS: usize = 200;
-    match prompt.char_indices().nth(MAX_CHARS) {
-        Some((cut, _)) => format!("{}…", &prompt[..cut]),
-        None => prompt.to_owned(),
-    }
+    crate::text::cap_chars(prompt, MAX_CHARS)
 }
 
 /// The run id in `/runs/<id>[/…]`, if the path names one.

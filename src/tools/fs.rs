@@ -1289,11 +1289,11 @@ fn io_message(rel: &str, err: &io::Error) -> String {
 
 /// `line` cut to `max_chars` characters, with a marker saying how many were dropped.
 fn cap_line(line: &str, max_chars: usize) -> Cow<'_, str> {
-    match line.char_indices().nth(max_chars) {
+    match crate::text::cut_chars(line, max_chars) {
         None => Cow::Borrowed(line),
-        Some((cut, _)) => {
-            let n_more = line[cut..].chars().count();
-            Cow::Owned(format!("{}… [{n_more} more chars]", &line[..cut]))
+        Some((kept, dropped)) => {
+            let n_more = dropped.chars().count();
+            Cow::Owned(format!("{kept}… [{n_more} more chars]"))
         }
     }
 }

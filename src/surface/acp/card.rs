@@ -140,10 +140,7 @@ pub fn describe(tool: &str, input: &Value, workspace: &Path, old: OldText) -> De
 }
 
 fn cap_title(text: &str) -> String {
-    match text.char_indices().nth(MAX_TITLE_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
-    }
+    crate::text::cap_chars(text, MAX_TITLE_CHARS)
 }
 
 /// The text a `Write` replaces: `Some(None)` for a new file, `Some(Some(text))` for a small

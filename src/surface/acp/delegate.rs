@@ -390,10 +390,7 @@ fn terminal_result(
     let raw = output.get("output").and_then(Value::as_str).unwrap_or("");
     let limit = TERMINAL_OUTPUT_BYTES as usize;
     if raw.len() > limit {
-        let mut start = raw.len() - limit;
-        while !raw.is_char_boundary(start) {
-            start += 1;
-        }
+        let start = raw.ceil_char_boundary(raw.len() - limit);
         text.push_str(&format!("[… {start} earlier bytes not shown]\n"));
         text.push_str(&raw[start..]);
     } else {

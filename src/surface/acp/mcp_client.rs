@@ -492,10 +492,7 @@ fn call_output(result: Result<Value, RpcError>) -> ToolOutput {
         text = structured.to_string();
     }
     if text.len() > MAX_RESULT_TEXT {
-        let mut cut = MAX_RESULT_TEXT;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
+        let cut = text.floor_char_boundary(MAX_RESULT_TEXT);
         let dropped = text.len() - cut;
         text.truncate(cut);
         text.push_str(&format!("\n[… {dropped} more bytes not shown]"));

@@ -94,10 +94,10 @@ const MODES: [(Mode, &str, &str); 5] = [
 pub fn run(mut engine: Engine<Key<AcpKey>>, core: DriveCore) -> u8 {
     let mut server = DriveHost::new(core, AcpServe::new());
     match engine.run_loop(&mut server) {
-        Ok(()) => 0,
+        Ok(()) => crate::exit::OK,
         Err(e) => {
             log::error(&format!("event loop failed: {e}"));
-            1
+            crate::exit::RUNTIME
         }
     }
 }

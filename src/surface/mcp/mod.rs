@@ -180,23 +180,23 @@ pub fn run(mut engine: Engine<Key<McpKey>>, core: DriveCore, listen: Option<List
             Ok(side) => side,
             Err(e) => {
                 log::error(&format!("failed to bind {addr}: {e}"));
-                return crate::print::EXIT_RUNTIME;
+                return crate::exit::RUNTIME;
             }
         };
         let local = side.local_addr().unwrap_or(addr);
         host.surface.http = Some(side);
         if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |mcp, cx| mcp.start_http(cx))) {
             log::error(&format!("cannot listen on {addr}: {e}"));
-            return crate::print::EXIT_RUNTIME;
+            return crate::exit::RUNTIME;
         }
         // One line on stderr that scripts and tests can wait for (stdout is protocol).
         eprintln!("caliban mcp serve listening on {scheme}://{local}/mcp");
     }
     if let Err(e) = engine.run_loop(&mut host) {
         log::error(&format!("event loop failed: {e}"));
-        return crate::print::EXIT_RUNTIME;
+        return crate::exit::RUNTIME;
     }
-    0
+    crate::exit::OK
 }
 
 fn version_for(requested: &str) -> &'static str {

@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::drive::table::{DriveStatus, PollView, Prompt, RunSpec};
 use crate::permissions::{Action, Mode, Rule, RuleSource};
+use crate::text::cap_chars;
 
 /// Longest `wait_ms` honoured: well under the 60 s many clients give a tool call.
 pub const MAX_WAIT_MS: u64 = 30_000;
@@ -521,8 +522,8 @@ fn struct_name(tool: &str) -> &'static str {
 /// default that makes a bare "accept" mean allow.
 pub fn elicitation_params(run_id: &str, prompt: &Prompt, with_mode: bool) -> Value {
     let detail = match (prompt.tool_name.as_str(), prompt.input.get("command")) {
-        ("Bash", Some(Value::String(cmd))) => format!("`{}`", clip(cmd, 400)),
-        _ => clip(&prompt.input.to_string(), 400),
+        ("Bash", Some(Value::String(cmd))) => format!("`{}`", cap_chars(cmd, 400)),
+        _ => cap_chars(&prompt.input.to_string(), 400),
     };
     let mut params = json!({
         "message": format!(
@@ -551,15 +552,6 @@ pub fn elicitation_params(run_id: &str, prompt: &Prompt, with_mode: bool) -> Val
         params["mode"] = json!("form");
     }
     params
-}
-
-fn clip(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
-        return text.to_owned();
-    }
-    let mut out: String = text.chars().take(max_chars).collect();
-    out.push('…');
-    out
 }
 
 #[cfg(test)]

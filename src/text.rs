@@ -1,0 +1,62 @@
+//! Capping text to a number of characters without splitting one.
+//!
+//! Caps counted in bytes need no helper: `str::floor_char_boundary` (keep the head) and
+//! `str::ceil_char_boundary` (keep the tail) give the cut.
+
+/// `text` split after its first `max_chars` characters into what is kept and what is
+/// dropped, or `None` when it has no more than `max_chars`.
+pub(crate) fn cut_chars(text: &str, max_chars: usize) -> Option<(&str, &str)> {
+    let (cut, _) = text.char_indices().nth(max_chars)?;
+    Some(text.split_at(cut))
+}
+
+/// `text` cut to its first `max_chars` characters, with `…` marking a cut.
+pub(crate) fn cap_chars(text: &str, max_chars: usize) -> String {
+    match cut_chars(text, max_chars) {
+        Some((kept, _)) => format!("{kept}…"),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One character of each UTF-8 width, twice.
+    const MIXED: &str = "aé€😀aé€😀";
+
+    #[test]
+    fn cut_chars_at_every_split_point() {
+        let chars: Vec<char> = MIXED.chars().collect();
+        for max in 0..=chars.len() + 1 {
+            let got = cut_chars(MIXED, max);
+            if max >= chars.len() {
+                assert_eq!(got, None, "max {max}");
+                continue;
+            }
+            let (kept, dropped) = got.unwrap();
+            assert_eq!(kept, chars[..max].iter().collect::<String>(), "max {max}");
+            assert_eq!(
+                dropped,
+                chars[max..].iter().collect::<String>(),
+                "max {max}"
+            );
+        }
+        assert_eq!(cut_chars("", 0), None);
+    }
+
+    #[test]
+    fn cap_chars_at_every_split_point() {
+        let chars: Vec<char> = MIXED.chars().collect();
+        for max in 0..=chars.len() + 1 {
+            let want = if max >= chars.len() {
+                MIXED.to_owned()
+            } else {
+                format!("{}…", chars[..max].iter().collect::<String>())
+            };
+            assert_eq!(cap_chars(MIXED, max), want, "max {max}");
+        }
+        assert_eq!(cap_chars("", 0), "");
+        assert_eq!(cap_chars("ab", 0), "…");
+    }
+}
