@@ -3,8 +3,9 @@
 //! feeds the results back. A `Host` (print mode today, the drive surfaces later) sees the
 //! events and answers permission prompts; it talks back only through returned actions.
 //!
-//! Architecture Invariant: nothing here blocks the loop. DNS and file tools run on helper
-//! threads that post a `Completion` and wake the reactor; sockets and pipes are non-blocking.
+//! Architecture Invariant: nothing here blocks the loop. DNS and file tools run on small
+//! bounded worker pools (`workers`) whose jobs post a `Completion` and wake the reactor;
+//! sockets and pipes are non-blocking.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ use crate::reactor::{Reactor, Signal, TimerId, Wake};
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, Stream};
+use crate::workers::Pool;
 
 /// Error bodies are read for their message and retry hints, never kept whole.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -34,6 +36,23 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 const STDOUT_GRACE_AFTER_SIGNAL: Duration = Duration::from_millis(200);
 /// After the shell exits, how long its pipes may stay open (a grandchild holding them).
 const PIPE_GRACE: Duration = Duration::from_millis(500);
+/// Threads for file tool calls. Enough that one slow Grep over a large tree does not hold up
+/// other runs' reads and edits; few enough that 64 working runs issuing parallel reads share
+/// four threads instead of starting hundreds (each a stack mapping, a malloc arena and a
+/// share of the CPU), while most calls take milliseconds.
+const TOOL_WORKERS: usize = 4;
+/// File tool calls waiting for a tool thread. A run issues its reads in parallel but its edits
+/// one at a time, so 64 working runs × 16 parallel reads fit; a call beyond that fails at once
+/// as a tool error the model can retry instead of queueing behind a thousand others.
+const TOOL_QUEUE_CAP: usize = 1024;
+/// Threads for DNS lookups. A run has one model request at a time, to one provider host that
+/// the system resolver usually has cached, so lookups are short and two keep one slow lookup
+/// from delaying every other run's.
+const DNS_WORKERS: usize = 2;
+/// DNS lookups waiting for a thread: one per working run (the drive table admits 64), twice
+/// over for lookups of attempts abandoned on timeout that are still waiting. Beyond it the
+/// lookup fails and the request takes the usual retry path.
+const DNS_QUEUE_CAP: usize = 128;
 
 /// A run's id, the one spelling of it everywhere in the process; `run-N` on the wire and in
 /// session file names (`Display`/`parse`), so a string is parsed once, at a surface's edge.
@@ -315,6 +334,10 @@ pub struct Engine<K: HostKey> {
     tx: Sender<Completion>,
     rx: Receiver<Completion>,
     waker: Arc<Waker>,
+    /// File tool calls run here (`start_tool`); started lazily, so idle costs nothing.
+    tool_workers: Pool,
+    /// DNS lookups for model requests run here (`start_model`).
+    dns_workers: Pool,
     stdin: Option<Stdin>,
     stdout: Option<Stdout>,
     /// A SIGINT/SIGTERM arrived: the final stdout flush gets a deadline.
@@ -342,6 +365,8 @@ impl<K: HostKey> Engine<K> {
             tx,
             rx,
             waker,
+            tool_workers: Pool::new("caliban-tool", TOOL_WORKERS, TOOL_QUEUE_CAP),
+            dns_workers: Pool::new("caliban-dns", DNS_WORKERS, DNS_QUEUE_CAP),
             stdin: None,
             stdout: None,
             signalled: false,
@@ -679,10 +704,11 @@ impl<K: HostKey> Engine<K> {
         }
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
-        let spawned = crate::transport::resolve_in_background(host, port, move |result| {
-            let _ = tx.send(Completion::Resolved { run, token, result });
-            let _ = waker.wake();
-        });
+        let spawned =
+            crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
+                let _ = tx.send(Completion::Resolved { run, token, result });
+                let _ = waker.wake();
+            });
         if let Err(error) = spawned {
             self.on_resolved(run, token, Err(error));
         }
@@ -1055,21 +1081,19 @@ impl<K: HostKey> Engine<K> {
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
         let tool_use_id = call.id.clone();
-        let spawned = std::thread::Builder::new()
-            .name("caliban-tool".into())
-            .spawn(move || {
-                let output = crate::tools::fs::run(&call.name, &call.input, &workspace);
-                let _ = tx.send(Completion::Tool {
-                    run,
-                    tool_use_id: call.id,
-                    output,
-                });
-                let _ = waker.wake();
+        let queued = self.tool_workers.submit(move || {
+            let output = crate::tools::fs::run(&call.name, &call.input, &workspace);
+            let _ = tx.send(Completion::Tool {
+                run,
+                tool_use_id: call.id,
+                output,
             });
-        if let Err(e) = spawned {
-            // Without a thread the tool can never report; answer for it now rather than
+            let _ = waker.wake();
+        });
+        if let Err(rejected) = queued {
+            // A job the pool did not take can never report; answer for it now rather than
             // leaving the run waiting forever.
-            let output = ToolOutput::error(format!("cannot start a thread for the tool: {e}"));
+            let output = ToolOutput::error(format!("cannot run the tool: {rejected}"));
             if let Some(slot) = self.runs.get_mut(&run) {
                 let effects = slot.run.on_tool_done(&tool_use_id, output, Instant::now());
                 self.push_effects(run, effects);

@@ -4,7 +4,8 @@
 //! Layers, each depending only on those below it:
 //! `print`, `surface` (the network surfaces) → `drive` (run table, sessions) → `engine` (performs effects) → `agent` (decides) →
 //! `model`, `tools`, `permissions`, `settings` → `http`, `transport`, `stdio`, `reactor` →
-//! `sys` (every `unsafe` and libc call) and `log`.
+//! `workers` (bounded thread pools for blocking calls), `sys` (every `unsafe` and libc call)
+//! and `log`.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
@@ -31,3 +32,4 @@ pub mod sys;
 pub(crate) mod text;
 pub mod tools;
 pub mod transport;
+mod workers;

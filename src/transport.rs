@@ -1,6 +1,6 @@
 //! Byte streams: plain TCP or TLS (rustls with the *ring* provider) over a non-blocking
-//! `mio::net::TcpStream`, for outgoing connections (client TLS, the CA bundle, DNS on a helper
-//! thread) and accepted ones (server TLS from a certificate and key on disk).
+//! `mio::net::TcpStream`, for outgoing connections (client TLS, the CA bundle, DNS on a worker
+//! pool) and accepted ones (server TLS from a certificate and key on disk).
 //!
 //! It reads and writes until `WouldBlock` and reports EOF; it must not know what the bytes
 //! mean (HTTP lives in `http`).
@@ -16,6 +16,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{
     ClientConfig, ClientConnection, ConnectionCommon, RootCertStore, ServerConfig, ServerConnection,
 };
+
+use crate::workers::Pool;
 
 /// Where distributions keep their CA bundle, most common first. `SSL_CERT_FILE` wins.
 const CA_BUNDLE_PATHS: &[&str] = &[
@@ -132,16 +134,22 @@ fn roots_from_file(path: &Path) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// Resolves `host:port` on a helper thread (getaddrinfo blocks) and hands the result to
-/// `deliver`, which is expected to post it to the loop and wake it. Fails only when no
-/// thread can be started; then `deliver` is never called.
-pub fn resolve_in_background<F>(host: String, port: u16, deliver: F) -> Result<(), String>
+/// Resolves `host:port` on one of `workers`' threads (getaddrinfo blocks) and hands the
+/// result to `deliver`, which is expected to post it to the loop and wake it. Fails only when
+/// the pool cannot take the lookup (its queue is full, or no thread starts); then `deliver`
+/// is never called.
+pub(crate) fn resolve_in_background<F>(
+    workers: &Pool,
+    host: String,
+    port: u16,
+    deliver: F,
+) -> Result<(), String>
 where
     F: FnOnce(Result<Vec<SocketAddr>, String>) + Send + 'static,
 {
-    let spawned = std::thread::Builder::new()
-        .name("caliban-dns".into())
-        .spawn(move || {
+    let what = host.clone();
+    workers
+        .submit(move || {
             let result = (host.as_str(), port)
                 .to_socket_addrs()
                 .map(|addrs| addrs.collect::<Vec<_>>())
@@ -154,10 +162,8 @@ where
                     }
                 });
             deliver(result);
-        });
-    spawned
-        .map(|_| ())
-        .map_err(|e| format!("cannot start a dns thread: {e}"))
+        })
+        .map_err(|rejected| format!("cannot resolve {what}: {rejected}"))
 }
 
 /// What one `drain_read` found.

@@ -23,6 +23,17 @@
 //! it on is reported by `EventLog::ignored_bytes`. A failed append is cut back off the file, so
 //! a full disk never strands a partial line in the middle.
 //!
+//! DURABILITY. Lines are written, not synced, as they go: a process crash loses nothing the
+//! kernel has, a power cut may lose the end of a run still in progress. When a run finishes
+//! (`SessionStore::close`) its file's data, and the first time also the directory entry that
+//! names it, is flushed to stable storage on the store's syncer thread, so the event loop
+//! never waits on the disk. The file is readable at once (reads go through the page cache);
+//! only durability lags, by one `fsync`. Dropping the store (every orderly exit: a signal or
+//! stdin closing ends the loop, and the surface drops its drive core) waits up to
+//! `SYNC_EXIT_WAIT` for syncs still pending, so a run that finished before an orderly exit
+//! survives a power cut after it. When the syncer cannot take a sync (its queue is full, or no
+//! thread starts) the sync is done in place, on the caller's thread, as before.
+//!
 //! MEMORY. A log keeps the newest events in a tail of at most `TAIL_EVENTS` events and
 //! `TAIL_BYTES` bytes, and a sparse index with the byte offset of every `INDEX_STRIDE`-th event
 //! line. Older events are read back from the file, so a run costs O(tail + events / 64 × 8 B)
@@ -36,8 +47,11 @@
 //! run becomes appendable on its first append (say, to mark it interrupted): that takes the
 //! lock, reads lines written since the load, and cuts off a crash's partial last line. A file
 //! damaged in the middle is never appended to, since the new lines would be unreadable too.
+//! Closing a finished run releases the lock at once, before its sync is done.
 
 use crate::clock::{millis_since_epoch, now_ms};
+use crate::log;
+use crate::workers::Pool;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt;
@@ -47,6 +61,7 @@ use std::mem;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
@@ -79,6 +94,20 @@ const READ_BUF_BYTES: usize = 64 << 10;
 
 /// The start of an event line as `EventLog::append_event` writes it.
 const EVENT_LINE_PREFIX: &str = r#"{"kind":"event","cursor":"#;
+
+/// How long dropping a store (an orderly exit) waits for pending syncs. A sync normally takes
+/// milliseconds; this only bounds a stuck disk, and stays under the 10 s a container runtime
+/// gives between SIGTERM and SIGKILL.
+pub const SYNC_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Syncer threads. Syncs of one directory's files share a disk and a journal, so a second
+/// thread would mostly wait on the first; one also keeps syncs in the order runs finished.
+const SYNC_WORKERS: usize = 1;
+
+/// Finished runs waiting for their sync, each holding its file's descriptor until then. Far
+/// more than the 64 runs the drive table lets work at once, so a burst of them finishing
+/// fits; past it a close syncs in place, slower but losing nothing.
+const SYNC_QUEUE_CAP: usize = 256;
 
 /// Where session files live: `$XDG_STATE_HOME/caliban/sessions`, or
 /// `$HOME/.local/state/caliban/sessions`. The XDG spec says to ignore a relative or empty
@@ -115,12 +144,28 @@ pub struct SessionSummary {
     pub modified_ms: u64,
 }
 
-/// The sessions directory: allocates run ids and opens run files.
+/// The sessions directory: allocates run ids, opens run files and syncs finished ones.
 #[derive(Debug)]
 pub struct SessionStore {
     dir: PathBuf,
     /// The number `create` tries first.
     next_run: u64,
+    syncer: Syncer,
+}
+
+/// Where `SessionStore::close` sends syncs; dropping it waits for them (with a deadline).
+#[derive(Debug)]
+struct Syncer(Pool);
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        if !self.0.wait_idle(Instant::now() + SYNC_EXIT_WAIT) {
+            log::warn(&format!(
+                "session files of finished runs were still not on disk after {} s; exiting anyway",
+                SYNC_EXIT_WAIT.as_secs()
+            ));
+        }
+    }
 }
 
 impl SessionStore {
@@ -128,7 +173,11 @@ impl SessionStore {
     pub fn open(dir: PathBuf) -> io::Result<SessionStore> {
         DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
         let next_run = max_run_number(&dir)?.map_or(1, |n| n.saturating_add(1));
-        Ok(SessionStore { dir, next_run })
+        Ok(SessionStore {
+            dir,
+            next_run,
+            syncer: Syncer(Pool::new("caliban-sync", SYNC_WORKERS, SYNC_QUEUE_CAP)),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -276,6 +325,27 @@ impl SessionStore {
         let mut log = EventLog::new(run_id.to_owned(), path, Access::Detached, Tail::none());
         log.ingest(&file)?;
         Ok(log)
+    }
+
+    /// `EventLog::close` without waiting on the disk: the descriptor's lock and the tail are
+    /// let go at once, and the sync runs on the syncer thread, which holds the descriptor
+    /// until it is done. Reads of the log go to the file straight away. A failed sync is
+    /// logged; it costs durability only, the lines are already written.
+    pub fn close(&self, log: &mut EventLog) {
+        let Some(pending) = log.detach() else {
+            return;
+        };
+        let job = move || pending.run();
+        if let Err(rejected) = self.syncer.0.submit(job) {
+            crate::log::debug(&format!("syncing in place: {rejected}"));
+            (rejected.job)();
+        }
+    }
+
+    /// Waits until every sync handed over by `close` is done, or until `deadline`; returns
+    /// whether they all are.
+    pub fn wait_for_syncs(&self, deadline: Instant) -> bool {
+        self.syncer.0.wait_idle(deadline)
     }
 
     /// Removes a run's file. A live `EventLog` of it keeps working on the unlinked file until
@@ -496,29 +566,51 @@ impl EventLog {
     }
 
     /// Flushes the file to stable storage, and the first time also the directory entry that
-    /// names it, so a finished run survives a power cut.
+    /// names it, so a finished run survives a power cut. Blocks on the disk; the event loop
+    /// closes finished runs through `SessionStore::close` instead.
     pub fn sync(&mut self) -> io::Result<()> {
         let (Access::Append(file) | Access::Poisoned(file)) = &self.access else {
             return Ok(());
         };
-        file.sync_data()?;
-        if !self.dir_synced {
-            if let Some(dir) = self.path.parent() {
-                File::open(dir)?.sync_all()?;
-            }
-            self.dir_synced = true;
-        }
+        let dir = self.path.parent().filter(|_| !self.dir_synced);
+        sync_to_disk(file, dir)?;
+        self.dir_synced = true;
         Ok(())
     }
 
     /// Syncs, then lets go of the descriptor (and its lock) and of the in-memory tail, so a
     /// finished run costs only its index. Reads keep working from the file; a later append
-    /// reopens it.
+    /// reopens it. Blocks on the disk; see `SessionStore::close` for the loop's way.
     pub fn close(&mut self) -> io::Result<()> {
         self.sync()?;
         self.access = Access::Detached;
         self.release_tail();
         Ok(())
+    }
+
+    /// `close` minus the sync, which it returns for the caller to run (elsewhere). The lock
+    /// is released now, not when the descriptor finally closes, so this process (a delete,
+    /// an append) or another one can take it at once. The directory entry counts as synced
+    /// from here on: its sync is in the returned job.
+    fn detach(&mut self) -> Option<PendingSync> {
+        let access = mem::replace(&mut self.access, Access::Detached);
+        self.release_tail();
+        let (Access::Append(file) | Access::Poisoned(file)) = access else {
+            return None;
+        };
+        // Without flock support there is no lock to release.
+        let _ = file.unlock();
+        let dir = self
+            .path
+            .parent()
+            .filter(|_| !self.dir_synced)
+            .map(Path::to_path_buf);
+        self.dir_synced = true;
+        Some(PendingSync {
+            file,
+            dir,
+            run_id: self.run_id.clone(),
+        })
     }
 
     /// Drops the in-memory tail; reads of those events go to the file from now on.
@@ -1119,6 +1211,34 @@ impl Read for Pread<'_> {
         self.pos += n_bytes as u64;
         Ok(n_bytes)
     }
+}
+
+/// A detached log's sync, to run off the event loop.
+struct PendingSync {
+    file: File,
+    /// The directory to sync too: the first sync of a new file makes its name durable.
+    dir: Option<PathBuf>,
+    run_id: String,
+}
+
+impl PendingSync {
+    fn run(self) {
+        if let Err(e) = sync_to_disk(&self.file, self.dir.as_deref()) {
+            log::warn(&format!(
+                "{}: cannot flush the session file to disk: {e}",
+                self.run_id
+            ));
+        }
+    }
+}
+
+/// `fsync`s the file's data and, when given, its directory (so the file's name survives too).
+fn sync_to_disk(file: &File, dir: Option<&Path>) -> io::Result<()> {
+    file.sync_data()?;
+    if let Some(dir) = dir {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Takes the exclusive append lock, refusing if another process holds it. A file system
@@ -1870,6 +1990,83 @@ mod tests {
         let err = log.append_status(&json!({"state": "done"})).unwrap_err();
         assert!(err.to_string().contains("failed part-way"), "{err}");
         assert_eq!(log.last_status(), None);
+    }
+
+    /// Parks `store`'s syncer thread until the returned sender is dropped, so syncs handed
+    /// to it stay pending.
+    fn park_syncer(store: &SessionStore) -> std::sync::mpsc::Sender<()> {
+        let (started, started_rx) = std::sync::mpsc::channel();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        store
+            .syncer
+            .0
+            .submit(move || {
+                let _ = started.send(());
+                let _ = gate.recv();
+            })
+            .unwrap();
+        started_rx.recv().unwrap();
+        release
+    }
+
+    #[test]
+    fn closing_through_the_store_lets_go_at_once_and_syncs_later() {
+        let tmp = TempDir::new("close-later");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        log.append_event(&delta(0, "x")).unwrap();
+        log.append_status(&json!({"state": "done"})).unwrap();
+        let release = park_syncer(&store);
+        store.close(&mut log);
+        // The sync is still pending, yet the log is served from its file and the lock is
+        // free: another log of the run can append.
+        assert!(matches!(log.access, Access::Detached));
+        assert!(log.tail.events.is_empty());
+        assert_eq!(all_events(&log), vec![delta(0, "x").to_string()]);
+        assert!(!store.wait_for_syncs(Instant::now()));
+        let mut other = store.load("run-1").unwrap();
+        other.append_status(&json!({"state": "failed"})).unwrap();
+        drop(release);
+        assert!(store.wait_for_syncs(Instant::now() + Duration::from_secs(10)));
+        store.close(&mut other);
+        assert_eq!(store.load("run-1").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn dropping_the_store_finishes_pending_syncs() {
+        let tmp = TempDir::new("drop-syncs");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        let release = park_syncer(&store);
+        store.close(&mut log);
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&synced);
+        store
+            .syncer
+            .0
+            .submit(move || flag.store(true, Ordering::SeqCst))
+            .unwrap();
+        let unpark = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(release);
+        });
+        drop(store);
+        assert!(synced.load(Ordering::SeqCst), "the drop returned first");
+        unpark.join().unwrap();
+    }
+
+    #[test]
+    fn a_syncer_that_takes_nothing_means_syncing_in_place() {
+        let tmp = TempDir::new("sync-in-place");
+        let mut store = tmp.store("sessions");
+        store.syncer = Syncer(Pool::new("test-sync", 1, 0));
+        let mut log = store.create(header("p")).unwrap();
+        log.append_event(&delta(0, "x")).unwrap();
+        store.close(&mut log);
+        assert!(matches!(log.access, Access::Detached));
+        assert!(log.dir_synced);
+        assert!(store.wait_for_syncs(Instant::now()));
+        assert_eq!(all_events(&log), vec![delta(0, "x").to_string()]);
     }
 
     #[test]

@@ -397,7 +397,7 @@ impl DriveCore {
             }
         }
         // Hold no descriptor or tail for a run this process does not write.
-        let _ = log.close();
+        self.store.close(&mut log);
         self.runs.insert(
             run,
             RunRecord {
@@ -977,7 +977,8 @@ impl DriveCore {
         };
         let _ = rec.log.append_status(&rec.status.to_json());
         // A finished run is served from its file: no descriptor, lock or tail stays open.
-        let _ = rec.log.close();
+        // The sync runs on the store's syncer, off the loop.
+        self.store.close(&mut rec.log);
         self.changed.insert(run);
     }
 
