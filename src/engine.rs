@@ -1,7 +1,9 @@
 //! The engine owns the reactor and every run's I/O: model exchanges, tool processes and
 //! worker threads. Runs (`agent::run::Run`) decide; the engine performs their `Effect`s and
-//! feeds the results back. A `Host` (print mode today, the drive surfaces later) sees the
-//! events and answers permission prompts; it talks back only through returned actions.
+//! feeds the results back. A `Host` (print mode's `Printer`, or `surface::host::DriveHost`
+//! for the drive surfaces) sees the events and answers permission prompts; it talks back
+//! only through `HostAction`s queued on its `Ctx`, and names its own sources and timers by
+//! a key type of its choosing (`Host::Key`).
 //!
 //! Architecture Invariant: nothing here blocks the loop. DNS and file tools run on small
 //! bounded worker pools (`workers`) whose jobs post a `Completion` and wake the reactor;
@@ -589,7 +591,7 @@ impl<K: HostKey> Engine<K> {
                 message,
             } => {
                 if let Some(slot) = self.runs.get_mut(&run) {
-                    let effects = slot.run.on_permission(&tool_use_id, allow, &message);
+                    let effects = slot.run.on_permission(&tool_use_id, allow, &message, now);
                     self.push_effects(run, effects);
                 }
             }

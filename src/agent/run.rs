@@ -516,7 +516,13 @@ impl Run {
     }
 
     /// A permission answer for an `Ask`. Denials become error results the model can read.
-    pub fn on_permission(&mut self, tool_use_id: &str, allow: bool, denial: &str) -> Vec<Effect> {
+    pub fn on_permission(
+        &mut self,
+        tool_use_id: &str,
+        allow: bool,
+        denial: &str,
+        now: Instant,
+    ) -> Vec<Effect> {
         let turn_index = self.turn_index;
         let Phase::Tools(tools) = &mut self.phase else {
             return Vec::new();
@@ -538,7 +544,7 @@ impl Run {
             tool_use_id,
             &result,
         ))];
-        out.extend(self.maybe_close_tools(Instant::now()));
+        out.extend(self.maybe_close_tools(now));
         out
     }
 
