@@ -15,11 +15,11 @@ use mio::{Interest, Token};
 use serde_json::{Value, json};
 
 use crate::auth::Decision;
-use crate::drive::table::{DriveCore, DriveError, DriveStatus, Inbound, RunSpec};
+use crate::drive::ops::{self, Dialect, OpError, Problem};
+use crate::drive::table::{DriveCore, DriveError, DriveStatus};
 use crate::engine::{Engine, HostAction, RunId};
 use crate::http::server::{ConnEvent, Connection, Request};
 use crate::log;
-use crate::permissions::{Action, Mode, Rule, RuleSource};
 use crate::reactor::{Signal, TimerId};
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
 use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
@@ -324,7 +324,8 @@ impl HttpServe {
                 OPENAPI.as_bytes(),
             ),
             ("POST", ["runs"]) => {
-                let result = parse_json_body(&request).and_then(|body| run_spec(&body));
+                let result = parse_json_body(&request)
+                    .and_then(|body| ops::run_spec(&body, Dialect::HTTP).map_err(op_error));
                 let result = result.and_then(|spec| {
                     ctx.core
                         .start_run(spec)
@@ -362,23 +363,7 @@ impl HttpServe {
             },
             ("POST", ["runs", _, "input"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
-                    let end = match body.get("end") {
-                        None | Some(Value::Null) => false,
-                        Some(Value::Bool(b)) => *b,
-                        Some(_) => return Err((422, "`end` must be a boolean".to_owned())),
-                    };
-                    let text = match body.get("text") {
-                        None | Some(Value::Null) => None,
-                        Some(Value::String(t)) => Some(t.as_str()),
-                        Some(_) => return Err((422, "`text` must be a string".to_owned())),
-                    };
-                    let input = if end {
-                        Inbound::EndInput
-                    } else if let Some(text) = text {
-                        Inbound::UserMessage(text.to_owned())
-                    } else {
-                        return Err((400, "input requires `text` or `end: true`".to_owned()));
-                    };
+                    let input = ops::input(&body, Dialect::HTTP).map_err(op_error)?;
                     ctx.core
                         .send_input(run_or_status()?, input)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
@@ -387,18 +372,14 @@ impl HttpServe {
             }
             ("POST", ["runs", _, "permit"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
-                    let Some(tool_use_id) = body.get("tool_use_id").and_then(Value::as_str) else {
-                        return Err((422, "missing field `tool_use_id`".to_owned()));
-                    };
-                    let Some(allow) = body.get("allow").and_then(Value::as_bool) else {
-                        return Err((422, "missing field `allow`".to_owned()));
-                    };
-                    let reason = body
-                        .get("reason")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned);
+                    let answer = ops::answer(&body, Dialect::HTTP).map_err(op_error)?;
                     ctx.core
-                        .permit(run_or_status()?, tool_use_id, allow, reason)
+                        .permit(
+                            run_or_status()?,
+                            &answer.tool_use_id,
+                            answer.allow,
+                            answer.reason,
+                        )
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
                 self.reply_ok(key, result);
@@ -746,69 +727,18 @@ fn parse_json_body(request: &Request) -> Result<Value, (u16, String)> {
     Ok(value)
 }
 
-fn string_list(body: &Value, key: &str) -> Result<Vec<String>, (u16, String)> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| (422, format!("`{key}` must be an array of strings")))
-            })
-            .collect(),
-        Some(_) => Err((422, format!("`{key}` must be an array of strings"))),
-    }
-}
-
-fn run_spec(body: &Value) -> Result<RunSpec, (u16, String)> {
-    let prompt = match body.get("prompt") {
-        Some(Value::String(p)) => p.clone(),
-        Some(_) => return Err((422, "`prompt` must be a string".to_owned())),
-        None => return Err((422, "missing field `prompt`".to_owned())),
+/// A body that does not decode: 422 for the wrong shape (what upstream's axum `Json`
+/// extractor refuses), 400 for a well-typed value that is invalid or input with neither
+/// `text` nor `end`.
+fn op_error(e: OpError) -> (u16, String) {
+    let status = match e.problem {
+        Problem::NotObject { .. }
+        | Problem::Missing { .. }
+        | Problem::WrongType { .. }
+        | Problem::Negative { .. } => 422,
+        Problem::UnknownMode { .. } | Problem::BadRule { .. } | Problem::NoInput => 400,
     };
-    let interactive = match body.get("interactive") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err((422, "`interactive` must be a boolean".to_owned())),
-    };
-    let opt_str = |key: &str| -> Result<Option<String>, (u16, String)> {
-        match body.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err((422, format!("`{key}` must be a string"))),
-        }
-    };
-    let permission_mode = match opt_str("permission_mode")? {
-        None => None,
-        Some(m) => Some(Mode::parse(&m).ok_or_else(|| {
-            (
-                400,
-                format!("invalid permission_mode `{m}`: expected default, acceptEdits, plan, dontAsk or bypassPermissions"),
-            )
-        })?),
-    };
-    let mut rules = Vec::new();
-    for (key, action) in [
-        ("deny", Action::Deny),
-        ("ask", Action::Ask),
-        ("allow", Action::Allow),
-    ] {
-        for pattern in string_list(body, key)? {
-            let rule = Rule::new(&pattern, action, None, RuleSource::Session)
-                .map_err(|e| (400, e.to_string()))?;
-            rules.push(rule);
-        }
-    }
-    Ok(RunSpec {
-        prompt,
-        interactive,
-        cwd: opt_str("cwd")?.map(Into::into),
-        model: opt_str("model")?,
-        permission_mode,
-        rules,
-        ..RunSpec::default()
-    })
+    (status, e.to_string())
 }
 
 impl Surface for HttpServe {

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::drive::ops::{Op, Problem};
 use crate::drive::table::PollView;
-use crate::drive::table::{DriveCore, DriveError, DriveStatus, Inbound};
+use crate::drive::table::{DriveCore, DriveError, DriveStatus};
 use crate::engine::{Engine, HostAction, RunId};
 use crate::jsonrpc::{self, Id, Message, RpcError};
 use crate::log;
@@ -33,8 +34,6 @@ use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 use crate::surface::ListenConfig;
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
-
-use self::tools::Call;
 
 /// What we answer `initialize` with when the client asks for something we do not speak.
 pub const LATEST_VERSION: &str = "2025-11-25";
@@ -529,6 +528,10 @@ impl McpHost {
             Err(tools::CallError::UnknownTool) => {
                 return Outcome::Reply(Err(RpcError::invalid_params("tool not found")));
             }
+            // Neither `text` nor `end`: upstream's arguments decode, its tool refuses them.
+            Err(tools::CallError::BadArguments(e)) if e.problem == Problem::NoInput => {
+                return Outcome::Reply(Ok(tool_error(e.to_string())));
+            }
             Err(tools::CallError::BadArguments(m)) => {
                 return Outcome::Reply(Err(RpcError::invalid_params(format!(
                     "failed to deserialize parameters: {m}"
@@ -547,7 +550,7 @@ impl McpHost {
         let ok = |text: String| Outcome::Reply(Ok(tool_ok(modern, text)));
         let fail = |e: DriveError| Outcome::Reply(Ok(tool_error(e.to_string())));
         match call {
-            Call::Run(mut spec) => {
+            Op::Run(mut spec) => {
                 spec.extra_header.insert("surface".into(), json!("mcp"));
                 match ctx.core.start_run(spec) {
                     Ok(run) => {
@@ -558,7 +561,7 @@ impl McpHost {
                     Err(e) => fail(e),
                 }
             }
-            Call::Poll {
+            Op::Poll {
                 cursor, wait_ms, ..
             } => {
                 let view = match run()
@@ -589,36 +592,24 @@ impl McpHost {
                 );
                 Outcome::Deferred
             }
-            Call::Status { .. } => match run().and_then(|run| ctx.core.status(run)) {
+            Op::Status { .. } => match run().and_then(|run| ctx.core.status(run)) {
                 Ok(status) => ok(tools::status_body_text(&status)),
                 Err(e) => fail(e),
             },
-            Call::SendInput { text, end, .. } => {
-                let input = if end {
-                    Inbound::EndInput
-                } else if let Some(text) = text {
-                    Inbound::UserMessage(text)
-                } else {
-                    // Upstream checks the arguments before the run.
-                    return Outcome::Reply(Ok(tool_error(
-                        "send_input requires `text` or `end: true`",
-                    )));
-                };
+            Op::SendInput { input, .. } => {
                 match run().and_then(|run| ctx.core.send_input(run, input)) {
                     Ok(()) => ok(tools::OK_TEXT.to_owned()),
                     Err(e) => fail(e),
                 }
             }
-            Call::Permit {
-                tool_use_id,
-                allow,
-                reason,
-                ..
-            } => match run().and_then(|run| ctx.core.permit(run, &tool_use_id, allow, reason)) {
+            Op::Permit { answer, .. } => match run().and_then(|run| {
+                ctx.core
+                    .permit(run, &answer.tool_use_id, answer.allow, answer.reason)
+            }) {
                 Ok(()) => ok(tools::OK_TEXT.to_owned()),
                 Err(e) => fail(e),
             },
-            Call::Cancel { .. } => match run().and_then(|run| ctx.core.cancel(run)) {
+            Op::Cancel { .. } => match run().and_then(|run| ctx.core.cancel(run)) {
                 Ok(()) => ok(tools::OK_TEXT.to_owned()),
                 Err(e) => fail(e),
             },

@@ -1,18 +1,16 @@
 //! The MCP tools: upstream's five (`reference/upstream-caliban.md` §3.1–§3.2) with their
 //! exact names, descriptions and input schemas (as rmcp 1.7 generates them from upstream's
 //! argument structs), plus `caliban_cancel`, `wait_ms` on `caliban_poll` and the optional
-//! per-run fields on `caliban_run`. Arguments are checked here with serde's wording, so a
-//! bad call gets the same `-32602` text upstream's `Parameters<T>` gives.
+//! per-run fields on `caliban_run`. Arguments are decoded by `drive::ops` in its serde
+//! dialect, so a bad call gets the same `-32602` text upstream's `Parameters<T>` gives.
 //!
 //! Result bodies have sorted keys, as upstream's do: it builds them as `serde_json::Value`s
 //! (`json!`) without serde_json's `preserve_order`, and `Content::json` serialises those.
 
-use std::path::PathBuf;
-
 use serde_json::{Map, Value, json};
 
-use crate::drive::table::{DriveStatus, PollView, Prompt, RunSpec};
-use crate::permissions::{Action, Mode, Rule, RuleSource};
+use crate::drive::ops::{self, Dialect, Op, OpError, OpKind};
+use crate::drive::table::{DriveStatus, PollView, Prompt};
 use crate::text::cap_chars;
 
 /// Longest `wait_ms` honoured: well under the 60 s many clients give a tool call.
@@ -298,224 +296,30 @@ pub fn list(modern: bool) -> Value {
     json!({ "tools": tools })
 }
 
-/// A call's arguments, decoded.
-#[derive(Debug)]
-pub enum Call {
-    Run(RunSpec),
-    Poll {
-        run_id: String,
-        cursor: u64,
-        wait_ms: u64,
-    },
-    Status {
-        run_id: String,
-    },
-    SendInput {
-        run_id: String,
-        text: Option<String>,
-        end: bool,
-    },
-    Permit {
-        run_id: String,
-        tool_use_id: String,
-        allow: bool,
-        reason: Option<String>,
-    },
-    Cancel {
-        run_id: String,
-    },
-}
-
-impl Call {
-    /// The run a call names, if any.
-    pub fn run_id(&self) -> Option<&str> {
-        match self {
-            Call::Run(_) => None,
-            Call::Poll { run_id, .. }
-            | Call::Status { run_id }
-            | Call::SendInput { run_id, .. }
-            | Call::Permit { run_id, .. }
-            | Call::Cancel { run_id } => Some(run_id),
-        }
-    }
-}
-
 /// Why a `tools/call` is refused before any tool runs.
 #[derive(Debug, PartialEq, Eq)]
 pub enum CallError {
     /// `-32602 tool not found`, as rmcp answers.
     UnknownTool,
-    /// `-32602 failed to deserialize parameters: …`
-    BadArguments(String),
-}
-
-/// serde's name for the kind of a JSON value, as in its `invalid type` errors.
-fn unexpected(value: &Value) -> String {
-    match value {
-        Value::Null => "null".to_owned(),
-        Value::Bool(b) => format!("boolean `{b}`"),
-        Value::Number(n) if n.is_f64() => format!("floating point `{n}`"),
-        Value::Number(n) => format!("integer `{n}`"),
-        Value::String(s) => format!("string {}", Value::String(s.clone())),
-        Value::Array(_) => "sequence".to_owned(),
-        Value::Object(_) => "map".to_owned(),
-    }
-}
-
-struct Args<'a> {
-    map: &'a Map<String, Value>,
-}
-
-impl<'a> Args<'a> {
-    fn present(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key)
-    }
-
-    fn string(&self, key: &str) -> Result<String, CallError> {
-        match self.present(key) {
-            None => Err(CallError::BadArguments(format!("missing field `{key}`"))),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(invalid_type(other, "a string")),
-        }
-    }
-
-    fn opt_string(&self, key: &str) -> Result<Option<String>, CallError> {
-        match self.present(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(invalid_type(other, "a string")),
-        }
-    }
-
-    fn bool(&self, key: &str, default: Option<bool>) -> Result<bool, CallError> {
-        match (self.present(key), default) {
-            (None, Some(d)) => Ok(d),
-            (None, None) => Err(CallError::BadArguments(format!("missing field `{key}`"))),
-            (Some(Value::Bool(b)), _) => Ok(*b),
-            (Some(other), _) => Err(invalid_type(other, "a boolean")),
-        }
-    }
-
-    fn uint(&self, key: &str) -> Result<u64, CallError> {
-        match self.present(key) {
-            None => Ok(0),
-            Some(Value::Number(n)) => match n.as_u64() {
-                Some(v) => Ok(v),
-                None if n.is_i64() => Err(CallError::BadArguments(format!(
-                    "invalid value: integer `{n}`, expected usize"
-                ))),
-                None => Err(invalid_type(&Value::Number(n.clone()), "usize")),
-            },
-            Some(other) => Err(invalid_type(other, "usize")),
-        }
-    }
-
-    fn strings(&self, key: &str) -> Result<Vec<String>, CallError> {
-        match self.present(key) {
-            None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) => Ok(s.clone()),
-                    other => Err(invalid_type(other, "a string")),
-                })
-                .collect(),
-            Some(other) => Err(invalid_type(other, "a sequence")),
-        }
-    }
-}
-
-fn invalid_type(value: &Value, expected: &str) -> CallError {
-    CallError::BadArguments(format!(
-        "invalid type: {}, expected {expected}",
-        unexpected(value)
-    ))
+    /// `-32602 failed to deserialize parameters: …`, except for `send_input` with neither
+    /// `text` nor `end` (`Problem::NoInput`), which upstream answers as a tool error.
+    BadArguments(OpError),
 }
 
 /// Decodes `tools/call` params' `name` and `arguments` (absent arguments are `{}`).
-pub fn parse_call(name: &str, arguments: Option<&Value>) -> Result<Call, CallError> {
-    let empty = Map::new();
-    let map = match arguments {
-        None | Some(Value::Null) => &empty,
-        Some(Value::Object(map)) => map,
-        Some(other) => {
-            if !matches!(name, RUN | POLL | STATUS | SEND_INPUT | PERMIT | CANCEL) {
-                return Err(CallError::UnknownTool);
-            }
-            return Err(invalid_type(
-                other,
-                &format!("struct {}", struct_name(name)),
-            ));
-        }
-    };
-    let args = Args { map };
-    Ok(match name {
-        RUN => {
-            let prompt = args.string("prompt")?;
-            let interactive = args.bool("interactive", Some(false))?;
-            let cwd = args.opt_string("cwd")?.map(PathBuf::from);
-            let model = args.opt_string("model")?;
-            let permission_mode = match args.opt_string("permission_mode")? {
-                None => None,
-                Some(m) => Some(Mode::parse(&m).ok_or_else(|| {
-                    CallError::BadArguments(format!(
-                        "unknown variant `{m}`, expected one of `default`, `acceptEdits`, `plan`, `dontAsk`, `bypassPermissions`"
-                    ))
-                })?),
-            };
-            let mut rules = Vec::new();
-            for (key, action) in [("deny", Action::Deny), ("ask", Action::Ask)] {
-                for pattern in args.strings(key)? {
-                    let rule = Rule::new(&pattern, action, None, RuleSource::Session)
-                        .map_err(|e| CallError::BadArguments(format!("`{key}`: {e}")))?;
-                    rules.push(rule);
-                }
-            }
-            Call::Run(RunSpec {
-                prompt,
-                interactive,
-                cwd,
-                model,
-                permission_mode,
-                rules,
-                ..RunSpec::default()
-            })
-        }
-        POLL => Call::Poll {
-            run_id: args.string("run_id")?,
-            cursor: args.uint("cursor")?,
-            wait_ms: args.uint("wait_ms")?,
-        },
-        STATUS => Call::Status {
-            run_id: args.string("run_id")?,
-        },
-        SEND_INPUT => Call::SendInput {
-            run_id: args.string("run_id")?,
-            text: args.opt_string("text")?,
-            end: args.bool("end", Some(false))?,
-        },
-        PERMIT => Call::Permit {
-            run_id: args.string("run_id")?,
-            tool_use_id: args.string("tool_use_id")?,
-            allow: args.bool("allow", None)?,
-            reason: args.opt_string("reason")?,
-        },
-        CANCEL => Call::Cancel {
-            run_id: args.string("run_id")?,
-        },
+pub fn parse_call(name: &str, arguments: Option<&Value>) -> Result<Op, CallError> {
+    let op = match name {
+        RUN => OpKind::Run,
+        POLL => OpKind::Poll,
+        STATUS => OpKind::Status,
+        SEND_INPUT => OpKind::SendInput,
+        PERMIT => OpKind::Permit,
+        CANCEL => OpKind::Cancel,
         _ => return Err(CallError::UnknownTool),
-    })
-}
-
-fn struct_name(tool: &str) -> &'static str {
-    match tool {
-        RUN => "RunArgs",
-        POLL => "PollArgs",
-        STATUS => "StatusArgs",
-        SEND_INPUT => "SendInputArgs",
-        PERMIT => "PermitArgs",
-        _ => "CancelArgs",
-    }
+    };
+    let empty = Value::Object(Map::new());
+    let arguments = arguments.filter(|a| !a.is_null()).unwrap_or(&empty);
+    ops::decode(op, arguments, Dialect::MCP).map_err(CallError::BadArguments)
 }
 
 /// The permission question sent as `elicitation/create` (form mode): a real schema, a
@@ -633,7 +437,7 @@ mod tests {
     #[test]
     fn arguments_are_checked_with_serde_wording() {
         let bad = |name: &str, args: Value| match parse_call(name, Some(&args)) {
-            Err(CallError::BadArguments(m)) => m,
+            Err(CallError::BadArguments(m)) => m.to_string(),
             other => panic!("{other:?}"),
         };
         assert_eq!(bad(RUN, json!({})), "missing field `prompt`");
@@ -659,11 +463,11 @@ mod tests {
             CallError::UnknownTool
         );
         match parse_call(POLL, None) {
-            Err(CallError::BadArguments(m)) => assert_eq!(m, "missing field `run_id`"),
+            Err(CallError::BadArguments(m)) => assert_eq!(m.to_string(), "missing field `run_id`"),
             other => panic!("{other:?}"),
         }
         match parse_call(POLL, Some(&json!({"run_id": "run-3", "wait_ms": 500}))).unwrap() {
-            Call::Poll {
+            Op::Poll {
                 run_id,
                 cursor,
                 wait_ms,
