@@ -33,7 +33,8 @@ use crate::permissions::{Mode, Policy, Rule};
 pub const ENVELOPE_VERSION: u64 = 1;
 /// How long a surfaced permission prompt waits for an answer before it is denied.
 pub const DEFAULT_PERMISSION_TIMEOUT: Duration = Duration::from_secs(600);
-/// Finished runs kept in memory; older ones are served from their session files.
+/// Finished runs kept in memory (the most recently used); the others are read back from
+/// their session files when asked for.
 pub const MAX_FINISHED_IN_MEMORY: usize = 1000;
 /// Input queued for a running interactive run (taken at its next turn boundary).
 pub const MAX_QUEUED_INPUTS: usize = 16;
@@ -213,6 +214,9 @@ struct RunRecord {
     abandoned_prompt: Option<String>,
     created_ms: u64,
     prompt: String,
+    /// When the run was last started, read back or asked for by id (`DriveCore::use_now`):
+    /// the finished runs used least recently are the ones evicted.
+    used: u64,
 }
 
 /// One run as listed by `GET /runs`.
@@ -289,6 +293,8 @@ pub struct DriveCore {
     actions: Vec<CoreAction>,
     /// Numbers surfaced prompts (their timers), so a late timer can tell it is stale.
     next_prompt_seq: u64,
+    /// Orders uses of runs (`RunRecord::used`).
+    next_use: u64,
 }
 
 /// How many runs a conversation may span before older ones are no longer replayed.
@@ -319,6 +325,7 @@ impl DriveCore {
             loaded_existing: false,
             actions: Vec::new(),
             next_prompt_seq: 0,
+            next_use: 0,
         }
     }
 
@@ -333,11 +340,27 @@ impl DriveCore {
 
     /// The run a client names, read back from its session file if it is not in memory
     /// (evicted, or from before a restart). The one place a run id string is parsed.
+    ///
+    /// A run asked for is in use: it is the last finished run to be evicted, so a client
+    /// replaying an old run does not lose it to the next run started, and reading old runs
+    /// one by one never grows the table past `MAX_FINISHED_IN_MEMORY`.
     pub fn resolve(&mut self, id: &str) -> Result<RunId, DriveError> {
         match RunId::parse(id) {
-            Some(run) if self.load_record(run) => Ok(run),
+            Some(run) if self.load_record(run) => {
+                let used = self.use_now();
+                if let Some(rec) = self.runs.get_mut(&run) {
+                    rec.used = used;
+                }
+                self.evict_finished();
+                Ok(run)
+            }
             _ => Err(DriveError::UnknownRun(id.to_owned())),
         }
+    }
+
+    fn use_now(&mut self) -> u64 {
+        self.next_use += 1;
+        self.next_use
     }
 
     /// Lists runs from earlier server processes (the newest `MAX_FINISHED_IN_MEMORY`; older
@@ -398,6 +421,7 @@ impl DriveCore {
         }
         // Hold no descriptor or tail for a run this process does not write.
         let _ = log.close();
+        let used = self.use_now();
         self.runs.insert(
             run,
             RunRecord {
@@ -414,6 +438,7 @@ impl DriveCore {
                 abandoned_prompt: None,
                 created_ms: header["created_ms"].as_u64().unwrap_or(0),
                 prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
+                used,
             },
         );
         true
@@ -510,6 +535,7 @@ impl DriveCore {
         let _ = log.append_status(&DriveStatus::Starting.to_json());
         let _ = log.append_status(&status.to_json());
         let run = Run::new(run_config, policy, spec.history.clone());
+        let used = self.use_now();
         self.act(HostAction::StartRun {
             id,
             run: Box::new(run),
@@ -535,6 +561,7 @@ impl DriveCore {
                 abandoned_prompt: None,
                 created_ms,
                 prompt: spec.prompt,
+                used,
             },
         );
         self.changed.insert(id);
@@ -888,17 +915,21 @@ impl DriveCore {
     }
 
     fn evict_finished(&mut self) {
-        let finished: Vec<RunId> = self
+        let is_finished = |r: &RunRecord| !r.live && r.status.is_terminal();
+        let count = self.runs.values().filter(|r| is_finished(r)).count();
+        if count <= MAX_FINISHED_IN_MEMORY {
+            return;
+        }
+        let mut finished: Vec<(u64, RunId)> = self
             .runs
             .values()
-            .filter(|r| !r.live && r.status.is_terminal())
-            .map(|r| r.id)
+            .filter(|r| is_finished(r))
+            .map(|r| (r.used, r.id))
             .collect();
-        if finished.len() > MAX_FINISHED_IN_MEMORY {
-            // Oldest first; they stay on disk and reappear after a restart.
-            for num in &finished[..finished.len() - MAX_FINISHED_IN_MEMORY] {
-                self.runs.remove(num);
-            }
+        // Least recently used first; they stay on disk and are read back when asked for.
+        finished.sort_unstable();
+        for (_, id) in &finished[..count - MAX_FINISHED_IN_MEMORY] {
+            self.runs.remove(id);
         }
     }
 
@@ -1728,6 +1759,22 @@ mod tests {
             "no pending permission request for this run"
         );
         assert!(actions(&mut core).is_empty());
+
+        // Reading it back does not grow the table past the cap: the finished run used least
+        // recently (run-2) makes room, so a client reading old runs one by one cannot make
+        // the process grow without bound.
+        assert_eq!(core.list().len(), MAX_FINISHED_IN_MEMORY + 1);
+        assert!(!core.exists(RunId(2)));
+        // Nor is a run just read the next one forgotten: a client replaying run-1 (an HTTP
+        // stream holds its id) would lose the rest of it as soon as any run started. Asking
+        // for run-3 by id counts as use too, so run-4 is the one to go.
+        assert_eq!(core.resolve("run-3"), Ok(RunId(3)));
+        finish_with_events(&mut core, newest, 0);
+        start(&mut core, "after", false);
+        assert_eq!(core.list().len(), MAX_FINISHED_IN_MEMORY + 1);
+        assert!(!core.exists(RunId(4)));
+        assert!(core.exists(RunId(1)) && core.exists(RunId(3)));
+        assert_eq!(all_events(&core, RunId(1)), first_events);
     }
 
     #[test]
