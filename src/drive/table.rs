@@ -33,7 +33,8 @@ use crate::permissions::{Mode, Policy, Rule};
 pub const ENVELOPE_VERSION: u64 = 1;
 /// How long a surfaced permission prompt waits for an answer before it is denied.
 pub const DEFAULT_PERMISSION_TIMEOUT: Duration = Duration::from_secs(600);
-/// Finished runs kept in memory; older ones are served from their session files.
+/// Finished runs kept in memory (the most recently used); the others are read back from
+/// their session files when asked for.
 pub const MAX_FINISHED_IN_MEMORY: usize = 1000;
 /// Input queued for a running interactive run (taken at its next turn boundary).
 pub const MAX_QUEUED_INPUTS: usize = 16;
@@ -213,6 +214,9 @@ struct RunRecord {
     abandoned_prompt: Option<String>,
     created_ms: u64,
     prompt: String,
+    /// When the run was last started, read back or asked for by id (`DriveCore::use_now`):
+    /// the finished runs used least recently are the ones evicted.
+    used: u64,
 }
 
 /// One run as listed by `GET /runs`.
@@ -289,6 +293,8 @@ pub struct DriveCore {
     actions: Vec<CoreAction>,
     /// Numbers surfaced prompts (their timers), so a late timer can tell it is stale.
     next_prompt_seq: u64,
+    /// Orders uses of runs (`RunRecord::used`).
+    next_use: u64,
 }
 
 /// How many runs a conversation may span before older ones are no longer replayed.
@@ -319,6 +325,7 @@ impl DriveCore {
             loaded_existing: false,
             actions: Vec::new(),
             next_prompt_seq: 0,
+            next_use: 0,
         }
     }
 
@@ -333,11 +340,27 @@ impl DriveCore {
 
     /// The run a client names, read back from its session file if it is not in memory
     /// (evicted, or from before a restart). The one place a run id string is parsed.
+    ///
+    /// A run asked for is in use: it is the last finished run to be evicted, so a client
+    /// replaying an old run does not lose it to the next run started, and reading old runs
+    /// one by one never grows the table past `MAX_FINISHED_IN_MEMORY`.
     pub fn resolve(&mut self, id: &str) -> Result<RunId, DriveError> {
         match RunId::parse(id) {
-            Some(run) if self.load_record(run) => Ok(run),
+            Some(run) if self.load_record(run) => {
+                let used = self.use_now();
+                if let Some(rec) = self.runs.get_mut(&run) {
+                    rec.used = used;
+                }
+                self.evict_finished();
+                Ok(run)
+            }
             _ => Err(DriveError::UnknownRun(id.to_owned())),
         }
+    }
+
+    fn use_now(&mut self) -> u64 {
+        self.next_use += 1;
+        self.next_use
     }
 
     /// Lists runs from earlier server processes (the newest `MAX_FINISHED_IN_MEMORY`; older
@@ -398,6 +421,7 @@ impl DriveCore {
         }
         // Hold no descriptor or tail for a run this process does not write.
         self.store.close(&mut log);
+        let used = self.use_now();
         self.runs.insert(
             run,
             RunRecord {
@@ -414,6 +438,7 @@ impl DriveCore {
                 abandoned_prompt: None,
                 created_ms: header["created_ms"].as_u64().unwrap_or(0),
                 prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
+                used,
             },
         );
         true
@@ -510,6 +535,7 @@ impl DriveCore {
         let _ = log.append_status(&DriveStatus::Starting.to_json());
         let _ = log.append_status(&status.to_json());
         let run = Run::new(run_config, policy, spec.history.clone());
+        let used = self.use_now();
         self.act(HostAction::StartRun {
             id,
             run: Box::new(run),
@@ -535,6 +561,7 @@ impl DriveCore {
                 abandoned_prompt: None,
                 created_ms,
                 prompt: spec.prompt,
+                used,
             },
         );
         self.changed.insert(id);
@@ -888,17 +915,21 @@ impl DriveCore {
     }
 
     fn evict_finished(&mut self) {
-        let finished: Vec<RunId> = self
+        let is_finished = |r: &RunRecord| !r.live && r.status.is_terminal();
+        let count = self.runs.values().filter(|r| is_finished(r)).count();
+        if count <= MAX_FINISHED_IN_MEMORY {
+            return;
+        }
+        let mut finished: Vec<(u64, RunId)> = self
             .runs
             .values()
-            .filter(|r| !r.live && r.status.is_terminal())
-            .map(|r| r.id)
+            .filter(|r| is_finished(r))
+            .map(|r| (r.used, r.id))
             .collect();
-        if finished.len() > MAX_FINISHED_IN_MEMORY {
-            // Oldest first; they stay on disk and reappear after a restart.
-            for num in &finished[..finished.len() - MAX_FINISHED_IN_MEMORY] {
-                self.runs.remove(num);
-            }
+        // Least recently used first; they stay on disk and are read back when asked for.
+        finished.sort_unstable();
+        for (_, id) in &finished[..count - MAX_FINISHED_IN_MEMORY] {
+            self.runs.remove(id);
         }
     }
 
@@ -1016,5 +1047,939 @@ impl DriveCore {
             prompt.tool_name
         );
         self.answer_prompt(run, false, message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The core driven the way the engine drives it: engine callbacks in, `CoreAction`s
+    //! out, over real session files in a fresh temp directory. No reactor, no binary.
+
+    use std::fs;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::model::types::Usage;
+
+    /// A fresh directory under the system temp dir (with `sessions/` and a canonical
+    /// `workspace/`), removed on drop.
+    struct TempDir {
+        root: PathBuf,
+        workspace: PathBuf,
+    }
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            static COUNTER: AtomicU32 = AtomicU32::new(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let root = std::env::temp_dir().join(format!(
+                "caliban-table-test-{}-{name}-{n}",
+                std::process::id()
+            ));
+            let _ = fs::remove_dir_all(&root);
+            fs::create_dir_all(root.join("workspace")).expect("create workspace");
+            // The server canonicalises its workspace (main's `resolve_workspace`), and the
+            // cwd check compares canonical paths, so the test's must be canonical too.
+            let workspace = root.join("workspace").canonicalize().expect("canonical");
+            TempDir { root, workspace }
+        }
+
+        fn sessions(&self) -> PathBuf {
+            self.root.join("sessions")
+        }
+
+        /// A core over this directory, configured as `main` configures one.
+        fn core(&self) -> DriveCore {
+            let store = SessionStore::open(self.sessions()).expect("open store");
+            let config = DriveConfig {
+                run: RunConfig {
+                    model: "test-model".into(),
+                    max_tokens: 8192,
+                    max_turns: 50,
+                    system: String::new(),
+                    tools: Vec::new(),
+                    interactive: false,
+                },
+                policy: Policy::new(Vec::new(), Mode::Default, self.workspace.clone()),
+                workspace: self.workspace.clone(),
+                provider: "anthropic",
+                permission_timeout: DEFAULT_PERMISSION_TIMEOUT,
+                system_prompt: Some("test system prompt".into()),
+            };
+            DriveCore::new(store, config)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+
+    /// The core's queued actions as short strings, oldest first; a `StartRun`'s workspace is
+    /// shown relative to the server's (`.` for the workspace itself).
+    fn actions(core: &mut DriveCore) -> Vec<String> {
+        let workspace = core.config().workspace.clone();
+        let text = |blocks: &[ContentBlock]| {
+            blocks
+                .iter()
+                .map(|b| match b {
+                    ContentBlock::Text { text } => text.clone(),
+                    other => format!("{:?}", other.to_json()),
+                })
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        core.take_actions()
+            .iter()
+            .map(|action| match action {
+                CoreAction::Engine(HostAction::StartRun {
+                    id, workspace: w, ..
+                }) => {
+                    let rel = w.strip_prefix(&workspace).expect("inside the workspace");
+                    let rel = if rel == Path::new("") {
+                        Path::new(".")
+                    } else {
+                        rel
+                    };
+                    format!("start {id} in {}", rel.display())
+                }
+                CoreAction::Engine(HostAction::SendInput(id, blocks)) => {
+                    format!("input {id} {}", text(blocks))
+                }
+                CoreAction::Engine(HostAction::EndInput(id)) => format!("end_input {id}"),
+                CoreAction::Engine(HostAction::Cancel(id)) => format!("cancel {id}"),
+                CoreAction::Engine(HostAction::Permit {
+                    run,
+                    tool_use_id,
+                    allow,
+                    message,
+                }) => {
+                    let verdict = if *allow { "allow" } else { "deny" };
+                    format!("permit {run} {tool_use_id} {verdict}: {message}")
+                }
+                CoreAction::Engine(HostAction::UpdatePolicy { run, mode, rule }) => format!(
+                    "update_policy {run} {:?} {}",
+                    mode.map(Mode::as_str),
+                    rule.is_some()
+                ),
+                CoreAction::Engine(HostAction::ToolResult { run, .. }) => {
+                    format!("tool_result {run}")
+                }
+                CoreAction::Engine(HostAction::Quit) => "quit".into(),
+                CoreAction::Arm(after, CoreTimer::Prompt { run, seq }) => {
+                    format!("arm {}s {run} #{seq}", after.as_secs())
+                }
+            })
+            .collect()
+    }
+
+    fn spec(prompt: &str, interactive: bool) -> RunSpec {
+        RunSpec {
+            prompt: prompt.into(),
+            interactive,
+            ..RunSpec::default()
+        }
+    }
+
+    /// Starts a run and drops the two actions that start it (checked in their own test).
+    fn start(core: &mut DriveCore, prompt: &str, interactive: bool) -> RunId {
+        let id = core
+            .start_run(spec(prompt, interactive))
+            .expect("start_run");
+        assert_eq!(actions(core).len(), 2);
+        id
+    }
+
+    fn delta(i: usize) -> TurnEvent {
+        TurnEvent::AssistantTextDelta {
+            turn_index: 0,
+            content_block_index: 0,
+            text: format!("d{i}"),
+        }
+    }
+
+    fn run_end(why: StopCondition) -> TurnEvent {
+        TurnEvent::RunEnd {
+            final_messages: Vec::new(),
+            total_usage: Usage::default(),
+            turn_count: 1,
+            stopped_for: why,
+            turns_without_edit: 0,
+            no_edit_nudge_emitted: false,
+        }
+    }
+
+    fn call(id: &str, name: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            input: json!({"command": format!("echo {id}")}),
+        }
+    }
+
+    fn user(text: &str) -> Value {
+        json!({"role": "user", "content": [{"type": "text", "text": text}]})
+    }
+
+    /// Every event of a run as its JSON text, read in one poll.
+    fn all_events(core: &DriveCore, id: RunId) -> Vec<String> {
+        let view = core.poll(id, 0, usize::MAX, usize::MAX).expect("poll");
+        view.events.iter().map(|(_, e)| e.to_string()).collect()
+    }
+
+    /// `n` text deltas, then `RunEnd`, then the end: what a finished run's engine reports.
+    fn finish_with_events(core: &mut DriveCore, id: RunId, n: usize) -> Vec<String> {
+        let mut expected = Vec::new();
+        for i in 0..n {
+            core.on_event(id, &delta(i));
+            expected.push(delta(i).to_json().to_string());
+        }
+        let end = run_end(StopCondition::EndOfTurn);
+        core.on_event(id, &end);
+        expected.push(end.to_json().to_string());
+        core.on_finished(id, &StopCondition::EndOfTurn);
+        expected
+    }
+
+    #[test]
+    fn start_run_asks_the_engine_to_start_then_sends_the_prompt() {
+        let tmp = TempDir::new("start");
+        let mut core = tmp.core();
+        let id = core.start_run(spec("hello", false)).unwrap();
+        assert_eq!(id, RunId(1));
+        assert_eq!(
+            actions(&mut core),
+            ["start run-1 in .", "input run-1 hello"]
+        );
+        assert_eq!(core.status(id), Ok(DriveStatus::Running));
+        assert!(core.is_live(id));
+        assert_eq!(core.take_changed(), BTreeSet::from([id]));
+        let header = core.header(id).unwrap();
+        assert_eq!(header["prompt"], "hello");
+        assert_eq!(header["interactive"], false);
+        assert_eq!(header["model"], "test-model");
+        assert_eq!(header["cwd"], tmp.workspace.display().to_string());
+        let listed = core.list();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].run_id, &listed[0].prompt, listed[0].events),
+            (id, &"hello".to_owned(), 0)
+        );
+        // The next run gets the next number.
+        assert_eq!(core.start_run(spec("again", true)).unwrap(), RunId(2));
+        assert_eq!(
+            actions(&mut core),
+            ["start run-2 in .", "input run-2 again"]
+        );
+    }
+
+    #[test]
+    fn start_run_refuses_an_empty_prompt_and_a_cwd_outside_the_workspace() {
+        let tmp = TempDir::new("start-refused");
+        let mut core = tmp.core();
+        let ws = tmp.workspace.display().to_string();
+        for prompt in ["", "  \n\t"] {
+            assert_eq!(
+                core.start_run(spec(prompt, false)).unwrap_err(),
+                DriveError::BadRequest("`prompt` must not be empty".into())
+            );
+        }
+        fs::create_dir(tmp.workspace.join("sub")).unwrap();
+        fs::write(tmp.workspace.join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(&tmp.root, tmp.workspace.join("escape")).unwrap();
+        for cwd in ["..", "/", "escape", "sub/../..", "file"] {
+            let refused = core.start_run(RunSpec {
+                cwd: Some(cwd.into()),
+                ..spec("p", false)
+            });
+            assert_eq!(
+                refused.unwrap_err().to_string(),
+                format!("cwd {cwd} is not a directory inside the server's workspace {ws}"),
+                "{cwd}"
+            );
+        }
+        let missing = core.start_run(RunSpec {
+            cwd: Some("missing".into()),
+            ..spec("p", false)
+        });
+        assert!(
+            missing
+                .unwrap_err()
+                .to_string()
+                .starts_with("cwd missing: No such file or directory")
+        );
+        // Nothing was started or written for the refused runs.
+        assert!(actions(&mut core).is_empty());
+        assert!(core.list().is_empty());
+        assert!(core.take_changed().is_empty());
+
+        let id = core
+            .start_run(RunSpec {
+                cwd: Some("sub".into()),
+                ..spec("p", false)
+            })
+            .unwrap();
+        assert_eq!(id, RunId(1));
+        assert_eq!(actions(&mut core), ["start run-1 in sub", "input run-1 p"]);
+        assert_eq!(
+            core.header(id).unwrap()["cwd"],
+            tmp.workspace.join("sub").display().to_string()
+        );
+    }
+
+    /// Polls from `cursor` to the end `cap` events at a time, checking that no batch but the
+    /// last reports a terminal status; returns the events and the last batch's status.
+    fn poll_to_end(
+        core: &DriveCore,
+        id: RunId,
+        mut cursor: u64,
+        cap: usize,
+    ) -> (Vec<String>, DriveStatus) {
+        let len = core.event_count(id).unwrap();
+        let mut events = Vec::new();
+        loop {
+            let view = core.poll(id, cursor, cap, usize::MAX).unwrap();
+            assert!(view.events.len() <= cap);
+            for (at, event) in &view.events {
+                assert_eq!(*at, cursor);
+                cursor += 1;
+                events.push(event.to_string());
+            }
+            // A cursor past the end reads nothing and resumes from the end.
+            assert_eq!(view.next_cursor, cursor.min(len));
+            cursor = view.next_cursor;
+            if cursor < len {
+                assert!(
+                    !view.status.is_terminal(),
+                    "{id}: terminal status at cursor {} of {len}",
+                    view.next_cursor
+                );
+                assert_eq!(view.permission_request, None);
+                continue;
+            }
+            return (events, view.status);
+        }
+    }
+
+    #[test]
+    fn status_never_runs_ahead_of_events() {
+        let tmp = TempDir::new("status-order");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", false);
+        let mut expected = Vec::new();
+        for i in 0..9 {
+            core.on_event(id, &delta(i));
+            expected.push(delta(i).to_json().to_string());
+        }
+        let end = run_end(StopCondition::EndOfTurn);
+        core.on_event(id, &end);
+        expected.push(end.to_json().to_string());
+        let len = expected.len() as u64;
+        // `RunEnd` is recorded but the engine has not reported the end yet: still running.
+        assert_eq!(
+            poll_to_end(&core, id, 0, 3),
+            (expected.clone(), DriveStatus::Running)
+        );
+        core.on_finished(id, &StopCondition::EndOfTurn);
+        assert_eq!(core.status(id), Ok(DriveStatus::Done));
+        // From every cursor (past the end too), in batches of every small size, the
+        // terminal status comes only with the batch that holds the last event.
+        for cursor in 0..=len + 1 {
+            for cap in 1..=4 {
+                let (events, status) = poll_to_end(&core, id, cursor, cap);
+                assert_eq!(
+                    events,
+                    expected[(cursor.min(len) as usize)..],
+                    "{cursor}/{cap}"
+                );
+                assert_eq!(status, DriveStatus::Done, "{cursor}/{cap}");
+            }
+        }
+        for cursor in 0..len {
+            assert_eq!(
+                core.status_at(id, cursor),
+                Ok(DriveStatus::Running),
+                "{cursor}"
+            );
+        }
+        assert_eq!(core.status_at(id, len), Ok(DriveStatus::Done));
+        assert_eq!(core.status_at(id, len + 5), Ok(DriveStatus::Done));
+        // A whole read gets everything and the terminal status at once.
+        let view = core.poll(id, 0, usize::MAX, usize::MAX).unwrap();
+        assert_eq!((view.events.len() as u64, view.next_cursor), (len, len));
+        assert_eq!(view.status, DriveStatus::Done);
+    }
+
+    #[test]
+    fn status_at_a_turn_boundary_is_the_status_the_run_had_there() {
+        let tmp = TempDir::new("status-at");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", true);
+        for i in 0..3 {
+            core.on_event(id, &delta(i));
+        }
+        core.on_await_input(id);
+        assert_eq!(core.status(id), Ok(DriveStatus::AwaitingInput));
+        core.send_input(id, Inbound::UserMessage("more".into()))
+            .unwrap();
+        assert_eq!(core.status(id), Ok(DriveStatus::Running));
+        for i in 3..6 {
+            core.on_event(id, &delta(i));
+        }
+        core.on_await_input(id);
+        core.send_input(id, Inbound::EndInput).unwrap();
+        assert_eq!(actions(&mut core), ["input run-1 more", "end_input run-1"]);
+        assert_eq!(core.status(id), Ok(DriveStatus::AwaitingInput));
+        core.on_event(id, &run_end(StopCondition::EndOfTurn));
+        core.on_finished(id, &StopCondition::EndOfTurn);
+        let at = |c| core.status_at(id, c).unwrap();
+        // The input arrived at cursor 3 before any event followed, so from there on the run
+        // was running again; it then waited at 6 until it ended after the seventh event.
+        assert_eq!(
+            [at(0), at(3), at(5), at(6), at(7)],
+            [
+                DriveStatus::Running,
+                DriveStatus::Running,
+                DriveStatus::Running,
+                DriveStatus::AwaitingInput,
+                DriveStatus::Done,
+            ]
+        );
+        let view = core.poll(id, 4, 2, usize::MAX).unwrap();
+        assert_eq!(
+            (view.next_cursor, view.status),
+            (6, DriveStatus::AwaitingInput)
+        );
+        let view = core.poll(id, 6, 2, usize::MAX).unwrap();
+        assert_eq!((view.next_cursor, view.status), (7, DriveStatus::Done));
+    }
+
+    #[test]
+    fn one_prompt_is_surfaced_at_a_time() {
+        let tmp = TempDir::new("prompts");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", false);
+        core.take_changed();
+        assert!(matches!(
+            core.on_ask(id, &call("t1", "Bash")),
+            AskReply::Pending
+        ));
+        assert!(matches!(
+            core.on_ask(id, &call("t2", "Write")),
+            AskReply::Pending
+        ));
+        // Only the first is surfaced, with a deadline; the second waits its turn.
+        assert_eq!(actions(&mut core), ["arm 600s run-1 #0"]);
+        assert_eq!(core.take_changed(), BTreeSet::from([id]));
+        let first = Prompt {
+            tool_use_id: "t1".into(),
+            tool_name: "Bash".into(),
+            input: json!({"command": "echo t1"}),
+        };
+        assert_eq!(core.surfaced_prompt(id), Ok(Some(first.clone())));
+        let view = core.poll(id, 0, 10, 1000).unwrap();
+        assert_eq!(view.permission_request, Some(first));
+        assert_eq!(view.status, DriveStatus::Running);
+        assert_eq!(
+            view.to_json_text(),
+            r#"{"events":[],"next_cursor":0,"permission_request":{"input":{"command":"echo t1"},"tool_name":"Bash","tool_use_id":"t1"},"status":{"state":"running"}}"#
+        );
+
+        let wrong = core.permit(id, "t2", true, None).unwrap_err();
+        assert_eq!(
+            wrong.to_string(),
+            "no pending permission with tool_use_id t2; current prompt is t1"
+        );
+        assert!(actions(&mut core).is_empty());
+        assert_eq!(core.surfaced_prompt(id).unwrap().unwrap().tool_use_id, "t1");
+
+        core.permit(id, "t1", true, Some("ignored when allowing".into()))
+            .unwrap();
+        assert_eq!(
+            actions(&mut core),
+            ["permit run-1 t1 allow: ", "arm 600s run-1 #1"]
+        );
+        assert_eq!(core.surfaced_prompt(id).unwrap().unwrap().tool_use_id, "t2");
+        assert_eq!(core.take_changed(), BTreeSet::from([id]));
+
+        // The first prompt's deadline is stale now: it must not deny the second.
+        core.on_timer(CoreTimer::Prompt { run: id, seq: 0 });
+        assert!(actions(&mut core).is_empty());
+        assert_eq!(core.surfaced_prompt(id).unwrap().unwrap().tool_use_id, "t2");
+
+        core.on_timer(CoreTimer::Prompt { run: id, seq: 1 });
+        assert_eq!(
+            actions(&mut core),
+            [
+                "permit run-1 t2 deny: permission denied for tool 'Write': drive client did not respond within 600s"
+            ]
+        );
+        assert_eq!(core.surfaced_prompt(id), Ok(None));
+        // Firing again (or late) does nothing more.
+        core.on_timer(CoreTimer::Prompt { run: id, seq: 1 });
+        assert!(actions(&mut core).is_empty());
+        assert_eq!(
+            core.permit(id, "t2", true, None).unwrap_err().to_string(),
+            "no pending permission request for this run"
+        );
+        assert_eq!(core.poll(id, 0, 10, 1000).unwrap().permission_request, None);
+    }
+
+    #[test]
+    fn a_denial_carries_the_clients_reason_or_a_default() {
+        let tmp = TempDir::new("deny");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", false);
+        for (i, reason) in [None, Some("  "), Some("not that file")]
+            .into_iter()
+            .enumerate()
+        {
+            let tool_use_id = format!("t{i}");
+            core.on_ask(id, &call(&tool_use_id, "Edit"));
+            assert_eq!(actions(&mut core), [format!("arm 600s run-1 #{i}")]);
+            core.permit(id, &tool_use_id, false, reason.map(str::to_owned))
+                .unwrap();
+            let message = reason
+                .filter(|r| !r.trim().is_empty())
+                .unwrap_or("denied by client");
+            assert_eq!(
+                actions(&mut core),
+                [format!("permit run-1 {tool_use_id} deny: {message}")]
+            );
+        }
+    }
+
+    #[test]
+    fn a_prompt_still_surfaced_when_the_run_ends_is_abandoned() {
+        let tmp = TempDir::new("abandoned");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", false);
+        core.on_ask(id, &call("t1", "Bash"));
+        core.on_ask(id, &call("t2", "Bash"));
+        assert_eq!(actions(&mut core), ["arm 600s run-1 #0"]);
+        core.on_event(id, &run_end(StopCondition::Cancelled));
+        core.on_finished(id, &StopCondition::Cancelled);
+        assert_eq!(core.status(id), Ok(DriveStatus::Done));
+        assert_eq!(core.surfaced_prompt(id), Ok(None));
+        let view = core.poll(id, 0, 10, usize::MAX).unwrap();
+        assert_eq!(
+            (view.permission_request, view.status),
+            (None, DriveStatus::Done)
+        );
+        assert_eq!(
+            core.permit(id, "t1", true, None).unwrap_err().to_string(),
+            "run is no longer waiting on that prompt"
+        );
+        // The queued one was never shown, so it is no prompt of this run's at all.
+        assert_eq!(
+            core.permit(id, "t2", true, None).unwrap_err().to_string(),
+            "no pending permission request for this run"
+        );
+        // Its deadline fires later and finds nothing to deny; nothing is sent to the engine.
+        core.on_timer(CoreTimer::Prompt { run: id, seq: 0 });
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn a_prompt_for_a_run_the_core_does_not_have_is_denied() {
+        let tmp = TempDir::new("ask-unknown");
+        let mut core = tmp.core();
+        let AskReply::Deny(why) = core.on_ask(RunId(7), &call("t1", "Bash")) else {
+            panic!("a prompt for an unknown run must be denied");
+        };
+        assert_eq!(
+            why,
+            "permission denied for tool 'Bash': no drive client attached"
+        );
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn queued_input_is_bounded_by_count_and_bytes() {
+        let tmp = TempDir::new("input-bounds");
+        let mut core = tmp.core();
+        let full = format!(
+            "cannot send input: {MAX_QUEUED_INPUTS} inputs or {MAX_QUEUED_INPUT_BYTES} bytes are already queued; wait for the run to take them"
+        );
+        let by_count = start(&mut core, "p", true);
+        for i in 0..MAX_QUEUED_INPUTS {
+            core.send_input(by_count, Inbound::UserMessage(format!("m{i}")))
+                .unwrap();
+        }
+        for input in [Inbound::UserMessage("one more".into()), Inbound::EndInput] {
+            let err = core.send_input(by_count, input).unwrap_err();
+            assert_eq!(err.to_string(), full);
+        }
+
+        let by_bytes = start(&mut core, "p", true);
+        let big = "x".repeat(MAX_QUEUED_INPUT_BYTES - 10);
+        core.send_input(by_bytes, Inbound::UserMessage(big))
+            .unwrap();
+        let err = core
+            .send_input(by_bytes, Inbound::UserMessage("x".repeat(11)))
+            .unwrap_err();
+        assert_eq!(err.to_string(), full);
+        core.send_input(by_bytes, Inbound::UserMessage("x".repeat(10)))
+            .unwrap();
+        // Nothing reached the engine while the runs were working.
+        assert!(actions(&mut core).is_empty());
+        // Taking one frees a slot.
+        core.on_await_input(by_count);
+        assert_eq!(actions(&mut core), ["input run-1 m0"]);
+        core.send_input(by_count, Inbound::UserMessage("now it fits".into()))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_non_interactive_run_refuses_input() {
+        let tmp = TempDir::new("not-interactive");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", false);
+        for input in [Inbound::UserMessage("hi".into()), Inbound::EndInput] {
+            let err = core.send_input(id, input).unwrap_err();
+            assert_eq!(
+                err,
+                DriveError::Input("drive session is not interactive; it accepts no input".into())
+            );
+            assert_eq!(
+                err.to_string(),
+                "cannot send input: drive session is not interactive; it accepts no input"
+            );
+        }
+        finish_with_events(&mut core, id, 1);
+        assert_eq!(
+            core.send_input(id, Inbound::UserMessage("hi".into())),
+            Err(DriveError::Input(NOT_INTERACTIVE.into()))
+        );
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn input_queued_while_running_is_delivered_in_order_at_turn_boundaries() {
+        let tmp = TempDir::new("input-order");
+        let mut core = tmp.core();
+        let id = start(&mut core, "first", true);
+        for text in ["a", "b"] {
+            core.send_input(id, Inbound::UserMessage(text.into()))
+                .unwrap();
+        }
+        core.send_input(id, Inbound::EndInput).unwrap();
+        let ended = "cannot send input: drive session has ended; it accepts no further input";
+        let late = core.send_input(id, Inbound::UserMessage("c".into()));
+        assert_eq!(late.unwrap_err().to_string(), ended);
+        assert!(actions(&mut core).is_empty());
+        // Not logged until delivered, so the conversation on disk is in the order the
+        // model saw it.
+        assert_eq!(core.messages(id).unwrap(), [user("first")]);
+
+        core.on_event(id, &delta(0));
+        core.on_await_input(id);
+        assert_eq!(actions(&mut core), ["input run-1 a"]);
+        assert_eq!(core.status(id), Ok(DriveStatus::Running));
+        assert_eq!(core.messages(id).unwrap(), [user("first"), user("a")]);
+
+        core.on_event(id, &delta(1));
+        core.on_await_input(id);
+        assert_eq!(actions(&mut core), ["input run-1 b"]);
+        assert_eq!(
+            core.messages(id).unwrap(),
+            [user("first"), user("a"), user("b")]
+        );
+
+        core.on_await_input(id);
+        assert_eq!(actions(&mut core), ["end_input run-1"]);
+        assert_eq!(core.status(id), Ok(DriveStatus::AwaitingInput));
+        core.on_event(id, &run_end(StopCondition::EndOfTurn));
+        core.on_finished(id, &StopCondition::EndOfTurn);
+        assert_eq!(core.status(id), Ok(DriveStatus::Done));
+        let after = core.send_input(id, Inbound::UserMessage("d".into()));
+        assert_eq!(after.unwrap_err().to_string(), ended);
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn input_sent_while_the_run_waits_is_delivered_at_once() {
+        let tmp = TempDir::new("input-now");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", true);
+        core.on_await_input(id);
+        assert!(actions(&mut core).is_empty());
+        core.take_changed();
+        core.send_input(id, Inbound::UserMessage("go".into()))
+            .unwrap();
+        assert_eq!(actions(&mut core), ["input run-1 go"]);
+        assert_eq!(core.status(id), Ok(DriveStatus::Running));
+        assert_eq!(core.take_changed(), BTreeSet::from([id]));
+        core.on_await_input(id);
+        core.send_input(id, Inbound::EndInput).unwrap();
+        assert_eq!(actions(&mut core), ["end_input run-1"]);
+        assert_eq!(
+            core.send_input(id, Inbound::EndInput),
+            Err(DriveError::Input(ENDED.into()))
+        );
+    }
+
+    #[test]
+    fn finished_runs_past_the_cap_are_evicted_and_read_back_from_disk() {
+        let tmp = TempDir::new("evict");
+        let mut core = tmp.core();
+        let mut first_events = Vec::new();
+        for i in 0..=MAX_FINISHED_IN_MEMORY {
+            let id = start(&mut core, &format!("p{i}"), false);
+            let expected = finish_with_events(&mut core, id, 1);
+            if i == 0 {
+                first_events = expected;
+            }
+        }
+        let newest = start(&mut core, "newest", false);
+        assert_eq!(newest, RunId(MAX_FINISHED_IN_MEMORY as u64 + 2));
+        // The table holds the cap of finished runs plus the live one; run-1 was forgotten.
+        let listed = core.list();
+        assert_eq!(listed.len(), MAX_FINISHED_IN_MEMORY + 1);
+        assert_eq!(listed[0].run_id, RunId(2));
+        assert!(!core.exists(RunId(1)));
+        let (by_state, _) = core.counts();
+        assert_eq!(by_state["done"], MAX_FINISHED_IN_MEMORY as u64);
+        assert_eq!(by_state["running"], 1);
+
+        // Asked for by id, it comes back from its session file, whole and finished.
+        assert_eq!(core.resolve("run-1"), Ok(RunId(1)));
+        assert_eq!(all_events(&core, RunId(1)), first_events);
+        let view = core.poll(RunId(1), 0, 1, usize::MAX).unwrap();
+        assert_eq!((view.next_cursor, view.status), (1, DriveStatus::Running));
+        let view = core.poll(RunId(1), 1, 1, usize::MAX).unwrap();
+        assert_eq!((view.next_cursor, view.status), (2, DriveStatus::Done));
+        assert_eq!(core.header(RunId(1)).unwrap()["prompt"], "p0");
+        assert!(!core.is_live(RunId(1)));
+        assert_eq!(
+            core.permit(RunId(1), "t", true, None)
+                .unwrap_err()
+                .to_string(),
+            "no pending permission request for this run"
+        );
+        assert!(actions(&mut core).is_empty());
+
+        // Reading it back does not grow the table past the cap: the finished run used least
+        // recently (run-2) makes room, so a client reading old runs one by one cannot make
+        // the process grow without bound.
+        assert_eq!(core.list().len(), MAX_FINISHED_IN_MEMORY + 1);
+        assert!(!core.exists(RunId(2)));
+        // Nor is a run just read the next one forgotten: a client replaying run-1 (an HTTP
+        // stream holds its id) would lose the rest of it as soon as any run started. Asking
+        // for run-3 by id counts as use too, so run-4 is the one to go.
+        assert_eq!(core.resolve("run-3"), Ok(RunId(3)));
+        finish_with_events(&mut core, newest, 0);
+        start(&mut core, "after", false);
+        assert_eq!(core.list().len(), MAX_FINISHED_IN_MEMORY + 1);
+        assert!(!core.exists(RunId(4)));
+        assert!(core.exists(RunId(1)) && core.exists(RunId(3)));
+        assert_eq!(all_events(&core, RunId(1)), first_events);
+    }
+
+    #[test]
+    fn a_fresh_core_lists_earlier_runs_and_fails_the_interrupted_ones() {
+        let tmp = TempDir::new("restart");
+        let interrupted =
+            DriveStatus::Failed("interrupted: the server stopped before the run ended".into());
+        let done_events;
+        {
+            let mut core = tmp.core();
+            let done = start(&mut core, "finished", false);
+            done_events = finish_with_events(&mut core, done, 2);
+            let live = start(&mut core, "cut short", true);
+            core.on_event(live, &delta(0));
+            core.on_ask(live, &call("t1", "Bash"));
+            assert_eq!(actions(&mut core), ["arm 600s run-2 #0"]);
+            let failed = start(&mut core, "model failed", false);
+            core.on_finished(failed, &StopCondition::ProviderError("overloaded".into()));
+        }
+        let mut core = tmp.core();
+        // The past is loaded when first needed, not at start-up.
+        assert!(core.list().is_empty());
+        core.load_existing();
+        let listed: Vec<(RunId, DriveStatus, u64, bool)> = core
+            .list()
+            .into_iter()
+            .map(|s| (s.run_id, s.status, s.events, s.interactive))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (RunId(1), DriveStatus::Done, 3, false),
+                (RunId(2), interrupted.clone(), 1, true),
+                (RunId(3), DriveStatus::Failed("overloaded".into()), 0, false),
+            ]
+        );
+        assert_eq!(all_events(&core, RunId(1)), done_events);
+        let view = core.poll(RunId(2), 0, 10, usize::MAX).unwrap();
+        assert_eq!((view.next_cursor, &view.status), (1, &interrupted));
+        assert_eq!(view.permission_request, None);
+        assert_eq!(core.status_at(RunId(2), 0), Ok(DriveStatus::Running));
+        assert!(!core.is_live(RunId(2)));
+        assert_eq!(
+            core.send_input(RunId(2), Inbound::UserMessage("hi".into())),
+            Err(DriveError::Input(ENDED.into()))
+        );
+        assert_eq!(core.cancel(RunId(2)), Ok(()));
+        assert!(actions(&mut core).is_empty());
+        // Run numbers are never reused.
+        assert_eq!(core.start_run(spec("next", false)).unwrap(), RunId(4));
+        drop(core);
+
+        // The interruption was recorded once, in the file: a third core reads it back.
+        let mut third = tmp.core();
+        assert_eq!(third.resolve("run-2"), Ok(RunId(2)));
+        assert_eq!(third.status(RunId(2)), Ok(interrupted));
+    }
+
+    #[test]
+    fn a_run_another_core_still_writes_is_not_marked_interrupted() {
+        let tmp = TempDir::new("foreign");
+        let mut writer = tmp.core();
+        let id = start(&mut writer, "p", false);
+        writer.on_event(id, &delta(0));
+        let mut reader = tmp.core();
+        assert_eq!(reader.resolve("run-1"), Ok(id));
+        assert_eq!(reader.status(id), Ok(DriveStatus::Running));
+        assert_eq!(reader.event_count(id), Ok(1));
+        assert_eq!(
+            reader.delete(id).unwrap_err().to_string(),
+            "run-1 is being written by another caliban process"
+        );
+        // The writer carries on undisturbed.
+        let expected = finish_with_events(&mut writer, id, 0);
+        assert_eq!(writer.status(id), Ok(DriveStatus::Done));
+        assert_eq!(all_events(&writer, id)[1..], expected);
+    }
+
+    #[test]
+    fn only_canonical_ids_of_known_runs_resolve() {
+        let tmp = TempDir::new("resolve");
+        let mut core = tmp.core();
+        start(&mut core, "p", false);
+        assert_eq!(core.resolve("run-1"), Ok(RunId(1)));
+        for bad in [
+            "run-01",
+            "run-",
+            "foo",
+            "",
+            "run-2",
+            "RUN-1",
+            " run-1",
+            "run-1 ",
+            "run-+1",
+            "run-1.jsonl",
+            "../run-1",
+        ] {
+            let err = core.resolve(bad).unwrap_err();
+            assert_eq!(err, DriveError::UnknownRun(bad.into()));
+            assert_eq!(err.to_string(), format!("unknown run_id: {bad}"));
+        }
+        assert_eq!(
+            core.status(RunId(2)).unwrap_err().to_string(),
+            "unknown run_id: run-2"
+        );
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn working_runs_are_capped_but_waiting_ones_do_not_count() {
+        let tmp = TempDir::new("busy");
+        let mut core = tmp.core();
+        let ids: Vec<RunId> = (0..MAX_WORKING_RUNS)
+            .map(|_| start(&mut core, "p", true))
+            .collect();
+        let busy = core.start_run(spec("one too many", false)).unwrap_err();
+        assert_eq!(
+            busy.to_string(),
+            format!(
+                "too many runs in progress ({MAX_WORKING_RUNS} working, {MAX_WORKING_RUNS} open; at most {MAX_WORKING_RUNS} and {MAX_LIVE_RUNS}); cancel one or wait"
+            )
+        );
+        assert!(actions(&mut core).is_empty());
+        core.on_await_input(ids[0]);
+        let next = start(&mut core, "fits now", false);
+        assert_eq!(next, RunId(MAX_WORKING_RUNS as u64 + 1));
+    }
+
+    #[test]
+    fn cancel_and_delete_stop_only_live_runs() {
+        let tmp = TempDir::new("cancel");
+        let mut core = tmp.core();
+        let live = start(&mut core, "p", false);
+        let finished = start(&mut core, "p", false);
+        finish_with_events(&mut core, finished, 1);
+        core.cancel(live).unwrap();
+        core.cancel(finished).unwrap();
+        assert_eq!(actions(&mut core), ["cancel run-1"]);
+
+        core.on_ask(live, &call("t1", "Bash"));
+        assert_eq!(actions(&mut core), ["arm 600s run-1 #0"]);
+        core.take_changed();
+        core.delete(live).unwrap();
+        assert_eq!(actions(&mut core), ["cancel run-1"]);
+        assert_eq!(core.take_changed(), BTreeSet::from([live]));
+        assert!(!tmp.sessions().join("run-1.jsonl").exists());
+        assert_eq!(
+            core.resolve("run-1").unwrap_err().to_string(),
+            "unknown run_id: run-1"
+        );
+        // What the engine still reports about it, and its prompt's deadline, find nothing.
+        core.on_event(live, &delta(0));
+        core.on_await_input(live);
+        core.on_timer(CoreTimer::Prompt { run: live, seq: 0 });
+        core.on_finished(live, &StopCondition::Cancelled);
+        assert!(actions(&mut core).is_empty());
+        assert!(!core.exists(live));
+
+        core.delete(finished).unwrap();
+        assert!(actions(&mut core).is_empty());
+        assert!(!tmp.sessions().join("run-2.jsonl").exists());
+        assert!(core.list().is_empty());
+        // A deleted run's number is not handed out again.
+        assert_eq!(core.start_run(spec("p", false)).unwrap(), RunId(3));
+    }
+
+    #[test]
+    fn policy_updates_go_only_to_live_runs() {
+        let tmp = TempDir::new("policy");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", false);
+        core.update_policy(id, Some(Mode::AcceptEdits), None)
+            .unwrap();
+        assert_eq!(
+            actions(&mut core),
+            ["update_policy run-1 Some(\"acceptEdits\") false"]
+        );
+        core.on_finished(id, &StopCondition::EndOfTurn);
+        assert_eq!(
+            core.update_policy(id, Some(Mode::Plan), None),
+            Err(DriveError::Input(ENDED.into()))
+        );
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn take_changed_names_each_run_whose_state_changed_once() {
+        let tmp = TempDir::new("changed");
+        let mut core = tmp.core();
+        let a = start(&mut core, "a", false);
+        let b = start(&mut core, "b", true);
+        assert_eq!(core.take_changed(), BTreeSet::from([a, b]));
+        assert!(core.take_changed().is_empty());
+        core.on_event(a, &delta(0));
+        core.on_event(a, &delta(1));
+        assert_eq!(core.take_changed(), BTreeSet::from([a]));
+        core.on_await_input(b);
+        assert_eq!(core.take_changed(), BTreeSet::from([b]));
+        // Reads change nothing.
+        core.poll(a, 0, 10, 1000).unwrap();
+        core.status(b).unwrap();
+        core.list();
+        assert!(core.take_changed().is_empty());
+        core.on_finished(a, &StopCondition::EndOfTurn);
+        assert_eq!(core.take_changed(), BTreeSet::from([a]));
     }
 }
