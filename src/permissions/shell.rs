@@ -1,0 +1,441 @@
+//! The Bash command splitter behind compound-command permissions. An allow rule such as
+//! `Bash(git *)` must cover every command a line runs, not just its first word, so this
+//! module reads a command the way the shell will (quotes, escapes, `&&`, `;`, `|`, `$(…)`,
+//! backticks, subshells, redirections, here-documents) and hands back the pieces.
+//!
+//! It is the security boundary for allow rules: every command the shell would run must come
+//! back as a piece of its own, never hidden inside a piece that looks harmless. Where it is
+//! unsure it returns an extra piece or gives up (`None`); both only make allow rules match
+//! less often. It knows nothing about rules or tools.
+
+/// Most levels of `$(…)`, backticks and `( … )` the Bash splitter follows. Deeper commands are
+/// treated as unparseable, which no allow rule matches.
+const MAX_SHELL_NESTING: usize = 16;
+
+/// Splits a shell command into the pieces an allow rule must each cover: the simple commands
+/// separated by unquoted `;`, `&&`, `||`, `|`, `&` and newlines (also inside `( … )`), the
+/// commands inside `$(…)`, backticks and `<(…)`/`>(…)` (in addition to the command holding
+/// them), and each file redirection as a piece of its own, such as `> out.txt`, so that
+/// `Bash(git *)` does not allow `git log > ~/.bashrc`. Redirections that touch no file
+/// (`2>&1`, `>/dev/null`, here-documents) are dropped. Returns `None` when the quoting or
+/// nesting does not balance; callers then let no allow rule match.
+///
+/// This is a conservative reading, not a shell: anything it misreads becomes an extra piece,
+/// which can only make an allow rule less likely to match. (A here-document's body lines, for
+/// one, become pieces of their own.)
+pub(super) fn split_command(command: &str) -> Option<Vec<String>> {
+    let chars: Vec<char> = command.chars().collect();
+    let mut splitter = Splitter {
+        chars: &chars,
+        pos: 0,
+        depth: 0,
+        segments: Vec::new(),
+        heredocs: Vec::new(),
+    };
+    splitter.list(false)?;
+    Some(splitter.segments)
+}
+
+struct Splitter<'a> {
+    chars: &'a [char],
+    pos: usize,
+    depth: usize,
+    segments: Vec<String>,
+    /// Here-documents whose bodies start at the next unquoted newline.
+    heredocs: Vec<Heredoc>,
+}
+
+struct Heredoc {
+    delimiter: String,
+    /// `<<-` strips leading tabs from body lines and the delimiter line.
+    strip_tabs: bool,
+    /// A quoted delimiter (`<<'EOF'`) turns off expansion in the body.
+    quoted: bool,
+}
+
+impl Splitter<'_> {
+    fn peek(&self, offset: usize) -> Option<char> {
+        self.chars.get(self.pos + offset).copied()
+    }
+
+    fn starts_with(&self, text: &str) -> bool {
+        text.chars()
+            .enumerate()
+            .all(|(offset, ch)| self.peek(offset) == Some(ch))
+    }
+
+    /// Reads commands up to the end or, when `in_parens`, up to and including the matching
+    /// `)`, pushing each finished simple command onto `segments`.
+    fn list(&mut self, in_parens: bool) -> Option<()> {
+        let mut current = String::new();
+        loop {
+            let Some(ch) = self.peek(0) else {
+                self.finish(&mut current);
+                // A here-document never closed would swallow the rest of the command.
+                return (!in_parens && self.heredocs.is_empty()).then_some(());
+            };
+            match ch {
+                '\\' | '\'' | '"' | '`' => self.quoted(&mut current)?,
+                '$' if self.peek(1) == Some('\'') => self.quoted(&mut current)?,
+                '$' | '<' | '>' if self.peek(1) == Some('(') => self.substitution(&mut current)?,
+                // A comment hides quotes and separators from the shell, so it must hide them
+                // from us too: `ls # '` would otherwise open a quote the shell never sees.
+                '#' if at_word_start(&current) => {
+                    while self.peek(0).is_some_and(|c| c != '\n') {
+                        self.pos += 1;
+                    }
+                }
+                '\n' => {
+                    self.finish(&mut current);
+                    self.pos += 1;
+                    self.heredoc_bodies()?;
+                }
+                ')' => {
+                    if !in_parens {
+                        return None;
+                    }
+                    self.pos += 1;
+                    self.finish(&mut current);
+                    return Some(());
+                }
+                '(' => {
+                    // A subshell: its commands are pieces like any other.
+                    self.finish(&mut current);
+                    self.pos += 1;
+                    self.nested(|splitter| splitter.list(true))?;
+                }
+                '&' if self.peek(1) == Some('>') => self.redirect(&current)?,
+                ';' | '&' | '|' => {
+                    self.finish(&mut current);
+                    self.pos += 1;
+                }
+                '<' | '>' => self.redirect(&current)?,
+                _ if ch.is_ascii_digit() && at_word_start(&current) && self.fd_redirect() => {
+                    self.redirect(&current)?
+                }
+                _ => {
+                    current.push(ch);
+                    self.pos += 1;
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, current: &mut String) {
+        let piece = current.trim();
+        if !piece.is_empty() {
+            self.segments.push(piece.to_owned());
+        }
+        current.clear();
+    }
+
+    /// Skips the bodies of the here-documents opened on the line just ended. A body is data,
+    /// not commands, but with an unquoted delimiter the shell expands `$(…)` and backticks in
+    /// it; rather than parse those, a body holding `$` or a backtick makes the command
+    /// unparseable. A body that never reaches its delimiter does too.
+    fn heredoc_bodies(&mut self) -> Option<()> {
+        for heredoc in std::mem::take(&mut self.heredocs) {
+            loop {
+                let start = self.pos;
+                if start >= self.chars.len() {
+                    return None;
+                }
+                let len = self.chars[start..]
+                    .iter()
+                    .position(|&c| c == '\n')
+                    .unwrap_or(self.chars.len() - start);
+                let line = &self.chars[start..start + len];
+                self.pos = (start + len + 1).min(self.chars.len());
+                let trimmed = if heredoc.strip_tabs {
+                    let tabs = line.iter().take_while(|&&c| c == '\t').count();
+                    &line[tabs..]
+                } else {
+                    line
+                };
+                if trimmed.iter().copied().eq(heredoc.delimiter.chars()) {
+                    break;
+                }
+                if !heredoc.quoted && line.iter().any(|&c| c == '$' || c == '`') {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
+    fn nested(&mut self, f: impl FnOnce(&mut Self) -> Option<()>) -> Option<()> {
+        if self.depth >= MAX_SHELL_NESTING {
+            return None;
+        }
+        self.depth += 1;
+        let res = f(self);
+        self.depth -= 1;
+        res
+    }
+
+    /// Copies an escape, a quoted string or a backtick substitution into `out` as written,
+    /// splitting any commands substituted inside it.
+    fn quoted(&mut self, out: &mut String) -> Option<()> {
+        match self.peek(0)? {
+            '\\' => {
+                out.push('\\');
+                self.pos += 1;
+                if let Some(next) = self.peek(0) {
+                    out.push(next);
+                    self.pos += 1;
+                }
+            }
+            '$' if self.peek(1) == Some('\'') => {
+                // ANSI-C quoting, `$'…'`: unlike plain single quotes, `\'` escapes a quote.
+                out.push_str("$'");
+                self.pos += 2;
+                loop {
+                    match self.peek(0)? {
+                        '\\' => {
+                            out.push('\\');
+                            out.push(self.peek(1)?);
+                            self.pos += 2;
+                        }
+                        '\'' => {
+                            out.push('\'');
+                            self.pos += 1;
+                            break;
+                        }
+                        ch => {
+                            out.push(ch);
+                            self.pos += 1;
+                        }
+                    }
+                }
+            }
+            '\'' => {
+                // Nothing is special inside single quotes, not even `\`.
+                let close = self.chars[self.pos + 1..].iter().position(|&c| c == '\'')?;
+                let end = self.pos + 1 + close;
+                out.extend(&self.chars[self.pos..=end]);
+                self.pos = end + 1;
+            }
+            '"' => {
+                out.push('"');
+                self.pos += 1;
+                loop {
+                    match self.peek(0)? {
+                        '"' => {
+                            out.push('"');
+                            self.pos += 1;
+                            break;
+                        }
+                        '\\' | '`' => self.quoted(out)?,
+                        '$' if self.peek(1) == Some('(') => self.substitution(out)?,
+                        ch => {
+                            out.push(ch);
+                            self.pos += 1;
+                        }
+                    }
+                }
+            }
+            '`' => {
+                let start = self.pos;
+                let mut end = start + 1;
+                loop {
+                    match self.chars.get(end)? {
+                        '\\' => end += 2,
+                        '`' => break,
+                        _ => end += 1,
+                    }
+                }
+                if self.depth >= MAX_SHELL_NESTING {
+                    return None;
+                }
+                let chars = self.chars;
+                let mut inner_splitter = Splitter {
+                    chars: &chars[start + 1..end],
+                    pos: 0,
+                    depth: self.depth + 1,
+                    segments: Vec::new(),
+                    heredocs: Vec::new(),
+                };
+                inner_splitter.list(false)?;
+                self.segments.extend(inner_splitter.segments);
+                out.extend(&self.chars[start..=end]);
+                self.pos = end + 1;
+            }
+            ch => {
+                out.push(ch);
+                self.pos += 1;
+            }
+        }
+        Some(())
+    }
+
+    /// `$(…)`, `<(…)` or `>(…)`: the inner commands become pieces, and the text stays in `out`.
+    fn substitution(&mut self, out: &mut String) -> Option<()> {
+        let start = self.pos;
+        self.pos += 2;
+        self.nested(|splitter| splitter.list(true))?;
+        out.extend(&self.chars[start..self.pos]);
+        Some(())
+    }
+
+    /// At digits that open a redirection, as in `2>err.log` or `2>&1`.
+    fn fd_redirect(&self) -> bool {
+        let mut offset = 0;
+        while self.peek(offset).is_some_and(|c| c.is_ascii_digit()) {
+            offset += 1;
+        }
+        matches!(self.peek(offset), Some('<' | '>'))
+    }
+
+    /// A redirection: dropped when it touches no file, else pushed as a piece of its own.
+    fn redirect(&mut self, current: &str) -> Option<()> {
+        let mut op = String::new();
+        while let Some(digit) = self.peek(0).filter(char::is_ascii_digit) {
+            op.push(digit);
+            self.pos += 1;
+        }
+        const OPERATORS: [&str; 12] = [
+            "&>>", "&>", ">>", ">|", ">&", "<<<", "<<-", "<<", "<>", "<&", ">", "<",
+        ];
+        let operator = OPERATORS.into_iter().find(|op| self.starts_with(op))?;
+        op.push_str(operator);
+        self.pos += operator.chars().count();
+        self.skip_blanks();
+        let target = self.word()?;
+        if target.is_empty() {
+            return None;
+        }
+        if matches!(operator, "<<" | "<<-") {
+            // The body starts after the next newline; `heredoc_bodies` skips it there.
+            let quoted = target.contains(['\'', '"', '\\']);
+            self.heredocs.push(Heredoc {
+                delimiter: target
+                    .chars()
+                    .filter(|c| !matches!(c, '\'' | '"' | '\\'))
+                    .collect(),
+                strip_tabs: operator == "<<-",
+                quoted,
+            });
+        }
+        let harmless = match operator {
+            // Here-documents and here-strings feed text to stdin; no file is involved.
+            "<<" | "<<-" | "<<<" => true,
+            // `2>&1`, `>&-`: duplicating or closing a descriptor. `>&file` writes a file.
+            ">&" | "<&" => {
+                let digits = target.strip_suffix('-').unwrap_or(&target);
+                digits.chars().all(|c| c.is_ascii_digit())
+            }
+            _ => target == "/dev/null",
+        };
+        if !harmless {
+            self.segments.push(format!("{op} {target}"));
+        }
+        if at_word_start(current) {
+            self.skip_blanks();
+        }
+        Some(())
+    }
+
+    fn skip_blanks(&mut self) {
+        while matches!(self.peek(0), Some(' ' | '\t')) {
+            self.pos += 1;
+        }
+    }
+
+    /// One shell word as written, quotes included, up to an unquoted blank or operator.
+    fn word(&mut self) -> Option<String> {
+        let mut word = String::new();
+        while let Some(ch) = self.peek(0) {
+            match ch {
+                ' ' | '\t' | '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>' => break,
+                '\\' | '\'' | '"' | '`' => self.quoted(&mut word)?,
+                '$' if self.peek(1) == Some('\'') => self.quoted(&mut word)?,
+                '$' if self.peek(1) == Some('(') => self.substitution(&mut word)?,
+                _ => {
+                    word.push(ch);
+                    self.pos += 1;
+                }
+            }
+        }
+        Some(word)
+    }
+}
+
+fn at_word_start(current: &str) -> bool {
+    current.is_empty() || current.ends_with([' ', '\t'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitting_commands() {
+        let split = |command: &str| split_command(command).expect("parses");
+        assert_eq!(split("git status"), ["git status"]);
+        assert_eq!(split("git status && rm -rf /"), ["git status", "rm -rf /"]);
+        assert_eq!(
+            split("a; b || c | d & e\nf |& g"),
+            ["a", "b", "c", "d", "e", "f", "g"]
+        );
+        assert_eq!(
+            split("echo 'a && b' \"c; d\" e\\;f"),
+            ["echo 'a && b' \"c; d\" e\\;f"]
+        );
+        assert_eq!(split("echo $(rm -rf /)"), ["rm -rf /", "echo $(rm -rf /)"]);
+        assert_eq!(split("echo \"$(a; b)\""), ["a", "b", "echo \"$(a; b)\""]);
+        assert_eq!(split("echo `whoami`"), ["whoami", "echo `whoami`"]);
+        assert_eq!(split("diff <(ls a) b"), ["ls a", "diff <(ls a) b"]);
+        assert_eq!(split("(cd x && make)"), ["cd x", "make"]);
+        assert_eq!(split("cargo test 2>&1 | tail"), ["cargo test", "tail"]);
+        assert_eq!(split("cargo test >/dev/null 2>&1"), ["cargo test"]);
+        assert_eq!(split("git log > out.txt"), ["> out.txt", "git log"]);
+        assert_eq!(
+            split("sort < in.txt >> out.txt"),
+            ["< in.txt", ">> out.txt", "sort"]
+        );
+        assert_eq!(split("make 2> err.log all"), ["2> err.log", "make all"]);
+        assert_eq!(split("cmd &> log"), ["&> log", "cmd"]);
+        assert_eq!(split("cmd >&file"), [">& file", "cmd"]);
+        assert_eq!(split("cat <<< hi"), ["cat"]);
+        assert_eq!(split("git status # it's fine; rm"), ["git status"]);
+        assert_eq!(split("ls # '\nrm -rf /\n# '"), ["ls", "rm -rf /"]);
+        assert_eq!(split("echo a#b"), ["echo a#b"]);
+        assert_eq!(
+            split("echo $'\\'' ; rm -rf / ; echo $'\\''"),
+            ["echo $'\\''", "rm -rf /", "echo $'\\''"]
+        );
+        assert_eq!(
+            split("cat <<EOF > f.txt\nit's; body\nEOF\nrm x"),
+            ["> f.txt", "cat", "rm x"]
+        );
+        assert_eq!(
+            split("git commit -m \"$(cat <<'EOF'\nfix: it's $(not run)\nEOF\n)\" && git log"),
+            [
+                "cat",
+                "git commit -m \"$(cat <<'EOF'\nfix: it's $(not run)\nEOF\n)\"",
+                "git log"
+            ]
+        );
+        assert_eq!(split("cat <<-EOF\n\tbody\n\tEOF\nls"), ["cat", "ls"]);
+        assert_eq!(split("echo a2>b"), ["> b", "echo a2"]);
+        assert_eq!(split("  "), Vec::<String>::new());
+        for broken in [
+            "echo 'open",
+            "echo \"open",
+            "echo $(open",
+            "a )",
+            "echo `x",
+            "cat >",
+            "x > ;",
+            "echo $'open\\'",
+            "cat <<EOF\nno end",
+            "cat <<EOF",
+            "cat <<EOF\n$(rm -rf /)\nEOF",
+        ] {
+            assert_eq!(split_command(broken), None, "{broken}");
+        }
+        assert_eq!(split("\\; \\a"), ["\\; \\a"]);
+        let deep = format!("{}x{}", "$(".repeat(40), ")".repeat(40));
+        assert_eq!(split_command(&deep), None);
+    }
+}
