@@ -360,13 +360,43 @@ impl Splitter<'_> {
     }
 }
 
+/// Whether the next character starts a word, where `#` opens a comment and digits can name
+/// a descriptor. `current` is the command as written so far, so an escaped blank (`\ `) is
+/// part of a word rather than the end of one, and line continuations (`\` newline) are looked
+/// through: the shell removes them before it splits words, so in `echo \<newline>#` the `#`
+/// still opens a comment. Getting either wrong lets a comment hide, or uncover, an operator.
 fn at_word_start(current: &str) -> bool {
-    current.is_empty() || current.ends_with([' ', '\t'])
+    let mut rest = current;
+    while let Some(before) = rest.strip_suffix('\n')
+        && let Some(before) = before.strip_suffix('\\')
+        && !ends_in_escape(before)
+    {
+        rest = before;
+    }
+    match rest.strip_suffix([' ', '\t']) {
+        Some(before) => !ends_in_escape(before),
+        None => rest.is_empty(),
+    }
+}
+
+/// Whether `text` ends in an odd number of backslashes, the last of which escapes whatever
+/// follows.
+fn ends_in_escape(text: &str) -> bool {
+    text.chars().rev().take_while(|&c| c == '\\').count() % 2 == 1
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
+    use serde_json::json;
+
     use super::*;
+    use crate::permissions::{Action, Mode, Policy, Rule, RuleSource};
+
+    fn split(command: &str) -> Vec<String> {
+        split_command(command).expect("parses")
+    }
 
     #[test]
     fn splitting_commands() {
@@ -437,5 +467,37 @@ mod tests {
         assert_eq!(split("\\; \\a"), ["\\; \\a"]);
         let deep = format!("{}x{}", "$(".repeat(40), ")".repeat(40));
         assert_eq!(split_command(&deep), None);
+    }
+
+    /// Whether `Bash(<prefix>:*)` alone allows `command`.
+    fn prefix_allows(prefix: &str, command: &str) -> bool {
+        let rule = Rule::new(
+            &format!("Bash({prefix}:*)"),
+            Action::Allow,
+            None,
+            RuleSource::Project,
+        )
+        .expect("test pattern is valid");
+        let policy = Policy::new(vec![rule], Mode::Default, PathBuf::from("/w"));
+        policy.decide("Bash", &json!({ "command": command })).action == Action::Allow
+    }
+
+    #[test]
+    fn escaped_blanks_and_line_continuations_place_comments_as_the_shell_does() {
+        // Bash reads `\ #` as a word holding a blank and a `#`, not a comment, so the `;`
+        // after it separates a second command.
+        let escaped = "echo \\ #; touch /tmp/pwned";
+        assert_eq!(split(escaped), ["echo \\ #", "touch /tmp/pwned"]);
+        assert!(!prefix_allows("echo", escaped));
+        assert_eq!(split("echo \\\t#; b"), ["echo \\\t#", "b"]);
+        // Bash removes `\` newline before splitting words, so this `#` does open a comment,
+        // and the quote inside it must not hide the next line.
+        let continued = "echo \\\n# '\ntouch /tmp/pwned\n# '";
+        assert_eq!(split(continued), ["echo \\", "touch /tmp/pwned"]);
+        assert!(!prefix_allows("echo", continued));
+        // ...but a continuation inside a word joins the `#` to it.
+        assert_eq!(split("echo a\\\n#; b"), ["echo a\\\n#", "b"]);
+        // An escaped backslash before the blank leaves the blank unescaped.
+        assert_eq!(split("echo a\\\\ # ; b"), ["echo a\\\\"]);
     }
 }
