@@ -8,7 +8,7 @@
 //! unsure it returns an extra piece or gives up (`None`); both only make allow rules match
 //! less often. It knows nothing about rules or tools.
 
-/// Most levels of `$(…)`, backticks and `( … )` the Bash splitter follows. Deeper commands are
+/// Most levels of `$(…)`, backticks, `${…}` and `( … )` the Bash splitter follows. Deeper commands are
 /// treated as unparseable, which no allow rule matches.
 const MAX_SHELL_NESTING: usize = 16;
 
@@ -77,6 +77,7 @@ impl Splitter<'_> {
             match ch {
                 '\\' | '\'' | '"' | '`' => self.quoted(&mut current)?,
                 '$' if self.peek(1) == Some('\'') => self.quoted(&mut current)?,
+                '$' if self.peek(1) == Some('{') => self.parameter(&mut current, false)?,
                 '$' | '<' | '>' if self.peek(1) == Some('(') => self.substitution(&mut current)?,
                 // A comment hides quotes and separators from the shell, so it must hide them
                 // from us too: `ls # '` would otherwise open a quote the shell never sees.
@@ -227,6 +228,7 @@ impl Splitter<'_> {
                         }
                         '\\' | '`' => self.quoted(out)?,
                         '$' if self.peek(1) == Some('(') => self.substitution(out)?,
+                        '$' if self.peek(1) == Some('{') => self.parameter(out, true)?,
                         ch => {
                             out.push(ch);
                             self.pos += 1;
@@ -275,6 +277,39 @@ impl Splitter<'_> {
         self.nested(|splitter| splitter.list(true))?;
         out.extend(&self.chars[start..self.pos]);
         Some(())
+    }
+
+    /// `${…}`, copied into `out` up to its matching `}`, splitting any commands substituted
+    /// inside it. The shell reads all of it as part of one word: blanks, `#`, `;` and `|`
+    /// stand for themselves there, while quotes, escapes and substitutions nest. Within
+    /// double quotes bash reads a quote inside `${…}` as a quote for some operators and not
+    /// others, and shells differ, so there a quote makes the command unparseable rather than
+    /// guessed at.
+    fn parameter(&mut self, out: &mut String, in_double_quotes: bool) -> Option<()> {
+        out.push_str("${");
+        self.pos += 2;
+        self.nested(|splitter| {
+            loop {
+                match splitter.peek(0)? {
+                    '}' => {
+                        out.push('}');
+                        splitter.pos += 1;
+                        return Some(());
+                    }
+                    '\'' | '"' if in_double_quotes => return None,
+                    '\\' | '\'' | '"' | '`' => splitter.quoted(out)?,
+                    '$' if splitter.peek(1) == Some('\'') => splitter.quoted(out)?,
+                    '$' if splitter.peek(1) == Some('(') => splitter.substitution(out)?,
+                    '$' if splitter.peek(1) == Some('{') => {
+                        splitter.parameter(out, in_double_quotes)?
+                    }
+                    ch => {
+                        out.push(ch);
+                        splitter.pos += 1;
+                    }
+                }
+            }
+        })
     }
 
     /// At digits that open a redirection, as in `2>err.log` or `2>&1`.
@@ -350,6 +385,7 @@ impl Splitter<'_> {
                 '\\' | '\'' | '"' | '`' => self.quoted(&mut word)?,
                 '$' if self.peek(1) == Some('\'') => self.quoted(&mut word)?,
                 '$' if self.peek(1) == Some('(') => self.substitution(&mut word)?,
+                '$' if self.peek(1) == Some('{') => self.parameter(&mut word, false)?,
                 _ => {
                     word.push(ch);
                     self.pos += 1;
@@ -480,6 +516,32 @@ mod tests {
         .expect("test pattern is valid");
         let policy = Policy::new(vec![rule], Mode::Default, PathBuf::from("/w"));
         policy.decide("Bash", &json!({ "command": command })).action == Action::Allow
+    }
+
+    #[test]
+    fn parameter_expansions_are_read_to_their_closing_brace() {
+        // Inside `${…}` a blank and `#` are text, not the start of a comment hiding the `;`.
+        let hidden = "echo ${x:- #}; touch /tmp/pwned";
+        assert_eq!(split(hidden), ["echo ${x:- #}", "touch /tmp/pwned"]);
+        assert!(!prefix_allows("echo", hidden));
+        // Separators and parentheses inside it are text too, as bash reads them.
+        assert_eq!(split("echo ${x:-a;b|c (d)}"), ["echo ${x:-a;b|c (d)}"]);
+        assert_eq!(
+            split("echo ${x:-'}'} ${#x} ${x#*/} \"${x:-a\\\"}\""),
+            ["echo ${x:-'}'} ${#x} ${x#*/} \"${x:-a\\\"}\""]
+        );
+        // Commands substituted inside it are still pieces.
+        assert_eq!(
+            split("echo \"${x:-$(rm -rf /)}\""),
+            ["rm -rf /", "echo \"${x:-$(rm -rf /)}\""]
+        );
+        // Bash takes the `'` inside `"${…}"` for a quote, so the `"` after it does not close
+        // the string and the `;` runs a second command; such commands are unparseable.
+        let quoted = "echo \"${x/'\"'/}\"; touch /tmp/pwned; echo ' #'";
+        assert_eq!(split_command(quoted), None);
+        assert!(!prefix_allows("echo", quoted));
+        assert_eq!(split_command("echo \"${x:-\"a\"}\""), None);
+        assert_eq!(split_command("echo ${x:-a"), None);
     }
 
     #[test]
