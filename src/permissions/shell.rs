@@ -341,14 +341,10 @@ impl Splitter<'_> {
         }
         if matches!(operator, "<<" | "<<-") {
             // The body starts after the next newline; `heredoc_bodies` skips it there.
-            let quoted = target.contains(['\'', '"', '\\']);
             self.heredocs.push(Heredoc {
-                delimiter: target
-                    .chars()
-                    .filter(|c| !matches!(c, '\'' | '"' | '\\'))
-                    .collect(),
+                delimiter: heredoc_delimiter(&target)?,
                 strip_tabs: operator == "<<-",
-                quoted,
+                quoted: target.contains(['\'', '"', '\\']),
             });
         }
         let harmless = match operator {
@@ -394,6 +390,52 @@ impl Splitter<'_> {
         }
         Some(word)
     }
+}
+
+/// The line that ends a here-document opened with `word`: the word after quote removal,
+/// which is what the shell compares body lines with (`'E"OF'` ends at `E"OF`, `"E\OF"` at
+/// `E\OF`). `None` for words whose quote removal we do not follow (`$'…'`, `$"…"`,
+/// substitutions, line continuations): a body skipped up to the wrong line would hide the
+/// commands after the real one.
+fn heredoc_delimiter(word: &str) -> Option<String> {
+    let mut delimiter = String::new();
+    let mut chars = word.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '\\' => match chars.next()? {
+                '\n' => return None,
+                escaped => delimiter.push(escaped),
+            },
+            '\'' => loop {
+                match chars.next()? {
+                    '\'' => break,
+                    inner => delimiter.push(inner),
+                }
+            },
+            '"' => loop {
+                match chars.next()? {
+                    '"' => break,
+                    // Within double quotes a backslash only escapes these; before anything
+                    // else it is kept.
+                    '\\' => {
+                        let escaped = chars.next()?;
+                        match escaped {
+                            '\n' => return None,
+                            '$' | '`' | '"' | '\\' => {}
+                            _ => delimiter.push('\\'),
+                        }
+                        delimiter.push(escaped);
+                    }
+                    '$' | '`' => return None,
+                    inner => delimiter.push(inner),
+                }
+            },
+            '`' => return None,
+            '$' if matches!(chars.peek(), Some('\'' | '"' | '(' | '{')) => return None,
+            _ => delimiter.push(ch),
+        }
+    }
+    Some(delimiter)
 }
 
 /// Whether the next character starts a word, where `#` opens a comment and digits can name
@@ -516,6 +558,33 @@ mod tests {
         .expect("test pattern is valid");
         let policy = Policy::new(vec![rule], Mode::Default, PathBuf::from("/w"));
         policy.decide("Bash", &json!({ "command": command })).action == Action::Allow
+    }
+
+    #[test]
+    fn here_document_delimiters_are_unquoted_as_the_shell_does() {
+        // Bash ends each body at its first line and runs `touch`; removing every quote and
+        // backslash from the word made the splitter wait for `EOF` and skip `touch` as body.
+        for command in [
+            "cat <<'E\"OF'\nE\"OF\ntouch /tmp/pwned\nEOF",
+            "cat <<\"E\\\"OF\"\nE\"OF\ntouch /tmp/pwned\nEOF",
+            "cat <<\"E\\OF\"\nE\\OF\ntouch /tmp/pwned\nEOF",
+            "cat <<E\\\\OF\nE\\OF\ntouch /tmp/pwned\nEOF",
+        ] {
+            assert_eq!(
+                split(command),
+                ["cat", "touch /tmp/pwned", "EOF"],
+                "{command}"
+            );
+            assert!(!prefix_allows("cat", command), "{command}");
+        }
+        assert_eq!(split("cat <<E'O'F\n$(body)\nEOF\nls"), ["cat", "ls"]);
+        assert_eq!(split("cat <<\\EOF\n$(body)\nEOF"), ["cat"]);
+        // Quote removal we do not follow: refuse rather than guess where the body ends.
+        assert_eq!(
+            split_command("cat <<$'EOF'\nEOF\ntouch /tmp/pwned\n$EOF"),
+            None
+        );
+        assert_eq!(split_command("cat <<`x`\nbody\n`x`"), None);
     }
 
     #[test]
