@@ -132,8 +132,9 @@ impl Splitter<'_> {
 
     /// Skips the bodies of the here-documents opened on the line just ended. A body is data,
     /// not commands, but with an unquoted delimiter the shell expands `$(…)` and backticks in
-    /// it; rather than parse those, a body holding `$` or a backtick makes the command
-    /// unparseable. A body that never reaches its delimiter does too.
+    /// it, and joins a line ending in `\` to the next before comparing it with the delimiter
+    /// (`E\` then `OF` ends an `EOF` body there); rather than follow either, such a body makes
+    /// the command unparseable. A body that never reaches its delimiter does too.
     fn heredoc_bodies(&mut self) -> Option<()> {
         for heredoc in std::mem::take(&mut self.heredocs) {
             loop {
@@ -156,7 +157,8 @@ impl Splitter<'_> {
                 if trimmed.iter().copied().eq(heredoc.delimiter.chars()) {
                     break;
                 }
-                if !heredoc.quoted && line.iter().any(|&c| c == '$' || c == '`') {
+                let continued = line.iter().rev().take_while(|&&c| c == '\\').count() % 2 == 1;
+                if !heredoc.quoted && (continued || line.iter().any(|&c| c == '$' || c == '`')) {
                     return None;
                 }
             }
@@ -558,6 +560,17 @@ mod tests {
         .expect("test pattern is valid");
         let policy = Policy::new(vec![rule], Mode::Default, PathBuf::from("/w"));
         policy.decide("Bash", &json!({ "command": command })).action == Action::Allow
+    }
+
+    #[test]
+    fn unquoted_here_document_lines_ending_in_a_backslash_are_refused() {
+        // Bash joins `E\` and `OF` into the delimiter line, ends the body and runs `touch`.
+        let joined = "cat <<EOF\nE\\\nOF\ntouch /tmp/pwned\nEOF";
+        assert_eq!(split_command(joined), None);
+        assert!(!prefix_allows("cat", joined));
+        // An escaped backslash joins nothing, and neither does a quoted delimiter's body.
+        assert_eq!(split("cat <<EOF\na\\\\\nEOF"), ["cat"]);
+        assert_eq!(split("cat <<'EOF'\nE\\\nOF\nEOF"), ["cat"]);
     }
 
     #[test]
