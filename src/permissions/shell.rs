@@ -75,7 +75,8 @@ impl Splitter<'_> {
                 return (!in_parens && self.heredocs.is_empty()).then_some(());
             };
             match ch {
-                '\\' | '\'' | '"' | '`' => self.quoted(&mut current)?,
+                '\\' | '\'' | '"' => self.quoted(&mut current)?,
+                '`' => self.backticks(&mut current, false)?,
                 '$' if self.peek(1) == Some('\'') => self.quoted(&mut current)?,
                 '$' if self.peek(1) == Some('{') => self.parameter(&mut current, false)?,
                 '$' | '<' | '>' if self.peek(1) == Some('(') => self.substitution(&mut current)?,
@@ -176,8 +177,8 @@ impl Splitter<'_> {
         res
     }
 
-    /// Copies an escape, a quoted string or a backtick substitution into `out` as written,
-    /// splitting any commands substituted inside it.
+    /// Copies an escape or a quoted string into `out` as written, splitting any commands
+    /// substituted inside it.
     fn quoted(&mut self, out: &mut String) -> Option<()> {
         match self.peek(0)? {
             '\\' => {
@@ -228,7 +229,8 @@ impl Splitter<'_> {
                             self.pos += 1;
                             break;
                         }
-                        '\\' | '`' => self.quoted(out)?,
+                        '\\' => self.quoted(out)?,
+                        '`' => self.backticks(out, true)?,
                         '$' if self.peek(1) == Some('(') => self.substitution(out)?,
                         '$' if self.peek(1) == Some('{') => self.parameter(out, true)?,
                         ch => {
@@ -238,37 +240,43 @@ impl Splitter<'_> {
                     }
                 }
             }
-            '`' => {
-                let start = self.pos;
-                let mut end = start + 1;
-                loop {
-                    match self.chars.get(end)? {
-                        '\\' => end += 2,
-                        '`' => break,
-                        _ => end += 1,
-                    }
-                }
-                if self.depth >= MAX_SHELL_NESTING {
-                    return None;
-                }
-                let chars = self.chars;
-                let mut inner_splitter = Splitter {
-                    chars: &chars[start + 1..end],
-                    pos: 0,
-                    depth: self.depth + 1,
-                    segments: Vec::new(),
-                    heredocs: Vec::new(),
-                };
-                inner_splitter.list(false)?;
-                self.segments.extend(inner_splitter.segments);
-                out.extend(&self.chars[start..=end]);
-                self.pos = end + 1;
-            }
             ch => {
                 out.push(ch);
                 self.pos += 1;
             }
         }
+        Some(())
+    }
+
+    /// A backtick substitution, copied into `out` as written. Before running the command
+    /// inside, the shell removes the backslash from `\$`, `` \` `` and `\\` (and, within
+    /// double quotes, from `\"`), which is how backticks nest: `` echo `a \`b\`` `` runs `b`
+    /// too. So the command is split from that unescaped text, not from the text as written.
+    fn backticks(&mut self, out: &mut String, in_double_quotes: bool) -> Option<()> {
+        let start = self.pos;
+        let mut end = start + 1;
+        loop {
+            match self.chars.get(end)? {
+                '\\' => end += 2,
+                '`' => break,
+                _ => end += 1,
+            }
+        }
+        if self.depth >= MAX_SHELL_NESTING {
+            return None;
+        }
+        let inner = unescape_backticks(&self.chars[start + 1..end], in_double_quotes);
+        let mut inner_splitter = Splitter {
+            chars: &inner,
+            pos: 0,
+            depth: self.depth + 1,
+            segments: Vec::new(),
+            heredocs: Vec::new(),
+        };
+        inner_splitter.list(false)?;
+        self.segments.extend(inner_splitter.segments);
+        out.extend(&self.chars[start..=end]);
+        self.pos = end + 1;
         Some(())
     }
 
@@ -299,7 +307,8 @@ impl Splitter<'_> {
                         return Some(());
                     }
                     '\'' | '"' if in_double_quotes => return None,
-                    '\\' | '\'' | '"' | '`' => splitter.quoted(out)?,
+                    '\\' | '\'' | '"' => splitter.quoted(out)?,
+                    '`' => splitter.backticks(out, in_double_quotes)?,
                     '$' if splitter.peek(1) == Some('\'') => splitter.quoted(out)?,
                     '$' if splitter.peek(1) == Some('(') => splitter.substitution(out)?,
                     '$' if splitter.peek(1) == Some('{') => {
@@ -380,7 +389,8 @@ impl Splitter<'_> {
         while let Some(ch) = self.peek(0) {
             match ch {
                 ' ' | '\t' | '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>' => break,
-                '\\' | '\'' | '"' | '`' => self.quoted(&mut word)?,
+                '\\' | '\'' | '"' => self.quoted(&mut word)?,
+                '`' => self.backticks(&mut word, false)?,
                 '$' if self.peek(1) == Some('\'') => self.quoted(&mut word)?,
                 '$' if self.peek(1) == Some('(') => self.substitution(&mut word)?,
                 '$' if self.peek(1) == Some('{') => self.parameter(&mut word, false)?,
@@ -392,6 +402,26 @@ impl Splitter<'_> {
         }
         Some(word)
     }
+}
+
+/// The command inside backticks as the shell runs it: `\$`, `` \` `` and `\\` (and, within
+/// double quotes, `\"`) lose their backslash, and any other backslash stays.
+fn unescape_backticks(raw: &[char], in_double_quotes: bool) -> Vec<char> {
+    let mut inner = Vec::with_capacity(raw.len());
+    let mut chars = raw.iter().copied();
+    while let Some(ch) = chars.next() {
+        if ch == '\\'
+            && let Some(next) = chars.next()
+        {
+            if !(matches!(next, '$' | '`' | '\\') || (in_double_quotes && next == '"')) {
+                inner.push('\\');
+            }
+            inner.push(next);
+        } else {
+            inner.push(ch);
+        }
+    }
+    inner
 }
 
 /// The line that ends a here-document opened with `word`: the word after quote removal,
@@ -560,6 +590,30 @@ mod tests {
         .expect("test pattern is valid");
         let policy = Policy::new(vec![rule], Mode::Default, PathBuf::from("/w"));
         policy.decide("Bash", &json!({ "command": command })).action == Action::Allow
+    }
+
+    #[test]
+    fn backticks_are_split_as_the_shell_unescapes_them() {
+        // Bash turns `\`` inside backticks into a backtick and runs that substitution too.
+        let nested = "echo `echo \\`touch /tmp/pwned\\``";
+        assert_eq!(
+            split(nested),
+            ["touch /tmp/pwned", "echo `touch /tmp/pwned`", nested]
+        );
+        assert!(!prefix_allows("echo", nested));
+        // Within double quotes `\"` loses its backslash as well: these are real quotes, and
+        // the `'` between them is quoted text rather than a string hiding the `;`.
+        let quoted = "echo \"`echo \\\"'\\\"; touch /tmp/pwned; echo \\\"'\\\"`\"";
+        assert_eq!(
+            split(quoted),
+            ["echo \"'\"", "touch /tmp/pwned", "echo \"'\"", quoted]
+        );
+        assert!(!prefix_allows("echo", quoted));
+        // Any other backslash stays.
+        assert_eq!(
+            split("echo `printf \\a\\\\$x`"),
+            ["printf \\a\\$x", "echo `printf \\a\\\\$x`"]
+        );
     }
 
     #[test]
