@@ -281,10 +281,18 @@ impl Splitter<'_> {
     }
 
     /// `$(…)`, `<(…)` or `>(…)`: the inner commands become pieces, and the text stays in `out`.
+    /// Bash parses a substitution on its own: here-documents opened before it wait for the
+    /// end of the enclosing line, not for a newline inside it, and those opened inside it must
+    /// end inside it.
     fn substitution(&mut self, out: &mut String) -> Option<()> {
         let start = self.pos;
         self.pos += 2;
+        let outer = std::mem::take(&mut self.heredocs);
         self.nested(|splitter| splitter.list(true))?;
+        if !self.heredocs.is_empty() {
+            return None;
+        }
+        self.heredocs = outer;
         out.extend(&self.chars[start..self.pos]);
         Some(())
     }
@@ -579,17 +587,44 @@ mod tests {
         assert_eq!(split_command(&deep), None);
     }
 
-    /// Whether `Bash(<prefix>:*)` alone allows `command`.
-    fn prefix_allows(prefix: &str, command: &str) -> bool {
-        let rule = Rule::new(
-            &format!("Bash({prefix}:*)"),
-            Action::Allow,
-            None,
-            RuleSource::Project,
-        )
-        .expect("test pattern is valid");
-        let policy = Policy::new(vec![rule], Mode::Default, PathBuf::from("/w"));
+    /// Whether `Bash(<prefix>:*)` rules for `prefixes` allow `command`.
+    fn prefixes_allow(prefixes: &[&str], command: &str) -> bool {
+        let rules = prefixes
+            .iter()
+            .map(|prefix| {
+                Rule::new(
+                    &format!("Bash({prefix}:*)"),
+                    Action::Allow,
+                    None,
+                    RuleSource::Project,
+                )
+                .expect("test pattern is valid")
+            })
+            .collect();
+        let policy = Policy::new(rules, Mode::Default, PathBuf::from("/w"));
         policy.decide("Bash", &json!({ "command": command })).action == Action::Allow
+    }
+
+    #[test]
+    fn here_documents_wait_for_the_end_of_their_own_line() {
+        // Bash reads this body after the newline that ends the `cat` line, not after the one
+        // inside `$(…)`, so `touch` runs in the substitution.
+        for (open, close) in [("$(", ")"), ("<(", ")"), ("${x:-$(", ")}")] {
+            let command =
+                format!("cat <<echo && echo {open}\ntouch /tmp/pwned\necho\n{close}\necho");
+            let outer = format!("echo {open}\ntouch /tmp/pwned\necho\n{close}");
+            assert_eq!(split(&command), ["cat", "touch /tmp/pwned", "echo", &outer]);
+            assert!(!prefixes_allow(&["cat", "echo"], &command), "{command}");
+        }
+        // A here-document opened inside a substitution ends inside it.
+        assert_eq!(
+            split("echo $(cat <<EOF\nbody\nEOF\n)"),
+            ["cat", "echo $(cat <<EOF\nbody\nEOF\n)"]
+        );
+        assert_eq!(split_command("echo $(cat <<EOF)\nbody\nEOF"), None);
+        // A subshell is parsed with its surroundings, so there the first newline does start
+        // the body.
+        assert_eq!(split("cat <<EOF && (\nbody\nEOF\nls)"), ["cat", "ls"]);
     }
 
     #[test]
@@ -600,7 +635,7 @@ mod tests {
             split(nested),
             ["touch /tmp/pwned", "echo `touch /tmp/pwned`", nested]
         );
-        assert!(!prefix_allows("echo", nested));
+        assert!(!prefixes_allow(&["echo"], nested));
         // Within double quotes `\"` loses its backslash as well: these are real quotes, and
         // the `'` between them is quoted text rather than a string hiding the `;`.
         let quoted = "echo \"`echo \\\"'\\\"; touch /tmp/pwned; echo \\\"'\\\"`\"";
@@ -608,7 +643,7 @@ mod tests {
             split(quoted),
             ["echo \"'\"", "touch /tmp/pwned", "echo \"'\"", quoted]
         );
-        assert!(!prefix_allows("echo", quoted));
+        assert!(!prefixes_allow(&["echo"], quoted));
         // Any other backslash stays.
         assert_eq!(
             split("echo `printf \\a\\\\$x`"),
@@ -621,7 +656,7 @@ mod tests {
         // Bash joins `E\` and `OF` into the delimiter line, ends the body and runs `touch`.
         let joined = "cat <<EOF\nE\\\nOF\ntouch /tmp/pwned\nEOF";
         assert_eq!(split_command(joined), None);
-        assert!(!prefix_allows("cat", joined));
+        assert!(!prefixes_allow(&["cat"], joined));
         // An escaped backslash joins nothing, and neither does a quoted delimiter's body.
         assert_eq!(split("cat <<EOF\na\\\\\nEOF"), ["cat"]);
         assert_eq!(split("cat <<'EOF'\nE\\\nOF\nEOF"), ["cat"]);
@@ -642,7 +677,7 @@ mod tests {
                 ["cat", "touch /tmp/pwned", "EOF"],
                 "{command}"
             );
-            assert!(!prefix_allows("cat", command), "{command}");
+            assert!(!prefixes_allow(&["cat"], command), "{command}");
         }
         assert_eq!(split("cat <<E'O'F\n$(body)\nEOF\nls"), ["cat", "ls"]);
         assert_eq!(split("cat <<\\EOF\n$(body)\nEOF"), ["cat"]);
@@ -659,7 +694,7 @@ mod tests {
         // Inside `${…}` a blank and `#` are text, not the start of a comment hiding the `;`.
         let hidden = "echo ${x:- #}; touch /tmp/pwned";
         assert_eq!(split(hidden), ["echo ${x:- #}", "touch /tmp/pwned"]);
-        assert!(!prefix_allows("echo", hidden));
+        assert!(!prefixes_allow(&["echo"], hidden));
         // Separators and parentheses inside it are text too, as bash reads them.
         assert_eq!(split("echo ${x:-a;b|c (d)}"), ["echo ${x:-a;b|c (d)}"]);
         assert_eq!(
@@ -675,7 +710,7 @@ mod tests {
         // the string and the `;` runs a second command; such commands are unparseable.
         let quoted = "echo \"${x/'\"'/}\"; touch /tmp/pwned; echo ' #'";
         assert_eq!(split_command(quoted), None);
-        assert!(!prefix_allows("echo", quoted));
+        assert!(!prefixes_allow(&["echo"], quoted));
         assert_eq!(split_command("echo \"${x:-\"a\"}\""), None);
         assert_eq!(split_command("echo ${x:-a"), None);
     }
@@ -686,13 +721,13 @@ mod tests {
         // after it separates a second command.
         let escaped = "echo \\ #; touch /tmp/pwned";
         assert_eq!(split(escaped), ["echo \\ #", "touch /tmp/pwned"]);
-        assert!(!prefix_allows("echo", escaped));
+        assert!(!prefixes_allow(&["echo"], escaped));
         assert_eq!(split("echo \\\t#; b"), ["echo \\\t#", "b"]);
         // Bash removes `\` newline before splitting words, so this `#` does open a comment,
         // and the quote inside it must not hide the next line.
         let continued = "echo \\\n# '\ntouch /tmp/pwned\n# '";
         assert_eq!(split(continued), ["echo \\", "touch /tmp/pwned"]);
-        assert!(!prefix_allows("echo", continued));
+        assert!(!prefixes_allow(&["echo"], continued));
         // ...but a continuation inside a word joins the `#` to it.
         assert_eq!(split("echo a\\\n#; b"), ["echo a\\\n#", "b"]);
         // An escaped backslash before the blank leaves the blank unescaped.
