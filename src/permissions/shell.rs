@@ -17,12 +17,15 @@ const MAX_SHELL_NESTING: usize = 16;
 /// commands inside `$(…)`, backticks and `<(…)`/`>(…)` (in addition to the command holding
 /// them), and each file redirection as a piece of its own, such as `> out.txt`, so that
 /// `Bash(git *)` does not allow `git log > ~/.bashrc`. Redirections that touch no file
-/// (`2>&1`, `>/dev/null`, here-documents) are dropped. Returns `None` when the quoting or
-/// nesting does not balance; callers then let no allow rule match.
+/// (`2>&1`, `>/dev/null`, here-documents) are dropped, and so are here-document bodies,
+/// which are data. Returns `None` when the quoting or nesting does not balance, or when the
+/// command holds something shells read differently or this splitter does not follow (quotes
+/// inside `"${…}"`, bodies that expand, unusual delimiter words); callers then let no allow
+/// rule match.
 ///
-/// This is a conservative reading, not a shell: anything it misreads becomes an extra piece,
-/// which can only make an allow rule less likely to match. (A here-document's body lines, for
-/// one, become pieces of their own.)
+/// This is a conservative reading of bash, not a shell: where it cannot read what bash reads
+/// it gives up or reads extra pieces (`[[ a && b ]]` gives two), which can only make an allow
+/// rule less likely to match. It must never read fewer commands than bash runs.
 pub(super) fn split_command(command: &str) -> Option<Vec<String>> {
     let chars: Vec<char> = command.chars().collect();
     let mut splitter = Splitter {
