@@ -1,17 +1,23 @@
-//! caliban: a coding agent that other programs drive. The binary (`main.rs`) is a thin
-//! shell over this library, which benches and fuzz targets use too.
+//! caliban: a coding agent that other programs drive. The binary (`main.rs`) only calls
+//! `app::main`. ARCHITECTURE.md is the map.
 //!
 //! Layers, each depending only on those below it:
-//! `print`, `surface` (the network surfaces) → `drive` (run table, sessions) → `engine` (performs effects) → `agent` (decides) →
-//! `model`, `tools`, `permissions`, `settings` → `http`, `transport`, `stdio`, `reactor` →
-//! `workers` (bounded thread pools for blocking calls), `sys` (every `unsafe` and libc call)
-//! and `log`.
+//! `app` (the command line) → `print`, `surface` (the drive surfaces over `surface::host`) →
+//! `drive` (run table, sessions, operation decoders) → `engine` (performs effects) →
+//! `agent` (decides) → `model`, `tools`, `permissions`, `settings` → `http`, `transport`,
+//! `stdio`, `jsonrpc`, `reactor` → `workers` (bounded pools for blocking calls), `sys` (every
+//! `unsafe` and libc call), `log`, `clock`, `text`, `exit`.
 
 // Every `unsafe` block and libc call lives in `sys`, each with a SAFETY note; the rest of
 // the crate cannot write one.
-#![deny(unsafe_code, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![deny(
+    unsafe_code,
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks
+)]
 
 pub mod agent;
+pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod clock;

@@ -1,0 +1,393 @@
+//! The command line: `main` parses the arguments, builds the configuration (settings files,
+//! environment, flags), runs the chosen command — print mode, a drive surface, the stub
+//! model — and maps the outcome to an exit code. `src/main.rs` only calls it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
+use crate::engine::{Engine, EngineConfig, HostKey};
+use crate::model::retry::RetryPolicy;
+use crate::model::{self, Provider, ProviderKind};
+use crate::permissions::{Mode, Policy};
+use crate::print::{self, Printer};
+use crate::surface::{self, ListenConfig, http_api};
+use crate::{agent, auth, drive, exit, http, log, settings, stub_model, sys, tools, transport};
+
+pub fn main() -> ExitCode {
+    let command = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(command) => command,
+        Err(err) => {
+            eprintln!("caliban: {err}\nTry `caliban --help`.");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    match command {
+        Command::Help => {
+            print!("{}", cli::help_text());
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
+            println!("caliban {} ({})", cli::VERSION, cli::GIT_HASH);
+            ExitCode::SUCCESS
+        }
+        Command::GenerateMan => {
+            print!("{}", cli::man_page());
+            ExitCode::SUCCESS
+        }
+        Command::StubModel { script, addr } => {
+            let args = stub_model::StubArgs { script, addr };
+            match stub_model::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    log::error(&err);
+                    ExitCode::from(exit::CONFIG)
+                }
+            }
+        }
+        Command::Print(args) => ExitCode::from(run_print(*args)),
+        Command::Serve(args) => ExitCode::from(match args.surface {
+            cli::Surface::Http => run_http_serve(*args),
+            cli::Surface::Mcp | cli::Surface::Acp => run_stdio_surface(*args),
+        }),
+    }
+}
+
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn config_error(msg: &str) -> u8 {
+    log::error(msg);
+    exit::CONFIG
+}
+
+/// Everything both print mode and the servers derive from the agent options, settings
+/// files and environment.
+struct AgentSetup {
+    workspace: PathBuf,
+    provider: Provider,
+    mode: Mode,
+    policy: Policy,
+    run_config: agent::run::RunConfig,
+    engine_config: EngineConfig,
+}
+
+fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
+    log::set_level(match args.verbose {
+        0 => log::Level::Warn,
+        1 => log::Level::Info,
+        _ => log::Level::Debug,
+    });
+    let workspace = resolve_workspace(args.cwd.as_deref()).map_err(|e| config_error(&e))?;
+    let settings =
+        settings::load(&workspace, &env_var).map_err(|e| config_error(&e.to_string()))?;
+    for warning in &settings.warnings {
+        log::warn(warning);
+    }
+
+    let provider_kind = match args.provider.as_deref().or(settings.provider.as_deref()) {
+        Some(name) => Some(ProviderKind::parse(name).ok_or_else(|| {
+            config_error(&format!(
+                "unknown provider `{name}`: expected anthropic or openai"
+            ))
+        })?),
+        None => None,
+    };
+    let model = args.model.clone().or(settings.model.clone());
+    let provider = match Provider::from_env(provider_kind, model, &env_var) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Err(config_error(model::NOT_CONFIGURED)),
+        Err(e) => return Err(config_error(&e)),
+    };
+
+    let mode = match args
+        .permission_mode
+        .as_deref()
+        .map(|m| Mode::parse(m).ok_or(m))
+        .transpose()
+    {
+        Ok(mode) => mode.or(settings.default_mode).unwrap_or(Mode::Default),
+        Err(bad) => {
+            log::error(&format!(
+                "invalid --permission-mode `{bad}`: expected default, acceptEdits, plan, dontAsk or bypassPermissions"
+            ));
+            return Err(exit::USAGE);
+        }
+    };
+    let mut rules = settings::rules_from_cli(&args.allow, &args.deny, &args.ask).map_err(|e| {
+        log::error(&e.to_string());
+        exit::USAGE
+    })?;
+    rules.extend(settings.rules.iter().cloned());
+    let policy = Policy::new(rules, mode, workspace.clone());
+
+    let workspace_str = workspace.display().to_string();
+    let run_config = agent::run::RunConfig {
+        model: provider.model.clone(),
+        max_tokens: args.max_tokens.or(settings.max_tokens).unwrap_or(8192),
+        max_turns: args.max_turns.or(settings.max_turns).unwrap_or(50),
+        system: args
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
+        tools: tools::spec::all(),
+        interactive,
+    };
+    let engine_config = EngineConfig {
+        provider: provider.clone(),
+        retry: RetryPolicy {
+            max_retries: args
+                .max_retries
+                .unwrap_or(RetryPolicy::default().max_retries),
+            ..RetryPolicy::default()
+        },
+        first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
+        idle_timeout: Duration::from_secs_f64(args.idle_timeout.unwrap_or(90.0)),
+    };
+    Ok(AgentSetup {
+        workspace,
+        provider,
+        mode,
+        policy,
+        run_config,
+        engine_config,
+    })
+}
+
+fn run_print(args: PrintArgs) -> u8 {
+    let setup = match agent_setup(&args, args.input_format == InputFormat::StreamJson) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let AgentSetup {
+        workspace,
+        provider,
+        mode,
+        policy,
+        run_config,
+        engine_config,
+    } = setup;
+    let tool_names: Vec<String> = run_config
+        .tools
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    let workspace_str = workspace.display().to_string();
+
+    // Text input: the prompt comes from argv or, failing that, all of stdin.
+    let prompt = match args.input_format {
+        InputFormat::StreamJson if args.prompt.is_some() => {
+            log::error("a prompt argument cannot be combined with --input-format stream-json");
+            return exit::USAGE;
+        }
+        InputFormat::StreamJson => None,
+        InputFormat::Text => match args.prompt.clone() {
+            Some(p) if !p.trim().is_empty() && p != "-" => Some(p),
+            _ => match read_stdin_prompt() {
+                Ok(p) if !p.trim().is_empty() => Some(p),
+                Ok(_) => {
+                    log::error("no prompt: pass one as an argument or on stdin");
+                    return exit::NO_INPUT;
+                }
+                Err(code) => return code,
+            },
+        },
+    };
+
+    let mut engine = match Engine::new(engine_config) {
+        Ok(e) => e,
+        Err(e) => {
+            log::error(&format!("cannot start the event loop: {e}"));
+            return exit::RUNTIME;
+        }
+    };
+    engine.attach_stdout();
+    let run = agent::run::Run::new(run_config, policy, Vec::new());
+    let run_id = engine.add_run(run, workspace.clone());
+    let mut printer = Printer::new(
+        run_id,
+        args.output_format,
+        args.input_format,
+        args.include_partial_messages,
+        auth::new_uuid(),
+        provider.kind.as_str(),
+        provider.model.clone(),
+    );
+    printer.init_frame(&tool_names, &workspace_str, mode.as_str());
+    match prompt {
+        Some(prompt) => {
+            let action = printer.start_text(prompt);
+            engine.push_action(action);
+        }
+        None => {
+            printer.wait_for_first_line();
+            if let Err(e) = engine.attach_stdin() {
+                log::error(&format!("cannot read stdin: {e}"));
+                return exit::RUNTIME;
+            }
+        }
+    }
+    if let Err(e) = engine.run_loop(&mut printer) {
+        log::error(&format!("event loop failed: {e}"));
+        return exit::RUNTIME;
+    }
+    printer.exit_code
+}
+
+/// Where a network surface listens: address, TLS, limits and the auth gate, checked
+/// (fail closed) before anything binds.
+fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> {
+    let Ok(addr) = addr_text.parse::<SocketAddr>() else {
+        let flag = if args.surface == Surface::Mcp {
+            "--listen"
+        } else {
+            "--addr"
+        };
+        log::error(&format!("invalid {flag} {addr_text}"));
+        return Err(exit::USAGE);
+    };
+    let gate = auth::Gate::from_env(&env_var);
+    if let Err(e) = gate.check_bind(&addr) {
+        log::error(&e);
+        return Err(exit::CONFIG);
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(transport::server_config(cert, key).map_err(|e| config_error(&e))?)
+        }
+        _ => None,
+    };
+    Ok(ListenConfig {
+        addr,
+        tls,
+        limits: http::server::Limits::default(),
+        max_connections: args
+            .max_connections
+            .unwrap_or(surface::DEFAULT_MAX_CONNECTIONS),
+        gate,
+    })
+}
+
+/// The drive core every serve command shares, with earlier runs loaded from disk.
+fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig), u8> {
+    sys::raise_fd_limit();
+    let setup = agent_setup(&args.agent, false)?;
+    let store = drive::session::default_dir(&env_var)
+        .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
+        .map_err(|e| config_error(&format!("session store: {e}")))?;
+    let drive_config = drive::table::DriveConfig {
+        run: setup.run_config,
+        policy: setup.policy,
+        workspace: setup.workspace,
+        provider: setup.provider.kind.as_str(),
+        permission_timeout: args
+            .permission_timeout
+            .map(Duration::from_secs_f64)
+            .unwrap_or(drive::table::DEFAULT_PERMISSION_TIMEOUT),
+        system_prompt: args.agent.system_prompt.clone(),
+    };
+    let mut core = drive::table::DriveCore::new(store, drive_config);
+    // `GET /runs` lists earlier runs from the start; the stdio surfaces (spawned by editors
+    // and agents, where start-up time matters) load the past when first asked for it.
+    if args.surface == Surface::Http {
+        core.load_existing();
+    }
+    Ok((core, setup.engine_config))
+}
+
+fn new_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
+    Engine::new(config).map_err(|e| {
+        log::error(&format!("cannot start the event loop: {e}"));
+        exit::RUNTIME
+    })
+}
+
+fn run_http_serve(args: ServeArgs) -> u8 {
+    let addr_text = args
+        .addr
+        .clone()
+        .unwrap_or_else(|| http_api::DEFAULT_ADDR.to_owned());
+    let listen = match listen_config(&args, &addr_text) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let (core, engine_config) = match drive_core(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match new_engine(engine_config) {
+        Ok(engine) => http_api::run(engine, core, listen),
+        Err(code) => code,
+    }
+}
+
+/// `mcp serve` and `acp serve`: JSON-RPC on stdin/stdout, which then carry nothing else.
+fn run_stdio_surface(args: ServeArgs) -> u8 {
+    let listen = match (&args.surface, &args.addr) {
+        (Surface::Mcp, Some(addr)) => match listen_config(&args, addr) {
+            Ok(l) => Some(l),
+            Err(code) => return code,
+        },
+        _ => None,
+    };
+    let (core, engine_config) = match drive_core(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match args.surface {
+        Surface::Mcp => match stdio_engine(engine_config) {
+            Ok(engine) => surface::mcp::run(engine, core, listen),
+            Err(code) => code,
+        },
+        _ => match stdio_engine(engine_config) {
+            Ok(engine) => surface::acp::run(engine, core),
+            Err(code) => code,
+        },
+    }
+}
+
+/// An engine whose stdin and stdout are the protocol channel.
+fn stdio_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
+    let mut engine = new_engine(config)?;
+    engine.attach_stdout();
+    if let Err(e) = engine.attach_stdin() {
+        log::error(&format!("cannot read stdin: {e}"));
+        return Err(exit::RUNTIME);
+    }
+    Ok(engine)
+}
+
+fn resolve_workspace(cwd: Option<&Path>) -> Result<PathBuf, String> {
+    let dir = match cwd {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::current_dir()
+            .map_err(|e| format!("cannot read the current directory: {e}"))?,
+    };
+    dir.canonicalize()
+        .map_err(|e| format!("workspace {}: {e}", dir.display()))
+}
+
+fn read_stdin_prompt() -> Result<String, u8> {
+    use std::io::Read;
+    if sys::is_tty(0) {
+        log::error("no prompt: pass one as an argument or pipe it on stdin");
+        return Err(exit::NO_INPUT);
+    }
+    let mut buf = Vec::new();
+    let limit = print::MAX_STDIN_PROMPT as u64 + 1;
+    if let Err(e) = std::io::stdin().lock().take(limit).read_to_end(&mut buf) {
+        log::error(&format!("cannot read stdin: {e}"));
+        return Err(exit::NO_INPUT);
+    }
+    if buf.len() > print::MAX_STDIN_PROMPT {
+        log::error(&format!(
+            "stdin prompt exceeds {} bytes",
+            print::MAX_STDIN_PROMPT
+        ));
+        return Err(exit::CONFIG);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
