@@ -177,6 +177,10 @@ impl Gate {
     /// browser always says where it came from, so a loopback request must name a loopback
     /// `Host`, and any `Origin` must be a loopback one too. Remote peers already proved
     /// themselves with the token.
+    ///
+    /// The one browser rule of every listener: the network front (`surface::front`) applies
+    /// it to each request before a surface sees it; a surface only chooses how its 403
+    /// looks.
     pub fn check_browser_headers(
         &self,
         peer: Peer,
@@ -307,6 +311,74 @@ mod tests {
 
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn browser_rule_knows_ipv4_mapped_hosts_and_strict_origins() {
+        let gate = Gate::from_env(&|_| None);
+        let check = |host, origin| gate.check_browser_headers(Peer::Loopback, host, origin);
+        let host = "127.0.0.1:8730";
+        for ok_host in [
+            "[::ffff:127.0.0.1]:8730",
+            "[::ffff:127.3.2.1]",
+            "LOCALHOST:8730",
+            "localhost:",
+            " 127.0.0.1 ",
+        ] {
+            assert_eq!(check(Some(ok_host), None), Ok(()), "{ok_host}");
+        }
+        for bad_host in [
+            "",
+            "[::ffff:10.0.0.1]:8730",
+            "[::1]x",
+            "::1",
+            "localhost:http",
+            "localhost.attacker.example",
+            "0.0.0.0:8730",
+        ] {
+            assert_eq!(
+                check(Some(bad_host), None),
+                Err("forbidden: the Host header must name a loopback address"),
+                "{bad_host}"
+            );
+        }
+        for ok_origin in [
+            "http://localhost:6274",
+            "https://LOCALHOST",
+            "http://127.0.0.1:8730",
+            "http://[::1]:3000",
+            "http://[::ffff:127.0.0.1]:3000",
+        ] {
+            assert_eq!(check(Some(host), Some(ok_origin)), Ok(()), "{ok_origin}");
+        }
+        // An origin is scheme://host[:port] and nothing else; a browser page on another
+        // host, a sandboxed page (`null`), a file or an extension is not a local tool.
+        for bad_origin in [
+            "null",
+            "",
+            "file://",
+            "ws://localhost",
+            "chrome-extension://abcdef",
+            "http://attacker.example",
+            "http://127.0.0.1.attacker.example",
+            "http://localhost@attacker.example",
+            "http://localhost:3000/",
+            "localhost",
+        ] {
+            assert_eq!(
+                check(Some(host), Some(bad_origin)),
+                Err("forbidden: cross-origin requests are not accepted"),
+                "{bad_origin}"
+            );
+        }
+        // A peer that proved itself with the token may be a browser anywhere.
+        for peer_headers in [(None, None), (Some("api.example.com"), Some("null"))] {
+            let (host, origin) = peer_headers;
+            assert_eq!(
+                gate.check_browser_headers(Peer::Remote, host, origin),
+                Ok(())
+            );
+        }
+    }
 
     fn gate(token: Option<&str>) -> Gate {
         let token = token.map(str::to_owned);

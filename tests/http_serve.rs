@@ -1940,6 +1940,58 @@ fn browser_requests_to_loopback_are_refused() {
 }
 
 #[test]
+fn a_trickled_request_head_is_cut_off_at_the_head_deadline() {
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::TcpStream;
+    // `HEAD_DEADLINE` in src/surface/front.rs: a head must be complete this long after its
+    // first byte, however steadily the rest trickles in.
+    const HEAD_DEADLINE: Duration = Duration::from_secs(20);
+    let ws = Workspace::new("hs-slowloris");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    // A keep-alive client that has not started a request yet is not on that clock.
+    let mut waiting = HttpConn::connect(addr);
+    let mut slow = TcpStream::connect(addr).expect("connect");
+    slow.set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("read timeout");
+    let started = Instant::now();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+        .expect("send the start of a head");
+    // A byte a second keeps the idle timer (60 s) from ever firing.
+    let closed_after = loop {
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < HEAD_DEADLINE + Duration::from_secs(10),
+            "a trickling head still holds its connection after {elapsed:?}"
+        );
+        let mut buf = [0u8; 256];
+        match slow.read(&mut buf) {
+            Ok(0) => break started.elapsed(),
+            Ok(n) => panic!(
+                "no response was due: {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            ),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break started.elapsed(),
+        }
+        if slow.write_all(b"a").is_err() {
+            break started.elapsed();
+        }
+    };
+    assert!(
+        closed_after >= HEAD_DEADLINE - Duration::from_millis(500),
+        "closed after only {closed_after:?}"
+    );
+    assert!(
+        !waiting.closed_by_peer(Instant::now() + Duration::from_millis(200)),
+        "an idle keep-alive connection was cut off by the head deadline"
+    );
+    let resp = waiting.request("GET", "/healthz", &[], b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+}
+
+#[test]
 fn a_capped_poll_never_reports_the_end_early() {
     let ws = Workspace::new("hs-capped");
     let words = "word ".repeat(6000);

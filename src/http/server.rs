@@ -5,7 +5,8 @@
 //!
 //! It uses the sans-IO codecs next door and `transport::Conn` for the bytes. It must not know
 //! about routes, runs, auth or JSON beyond its own error bodies, and it owns no timers: the
-//! owner enforces `Limits::idle_timeout` with `last_activity()` and calls `close`.
+//! owner enforces `Limits::idle_timeout` with `last_activity()` and a deadline for each
+//! request head with `head_started()`, and calls `close`.
 //!
 //! LIFECYCLE (`Phase`): `ReadingHead` → `ReadingBody` → `Dispatched` → (`respond`) →
 //! `ReadingHead` again, or `Dispatched` → `start_stream` → `Streaming` → `end_stream` →
@@ -185,6 +186,9 @@ pub struct Connection {
     /// Events produced outside `on_ready` (by `respond` and friends) for the next call.
     events: Vec<ConnEvent>,
     last_activity: Instant,
+    /// When the first byte of the request head now in `inbuf` arrived; `None` when no head
+    /// is under way. Unlike `last_activity`, more bytes do not move it.
+    head_started: Option<Instant>,
     peer_eof: bool,
     /// A stream went over half of `max_out_buffer`; `Writable` is owed when it drains.
     writable_owed: bool,
@@ -219,6 +223,7 @@ impl Connection {
             ready: None,
             events: Vec::new(),
             last_activity: Instant::now(),
+            head_started: None,
             peer_eof: false,
             writable_owed: false,
             closed_reported: false,
@@ -386,6 +391,15 @@ impl Connection {
         self.last_activity
     }
 
+    /// When the request head being read began to arrive, while it is incomplete; the owner
+    /// closes a connection whose head takes too long, since any byte moves
+    /// `last_activity` and a client trickling a head would otherwise hold it forever. The
+    /// clock starts at the head's first byte (for a pipelined head, when it becomes the one
+    /// being read), so a keep-alive connection waiting between requests is not on it.
+    pub fn head_started(&self) -> Option<Instant> {
+        self.head_started
+    }
+
     pub fn is_closed(&self) -> bool {
         matches!(self.phase, Phase::Closed)
     }
@@ -405,6 +419,7 @@ impl Connection {
 
     fn enter_closed(&mut self) {
         self.phase = Phase::Closed;
+        self.head_started = None;
         self.ready = None;
         self.outbuf = Vec::new();
         self.inbuf = Vec::new();
@@ -645,6 +660,7 @@ impl Connection {
                     }
                     match head::parse_request_head(&self.inbuf) {
                         Ok(Parsed::Partial) => {
+                            self.head_started.get_or_insert_with(Instant::now);
                             if self.inbuf.len() >= self.limits.max_head {
                                 self.reject_head_too_large();
                             } else if self.peer_eof {
@@ -663,6 +679,7 @@ impl Connection {
                             return;
                         }
                         Ok(Parsed::Complete(head, used)) => {
+                            self.head_started = None;
                             if used > self.limits.max_head {
                                 self.reject_head_too_large();
                                 return;
@@ -804,6 +821,7 @@ impl Connection {
     }
 
     fn begin_close(&mut self) {
+        self.head_started = None;
         self.phase = Phase::Closing {
             close_notify_sent: false,
         };
@@ -1310,6 +1328,38 @@ mod tests {
         echo(&mut server.conn, &request);
         let (_, body) = read_response(&mut client, &mut Vec::new(), false);
         assert_eq!(body, b"POST /split path abcde");
+    }
+
+    #[test]
+    fn head_clock_runs_from_a_heads_first_byte_until_it_is_complete() {
+        let (mut server, mut client) = plain();
+        let turn_until = |server: &mut Server, done: &dyn Fn(&Server) -> bool| {
+            let deadline = Instant::now() + WAIT;
+            while !done(server) {
+                assert!(Instant::now() < deadline, "timed out");
+                server.turn(Duration::from_millis(20));
+            }
+        };
+        assert_eq!(
+            server.conn.head_started(),
+            None,
+            "a fresh connection is not on it"
+        );
+        client.write_all(b"GET /a HTTP/1.1\r\n").unwrap();
+        turn_until(&mut server, &|s| s.conn.head_started().is_some());
+        let started = server.conn.head_started();
+        // More bytes of the same head do not move it (they do move `last_activity`).
+        client.write_all(b"Host: h\r\n").unwrap();
+        let before = server.conn.last_activity();
+        turn_until(&mut server, &|s| s.conn.last_activity() > before);
+        assert_eq!(server.conn.head_started(), started);
+        client.write_all(b"\r\n").unwrap();
+        let handled = server.serve(1, echo);
+        assert_eq!(handled.len(), 1);
+        assert_eq!(server.conn.head_started(), None, "complete: off the clock");
+        read_response(&mut client, &mut Vec::new(), false);
+        // Between requests a keep-alive connection waits off the clock.
+        assert_eq!(server.conn.head_started(), None);
     }
 
     #[test]

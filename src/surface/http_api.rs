@@ -3,26 +3,24 @@
 //! HTTPS) on the engine's loop.
 //!
 //! It translates HTTP to drive-core calls and drive-core state to HTTP; it holds no agent
-//! logic. It owns the listener, the connections and each live stream's position.
+//! logic. It owns each live stream's position; the listener, the connections, their
+//! deadlines and the auth gate are the network front's (`surface::front`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use mio::net::TcpListener;
-use mio::{Interest, Token};
 use serde_json::{Value, json};
 
-use crate::auth::Decision;
 use crate::drive::ops::{self, Dialect, OpError, Problem};
 use crate::drive::table::{DriveCore, DriveError, DriveStatus};
 use crate::engine::{Engine, HostAction, RunId};
-use crate::http::server::{ConnEvent, Connection, Request};
+use crate::http::server::Request;
 use crate::log;
-use crate::reactor::{Signal, TimerId};
+use crate::reactor::Signal;
+use crate::surface::front::{Event, Front, Keepalive, Policy, Reply, Response};
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
-use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
+use crate::surface::{ConnId, FrontKey, ListenConfig};
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
 /// One poll response carries at most this many events / bytes; `next_cursor` continues.
@@ -34,11 +32,29 @@ const STREAM_STEP_BYTES: usize = 256 * 1024;
 
 const OPENAPI: &str = include_str!("openapi.json");
 
-/// What this surface registers on the loop.
+/// What this surface registers on the loop: only the front's listener, connections and
+/// their timers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HttpKey {
-    Listener,
-    Conn(u64),
+    Front(FrontKey),
+}
+
+impl From<FrontKey> for HttpKey {
+    fn from(key: FrontKey) -> HttpKey {
+        HttpKey::Front(key)
+    }
+}
+
+/// This surface's choices for the front. A quiet follow stream is left alone: NDJSON has
+/// no comment line to send, and a run may rightly wait on a prompt for hours. A request the
+/// browser rule refuses gets the API's JSON error, and the connection ends with it.
+const POLICY: Policy = Policy {
+    keepalive: Keepalive::Silent,
+    forbidden,
+};
+
+fn forbidden(reason: &'static str) -> Response {
+    Response::json(403, json!({ "error": reason }).to_string()).header("connection", "close")
 }
 
 /// A live `follow=1` stream on one connection.
@@ -53,32 +69,17 @@ struct Follow {
     sse: bool,
 }
 
-struct Client {
-    conn: Connection,
-    token: Token,
-    follow: Option<Follow>,
-    idle_timer: TimerId,
-}
-
 pub struct HttpServe {
-    config: ListenConfig,
-    listener: TcpListener,
-    listener_token: Option<Token>,
-    clients: HashMap<u64, Client>,
-    next_key: u64,
-    accept_paused: bool,
+    /// Each connection's live stream, if it has one.
+    front: Front<Option<Follow>>,
 }
 
-fn json_response(conn: &mut Connection, status: u16, body: &Value) {
-    conn.respond(
-        status,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+fn json_reply(status: u16, body: &Value) -> Reply {
+    Response::json(status, body.to_string()).into()
 }
 
-fn error_response(conn: &mut Connection, status: u16, message: &str) {
-    json_response(conn, status, &json!({"error": message}));
+fn error_reply(status: u16, message: &str) -> Reply {
+    json_reply(status, &json!({"error": message}))
 }
 
 fn drive_error_status(err: &DriveError) -> u16 {
@@ -123,164 +124,39 @@ pub fn run(mut engine: Engine<Key<HttpKey>>, core: DriveCore, listen: ListenConf
 
 impl HttpServe {
     pub fn new(config: ListenConfig) -> std::io::Result<HttpServe> {
-        let listener = TcpListener::bind(config.addr)?;
         Ok(HttpServe {
-            config,
-            listener,
-            listener_token: None,
-            clients: HashMap::new(),
-            next_key: 0,
-            accept_paused: false,
+            front: Front::bind(config, POLICY)?,
         })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        self.front.local_addr()
     }
 
     /// Registers the listener on the engine's loop.
     pub fn start(&mut self, ctx: &mut Cx<HttpKey>) -> std::io::Result<()> {
-        let token = ctx.host_token(HttpKey::Listener);
-        ctx.registry()
-            .register(&mut self.listener, token, Interest::READABLE)?;
-        self.listener_token = Some(token);
-        Ok(())
+        self.front.start(ctx)
     }
 
-    fn accept(&mut self, ctx: &mut Cx<HttpKey>) {
-        loop {
-            let open = self.clients.len();
-            match accept_next(&self.listener, open, self.config.max_connections) {
-                AcceptStep::Conn(tcp, peer) => self.add_client(ctx, tcp, peer),
-                AcceptStep::Drained => {
-                    self.accept_paused = false;
-                    return;
-                }
-                // `close_client` resumes accepting.
-                AcceptStep::Full | AcceptStep::Failed => {
-                    self.accept_paused = true;
-                    return;
-                }
-            }
-        }
-    }
-
-    fn add_client(&mut self, ctx: &mut Cx<HttpKey>, tcp: mio::net::TcpStream, peer: SocketAddr) {
-        let key = self.next_key;
-        self.next_key += 1;
-        let Some(accepted) = register_connection(ctx, &self.config, tcp, peer, HttpKey::Conn(key))
-        else {
-            return;
-        };
-        self.clients.insert(
-            key,
-            Client {
-                conn: accepted.conn,
-                token: accepted.token,
-                follow: None,
-                idle_timer: accepted.idle_timer,
-            },
-        );
-        // Bytes may already be waiting (a fast client); readiness was edge-triggered
-        // before we registered, so look now.
-        self.on_client_ready(ctx, key);
-    }
-
-    fn close_client(&mut self, ctx: &mut Cx<HttpKey>, key: u64) {
-        if let Some(mut client) = self.clients.remove(&key) {
-            let _ = ctx.registry().deregister(client.conn.tcp());
-            ctx.forget_token(client.token);
-            ctx.cancel_timer(client.idle_timer);
-            client.conn.close();
-        }
-        if self.accept_paused {
-            self.accept(ctx);
-        }
-    }
-
-    fn on_client_ready(&mut self, ctx: &mut Cx<HttpKey>, key: u64) {
-        let Some(client) = self.clients.get_mut(&key) else {
-            return;
-        };
-        let events = client.conn.on_ready();
-        for event in events {
+    /// Acts on what the front has for us: answers requests, feeds live streams.
+    fn serve(&mut self, ctx: &mut Cx<HttpKey>) {
+        while let Some(event) = self.front.next_event(ctx) {
             match event {
-                ConnEvent::Request(request) => self.handle(ctx, key, request),
-                ConnEvent::Writable => self.pump_follow(ctx.core, key),
-                ConnEvent::Closed => {
-                    self.close_client(ctx, key);
-                    return;
+                Event::Request(conn, request) => {
+                    let reply = self.handle(ctx, conn, request);
+                    self.front.reply(conn, reply);
+                    // A follow stream that just opened gets what there is to see.
+                    self.pump_follow(ctx.core, conn);
                 }
-            }
-        }
-        // A follower that hung up will never read the rest of its stream.
-        if let Some(client) = self.clients.get(&key)
-            && client.follow.is_some()
-            && client.conn.peer_eof()
-        {
-            self.close_client(ctx, key);
-            return;
-        }
-        self.after_response(ctx, key);
-    }
-
-    /// Serves requests a pipelining client already sent, and drops closed connections.
-    fn after_response(&mut self, ctx: &mut Cx<HttpKey>, key: u64) {
-        loop {
-            let Some(client) = self.clients.get_mut(&key) else {
-                return;
-            };
-            if client.conn.is_closed() {
-                self.close_client(ctx, key);
-                return;
-            }
-            if client.follow.is_some() || client.conn.is_streaming() {
-                return;
-            }
-            match client.conn.next_request() {
-                Some(request) => self.handle(ctx, key, request),
-                None => return,
+                Event::Writable(conn) => self.pump_follow(ctx.core, conn),
+                // A follower that hung up will never read the rest of its stream.
+                Event::HungUp(conn) => self.front.close(ctx, conn),
+                Event::Closed(..) => {}
             }
         }
     }
 
-    fn handle(&mut self, ctx: &mut Cx<HttpKey>, key: u64, request: Request) {
-        let Some(client) = self.clients.get_mut(&key) else {
-            return;
-        };
-        let peer = self.config.gate.classify(&client.conn.peer().ip());
-        if let Err(reason) = self.config.gate.check_browser_headers(
-            peer,
-            request.header("host"),
-            request.header("origin"),
-        ) {
-            client.conn.respond(
-                403,
-                &[
-                    ("content-type", "application/json"),
-                    ("connection", "close"),
-                ],
-                json!({ "error": reason }).to_string().as_bytes(),
-            );
-            return;
-        }
-        if let Decision::Deny(_) = self
-            .config
-            .gate
-            .authorize(peer, request.header("authorization"))
-        {
-            client.conn.respond(
-                401,
-                &[
-                    ("content-type", "text/plain; charset=utf-8"),
-                    ("www-authenticate", "Bearer"),
-                    // An unauthenticated peer does not get to keep a connection slot.
-                    ("connection", "close"),
-                ],
-                b"unauthorized",
-            );
-            return;
-        }
+    fn handle(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId, request: Request) -> Reply {
         // The run a path names, parsed (and read back from disk if evicted or from before a
         // restart) once; routes report an unknown one where they would use it.
         let run = match run_in_path(&request.path) {
@@ -291,9 +167,6 @@ impl HttpServe {
             run.clone()
                 .map_err(|e| (drive_error_status(&e), e.to_string()))
         };
-        let Some(client) = self.clients.get_mut(&key) else {
-            return;
-        };
         let segments: Vec<&str> = request
             .path
             .trim_start_matches('/')
@@ -302,27 +175,17 @@ impl HttpServe {
             .collect();
         let method = request.method.as_str();
         match (method, segments.as_slice()) {
-            ("GET", ["healthz"]) => json_response(
-                &mut client.conn,
+            ("GET", ["healthz"]) => json_reply(
                 200,
                 &json!({"status": "ok", "version": crate::cli::VERSION}),
             ),
-            ("GET", ["metrics"]) => {
-                let text = self.metrics(ctx);
-                let Some(client) = self.clients.get_mut(&key) else {
-                    return;
-                };
-                client.conn.respond(
-                    200,
-                    &[("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                    text.as_bytes(),
-                );
-            }
-            ("GET", ["openapi.json"]) => client.conn.respond(
+            ("GET", ["metrics"]) => Response::with(
                 200,
-                &[("content-type", "application/json")],
-                OPENAPI.as_bytes(),
-            ),
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics(ctx),
+            )
+            .into(),
+            ("GET", ["openapi.json"]) => Response::json(200, OPENAPI).into(),
             ("POST", ["runs"]) => {
                 let result = parse_json_body(&request)
                     .and_then(|body| ops::run_spec(&body, Dialect::HTTP).map_err(op_error));
@@ -331,14 +194,9 @@ impl HttpServe {
                         .start_run(spec)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
-                let Some(client) = self.clients.get_mut(&key) else {
-                    return;
-                };
                 match result {
-                    Ok(run) => {
-                        json_response(&mut client.conn, 200, &json!({"run_id": run.to_string()}))
-                    }
-                    Err((status, message)) => error_response(&mut client.conn, status, &message),
+                    Ok(run) => json_reply(200, &json!({"run_id": run.to_string()})),
+                    Err((status, message)) => error_reply(status, &message),
                 }
             }
             ("GET", ["runs"]) => {
@@ -352,14 +210,12 @@ impl HttpServe {
                                "events": r.events, "prompt": preview(&r.prompt)})
                     })
                     .collect();
-                json_response(&mut client.conn, 200, &json!({"runs": runs}));
+                json_reply(200, &json!({"runs": runs}))
             }
-            ("GET", ["runs", _, "events"]) => self.events(ctx, key, run, &request),
+            ("GET", ["runs", _, "events"]) => self.events(ctx, conn, run, &request),
             ("GET", ["runs", _, "status"]) => match run.and_then(|r| ctx.core.status(r)) {
-                Ok(status) => {
-                    json_response(&mut client.conn, 200, &json!({"status": status.to_json()}))
-                }
-                Err(e) => error_response(&mut client.conn, drive_error_status(&e), &e.to_string()),
+                Ok(status) => json_reply(200, &json!({"status": status.to_json()})),
+                Err(e) => error_reply(drive_error_status(&e), &e.to_string()),
             },
             ("POST", ["runs", _, "input"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
@@ -368,7 +224,7 @@ impl HttpServe {
                         .send_input(run_or_status()?, input)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
-                self.reply_ok(key, result);
+                reply_ok(result)
             }
             ("POST", ["runs", _, "permit"]) => {
                 let result = parse_json_body(&request).and_then(|body| {
@@ -382,7 +238,7 @@ impl HttpServe {
                         )
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
-                self.reply_ok(key, result);
+                reply_ok(result)
             }
             ("POST", ["runs", _, "cancel"]) => {
                 let result = run_or_status().and_then(|run| {
@@ -390,7 +246,7 @@ impl HttpServe {
                         .cancel(run)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
-                self.reply_ok(key, result);
+                reply_ok(result)
             }
             ("DELETE", ["runs", _]) => {
                 let result = run_or_status().and_then(|run| {
@@ -398,7 +254,7 @@ impl HttpServe {
                         .delete(run)
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
-                self.reply_ok(key, result);
+                reply_ok(result)
             }
             (
                 _,
@@ -407,36 +263,22 @@ impl HttpServe {
                 | ["openapi.json"]
                 | ["runs", _, "events"]
                 | ["runs", _, "status"],
-            ) => method_not_allowed(&mut client.conn, "GET"),
-            (_, ["runs"]) => method_not_allowed(&mut client.conn, "GET, POST"),
-            (_, ["runs", _, "input" | "permit" | "cancel"]) => {
-                method_not_allowed(&mut client.conn, "POST")
-            }
-            (_, ["runs", _]) => method_not_allowed(&mut client.conn, "DELETE"),
-            _ => error_response(&mut client.conn, 404, "not found"),
+            ) => method_not_allowed("GET"),
+            (_, ["runs"]) => method_not_allowed("GET, POST"),
+            (_, ["runs", _, "input" | "permit" | "cancel"]) => method_not_allowed("POST"),
+            (_, ["runs", _]) => method_not_allowed("DELETE"),
+            _ => error_reply(404, "not found"),
         }
     }
 
-    fn reply_ok(&mut self, key: u64, result: Result<(), (u16, String)>) {
-        let Some(client) = self.clients.get_mut(&key) else {
-            return;
-        };
-        match result {
-            Ok(()) => json_response(&mut client.conn, 200, &json!({"ok": true})),
-            Err((status, message)) => error_response(&mut client.conn, status, &message),
-        }
-    }
-
+    /// A poll of a run's events, or (with `follow=1`) the start of its live stream.
     fn events(
         &mut self,
         ctx: &mut Cx<HttpKey>,
-        key: u64,
+        conn: ConnId,
         run: Result<RunId, DriveError>,
         request: &Request,
-    ) {
-        let Some(client) = self.clients.get_mut(&key) else {
-            return;
-        };
+    ) -> Reply {
         let sse = request
             .header("accept")
             .is_some_and(|a| a.contains("text/event-stream"));
@@ -451,22 +293,17 @@ impl HttpServe {
             Some(raw) => match raw.parse::<u64>() {
                 Ok(c) => c,
                 Err(_) => {
-                    error_response(
-                        &mut client.conn,
+                    return error_reply(
                         400,
                         &format!("invalid cursor `{raw}`: expected a non-negative integer"),
                     );
-                    return;
                 }
             },
             None => 0,
         };
         let id = match run {
             Ok(id) => id,
-            Err(e) => {
-                error_response(&mut client.conn, drive_error_status(&e), &e.to_string());
-                return;
-            }
+            Err(e) => return error_reply(drive_error_status(&e), &e.to_string()),
         };
         if follow {
             let content_type = if sse {
@@ -474,42 +311,37 @@ impl HttpServe {
             } else {
                 "application/x-ndjson"
             };
-            client.conn.start_stream(
-                200,
-                &[
-                    ("content-type", content_type),
-                    ("cache-control", "no-store"),
-                ],
-            );
-            client.follow = Some(Follow {
-                run: id,
-                started: false,
-                next_cursor: cursor,
-                sent_status: None,
-                sent_prompt: None,
-                sse,
-            });
-            self.pump_follow(ctx.core, key);
-            return;
+            // `serve` pumps the stream once its head is out.
+            if let Some(slot) = self.front.conn_mut(conn) {
+                slot.state = Some(Follow {
+                    run: id,
+                    started: false,
+                    next_cursor: cursor,
+                    sent_status: None,
+                    sent_prompt: None,
+                    sse,
+                });
+            }
+            return Reply::Stream {
+                response: Response::with(200, content_type, Vec::new())
+                    .header("cache-control", "no-store"),
+                open: true,
+            };
         }
         match ctx.core.poll(id, cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES) {
-            Ok(view) => client.conn.respond(
-                200,
-                &[("content-type", "application/json")],
-                view.to_json_text().as_bytes(),
-            ),
-            Err(e) => error_response(&mut client.conn, drive_error_status(&e), &e.to_string()),
+            Ok(view) => Response::json(200, view.to_json_text()).into(),
+            Err(e) => error_reply(drive_error_status(&e), &e.to_string()),
         }
     }
 
     /// Writes what a live stream has not seen yet, as far as the client keeps up: events in
     /// order, then (once caught up) the prompt and status if they changed. The stream ends
     /// after the line carrying a terminal status, which is only sent once every event was.
-    fn pump_follow(&mut self, core: &DriveCore, key: u64) {
-        let Some(client) = self.clients.get_mut(&key) else {
+    fn pump_follow(&mut self, core: &DriveCore, conn: ConnId) {
+        let Some(slot) = self.front.conn_mut(conn) else {
             return;
         };
-        let Some(follow) = client.follow.as_mut() else {
+        let Some(follow) = slot.state.as_mut() else {
             return;
         };
         let line = |follow: &Follow, cursor: u64, body: String| -> String {
@@ -528,8 +360,8 @@ impl HttpServe {
                 core.status_at(follow.run, follow.next_cursor),
                 core.event_count(follow.run),
             ) else {
-                client.conn.end_stream();
-                client.follow = None;
+                slot.conn.end_stream();
+                slot.state = None;
                 return;
             };
             // A cursor past the end resumes from the end, as a poll does.
@@ -539,13 +371,12 @@ impl HttpServe {
                 follow.next_cursor,
                 status.to_json()
             );
-            client
-                .conn
+            slot.conn
                 .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
             follow.sent_status = Some(status);
         }
         loop {
-            if !client.conn.wants_more_stream() {
+            if !slot.conn.wants_more_stream() {
                 return;
             }
             let view = match core.poll(
@@ -557,8 +388,8 @@ impl HttpServe {
                 Ok(view) => view,
                 Err(_) => {
                     // Deleted while followed: nothing more will come.
-                    client.conn.end_stream();
-                    client.follow = None;
+                    slot.conn.end_stream();
+                    slot.state = None;
                     return;
                 }
             };
@@ -569,7 +400,7 @@ impl HttpServe {
                     chunk.push_str(&line(follow, cursor + 1, body));
                 }
                 follow.next_cursor = view.next_cursor;
-                client.conn.stream_chunk(chunk.as_bytes());
+                slot.conn.stream_chunk(chunk.as_bytes());
                 continue;
             }
             // Caught up with the log.
@@ -585,8 +416,7 @@ impl HttpServe {
                     "{{\"v\":1,\"cursor\":{},\"permission_request\":{prompt}}}",
                     follow.next_cursor
                 );
-                client
-                    .conn
+                slot.conn
                     .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
                 follow.sent_prompt = Some(prompt);
             }
@@ -596,14 +426,13 @@ impl HttpServe {
                     follow.next_cursor,
                     view.status.to_json()
                 );
-                client
-                    .conn
+                slot.conn
                     .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
                 follow.sent_status = Some(view.status.clone());
             }
             if view.status.is_terminal() {
-                client.conn.end_stream();
-                client.follow = None;
+                slot.conn.end_stream();
+                slot.state = None;
             }
             return;
         }
@@ -629,7 +458,7 @@ impl HttpServe {
                 "caliban_http_connections",
                 "gauge",
                 "Open HTTP connections.",
-                self.clients.len() as u64,
+                self.front.len() as u64,
             ),
             (
                 "caliban_model_requests_total",
@@ -669,15 +498,14 @@ impl HttpServe {
         if changed.is_empty() {
             return;
         }
-        let keys: Vec<u64> = self
-            .clients
-            .iter()
-            .filter(|(_, c)| c.follow.as_ref().is_some_and(|f| changed.contains(&f.run)))
-            .map(|(k, _)| *k)
+        let followers: Vec<ConnId> = self
+            .front
+            .states()
+            .filter(|(_, follow)| follow.as_ref().is_some_and(|f| changed.contains(&f.run)))
+            .map(|(conn, _)| conn)
             .collect();
-        for key in keys {
-            self.pump_follow(ctx.core, key);
-            self.after_response(ctx, key);
+        for conn in followers {
+            self.pump_follow(ctx.core, conn);
         }
     }
 }
@@ -695,14 +523,17 @@ fn run_in_path(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-fn method_not_allowed(conn: &mut Connection, allow: &str) {
-    conn.respond(
-        405,
-        &[("content-type", "application/json"), ("allow", allow)],
-        json!({"error": "method not allowed"})
-            .to_string()
-            .as_bytes(),
-    );
+fn method_not_allowed(allow: &str) -> Reply {
+    Response::json(405, json!({"error": "method not allowed"}).to_string())
+        .header("allow", allow)
+        .into()
+}
+
+fn reply_ok(result: Result<(), (u16, String)>) -> Reply {
+    match result {
+        Ok(()) => json_reply(200, &json!({"ok": true})),
+        Err((status, message)) => error_reply(status, &message),
+    }
 }
 
 /// The JSON body of a POST: 415 unless it says JSON, 400 if it does not parse, 422 if it is
@@ -757,38 +588,19 @@ impl Surface for HttpServe {
     }
 
     fn on_io(&mut self, ctx: &mut Cx<HttpKey>, key: HttpKey) {
-        match key {
-            HttpKey::Listener => self.accept(ctx),
-            HttpKey::Conn(key) => self.on_client_ready(ctx, key),
-        }
+        let HttpKey::Front(key) = key;
+        self.front.on_io(ctx, key);
+        self.serve(ctx);
     }
 
     fn on_timer(&mut self, ctx: &mut Cx<HttpKey>, key: HttpKey) {
-        let HttpKey::Conn(key) = key else {
-            return;
-        };
-        let idle = self.config.limits.idle_timeout;
-        let Some(client) = self.clients.get_mut(&key) else {
-            return;
-        };
-        let quiet = client.conn.last_activity().elapsed();
-        let streaming = client.follow.is_some() || client.conn.is_streaming();
-        // Streams are allowed to be quiet (a run waiting on a prompt); request-response
-        // connections are closed once idle.
-        if !streaming && quiet >= idle {
-            self.close_client(ctx, key);
-            return;
-        }
-        // A stream checks back a full period later; a quiet stream must not spin the loop.
-        let wait = if streaming {
-            idle
-        } else {
-            idle.saturating_sub(quiet).max(Duration::from_millis(10))
-        };
-        client.idle_timer = ctx.add_timer(wait, HttpKey::Conn(key));
+        let HttpKey::Front(key) = key;
+        self.front.on_timer(ctx, key);
+        self.serve(ctx);
     }
 
     fn after_batch(&mut self, ctx: &mut Cx<HttpKey>, changed: &BTreeSet<RunId>) {
         self.pump_all(ctx, changed);
+        self.serve(ctx);
     }
 }

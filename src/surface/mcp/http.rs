@@ -2,40 +2,53 @@
 //! `POST` carries one JSON-RPC message (a request is answered with JSON, or with an SSE
 //! stream when the answer waits or server requests are queued), `GET` opens the session's
 //! stream for messages unrelated to a request, `DELETE` ends the session. Sessions are
-//! named by `Mcp-Session-Id`; `MCP-Protocol-Version` must be one we speak; `Host` and
-//! `Origin` are checked against DNS rebinding; the shared auth gate and optional TLS apply
-//! as on every drive surface (DESIGN §4.6).
+//! named by `Mcp-Session-Id`; `MCP-Protocol-Version` must be one we speak. The network
+//! front (`surface::front`) checks `Host` and `Origin` against DNS rebinding with the one
+//! browser rule, and applies the shared auth gate and optional TLS as on every drive
+//! surface (DESIGN §4.6); a refusal of the browser rule here is a 403 with a JSON-RPC
+//! error body, like this transport's other refusals.
 //!
-//! It owns the listener, the connections and each session's transport state (its `GET`
-//! stream, the messages waiting for one); what the messages mean is `McpHost`'s business.
+//! It owns each session's transport state (its `GET` stream, the messages waiting for one)
+//! and each connection's `Role`; the listener, the connections and their deadlines are the
+//! front's, and what the messages mean is `McpHost`'s business.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Instant;
 
-use mio::net::TcpListener;
-use mio::{Interest, Token};
 use serde_json::json;
 
 use super::{McpHost, McpKey, Outcome, Route, SUPPORTED_VERSIONS, Session, SessionKey};
-use crate::auth::{Decision, Peer};
-use crate::http::server::{ConnEvent, Connection, Request};
+use crate::http::server::Request;
 use crate::jsonrpc::{self, Id, Message};
-use crate::log;
-use crate::reactor::TimerId;
+use crate::surface::front::{Event, Front, Keepalive, Policy, Reply, Response};
 use crate::surface::host::Cx;
-use crate::surface::{AcceptStep, ListenConfig, accept_next, register_connection};
+use crate::surface::{ConnId, FrontKey, ListenConfig};
 
 pub const PATH: &str = "/mcp";
 /// Sessions kept at once; past it the least recently used idle one is dropped.
 const MAX_SESSIONS: usize = 1024;
 /// Server requests held for a session with no open stream; the oldest go first.
 const MAX_PENDING: usize = 64;
-/// Silence after which the kernel probes a connection whose peer may have vanished (a
 
-#[derive(Clone, Debug)]
+/// This surface's choices for the front. A quiet SSE stream gets a comment each idle
+/// period: a `GET` stream may carry nothing for hours, and the comment keeps proxies from
+/// timing it out and shows a vanished peer as a write error. A request the browser rule
+/// refuses gets a JSON-RPC error body, as every refusal of this transport does.
+const POLICY: Policy = Policy {
+    keepalive: Keepalive::Comment,
+    forbidden,
+};
+
+fn forbidden(reason: &'static str) -> Response {
+    Response::json(403, rpc_error(-32000, reason))
+}
+
+/// What a connection is to this transport: the front's payload for it.
+#[derive(Clone, Debug, Default)]
 enum Role {
     /// Request-response (or nothing yet).
+    #[default]
     Plain,
     /// The pending answer to `id`: an SSE stream, or (for a client that only accepts JSON)
     /// a response held back until the answer is ready.
@@ -48,35 +61,21 @@ enum Role {
     Listen { session: SessionKey },
 }
 
-struct HttpConn {
-    conn: Connection,
-    token: Token,
-    idle_timer: TimerId,
-    role: Role,
-}
-
 struct HttpSession {
     id: String,
-    listen: Option<u64>,
+    listen: Option<ConnId>,
     /// Server-to-client requests (with our id) waiting for a stream to go out on.
     pending: VecDeque<(i64, String)>,
     last_used: Instant,
 }
 
 pub(super) struct HttpSide {
-    config: ListenConfig,
-    listener: TcpListener,
-    listener_token: Option<Token>,
-    conns: HashMap<u64, HttpConn>,
-    next_key: u64,
-    accept_paused: bool,
+    front: Front<Role>,
     sessions: HashMap<SessionKey, HttpSession>,
     by_id: HashMap<String, SessionKey>,
     next_session: SessionKey,
     /// Which connection carries the answer to a session's request.
-    replies: HashMap<(SessionKey, Id), u64>,
-    /// Connections whose response just completed: serve what they sent next.
-    dirty: Vec<u64>,
+    replies: HashMap<(SessionKey, Id), ConnId>,
 }
 
 fn sse_event(text: &str) -> String {
@@ -96,33 +95,30 @@ fn rpc_error(code: i64, message: &str) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A transport-level refusal: `status` with a JSON-RPC error body.
+fn refusal(status: u16, code: i64, message: &str) -> Reply {
+    Response::json(status, rpc_error(code, message)).into()
+}
+
+/// An SSE response for `session_id`: `events` now, and more later while `open`.
+fn sse_reply(session_id: &str, events: String, open: bool) -> Reply {
+    Reply::Stream {
+        response: Response::with(200, "text/event-stream", events)
+            .header("cache-control", "no-cache")
+            .header("mcp-session-id", session_id),
+        open,
+    }
+}
+
 /// A cryptographically random session id (visible ASCII, as the spec asks).
 fn new_session_id() -> String {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 16];
     if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
-        // No randomness: refuse to hand out a guessable id; the caller answers 500.
+        // No randomness: refuse to hand out a guessable id; the caller answers 503.
         return String::new();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The host part of a `Host` header or an origin's authority, without the port.
-fn hostname(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return authority
-            .find(']')
-            .map_or(authority, |end| &authority[..=end]);
-    }
-    authority.split(':').next().unwrap_or(authority)
-}
-
-fn is_loopback_name(host: &str) -> bool {
-    let host = host.to_ascii_lowercase();
-    if host == "localhost" || host == "[::1]" {
-        return true;
-    }
-    host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Which of our two response types a client accepts.
@@ -138,40 +134,48 @@ fn accepts(request: &Request) -> (bool, bool) {
     )
 }
 
+/// A supported `MCP-Protocol-Version`, or none (then 2025-03-26 is assumed).
+fn check_version(request: &Request) -> Result<(), Reply> {
+    match request.header("mcp-protocol-version") {
+        Some(v) if !SUPPORTED_VERSIONS.contains(&v.trim()) => Err(refusal(
+            400,
+            -32000,
+            &format!(
+                "Bad Request: unsupported MCP-Protocol-Version {v} (supported: {})",
+                SUPPORTED_VERSIONS.join(", ")
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl HttpSide {
     pub(super) fn bind(config: ListenConfig) -> std::io::Result<HttpSide> {
-        let listener = TcpListener::bind(config.addr)?;
         Ok(HttpSide {
-            config,
-            listener,
-            listener_token: None,
-            conns: HashMap::new(),
-            next_key: 0,
-            accept_paused: false,
+            front: Front::bind(config, POLICY)?,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
             next_session: 1,
             replies: HashMap::new(),
-            dirty: Vec::new(),
         })
     }
 
     pub(super) fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        self.front.local_addr()
     }
 
     /// Writes one SSE event on a stream. A `droppable` one (a notification) is skipped
     /// while the client is not reading, so a stalled reader cannot grow our buffers.
-    fn write_event(&mut self, key: u64, text: &str, droppable: bool) -> bool {
-        let Some(c) = self.conns.get_mut(&key) else {
+    fn write_event(&mut self, conn: ConnId, text: &str, droppable: bool) -> bool {
+        let Some(slot) = self.front.conn_mut(conn) else {
             return false;
         };
-        if droppable && !c.conn.wants_more_stream() {
+        if droppable && !slot.conn.wants_more_stream() {
             return false;
         }
-        match c.role {
-            Role::Listen { .. } | Role::Reply { sse: true, .. } if c.conn.is_streaming() => {
-                c.conn.stream_chunk(sse_event(text).as_bytes());
+        match slot.state {
+            Role::Listen { .. } | Role::Reply { sse: true, .. } if slot.conn.is_streaming() => {
+                slot.conn.stream_chunk(sse_event(text).as_bytes());
                 true
             }
             _ => false,
@@ -179,17 +183,17 @@ impl HttpSide {
     }
 
     /// Sends the answer on the connection that waits for it and ends that response.
-    fn write_final(&mut self, key: u64, text: &str) {
-        let Some(c) = self.conns.get_mut(&key) else {
+    fn write_final(&mut self, conn: ConnId, text: &str) {
+        let Some(slot) = self.front.conn_mut(conn) else {
             return;
         };
-        match c.role {
+        match slot.state {
             Role::Reply { sse: true, .. } => {
-                c.conn.stream_chunk(sse_event(text).as_bytes());
-                c.conn.end_stream();
+                slot.conn.stream_chunk(sse_event(text).as_bytes());
+                slot.conn.end_stream();
             }
             Role::Reply { sse: false, .. } => {
-                c.conn.respond(
+                slot.conn.respond(
                     200,
                     &[("content-type", "application/json")],
                     text.as_bytes(),
@@ -197,8 +201,7 @@ impl HttpSide {
             }
             _ => return,
         }
-        c.role = Role::Plain;
-        self.dirty.push(key);
+        slot.state = Role::Plain;
     }
 
     /// Puts a message on the right stream of `session` (see `Route`). A server request
@@ -224,7 +227,7 @@ impl HttpSide {
                 {
                     return;
                 }
-                let streams: Vec<u64> = self
+                let streams: Vec<ConnId> = self
                     .replies
                     .iter()
                     .filter(|((s, _), _)| *s == session)
@@ -262,364 +265,161 @@ impl HttpSide {
 
     /// Ends the response for a request that will not be answered (it was cancelled).
     pub(super) fn abandon(&mut self, session: SessionKey, id: &Id) {
-        let Some(key) = self.replies.remove(&(session, id.clone())) else {
+        let Some(conn) = self.replies.remove(&(session, id.clone())) else {
             return;
         };
-        let Some(c) = self.conns.get_mut(&key) else {
+        let Some(slot) = self.front.conn_mut(conn) else {
             return;
         };
-        match c.role {
-            Role::Reply { sse: true, .. } => c.conn.end_stream(),
-            Role::Reply { sse: false, .. } => c.conn.respond(202, &[], b""),
+        match slot.state {
+            Role::Reply { sse: true, .. } => slot.conn.end_stream(),
+            Role::Reply { sse: false, .. } => slot.conn.respond(202, &[], b""),
             _ => return,
         }
-        c.role = Role::Plain;
-        self.dirty.push(key);
+        slot.state = Role::Plain;
     }
 
-    /// Queued server requests for `session`, to send on a stream that just opened.
-    fn flush_pending(&mut self, session: SessionKey, key: u64) {
-        let pending: Vec<(i64, String)> = self
-            .sessions
+    /// Queued server requests for `session` as SSE events, for a stream that is opening.
+    fn take_pending(&mut self, session: SessionKey) -> String {
+        self.sessions
             .get_mut(&session)
-            .map(|s| s.pending.drain(..).collect())
-            .unwrap_or_default();
-        for (_, text) in pending {
-            self.write_event(key, &text, false);
-        }
+            .map(|s| {
+                s.pending
+                    .drain(..)
+                    .map(|(_, text)| sse_event(&text))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
-    fn respond(&mut self, key: u64, status: u16, headers: &[(&str, &str)], body: &[u8]) {
-        if let Some(c) = self.conns.get_mut(&key) {
-            c.conn.respond(status, headers, body);
+    /// The session a non-initialize request names, or the 400/404 it gets.
+    fn session_for(&mut self, request: &Request) -> Result<SessionKey, Reply> {
+        let Some(id) = request.header("mcp-session-id") else {
+            return Err(refusal(
+                400,
+                -32000,
+                "Bad Request: Mcp-Session-Id header is required",
+            ));
+        };
+        let Some(session) = self.by_id.get(id.trim()).copied() else {
+            return Err(refusal(404, -32001, "Session not found"));
+        };
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.last_used = Instant::now();
         }
-    }
-
-    fn respond_error(&mut self, key: u64, status: u16, code: i64, message: &str) {
-        self.respond(
-            key,
-            status,
-            &[("content-type", "application/json")],
-            &rpc_error(code, message),
-        );
-    }
-
-    /// Opens an SSE response on `key` in the given role.
-    fn start_sse(&mut self, key: u64, session_id: &str, role: Role) {
-        if let Some(c) = self.conns.get_mut(&key) {
-            c.conn.start_stream(
-                200,
-                &[
-                    ("content-type", "text/event-stream"),
-                    ("cache-control", "no-cache"),
-                    ("mcp-session-id", session_id),
-                ],
-            );
-            c.role = role;
-        }
+        Ok(session)
     }
 }
 
 impl McpHost {
     /// Registers the listener on the engine's loop.
     pub(super) fn start_http(&mut self, ctx: &mut Cx<McpKey>) -> std::io::Result<()> {
-        let Some(http) = self.http.as_mut() else {
-            return Ok(());
-        };
-        let token = ctx.host_token(McpKey::Listener);
-        ctx.registry()
-            .register(&mut http.listener, token, Interest::READABLE)?;
-        http.listener_token = Some(token);
-        Ok(())
+        match self.http.as_mut() {
+            Some(http) => http.front.start(ctx),
+            None => Ok(()),
+        }
     }
 
-    pub(super) fn accept(&mut self, ctx: &mut Cx<McpKey>) {
+    /// Readiness of one of the front's sources.
+    pub(super) fn http_io(&mut self, ctx: &mut Cx<McpKey>, key: FrontKey) {
+        if let Some(http) = self.http.as_mut() {
+            http.front.on_io(ctx, key);
+        }
+        self.http_serve(ctx);
+    }
+
+    /// Expiry of one of the front's timers.
+    pub(super) fn http_timer(&mut self, ctx: &mut Cx<McpKey>, key: FrontKey) {
+        if let Some(http) = self.http.as_mut() {
+            http.front.on_timer(ctx, key);
+        }
+        self.http_serve(ctx);
+    }
+
+    /// Acts on what the front has for us: requests, hang-ups, closes.
+    pub(super) fn http_serve(&mut self, ctx: &mut Cx<McpKey>) {
         loop {
-            let Some(http) = self.http.as_mut() else {
+            let Some(event) = self.http.as_mut().and_then(|h| h.front.next_event(ctx)) else {
                 return;
             };
-            let open = http.conns.len();
-            match accept_next(&http.listener, open, http.config.max_connections) {
-                AcceptStep::Conn(tcp, peer) => self.add_conn(ctx, tcp, peer),
-                AcceptStep::Drained => {
-                    http.accept_paused = false;
-                    return;
+            match event {
+                Event::Request(conn, request) => {
+                    let reply = self
+                        .on_http_request(ctx, conn, &request)
+                        .unwrap_or_else(|refused| refused);
+                    if let Some(http) = self.http.as_mut() {
+                        http.front.reply(conn, reply);
+                    }
                 }
-                // `close_conn` resumes accepting.
-                AcceptStep::Full | AcceptStep::Failed => {
-                    http.accept_paused = true;
-                    return;
+                Event::Writable(_) => {}
+                // A GET stream whose reader hung up will never be read. (A half-closed
+                // client waiting on a POST reply still gets its answer.)
+                Event::HungUp(conn) => {
+                    if let Some(http) = self.http.as_mut()
+                        && http
+                            .front
+                            .get(conn)
+                            .is_some_and(|slot| matches!(slot.state, Role::Listen { .. }))
+                    {
+                        http.front.close(ctx, conn);
+                    }
                 }
+                Event::Closed(conn, role) => self.http_closed(ctx, conn, role),
             }
         }
     }
 
-    fn add_conn(&mut self, ctx: &mut Cx<McpKey>, tcp: mio::net::TcpStream, peer: SocketAddr) {
+    fn http_closed(&mut self, ctx: &mut Cx<McpKey>, conn: ConnId, role: Role) {
         let Some(http) = self.http.as_mut() else {
             return;
         };
-        let key = http.next_key;
-        http.next_key += 1;
-        let Some(accepted) = register_connection(ctx, &http.config, tcp, peer, McpKey::Conn(key))
-        else {
-            return;
-        };
-        http.conns.insert(
-            key,
-            HttpConn {
-                conn: accepted.conn,
-                token: accepted.token,
-                idle_timer: accepted.idle_timer,
-                role: Role::Plain,
-            },
-        );
-        // Bytes may already be waiting; readiness fired before we registered.
-        self.on_conn_ready(ctx, key);
-    }
-
-    fn close_conn(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
-        let Some(http) = self.http.as_mut() else {
-            return;
-        };
-        let Some(mut c) = http.conns.remove(&key) else {
-            return;
-        };
-        let _ = ctx.registry().deregister(c.conn.tcp());
-        ctx.forget_token(c.token);
-        ctx.cancel_timer(c.idle_timer);
-        c.conn.close();
-        match c.role {
+        match role {
             Role::Reply { session, id, .. } => {
                 // A disconnect is not a cancel, but the answer has nowhere to go now. Only
                 // this connection's own entry goes (never another request's).
-                if http.replies.get(&(session, id.clone())) == Some(&key) {
+                if http.replies.get(&(session, id.clone())) == Some(&conn) {
                     http.replies.remove(&(session, id.clone()));
                     self.drop_request_wait(ctx, session, &id);
                 }
             }
             Role::Listen { session } => {
                 if let Some(s) = http.sessions.get_mut(&session)
-                    && s.listen == Some(key)
+                    && s.listen == Some(conn)
                 {
                     s.listen = None;
                 }
             }
             Role::Plain => {}
         }
-        if self.http.as_ref().is_some_and(|h| h.accept_paused) {
-            self.accept(ctx);
-        }
     }
 
-    pub(super) fn on_conn_ready(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
-        let Some(c) = self.http.as_mut().and_then(|h| h.conns.get_mut(&key)) else {
-            return;
-        };
-        let events = c.conn.on_ready();
-        for event in events {
-            match event {
-                ConnEvent::Request(request) => self.on_http_request(ctx, key, request),
-                ConnEvent::Writable => {}
-                ConnEvent::Closed => {
-                    self.close_conn(ctx, key);
-                    return;
-                }
-            }
-        }
-        // A GET stream whose reader hung up will never be read. (A half-closed client
-        // waiting on a POST reply still gets its answer.)
-        if let Some(c) = self.http.as_ref().and_then(|h| h.conns.get(&key))
-            && matches!(c.role, Role::Listen { .. })
-            && c.conn.is_streaming()
-            && c.conn.peer_eof()
-        {
-            self.close_conn(ctx, key);
-            return;
-        }
-        self.serve_next(ctx, key);
+    /// `self.http`, which is there whenever an HTTP request is being handled.
+    fn http_side(&mut self) -> Result<&mut HttpSide, Reply> {
+        // Without it there is no connection to answer on either.
+        self.http.as_mut().ok_or(Reply::Later)
     }
 
-    /// Serves requests a client sent while the previous response was pending, and drops
-    /// connections that finished closing.
-    fn serve_next(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
-        loop {
-            let Some(c) = self.http.as_mut().and_then(|h| h.conns.get_mut(&key)) else {
-                return;
-            };
-            if c.conn.is_closed() {
-                self.close_conn(ctx, key);
-                return;
-            }
-            if !matches!(c.role, Role::Plain) || c.conn.is_streaming() {
-                return;
-            }
-            match c.conn.next_request() {
-                Some(request) => self.on_http_request(ctx, key, request),
-                None => return,
-            }
-        }
-    }
-
-    /// Connections whose response completed since the last look.
-    pub(super) fn http_service(&mut self, ctx: &mut Cx<McpKey>) {
-        loop {
-            let Some(key) = self.http.as_mut().and_then(|h| h.dirty.pop()) else {
-                return;
-            };
-            self.serve_next(ctx, key);
-        }
-    }
-
-    pub(super) fn http_timer(&mut self, ctx: &mut Cx<McpKey>, key: u64) {
-        let Some(http) = self.http.as_mut() else {
-            return;
-        };
-        let idle = http.config.limits.idle_timeout;
-        let Some(c) = http.conns.get_mut(&key) else {
-            return;
-        };
-        let quiet = c.conn.last_activity().elapsed();
-        let streaming = c.conn.is_streaming();
-        if quiet >= idle {
-            if streaming {
-                // An SSE comment keeps proxies and dead-peer detection honest.
-                c.conn.stream_chunk(b": keepalive\n\n");
-            } else if !c.conn.awaiting_response() {
-                self.close_conn(ctx, key);
-                return;
-            }
-        }
-        let Some(c) = self.http.as_mut().and_then(|h| h.conns.get_mut(&key)) else {
-            return;
-        };
-        let wait = if quiet >= idle { idle } else { idle - quiet };
-        c.idle_timer = ctx.add_timer(wait.max(Duration::from_millis(10)), McpKey::Conn(key));
-    }
-
-    /// Host and Origin, against DNS rebinding: a peer that reached us without a token
-    /// (loopback) must have used a loopback name, and a browser page must be from one.
-    fn origin_allowed(&self, request: &Request, peer: Peer) -> Result<(), &'static str> {
-        let host = request.header("host").map(hostname);
-        if peer == Peer::Loopback && host.is_some_and(|h| !is_loopback_name(h)) {
-            return Err("Forbidden: Host header is not a loopback name");
-        }
-        if let Some(origin) = request.header("origin") {
-            let authority = origin
-                .split_once("://")
-                .map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
-            let allowed = authority.map(hostname).is_some_and(|o| {
-                is_loopback_name(o) || host.is_some_and(|h| h.eq_ignore_ascii_case(o))
-            });
-            if !allowed {
-                return Err("Forbidden: Origin not allowed");
-            }
-        }
-        Ok(())
-    }
-
-    fn on_http_request(&mut self, ctx: &mut Cx<McpKey>, key: u64, request: Request) {
-        let Some(http) = self.http.as_mut() else {
-            return;
-        };
-        let Some(c) = http.conns.get_mut(&key) else {
-            return;
-        };
-        let peer = http.config.gate.classify(&c.conn.peer().ip());
-        if let Decision::Deny(reason) = http
-            .config
-            .gate
-            .authorize(peer, request.header("authorization"))
-        {
-            log::debug(&format!("refused {}: {}", c.conn.peer(), reason.as_str()));
-            c.conn.respond(
-                401,
-                &[
-                    ("content-type", "text/plain; charset=utf-8"),
-                    ("www-authenticate", "Bearer"),
-                    // An unauthenticated peer does not get to keep a connection slot.
-                    ("connection", "close"),
-                ],
-                b"unauthorized",
-            );
-            return;
-        }
+    /// A request that passed the front's gate. `Err` is a refusal.
+    fn on_http_request(
+        &mut self,
+        ctx: &mut Cx<McpKey>,
+        conn: ConnId,
+        request: &Request,
+    ) -> Result<Reply, Reply> {
         if request.path != PATH {
-            http.respond(
-                key,
+            return Ok(Response::json(
                 404,
-                &[("content-type", "application/json")],
-                json!({"error": "not found: MCP is served at /mcp"})
-                    .to_string()
-                    .as_bytes(),
-            );
-            return;
-        }
-        if let Err(why) = self.origin_allowed(&request, peer) {
-            if let Some(http) = self.http.as_mut() {
-                http.respond_error(key, 403, -32000, why);
-            }
-            return;
+                json!({"error": "not found: MCP is served at /mcp"}).to_string(),
+            )
+            .into());
         }
         match request.method.as_str() {
-            "POST" => self.http_post(ctx, key, &request),
-            "GET" => self.http_get(key, &request),
-            "DELETE" => self.http_delete(ctx, key, &request),
-            _ => {
-                if let Some(http) = self.http.as_mut() {
-                    http.respond(
-                        key,
-                        405,
-                        &[
-                            ("content-type", "application/json"),
-                            ("allow", "GET, POST, DELETE"),
-                        ],
-                        &rpc_error(-32000, "Method not allowed"),
-                    );
-                }
-            }
-        }
-    }
-
-    /// The session a non-initialize request names, or the 400/404 it gets.
-    fn session_for(&mut self, key: u64, request: &Request) -> Option<SessionKey> {
-        let http = self.http.as_mut()?;
-        let Some(id) = request.header("mcp-session-id") else {
-            http.respond_error(
-                key,
-                400,
-                -32000,
-                "Bad Request: Mcp-Session-Id header is required",
-            );
-            return None;
-        };
-        let Some(session) = http.by_id.get(id.trim()).copied() else {
-            http.respond_error(key, 404, -32001, "Session not found");
-            return None;
-        };
-        if let Some(s) = http.sessions.get_mut(&session) {
-            s.last_used = Instant::now();
-        }
-        Some(session)
-    }
-
-    /// A supported `MCP-Protocol-Version`, or none (then 2025-03-26 is assumed).
-    fn version_ok(&mut self, key: u64, request: &Request) -> bool {
-        match request.header("mcp-protocol-version") {
-            Some(v) if !SUPPORTED_VERSIONS.contains(&v.trim()) => {
-                if let Some(http) = self.http.as_mut() {
-                    http.respond_error(
-                        key,
-                        400,
-                        -32000,
-                        &format!(
-                            "Bad Request: unsupported MCP-Protocol-Version {v} (supported: {})",
-                            SUPPORTED_VERSIONS.join(", ")
-                        ),
-                    );
-                }
-                false
-            }
-            _ => true,
+            "POST" => self.http_post(ctx, conn, request),
+            "GET" => self.http_get(conn, request),
+            "DELETE" => self.http_delete(ctx, request),
+            _ => Ok(Response::json(405, rpc_error(-32000, "Method not allowed"))
+                .header("allow", "GET, POST, DELETE")
+                .into()),
         }
     }
 
@@ -666,8 +466,10 @@ impl McpHost {
         let Some(http) = self.http.as_mut() else {
             return;
         };
+        let mut listen = None;
         if let Some(s) = http.sessions.remove(&session) {
             http.by_id.remove(&s.id);
+            listen = s.listen;
         }
         let ids: Vec<Id> = http
             .replies
@@ -678,57 +480,53 @@ impl McpHost {
         for id in ids {
             http.abandon(session, &id);
         }
-        for (key, c) in http.conns.iter_mut() {
-            if matches!(c.role, Role::Listen { session: s } if s == session) {
-                c.conn.end_stream();
-                c.role = Role::Plain;
-                http.dirty.push(*key);
-            }
+        // The session's one GET stream (a second one is refused with 409).
+        if let Some(conn) = listen
+            && let Some(slot) = http.front.conn_mut(conn)
+            && matches!(slot.state, Role::Listen { session: s } if s == session)
+        {
+            slot.conn.end_stream();
+            slot.state = Role::Plain;
         }
     }
 
-    fn http_post(&mut self, ctx: &mut Cx<McpKey>, key: u64, request: &Request) {
+    fn http_post(
+        &mut self,
+        ctx: &mut Cx<McpKey>,
+        conn: ConnId,
+        request: &Request,
+    ) -> Result<Reply, Reply> {
         let (json_ok, sse_ok) = accepts(request);
-        let Some(http) = self.http.as_mut() else {
-            return;
-        };
         if !json_ok && !sse_ok {
-            http.respond_error(
-                key,
+            return Err(refusal(
                 406,
                 -32000,
                 "Not Acceptable: accept application/json or text/event-stream",
-            );
-            return;
+            ));
         }
         let is_json = request
             .header("content-type")
             .and_then(|t| t.split(';').next())
             .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
         if !is_json {
-            http.respond_error(
-                key,
+            return Err(refusal(
                 415,
                 -32000,
                 "Unsupported Media Type: Content-Type must be application/json",
-            );
-            return;
+            ));
         }
         let message = match jsonrpc::parse(&request.body) {
             Ok(Some(message)) => message,
             Ok(None) => {
-                http.respond_error(key, 400, jsonrpc::PARSE_ERROR, "Parse error: empty body");
-                return;
+                return Err(refusal(
+                    400,
+                    jsonrpc::PARSE_ERROR,
+                    "Parse error: empty body",
+                ));
             }
             Err(invalid) => {
                 let body = message_text(&jsonrpc::error_response(invalid.id, invalid.error));
-                http.respond(
-                    key,
-                    400,
-                    &[("content-type", "application/json")],
-                    body.as_bytes(),
-                );
-                return;
+                return Err(Response::json(400, body).into());
             }
         };
         let is_init = matches!(&message, Message::Request { method, .. } if method == "initialize");
@@ -736,28 +534,20 @@ impl McpHost {
             match self.new_http_session(ctx) {
                 Some((session, id)) => (session, id, true),
                 None => {
-                    if let Some(http) = self.http.as_mut() {
-                        http.respond_error(
-                            key,
-                            503,
-                            -32000,
-                            "Service Unavailable: too many sessions",
-                        );
-                    }
-                    return;
+                    return Err(refusal(
+                        503,
+                        -32000,
+                        "Service Unavailable: too many sessions",
+                    ));
                 }
             }
         } else {
-            if !self.version_ok(key, request) {
-                return;
-            }
-            let Some(session) = self.session_for(key, request) else {
-                return;
-            };
-            let id = self
-                .http
-                .as_ref()
-                .and_then(|h| h.sessions.get(&session))
+            check_version(request)?;
+            let http = self.http_side()?;
+            let session = http.session_for(request)?;
+            let id = http
+                .sessions
+                .get(&session)
                 .map(|s| s.id.clone())
                 .unwrap_or_default();
             (session, id, false)
@@ -770,32 +560,20 @@ impl McpHost {
         // would steal the first one's answer, so it is refused.
         if let Some(id) = &request_id
             && self
-                .http
-                .as_ref()
-                .is_some_and(|h| h.replies.contains_key(&(session, id.clone())))
+                .http_side()?
+                .replies
+                .contains_key(&(session, id.clone()))
         {
             let reply = jsonrpc::error_response(
                 id.clone(),
                 jsonrpc::RpcError::new(jsonrpc::INVALID_REQUEST, "request id is already in use"),
             );
-            if let Some(http) = self.http.as_mut() {
-                http.respond(
-                    key,
-                    200,
-                    &[("content-type", "application/json")],
-                    message_text(&reply).as_bytes(),
-                );
-            }
-            return;
+            return Ok(Response::json(200, message_text(&reply)).into());
         }
         let outcome = self.on_message(ctx, session, message);
-        let Some(http) = self.http.as_mut() else {
-            return;
-        };
         let (Some(outcome), Some(id)) = (outcome, request_id) else {
             // A notification or a response: accepted, nothing to say.
-            http.respond(key, 202, &[], b"");
-            return;
+            return Ok(Response::empty(202).into());
         };
         match outcome {
             Outcome::Reply(result) => {
@@ -805,131 +583,87 @@ impl McpHost {
                     self.end_http_session(ctx, session);
                 }
                 let text = message_text(&Message::Response { id, result });
-                let Some(http) = self.http.as_mut() else {
-                    return;
-                };
+                let http = self.http_side()?;
                 let queued = http
                     .sessions
                     .get(&session)
                     .is_some_and(|s| !s.pending.is_empty());
                 if queued && sse_ok {
                     // Deliver waiting server requests on this response's stream first.
-                    http.start_sse(key, &session_id, Role::Plain);
-                    let pending: Vec<(i64, String)> = http
-                        .sessions
-                        .get_mut(&session)
-                        .map(|s| s.pending.drain(..).collect())
-                        .unwrap_or_default();
-                    if let Some(c) = http.conns.get_mut(&key) {
-                        for (_, queued) in pending {
-                            c.conn.stream_chunk(sse_event(&queued).as_bytes());
-                        }
-                        c.conn.stream_chunk(sse_event(&text).as_bytes());
-                        c.conn.end_stream();
-                    }
-                    return;
+                    let mut events = http.take_pending(session);
+                    events.push_str(&sse_event(&text));
+                    return Ok(sse_reply(&session_id, events, false));
                 }
-                let mut headers = vec![("content-type", "application/json")];
+                let mut response = Response::json(200, text);
                 if created {
-                    headers.push(("mcp-session-id", session_id.as_str()));
+                    response = response.header("mcp-session-id", session_id);
                 }
-                http.respond(key, 200, &headers, text.as_bytes());
+                Ok(response.into())
             }
             Outcome::Deferred => {
-                http.replies.insert((session, id.clone()), key);
-                if sse_ok {
-                    http.start_sse(
-                        key,
-                        &session_id,
-                        Role::Reply {
-                            session,
-                            id,
-                            sse: true,
-                        },
-                    );
-                    http.flush_pending(session, key);
-                } else if let Some(c) = http.conns.get_mut(&key) {
-                    c.role = Role::Reply {
+                let http = self.http_side()?;
+                http.replies.insert((session, id.clone()), conn);
+                if let Some(slot) = http.front.conn_mut(conn) {
+                    slot.state = Role::Reply {
                         session,
                         id,
-                        sse: false,
+                        sse: sse_ok,
                     };
+                }
+                if sse_ok {
+                    let events = http.take_pending(session);
+                    Ok(sse_reply(&session_id, events, true))
+                } else {
+                    Ok(Reply::Later)
                 }
             }
         }
     }
 
-    fn http_get(&mut self, key: u64, request: &Request) {
+    fn http_get(&mut self, conn: ConnId, request: &Request) -> Result<Reply, Reply> {
         let (_, sse_ok) = accepts(request);
         if !sse_ok {
-            if let Some(http) = self.http.as_mut() {
-                http.respond_error(
-                    key,
-                    406,
-                    -32000,
-                    "Not Acceptable: GET needs Accept: text/event-stream",
-                );
-            }
-            return;
+            return Err(refusal(
+                406,
+                -32000,
+                "Not Acceptable: GET needs Accept: text/event-stream",
+            ));
         }
-        if !self.version_ok(key, request) {
-            return;
-        }
-        let Some(session) = self.session_for(key, request) else {
-            return;
-        };
-        let Some(http) = self.http.as_mut() else {
-            return;
-        };
+        check_version(request)?;
+        let http = self.http_side()?;
+        let session = http.session_for(request)?;
         let Some(s) = http.sessions.get(&session) else {
-            return;
+            return Err(refusal(404, -32001, "Session not found"));
         };
-        if s.listen.is_some_and(|k| http.conns.contains_key(&k)) {
-            http.respond_error(
-                key,
+        if s.listen.is_some_and(|c| http.front.get(c).is_some()) {
+            return Err(refusal(
                 409,
                 -32000,
                 "Conflict: this session already has a GET stream",
-            );
-            return;
+            ));
         }
         let session_id = s.id.clone();
-        http.start_sse(key, &session_id, Role::Listen { session });
-        if let Some(s) = http.sessions.get_mut(&session) {
-            s.listen = Some(key);
+        if let Some(slot) = http.front.conn_mut(conn) {
+            slot.state = Role::Listen { session };
         }
-        http.flush_pending(session, key);
+        if let Some(s) = http.sessions.get_mut(&session) {
+            s.listen = Some(conn);
+        }
+        let events = http.take_pending(session);
+        Ok(sse_reply(&session_id, events, true))
     }
 
-    fn http_delete(&mut self, ctx: &mut Cx<McpKey>, key: u64, request: &Request) {
-        if !self.version_ok(key, request) {
-            return;
-        }
-        let Some(session) = self.session_for(key, request) else {
-            return;
-        };
+    fn http_delete(&mut self, ctx: &mut Cx<McpKey>, request: &Request) -> Result<Reply, Reply> {
+        check_version(request)?;
+        let session = self.http_side()?.session_for(request)?;
         self.end_http_session(ctx, session);
-        if let Some(http) = self.http.as_mut() {
-            http.respond(key, 200, &[], b"");
-        }
+        Ok(Response::empty(200).into())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hostnames_and_loopback_names() {
-        assert_eq!(hostname("localhost:8080"), "localhost");
-        assert_eq!(hostname("[::1]:80"), "[::1]");
-        assert_eq!(hostname("127.0.0.1"), "127.0.0.1");
-        assert!(is_loopback_name("LOCALHOST"));
-        assert!(is_loopback_name("127.0.0.9"));
-        assert!(is_loopback_name("[::1]"));
-        assert!(!is_loopback_name("evil.example.com"));
-        assert!(!is_loopback_name("10.0.0.1"));
-    }
 
     #[test]
     fn session_ids_are_random_hex() {

@@ -32,8 +32,8 @@ use crate::jsonrpc::{self, Id, Message, RpcError};
 use crate::log;
 use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
-use crate::surface::ListenConfig;
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
+use crate::surface::{FrontKey, ListenConfig};
 
 /// What we answer `initialize` with when the client asks for something we do not speak.
 pub const LATEST_VERSION: &str = "2025-11-25";
@@ -47,13 +47,18 @@ const POLL_MAX_BYTES: usize = 256 * 1024;
 /// How often a waiting call with a progress token hears from us.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// What this surface registers on the loop: the HTTP listener and its connections, and
-/// the deadlines of long-polls.
+/// What this surface registers on the loop: the network front's listener, connections
+/// and their timers, and the deadlines of long-polls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum McpKey {
-    Listener,
-    Conn(u64),
+    Front(FrontKey),
     Wait(u64),
+}
+
+impl From<FrontKey> for McpKey {
+    fn from(key: FrontKey) -> McpKey {
+        McpKey::Front(key)
+    }
 }
 
 const INSTRUCTIONS: &str = "Drive a caliban agent over MCP. Start a run with caliban_run, then loop \
@@ -951,8 +956,7 @@ impl Surface for McpHost {
 
     fn on_io(&mut self, ctx: &mut Cx<McpKey>, key: McpKey) {
         match key {
-            McpKey::Listener => self.accept(ctx),
-            McpKey::Conn(conn) => self.on_conn_ready(ctx, conn),
+            McpKey::Front(key) => self.http_io(ctx, key),
             McpKey::Wait(_) => {}
         }
     }
@@ -960,8 +964,7 @@ impl Surface for McpHost {
     fn on_timer(&mut self, ctx: &mut Cx<McpKey>, key: McpKey) {
         match key {
             McpKey::Wait(wait) => self.on_wait_timer(ctx, wait),
-            McpKey::Conn(conn) => self.http_timer(ctx, conn),
-            McpKey::Listener => {}
+            McpKey::Front(key) => self.http_timer(ctx, key),
         }
     }
 
@@ -980,7 +983,7 @@ impl Surface for McpHost {
                 self.sync_run(ctx.core, *run);
             }
         }
-        self.http_service(ctx);
+        self.http_serve(ctx);
     }
 
     fn take_output(&mut self) -> Vec<u8> {

@@ -1,0 +1,732 @@
+//! The network front: what every listening drive surface (`http serve`, MCP's `--listen`)
+//! stands behind. It owns the listener and its registration; the connections, in one map
+//! keyed by `ConnId` with the surface's per-connection state as a payload; the connection
+//! cap (accept pauses, the kernel backlog holds the rest, a close resumes it); socket setup;
+//! the idle timer with each surface's keepalive choice; the head deadline; the auth gate
+//! (bearer token for remote peers, the browser rule for loopback ones, DESIGN §4.6); and
+//! close. TLS is inside `http::server::Connection`.
+//!
+//! A surface answers with values: it takes `Event`s from `next_event`, answers each
+//! `Event::Request` with a `Reply` through `reply`, and writes what comes later (a live
+//! stream, a deferred answer) through `conn_mut`. It never registers, times or closes a
+//! socket itself except through `close`.
+//!
+//! LIFECYCLE of a connection: accepted → registered (idle timer armed) → requests, each
+//! gated then handed out once the previous one is answered (`Connection` enforces one at a
+//! time) → closed by the peer, a protocol error, the idle timer, the head deadline or the
+//! surface → deregistered, timers cancelled, `Event::Closed` hands the payload back.
+//!
+//! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `add`,
+//! `close`, `on_idle`, `on_head_timer`, `watch_head`) never looks inside a request; only
+//! `on_ready`, `service`, `admit` and `reply` speak HTTP. The networked agent's listener
+//! (NDJSON over TLS after a bearer preamble line) is meant to reuse the first half with its
+//! own connection type in `Slot::conn`.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Token};
+
+use crate::auth::{Decision, Gate};
+use crate::engine::HostKey;
+use crate::http::server::{ConnEvent, Connection, Limits, Request};
+use crate::log;
+use crate::reactor::TimerId;
+use crate::surface::host::Cx;
+
+/// Open connections beyond this wait in the kernel's backlog until one closes.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// How long a client has from the first byte of a request head to its last. Any byte
+/// resets the idle timer, so without this a client trickling a head (slowloris) holds a
+/// connection slot forever; a real client sends its head in one write, and 20 s still
+/// leaves room for a slow link or a person typing a request into `nc`.
+pub(crate) const HEAD_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Silence after which the kernel probes a connection whose peer may have vanished.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+
+/// A deadline timer never re-arms sooner than this, so one that fires a hair early cannot
+/// spin the loop.
+const MIN_REARM: Duration = Duration::from_millis(10);
+
+/// What `Keepalive::Comment` writes on a quiet stream: an SSE comment, which clients
+/// ignore.
+const KEEPALIVE_COMMENT: &[u8] = b": keepalive\n\n";
+
+/// Where a network surface listens, checked before binding (fail closed).
+pub struct ListenConfig {
+    pub addr: SocketAddr,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub limits: Limits,
+    pub max_connections: usize,
+    pub gate: Gate,
+}
+
+/// One accepted connection, for as long as it is open. Never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(u64);
+
+/// What the front registers on the loop; a surface's key wraps it (`HttpKey::Front`) and
+/// hands it back through `Front::on_io` and `Front::on_timer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrontKey {
+    Listener,
+    /// Readiness of a connection's socket.
+    Conn(ConnId),
+    /// A connection's idle timer.
+    Idle(ConnId),
+    /// A connection's head deadline.
+    Head(ConnId),
+}
+
+/// What a quiet stream gets once an idle period passes: each surface's explicit choice.
+/// Request-response connections are closed once idle either way, unless a request is with
+/// the surface (a deferred answer is on its way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keepalive {
+    /// Nothing: the stream is left open and looked at again a period later. For streams
+    /// with no comment syntax (NDJSON), whose run may rightly be quiet for hours (a prompt
+    /// nobody has answered yet); TCP keepalive probes still find a vanished peer.
+    Silent,
+    /// An SSE comment (`: keepalive`), which keeps proxies from timing the stream out and
+    /// turns a vanished peer into a write error.
+    Comment,
+}
+
+/// What a connection's idle timer does when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IdleStep {
+    Close,
+    /// Write the keepalive comment, then look again after this long.
+    Ping(Duration),
+    /// Look again after this long.
+    Wait(Duration),
+}
+
+/// The idle decision for a connection `quiet` for that long (no byte either way), given
+/// whether a response stream is open and whether a request is with the surface.
+pub(crate) fn idle_step(
+    keepalive: Keepalive,
+    idle: Duration,
+    quiet: Duration,
+    streaming: bool,
+    awaiting_response: bool,
+) -> IdleStep {
+    if quiet < idle {
+        return IdleStep::Wait((idle - quiet).max(MIN_REARM));
+    }
+    match (streaming, keepalive) {
+        (true, Keepalive::Comment) => IdleStep::Ping(idle),
+        (true, Keepalive::Silent) => IdleStep::Wait(idle),
+        (false, _) if awaiting_response => IdleStep::Wait(idle),
+        (false, _) => IdleStep::Close,
+    }
+}
+
+/// How long a head under way for `elapsed` still has; `None` once the deadline passed.
+pub(crate) fn head_time_left(elapsed: Duration) -> Option<Duration> {
+    HEAD_DEADLINE
+        .checked_sub(elapsed)
+        .filter(|left| !left.is_zero())
+}
+
+/// A complete HTTP response, as a surface's handler returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// No fields, no body (202, an empty 200).
+    pub(crate) fn empty(status: u16) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
+    /// A body of `content_type`.
+    pub(crate) fn with(
+        status: u16,
+        content_type: &'static str,
+        body: impl Into<Vec<u8>>,
+    ) -> Response {
+        Response {
+            status,
+            headers: vec![("content-type", content_type.to_owned())],
+            body: body.into(),
+        }
+    }
+
+    pub(crate) fn json(status: u16, body: impl Into<Vec<u8>>) -> Response {
+        Response::with(status, "application/json", body)
+    }
+
+    /// One more header field.
+    pub(crate) fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn header_refs(&self) -> Vec<(&str, &str)> {
+        self.headers
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()))
+            .collect()
+    }
+}
+
+/// A surface's answer to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// A complete response.
+    Full(Response),
+    /// A streamed response: the head, and `response.body` as its first chunk when not empty.
+    /// `open` leaves the stream to the surface, which writes the rest through
+    /// `Front::conn_mut` and ends it there; otherwise it ends here.
+    Stream { response: Response, open: bool },
+    /// Nothing yet: the surface answers later through `Front::conn_mut`.
+    Later,
+}
+
+impl From<Response> for Reply {
+    fn from(response: Response) -> Reply {
+        Reply::Full(response)
+    }
+}
+
+/// What each surface decides about its listener.
+#[derive(Clone, Copy)]
+pub(crate) struct Policy {
+    pub keepalive: Keepalive,
+    /// The 403 for a request the browser rule refuses (`auth::Gate::check_browser_headers`),
+    /// given the rule's reason: the rule is shared, the response is the surface's.
+    pub forbidden: fn(&'static str) -> Response,
+}
+
+/// Something a surface must act on, in the order it happened.
+#[derive(Debug)]
+pub(crate) enum Event<P> {
+    /// A request that passed the gate: answer it with `Front::reply`. Nothing else comes
+    /// from this connection until that answer is complete.
+    Request(ConnId, Request),
+    /// A stream's queued output drained below the high-water mark: write more.
+    Writable(ConnId),
+    /// The peer sent EOF while a stream is open (told once per stream). Close it unless the
+    /// peer is still owed something there (a half-closed client waiting on its answer).
+    HungUp(ConnId),
+    /// The connection is gone; its payload comes back for the surface's clean-up.
+    Closed(ConnId, P),
+}
+
+/// One open connection: the HTTP machine and the surface's state for it.
+pub(crate) struct Slot<P> {
+    pub conn: Connection,
+    pub state: P,
+    token: Token,
+    idle_timer: TimerId,
+    head_timer: Option<TimerId>,
+    /// `Event::HungUp` went out for the stream now open.
+    told_hung_up: bool,
+}
+
+/// See the module docs. `P` is a surface's per-connection state, `P::default()` when a
+/// connection is accepted.
+pub(crate) struct Front<P> {
+    config: ListenConfig,
+    policy: Policy,
+    listener: TcpListener,
+    slots: HashMap<ConnId, Slot<P>>,
+    next_id: u64,
+    /// At the cap (or after an accept error): `close` retries accepting. Edge-triggered
+    /// readiness will not fire again for connections already waiting in the backlog.
+    accept_paused: bool,
+    events: VecDeque<Event<P>>,
+    /// Connections to look at again: a response completed or the surface wrote, so a
+    /// pipelined request may be servable, or the close may be complete.
+    dirty: VecDeque<ConnId>,
+}
+
+impl<P: Default> Front<P> {
+    pub(crate) fn bind(config: ListenConfig, policy: Policy) -> std::io::Result<Front<P>> {
+        let listener = TcpListener::bind(config.addr)?;
+        Ok(Front {
+            config,
+            policy,
+            listener,
+            slots: HashMap::new(),
+            next_id: 0,
+            accept_paused: false,
+            events: VecDeque::new(),
+            dirty: VecDeque::new(),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Registers the listener on the engine's loop.
+    pub(crate) fn start<K: HostKey + From<FrontKey>>(
+        &mut self,
+        cx: &mut Cx<K>,
+    ) -> std::io::Result<()> {
+        let token = cx.host_token(FrontKey::Listener.into());
+        cx.registry()
+            .register(&mut self.listener, token, Interest::READABLE)
+    }
+
+    /// Readiness of one of the front's sources.
+    pub(crate) fn on_io<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
+        match key {
+            FrontKey::Listener => self.accept(cx),
+            FrontKey::Conn(id) => self.on_ready(cx, id),
+            FrontKey::Idle(_) | FrontKey::Head(_) => {}
+        }
+    }
+
+    /// Expiry of one of the front's timers.
+    pub(crate) fn on_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
+        match key {
+            FrontKey::Idle(id) => self.on_idle(cx, id),
+            FrontKey::Head(id) => self.on_head_timer(cx, id),
+            FrontKey::Listener | FrontKey::Conn(_) => {}
+        }
+    }
+
+    /// The next thing the surface must act on; call until `None` after every callback
+    /// that reached the front or wrote to a connection.
+    pub(crate) fn next_event<K: HostKey + From<FrontKey>>(
+        &mut self,
+        cx: &mut Cx<K>,
+    ) -> Option<Event<P>> {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                // A connection closed after its event was queued has nobody to answer.
+                let gone = match &event {
+                    Event::Request(id, _) | Event::Writable(id) | Event::HungUp(id) => {
+                        !self.slots.contains_key(id)
+                    }
+                    Event::Closed(..) => false,
+                };
+                if !gone {
+                    return Some(event);
+                }
+                continue;
+            }
+            let id = self.dirty.pop_front()?;
+            self.service(cx, id);
+        }
+    }
+
+    /// Answers the request `Event::Request` handed out for `id`.
+    pub(crate) fn reply(&mut self, id: ConnId, reply: Reply) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        match reply {
+            Reply::Full(response) => {
+                slot.conn
+                    .respond(response.status, &response.header_refs(), &response.body);
+            }
+            Reply::Stream { response, open } => {
+                slot.conn
+                    .start_stream(response.status, &response.header_refs());
+                slot.conn.stream_chunk(&response.body);
+                if !open {
+                    slot.conn.end_stream();
+                }
+            }
+            Reply::Later => {}
+        }
+        self.look_again(id);
+    }
+
+    /// A connection to write to later (a stream, a deferred answer) or to update the
+    /// surface's state of. It is looked at again afterwards, so ending a response there
+    /// serves the next request.
+    pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Slot<P>> {
+        if !self.slots.contains_key(&id) {
+            return None;
+        }
+        self.look_again(id);
+        self.slots.get_mut(&id)
+    }
+
+    pub(crate) fn get(&self, id: ConnId) -> Option<&Slot<P>> {
+        self.slots.get(&id)
+    }
+
+    /// The open connections' surface states.
+    pub(crate) fn states(&self) -> impl Iterator<Item = (ConnId, &P)> {
+        self.slots.iter().map(|(id, slot)| (*id, &slot.state))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    // ---- accept, map, cap, deadlines, close: nothing here reads a request ---------------
+
+    fn accept<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>) {
+        loop {
+            if self.slots.len() >= self.config.max_connections {
+                self.accept_paused = true;
+                return;
+            }
+            match self.listener.accept() {
+                Ok((tcp, peer)) => self.add(cx, tcp, peer),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.accept_paused = false;
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: retry when a connection closes.
+                    log::warn(&format!("accept failed: {e}"));
+                    self.accept_paused = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sets up an accepted socket: TCP keepalive (`Connection::new` turns Nagle off), the
+    /// HTTP connection (TLS when configured), registration and the idle timer. A failing
+    /// step is logged and the socket dropped.
+    fn add<K: HostKey + From<FrontKey>>(
+        &mut self,
+        cx: &mut Cx<K>,
+        tcp: TcpStream,
+        peer: SocketAddr,
+    ) {
+        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
+        let mut conn = match Connection::new(
+            tcp,
+            peer,
+            self.config.tls.clone(),
+            self.config.limits.clone(),
+        ) {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::warn(&format!("cannot set up a connection from {peer}: {e}"));
+                return;
+            }
+        };
+        let id = ConnId(self.next_id);
+        self.next_id += 1;
+        let token = cx.host_token(FrontKey::Conn(id).into());
+        if let Err(e) =
+            cx.registry()
+                .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
+        {
+            log::warn(&format!("cannot register a connection: {e}"));
+            cx.forget_token(token);
+            return;
+        }
+        let idle_timer = cx.add_timer(self.config.limits.idle_timeout, FrontKey::Idle(id).into());
+        self.slots.insert(
+            id,
+            Slot {
+                conn,
+                state: P::default(),
+                token,
+                idle_timer,
+                head_timer: None,
+                told_hung_up: false,
+            },
+        );
+        // Bytes may already be waiting (a fast client); readiness was edge-triggered
+        // before we registered, so look now.
+        self.on_ready(cx, id);
+    }
+
+    /// Ends a connection at once (queued output is dropped); `Event::Closed` follows.
+    pub(crate) fn close<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(mut slot) = self.slots.remove(&id) else {
+            return;
+        };
+        let _ = cx.registry().deregister(slot.conn.tcp());
+        cx.forget_token(slot.token);
+        cx.cancel_timer(slot.idle_timer);
+        if let Some(timer) = slot.head_timer {
+            cx.cancel_timer(timer);
+        }
+        slot.conn.close();
+        self.events.push_back(Event::Closed(id, slot.state));
+        if self.accept_paused {
+            self.accept(cx);
+        }
+    }
+
+    fn on_idle<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let idle = self.config.limits.idle_timeout;
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let step = idle_step(
+            self.policy.keepalive,
+            idle,
+            slot.conn.last_activity().elapsed(),
+            slot.conn.is_streaming(),
+            slot.conn.awaiting_response(),
+        );
+        let wait = match step {
+            IdleStep::Close => {
+                self.close(cx, id);
+                return;
+            }
+            IdleStep::Ping(wait) => {
+                slot.conn.stream_chunk(KEEPALIVE_COMMENT);
+                // A failed write closes the connection; have it noticed.
+                self.look_again(id);
+                wait
+            }
+            IdleStep::Wait(wait) => wait,
+        };
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.idle_timer = cx.add_timer(wait, FrontKey::Idle(id).into());
+        }
+    }
+
+    /// Arms the head deadline when a head has begun, and drops it once none is under way.
+    fn watch_head<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        match (slot.conn.head_started(), slot.head_timer) {
+            (Some(started), None) => {
+                let left = head_time_left(started.elapsed()).unwrap_or(MIN_REARM);
+                slot.head_timer =
+                    Some(cx.add_timer(left.max(MIN_REARM), FrontKey::Head(id).into()));
+            }
+            (None, Some(timer)) => {
+                cx.cancel_timer(timer);
+                slot.head_timer = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn on_head_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.head_timer = None;
+        let Some(started) = slot.conn.head_started() else {
+            return;
+        };
+        if head_time_left(started.elapsed()).is_none() {
+            log::debug(&format!(
+                "closing the connection from {}: no complete request head within {}s",
+                slot.conn.peer(),
+                HEAD_DEADLINE.as_secs()
+            ));
+            self.close(cx, id);
+            return;
+        }
+        // This head began after the one the timer was armed for.
+        self.watch_head(cx, id);
+    }
+
+    fn look_again(&mut self, id: ConnId) {
+        if !self.dirty.contains(&id) {
+            self.dirty.push_back(id);
+        }
+    }
+
+    // ---- HTTP: requests in, through the gate --------------------------------------------
+
+    fn on_ready<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        for event in slot.conn.on_ready() {
+            match event {
+                ConnEvent::Request(request) => self.admit(id, request),
+                ConnEvent::Writable => self.events.push_back(Event::Writable(id)),
+                ConnEvent::Closed => {
+                    self.close(cx, id);
+                    return;
+                }
+            }
+        }
+        self.watch_head(cx, id);
+        self.look_again(id);
+    }
+
+    /// After a response completed or the surface wrote: finish closing, report a hang-up,
+    /// or hand out the request a client already sent.
+    fn service<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        if slot.conn.is_closed() {
+            self.close(cx, id);
+            return;
+        }
+        if !slot.conn.is_streaming() {
+            slot.told_hung_up = false;
+        } else if slot.conn.peer_eof() && !slot.told_hung_up {
+            slot.told_hung_up = true;
+            self.events.push_back(Event::HungUp(id));
+        }
+        // `None` while a response is pending; reading may have paused meanwhile, and no
+        // readiness comes for bytes that were already waiting.
+        if let Some(request) = slot.conn.next_request() {
+            self.admit(id, request);
+        }
+        if self
+            .slots
+            .get(&id)
+            .is_some_and(|slot| slot.conn.is_closed())
+        {
+            self.close(cx, id);
+            return;
+        }
+        self.watch_head(cx, id);
+    }
+
+    /// The gate, before any surface sees a request: the browser rule, then the bearer
+    /// token. (They never both apply: the first concerns loopback peers, the second
+    /// remote ones.) A refused request is answered here and the connection looked at
+    /// again.
+    fn admit(&mut self, id: ConnId, request: Request) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let gate = &self.config.gate;
+        let peer = gate.classify(&slot.conn.peer().ip());
+        if let Err(reason) =
+            gate.check_browser_headers(peer, request.header("host"), request.header("origin"))
+        {
+            log::debug(&format!("refused {}: {reason}", slot.conn.peer()));
+            let response = (self.policy.forbidden)(reason);
+            slot.conn
+                .respond(response.status, &response.header_refs(), &response.body);
+            self.look_again(id);
+            return;
+        }
+        if let Decision::Deny(reason) = gate.authorize(peer, request.header("authorization")) {
+            log::debug(&format!("refused {}: {reason}", slot.conn.peer()));
+            slot.conn.respond(
+                401,
+                &[
+                    ("content-type", "text/plain; charset=utf-8"),
+                    ("www-authenticate", "Bearer"),
+                    // An unauthenticated peer does not get to keep a connection slot.
+                    ("connection", "close"),
+                ],
+                b"unauthorized",
+            );
+            self.look_again(id);
+            return;
+        }
+        self.events.push_back(Event::Request(id, request));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Duration = Duration::from_secs(60);
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn a_connection_not_yet_idle_is_looked_at_when_it_would_be() {
+        for keepalive in [Keepalive::Silent, Keepalive::Comment] {
+            for (streaming, awaiting) in [(false, false), (false, true), (true, true)] {
+                assert_eq!(
+                    idle_step(keepalive, IDLE, secs(45), streaming, awaiting),
+                    IdleStep::Wait(secs(15))
+                );
+                // A timer that fires a hair early does not spin.
+                assert_eq!(
+                    idle_step(
+                        keepalive,
+                        IDLE,
+                        IDLE - Duration::from_micros(1),
+                        streaming,
+                        awaiting
+                    ),
+                    IdleStep::Wait(MIN_REARM)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_idle_request_response_connection_closes_unless_an_answer_is_due() {
+        for keepalive in [Keepalive::Silent, Keepalive::Comment] {
+            assert_eq!(
+                idle_step(keepalive, IDLE, IDLE, false, false),
+                IdleStep::Close
+            );
+            assert_eq!(
+                idle_step(keepalive, IDLE, secs(600), false, false),
+                IdleStep::Close
+            );
+            // A deferred answer (an MCP long-poll) is on its way: keep waiting for it.
+            assert_eq!(
+                idle_step(keepalive, IDLE, secs(90), false, true),
+                IdleStep::Wait(IDLE)
+            );
+        }
+    }
+
+    #[test]
+    fn a_quiet_stream_is_kept_the_way_its_surface_chose() {
+        assert_eq!(
+            idle_step(Keepalive::Silent, IDLE, secs(61), true, true),
+            IdleStep::Wait(IDLE)
+        );
+        assert_eq!(
+            idle_step(Keepalive::Comment, IDLE, secs(61), true, true),
+            IdleStep::Ping(IDLE)
+        );
+        // Never closed for being quiet, however long.
+        for quiet in [IDLE, secs(3600), secs(86_400)] {
+            assert_ne!(
+                idle_step(Keepalive::Silent, IDLE, quiet, true, true),
+                IdleStep::Close
+            );
+            assert_ne!(
+                idle_step(Keepalive::Comment, IDLE, quiet, true, true),
+                IdleStep::Close
+            );
+        }
+    }
+
+    #[test]
+    fn a_head_has_until_the_deadline_and_not_a_moment_more() {
+        assert_eq!(head_time_left(Duration::ZERO), Some(HEAD_DEADLINE));
+        assert_eq!(head_time_left(secs(5)), Some(HEAD_DEADLINE - secs(5)));
+        assert_eq!(head_time_left(HEAD_DEADLINE), None);
+        assert_eq!(head_time_left(HEAD_DEADLINE + secs(1)), None);
+        assert!((Duration::from_secs(10)..=Duration::from_secs(30)).contains(&HEAD_DEADLINE));
+    }
+
+    #[test]
+    fn responses_carry_their_fields_in_order() {
+        let response = Response::json(404, "{}").header("allow", "GET");
+        assert_eq!(
+            response.header_refs(),
+            vec![("content-type", "application/json"), ("allow", "GET")]
+        );
+        assert_eq!(
+            Reply::from(Response::empty(202)),
+            Reply::Full(Response::empty(202))
+        );
+    }
+}
