@@ -3,13 +3,18 @@
 //!
 //! Layers, each depending only on those below it:
 //! `print`, `surface` (the network surfaces) → `drive` (run table, sessions) → `engine` (performs effects) → `agent` (decides) →
-//! `model`, `tools`, `permissions`, `settings` → `http`, `transport`, `stdio`, `reactor` →
+//! `settings` → `permissions` → `tools` (the built-in tool table) → `model` →
+//! `http`, `transport`, `stdio`, `reactor` →
 //! `workers` (bounded thread pools for blocking calls), `sys` (every `unsafe` and libc call)
 //! and `log`.
 
 // Every `unsafe` block and libc call lives in `sys`, each with a SAFETY note; the rest of
 // the crate cannot write one.
-#![deny(unsafe_code, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![deny(
+    unsafe_code,
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks
+)]
 
 pub mod agent;
 pub mod auth;

@@ -18,6 +18,7 @@ use crate::model::types::{
 };
 use crate::permissions::{Action, Policy};
 use crate::tools::ToolOutput;
+use crate::tools::table;
 
 /// Where the model's `tool_use` inputs stop being trusted: larger inputs are refused.
 pub const MAX_TOOL_INPUT_BYTES: usize = 4 * 1024 * 1024;
@@ -104,22 +105,17 @@ struct ToolsPhase {
     tbt: Option<Duration>,
     calls: Vec<ToolCall>,
     results: Vec<Option<ToolOutput>>,
-    /// The file-changing call (Write, Edit) now running; others wait in `deferred`, in
-    /// call order, so two edits of one file never race (each would read the file before
-    /// the other wrote it, and one edit would be lost).
+    /// The file-changing call (`tools::table::edits_files`: Write, Edit) now running;
+    /// others wait in `deferred`, in call order, so two edits of one file never race (each
+    /// would read the file before the other wrote it, and one edit would be lost).
     mutating: Option<String>,
     deferred: VecDeque<ToolCall>,
-}
-
-/// Tools that change files: run one at a time within a turn.
-fn is_mutating(name: &str) -> bool {
-    matches!(name, "Write" | "Edit")
 }
 
 impl ToolsPhase {
     /// Runs `call` now, or queues it behind the file change in progress.
     fn start(&mut self, call: ToolCall) -> Option<Effect> {
-        if !is_mutating(&call.name) {
+        if !table::edits_files(&call.name) {
             return Some(Effect::RunTool(call));
         }
         if self.mutating.is_some() {
@@ -564,7 +560,7 @@ impl Run {
         if tools.results[slot].is_some() {
             return Vec::new();
         }
-        if !output.is_error && matches!(tools.calls[slot].name.as_str(), "Write" | "Edit") {
+        if !output.is_error && table::edits_files(&tools.calls[slot].name) {
             self.turns_without_edit = 0;
         }
         tools.results[slot] = Some(output.clone());
