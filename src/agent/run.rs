@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::agent::event::{StopCondition, TurnEvent, result_text};
+use crate::agent::tool_input::ToolInput;
 use crate::model::types::{
     ContentBlock, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
 };
@@ -20,8 +21,7 @@ use crate::permissions::{Action, Policy};
 use crate::tools::ToolOutput;
 use crate::tools::table;
 
-/// Where the model's `tool_use` inputs stop being trusted: larger inputs are refused.
-pub const MAX_TOOL_INPUT_BYTES: usize = 4 * 1024 * 1024;
+pub use crate::agent::tool_input::MAX_TOOL_INPUT_BYTES;
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -62,13 +62,13 @@ pub enum Effect {
 #[derive(Debug, Default)]
 struct BlockAcc {
     kind: BlockKind,
+    /// Text and thinking blocks' text.
     text: String,
     signature: Option<String>,
     tool_id: String,
     tool_name: String,
-    /// The streamed input passed `MAX_TOOL_INPUT_BYTES`; appending stopped for good so a
-    /// truncated input can never be spliced back into valid JSON.
-    overflowed: bool,
+    /// A tool-use block's streamed input.
+    input: ToolInput,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -327,12 +327,7 @@ impl Run {
                 let Some(block) = acc.blocks.get_mut(&index) else {
                     return out;
                 };
-                if block.overflowed || block.text.len() + partial_json.len() > MAX_TOOL_INPUT_BYTES
-                {
-                    block.overflowed = true;
-                } else {
-                    block.text.push_str(&partial_json);
-                }
+                block.input.push(&partial_json);
                 out.push(Effect::Emit(TurnEvent::ToolCallInputDelta {
                     turn_index,
                     tool_use_id: block.tool_id.clone(),
@@ -376,15 +371,9 @@ impl Run {
                     signature: block.signature,
                 }),
                 BlockKind::ToolUse => {
-                    let (input, mut error) = if block.overflowed {
-                        (
-                            Value::Object(Default::default()),
-                            Some(format!(
-                                "tool input exceeds {MAX_TOOL_INPUT_BYTES} bytes; the call was not executed"
-                            )),
-                        )
-                    } else {
-                        parse_tool_input(&block.text)
+                    let (input, mut error) = match block.input.parse() {
+                        Ok(input) => (input, None),
+                        Err(error) => (Value::Object(Default::default()), Some(error)),
                     };
                     // Results are matched to calls by id, so a repeated id (a confused model
                     // or server) could only ever be answered once: refuse the repeats.
@@ -673,28 +662,6 @@ fn tool_call_end(turn_index: u32, tool_use_id: &str, output: &ToolOutput) -> Tur
         content,
         result_text: text,
         truncated,
-    }
-}
-
-/// Streamed tool input is only JSON once complete; an empty stream means `{}`. Input that
-/// does not parse (a truncated stream, a confused local model) becomes a tool error rather
-/// than a crash or a call with made-up arguments.
-fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
-    if raw.trim().is_empty() {
-        return (Value::Object(Default::default()), None);
-    }
-    match serde_json::from_str::<Value>(raw) {
-        Ok(value @ Value::Object(_)) => (value, None),
-        Ok(_) => (
-            Value::Object(Default::default()),
-            Some("tool input must be a JSON object".to_owned()),
-        ),
-        Err(err) => (
-            Value::Object(Default::default()),
-            Some(format!(
-                "tool input is not valid JSON ({err}); the call was not executed"
-            )),
-        ),
     }
 }
 
