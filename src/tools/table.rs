@@ -2,8 +2,13 @@
 //! every fact the rest of the crate needs about a tool by its name (what a permission rule
 //! matches and the default it falls back to, how an editor shows and can carry out a call).
 //! Dispatch, the run's ordering of file changes, permissions, ACP cards, editor delegation
-//! and the MCP surface read these rows; none of them matches on tool names, so a new tool is
-//! one file under `tools/` (its `spec`, its run function, its `title`) and one row here.
+//! and the MCP surface read these rows; none of them matches on tool names.
+//!
+//! So a new tool is its own file under `tools/` (declared in `tools/mod.rs`) holding its
+//! `spec`, the function its `Runs` names, its `title` and, if an editor can carry it out,
+//! its delegation check; and one row in `BUILTINS`, taking its line off `PLANNED` if it has
+//! one. Only a new kind of fact (a third place to run, a new editor request) needs more: a
+//! variant here and the code that reads it.
 //!
 //! A name that is not in `BUILTINS` is not a built-in: a tool an MCP server offers
 //! (`mcp__server__tool`), which its host runs. Such calls ask before they run and show as
@@ -177,11 +182,28 @@ const PATH: Subject = Subject::Path {
     field: "path",
     default: None,
 };
+/// A tool that changes the file at `path`: it asks, unless `acceptEdits` approves it.
+const EDITS_PATH: Permission = Permission {
+    class: Class::EditsFile,
+    subject: PATH,
+    default: DefaultAction::Ask,
+};
 /// Glob and Grep search the workspace root unless told otherwise, and their rules judge
-/// the directory searched.
-const SEARCH_DIR: Subject = Subject::Path {
-    field: "path",
-    default: Some("."),
+/// the directory searched; searching changes nothing, so they run without asking.
+const SEARCHES: Permission = Permission {
+    class: Class::ReadOnly,
+    subject: Subject::Path {
+        field: "path",
+        default: Some("."),
+    },
+    default: DefaultAction::Allow,
+};
+/// Upstream's plan-mode tools: they ask, and plan mode lets them run, since a plan-mode
+/// session with no way to propose leaving it would be a trap.
+const PLAN_MODE: Permission = Permission {
+    class: Class::ReadOnly,
+    subject: Subject::Nothing,
+    default: DefaultAction::Ask,
 };
 const AT_PATH: Option<Location> = Some(Location {
     path: "path",
@@ -231,11 +253,7 @@ pub(crate) static BUILTINS: &[Tool] = &[
         name: "Write",
         spec: fs::write_spec,
         runs: Runs::Worker(fs::run_write),
-        permission: Permission {
-            class: Class::EditsFile,
-            subject: PATH,
-            default: DefaultAction::Ask,
-        },
+        permission: EDITS_PATH,
         card: Card {
             kind: Kind::Edit,
             title: fs::write_title,
@@ -248,11 +266,7 @@ pub(crate) static BUILTINS: &[Tool] = &[
         name: "Edit",
         spec: fs::edit_spec,
         runs: Runs::Worker(fs::run_edit),
-        permission: Permission {
-            class: Class::EditsFile,
-            subject: PATH,
-            default: DefaultAction::Ask,
-        },
+        permission: EDITS_PATH,
         card: Card {
             kind: Kind::Edit,
             title: fs::edit_title,
@@ -268,11 +282,7 @@ pub(crate) static BUILTINS: &[Tool] = &[
         name: "Glob",
         spec: fs::glob_spec,
         runs: Runs::Worker(fs::run_glob),
-        permission: Permission {
-            class: Class::ReadOnly,
-            subject: SEARCH_DIR,
-            default: DefaultAction::Allow,
-        },
+        permission: SEARCHES,
         card: Card {
             kind: Kind::Search,
             title: fs::glob_title,
@@ -285,11 +295,7 @@ pub(crate) static BUILTINS: &[Tool] = &[
         name: "Grep",
         spec: fs::grep_spec,
         runs: Runs::Worker(fs::run_grep),
-        permission: Permission {
-            class: Class::ReadOnly,
-            subject: SEARCH_DIR,
-            default: DefaultAction::Allow,
-        },
+        permission: SEARCHES,
         card: Card {
             kind: Kind::Search,
             title: fs::grep_title,
@@ -305,22 +311,8 @@ pub(crate) static BUILTINS: &[Tool] = &[
 /// `TodoWrite` allowed in plan mode). A tool that lands moves from here to a row in
 /// `BUILTINS`; a test refuses a name in both.
 pub(crate) static PLANNED: &[(&str, Permission)] = &[
-    (
-        "MultiEdit",
-        Permission {
-            class: Class::EditsFile,
-            subject: PATH,
-            default: DefaultAction::Ask,
-        },
-    ),
-    (
-        "NotebookEdit",
-        Permission {
-            class: Class::EditsFile,
-            subject: PATH,
-            default: DefaultAction::Ask,
-        },
-    ),
+    ("MultiEdit", EDITS_PATH),
+    ("NotebookEdit", EDITS_PATH),
     (
         "WebFetch",
         Permission {
@@ -338,23 +330,8 @@ pub(crate) static PLANNED: &[(&str, Permission)] = &[
             default: DefaultAction::Allow,
         },
     ),
-    // A plan-mode session with no way to propose leaving it would be a trap.
-    (
-        "EnterPlanMode",
-        Permission {
-            class: Class::ReadOnly,
-            subject: Subject::Nothing,
-            default: DefaultAction::Ask,
-        },
-    ),
-    (
-        "ExitPlanMode",
-        Permission {
-            class: Class::ReadOnly,
-            subject: Subject::Nothing,
-            default: DefaultAction::Ask,
-        },
-    ),
+    ("EnterPlanMode", PLAN_MODE),
+    ("ExitPlanMode", PLAN_MODE),
 ];
 
 /// The built-in tool called `name`; `None` for anything else (an MCP server's tool).
