@@ -10,13 +10,14 @@
 //! sockets and pipes are non-blocking.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
 use mio::Token;
 use mio::Waker;
+use serde_json::Value;
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Effect, Run, ToolCall};
@@ -30,6 +31,7 @@ use crate::reactor::{Reactor, Signal, TimerId, Wake};
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, Stream};
+use crate::tools::table::{self, Runs};
 use crate::workers::Pool;
 
 /// Error bodies are read for their message and retry hints, never kept whole.
@@ -1036,55 +1038,35 @@ impl<K: HostKey> Engine<K> {
 
     // ---- tools ---------------------------------------------------------------------------
 
+    /// Starts an allowed call the host left to us, where its row in the tool table says it
+    /// runs.
     fn start_tool(&mut self, run: RunId, call: ToolCall) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
         let workspace = slot.workspace.clone();
-        if call.name == "Bash" {
-            match BashJob::spawn(&call.input, &workspace) {
-                Ok(mut job) => {
-                    let tokens = [self.reactor.token(), self.reactor.token()];
-                    if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
-                        job.kill("could not watch the process");
-                        job.reap_blocking();
-                        let effects = slot.run.on_tool_done(
-                            &call.id,
-                            ToolOutput::error(format!("Bash: cannot watch pipes: {e}")),
-                            Instant::now(),
-                        );
-                        self.push_effects(run, effects);
-                        return;
-                    }
-                    self.owners
-                        .insert(tokens[0], Owner::BashOut(run, call.id.clone()));
-                    self.owners
-                        .insert(tokens[1], Owner::BashErr(run, call.id.clone()));
-                    let timeout = self.reactor.add_timer(job.timeout);
-                    self.timers
-                        .insert(timeout, TimerOwner::BashTimeout(run, call.id.clone()));
-                    slot.bash.insert(
-                        call.id,
-                        BashTask {
-                            job,
-                            tokens,
-                            timeout,
-                            grace: None,
-                        },
-                    );
-                }
-                Err(output) => {
-                    let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
-                    self.push_effects(run, effects);
-                }
+        let runs = match table::lookup(&call.name) {
+            Some(tool) => tool.runs,
+            None => {
+                // Not a built-in (an MCP server's tool), and its host did not take it.
+                let output = ToolOutput::error(format!("unknown tool `{}`", call.name));
+                let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
+                self.push_effects(run, effects);
+                return;
             }
-            return;
-        }
+        };
+        let work = match runs {
+            Runs::Worker(work) => work,
+            Runs::Process(spawn) => {
+                self.start_process(run, call, spawn, &workspace);
+                return;
+            }
+        };
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
         let tool_use_id = call.id.clone();
         let queued = self.tool_workers.submit(move || {
-            let output = crate::tools::fs::run(&call.name, &call.input, &workspace);
+            let output = work(&call.input, &workspace);
             let _ = tx.send(Completion::Tool {
                 run,
                 tool_use_id: call.id,
@@ -1098,6 +1080,55 @@ impl<K: HostKey> Engine<K> {
             let output = ToolOutput::error(format!("cannot run the tool: {rejected}"));
             if let Some(slot) = self.runs.get_mut(&run) {
                 let effects = slot.run.on_tool_done(&tool_use_id, output, Instant::now());
+                self.push_effects(run, effects);
+            }
+        }
+    }
+
+    /// Spawns a process tool's child and watches its pipes and its deadline on the reactor.
+    fn start_process(
+        &mut self,
+        run: RunId,
+        call: ToolCall,
+        spawn: fn(&Value, &Path) -> Result<BashJob, ToolOutput>,
+        workspace: &Path,
+    ) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        match spawn(&call.input, workspace) {
+            Ok(mut job) => {
+                let tokens = [self.reactor.token(), self.reactor.token()];
+                if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
+                    job.kill("could not watch the process");
+                    job.reap_blocking();
+                    let effects = slot.run.on_tool_done(
+                        &call.id,
+                        ToolOutput::error(format!("{}: cannot watch pipes: {e}", call.name)),
+                        Instant::now(),
+                    );
+                    self.push_effects(run, effects);
+                    return;
+                }
+                self.owners
+                    .insert(tokens[0], Owner::BashOut(run, call.id.clone()));
+                self.owners
+                    .insert(tokens[1], Owner::BashErr(run, call.id.clone()));
+                let timeout = self.reactor.add_timer(job.timeout);
+                self.timers
+                    .insert(timeout, TimerOwner::BashTimeout(run, call.id.clone()));
+                slot.bash.insert(
+                    call.id,
+                    BashTask {
+                        job,
+                        tokens,
+                        timeout,
+                        grace: None,
+                    },
+                );
+            }
+            Err(output) => {
+                let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
                 self.push_effects(run, effects);
             }
         }

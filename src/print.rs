@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
+use crate::agent::tool_input::{StreamedCall, ToolInputs};
 use crate::cli::{InputFormat, OutputFormat};
 use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
 use crate::exit;
@@ -40,7 +41,7 @@ pub struct Printer {
     last_text: String,
     tool_calls_seen: u32,
     /// tool_use frames wait until the model finished the turn, when inputs are complete.
-    pending_tool_inputs: Vec<(String, String, String)>,
+    pending_tool_inputs: ToolInputs,
     turns: u32,
     usage: Usage,
     /// A problem with the input itself, and the exit code it maps to (64 or 66).
@@ -77,7 +78,7 @@ impl Printer {
             awaiting_input: false,
             last_text: String::new(),
             tool_calls_seen: 0,
-            pending_tool_inputs: Vec::new(),
+            pending_tool_inputs: ToolInputs::default(),
             turns: 0,
             usage: Usage::default(),
             input_error: None,
@@ -114,11 +115,14 @@ impl Printer {
     }
 
     fn flush_tool_uses(&mut self) {
-        for (id, name, raw) in std::mem::take(&mut self.pending_tool_inputs) {
-            let input = if raw.trim().is_empty() {
+        for StreamedCall { id, name, input } in self.pending_tool_inputs.take() {
+            let raw = input.text();
+            // An input over the cap is shown as the run recorded it, `{}` (the call was
+            // refused): a prefix of megabytes would say nothing more.
+            let input = if input.overflowed() || raw.trim().is_empty() {
                 json!({})
             } else {
-                serde_json::from_str(&raw).unwrap_or(Value::String(raw))
+                serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
             };
             self.frame(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
         }
@@ -277,22 +281,13 @@ impl Host for Printer {
                 tool_use_id, name, ..
             } => {
                 self.tool_calls_seen += 1;
-                self.pending_tool_inputs
-                    .push((tool_use_id.clone(), name.clone(), String::new()));
+                self.pending_tool_inputs.start(tool_use_id, name);
             }
             TurnEvent::ToolCallInputDelta {
                 tool_use_id,
                 partial_json,
                 ..
-            } => {
-                if let Some(entry) = self
-                    .pending_tool_inputs
-                    .iter_mut()
-                    .find(|(id, _, _)| id == tool_use_id)
-                {
-                    entry.2.push_str(partial_json);
-                }
-            }
+            } => self.pending_tool_inputs.push(tool_use_id, partial_json),
             TurnEvent::ToolCallEnd {
                 tool_use_id,
                 is_error,
@@ -450,5 +445,61 @@ fn cost_usd(model: &str, usage: &Usage) -> Value {
             json!((cost * 1e6).round() / 1e6)
         }
         None => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::run::MAX_TOOL_INPUT_BYTES;
+
+    fn frames(printer: &mut Printer) -> Vec<Value> {
+        let out = printer.take_output();
+        out.split(|b| *b == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(|line| serde_json::from_slice(line).expect("a JSON frame"))
+            .collect()
+    }
+
+    #[test]
+    fn tool_use_frames_hold_streamed_input_to_the_cap() {
+        let mut printer = Printer::new(
+            RunId(1),
+            OutputFormat::StreamJson,
+            InputFormat::Text,
+            false,
+            "s".into(),
+            "anthropic",
+            "m".into(),
+        );
+        let inputs = &mut printer.pending_tool_inputs;
+        inputs.start("big", "Write");
+        inputs.start("small", "Read");
+        inputs.start("bare", "Glob");
+        let head = format!(
+            "{{\"path\":\"x\",\"content\":\"{}",
+            "A".repeat(MAX_TOOL_INPUT_BYTES - 40)
+        );
+        inputs.push("big", &head);
+        // Past the cap: nothing more is kept, however much more streams.
+        for _ in 0..3 {
+            inputs.push("big", &"B".repeat(MAX_TOOL_INPUT_BYTES / 2));
+        }
+        inputs.push("big", "\"}");
+        inputs.push("small", r#"{"path":"#);
+        inputs.push("small", r#""a.rs"}"#);
+        printer.flush_tool_uses();
+        let out = frames(&mut printer);
+        let inputs: Vec<(&Value, &Value)> = out.iter().map(|f| (&f["id"], &f["input"])).collect();
+        assert_eq!(
+            inputs,
+            [
+                (&json!("big"), &json!({})),
+                (&json!("small"), &json!({"path": "a.rs"})),
+                (&json!("bare"), &json!({}))
+            ]
+        );
+        printer.flush_tool_uses();
+        assert!(frames(&mut printer).is_empty(), "each call is shown once");
     }
 }

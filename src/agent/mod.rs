@@ -1,7 +1,9 @@
-//! The agent: the run state machine and the events it emits.
+//! The agent: the run state machine, the events it emits, and the streamed tool input it
+//! and its hosts gather.
 
 pub mod event;
 pub mod run;
+pub(crate) mod tool_input;
 
 /// The built-in system prompt; `--system-prompt` replaces it.
 pub fn default_system_prompt(workspace: &str) -> String {

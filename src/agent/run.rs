@@ -13,14 +13,15 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::agent::event::{StopCondition, TurnEvent, result_text};
+use crate::agent::tool_input::ToolInput;
 use crate::model::types::{
     ContentBlock, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
 };
 use crate::permissions::{Action, Policy};
 use crate::tools::ToolOutput;
+use crate::tools::table;
 
-/// Where the model's `tool_use` inputs stop being trusted: larger inputs are refused.
-pub const MAX_TOOL_INPUT_BYTES: usize = 4 * 1024 * 1024;
+pub use crate::agent::tool_input::MAX_TOOL_INPUT_BYTES;
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -61,13 +62,13 @@ pub enum Effect {
 #[derive(Debug, Default)]
 struct BlockAcc {
     kind: BlockKind,
+    /// Text and thinking blocks' text.
     text: String,
     signature: Option<String>,
     tool_id: String,
     tool_name: String,
-    /// The streamed input passed `MAX_TOOL_INPUT_BYTES`; appending stopped for good so a
-    /// truncated input can never be spliced back into valid JSON.
-    overflowed: bool,
+    /// A tool-use block's streamed input.
+    input: ToolInput,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -104,22 +105,17 @@ struct ToolsPhase {
     tbt: Option<Duration>,
     calls: Vec<ToolCall>,
     results: Vec<Option<ToolOutput>>,
-    /// The file-changing call (Write, Edit) now running; others wait in `deferred`, in
-    /// call order, so two edits of one file never race (each would read the file before
-    /// the other wrote it, and one edit would be lost).
+    /// The file-changing call (`tools::table::edits_files`: Write, Edit) now running;
+    /// others wait in `deferred`, in call order, so two edits of one file never race (each
+    /// would read the file before the other wrote it, and one edit would be lost).
     mutating: Option<String>,
     deferred: VecDeque<ToolCall>,
-}
-
-/// Tools that change files: run one at a time within a turn.
-fn is_mutating(name: &str) -> bool {
-    matches!(name, "Write" | "Edit")
 }
 
 impl ToolsPhase {
     /// Runs `call` now, or queues it behind the file change in progress.
     fn start(&mut self, call: ToolCall) -> Option<Effect> {
-        if !is_mutating(&call.name) {
+        if !table::edits_files(&call.name) {
             return Some(Effect::RunTool(call));
         }
         if self.mutating.is_some() {
@@ -331,12 +327,7 @@ impl Run {
                 let Some(block) = acc.blocks.get_mut(&index) else {
                     return out;
                 };
-                if block.overflowed || block.text.len() + partial_json.len() > MAX_TOOL_INPUT_BYTES
-                {
-                    block.overflowed = true;
-                } else {
-                    block.text.push_str(&partial_json);
-                }
+                block.input.push(&partial_json);
                 out.push(Effect::Emit(TurnEvent::ToolCallInputDelta {
                     turn_index,
                     tool_use_id: block.tool_id.clone(),
@@ -380,15 +371,9 @@ impl Run {
                     signature: block.signature,
                 }),
                 BlockKind::ToolUse => {
-                    let (input, mut error) = if block.overflowed {
-                        (
-                            Value::Object(Default::default()),
-                            Some(format!(
-                                "tool input exceeds {MAX_TOOL_INPUT_BYTES} bytes; the call was not executed"
-                            )),
-                        )
-                    } else {
-                        parse_tool_input(&block.text)
+                    let (input, mut error) = match block.input.parse() {
+                        Ok(input) => (input, None),
+                        Err(error) => (Value::Object(Default::default()), Some(error)),
                     };
                     // Results are matched to calls by id, so a repeated id (a confused model
                     // or server) could only ever be answered once: refuse the repeats.
@@ -564,7 +549,7 @@ impl Run {
         if tools.results[slot].is_some() {
             return Vec::new();
         }
-        if !output.is_error && matches!(tools.calls[slot].name.as_str(), "Write" | "Edit") {
+        if !output.is_error && table::edits_files(&tools.calls[slot].name) {
             self.turns_without_edit = 0;
         }
         tools.results[slot] = Some(output.clone());
@@ -677,28 +662,6 @@ fn tool_call_end(turn_index: u32, tool_use_id: &str, output: &ToolOutput) -> Tur
         content,
         result_text: text,
         truncated,
-    }
-}
-
-/// Streamed tool input is only JSON once complete; an empty stream means `{}`. Input that
-/// does not parse (a truncated stream, a confused local model) becomes a tool error rather
-/// than a crash or a call with made-up arguments.
-fn parse_tool_input(raw: &str) -> (Value, Option<String>) {
-    if raw.trim().is_empty() {
-        return (Value::Object(Default::default()), None);
-    }
-    match serde_json::from_str::<Value>(raw) {
-        Ok(value @ Value::Object(_)) => (value, None),
-        Ok(_) => (
-            Value::Object(Default::default()),
-            Some("tool input must be a JSON object".to_owned()),
-        ),
-        Err(err) => (
-            Value::Object(Default::default()),
-            Some(format!(
-                "tool input is not valid JSON ({err}); the call was not executed"
-            )),
-        ),
     }
 }
 

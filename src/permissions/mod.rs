@@ -6,7 +6,9 @@
 //!
 //! What a single pattern means lives in `pattern` (the grammar and matching one call), and
 //! how a Bash command breaks into the pieces an allow rule must each cover lives in `shell`;
-//! this module combines them into decisions.
+//! this module combines them into decisions. What the policy knows of each tool (the field a
+//! rule matches, its default, whether it edits files or only reads) is its row in
+//! `tools::table`, so no tool name is spelled here.
 
 mod pattern;
 mod shell;
@@ -20,20 +22,7 @@ pub use pattern::PatternError;
 use pattern::{FieldKind, Matcher, Subject, escape_glob, first_arg, normalize_abs, path_view};
 use shell::split_command;
 
-/// Tools whose `path` names a file they change; `acceptEdits` auto-approves these.
-const EDIT_TOOLS: [&str; 4] = ["Write", "Edit", "MultiEdit", "NotebookEdit"];
-
-/// Tools that keep their static decision in plan mode. Besides the read-only file tools this
-/// holds `TodoWrite` (planning bookkeeping) and the plan-mode tools, since a plan-mode session
-/// with no way to propose leaving it would be a trap.
-const PLAN_MODE_TOOLS: [&str; 6] = [
-    "Read",
-    "Grep",
-    "Glob",
-    "TodoWrite",
-    "EnterPlanMode",
-    "ExitPlanMode",
-];
+use crate::tools::table::{self, Class, DefaultAction};
 
 /// Most pieces a Bash command may have and still be allowed by allow rules. Each piece is
 /// checked against every rule, so this bounds the work a huge generated command costs; past
@@ -177,27 +166,25 @@ impl Rule {
     }
 }
 
-/// Built-in defaults, appended after every configured rule by `Policy::new`: the read-only
-/// tools and `TodoWrite` run, everything else asks.
+/// Built-in defaults, appended after every configured rule by `Policy::new`: each tool's
+/// default from `tools::table` (the read-only tools and `TodoWrite` run, the rest ask), then
+/// `*` asks for every other tool.
 pub fn default_rules() -> Vec<Rule> {
-    const DEFAULTS: [(&str, Action); 9] = [
-        ("Read", Action::Allow),
-        ("Grep", Action::Allow),
-        ("Glob", Action::Allow),
-        ("TodoWrite", Action::Allow),
-        ("WebFetch", Action::Ask),
-        ("Bash", Action::Ask),
-        ("Write", Action::Ask),
-        ("Edit", Action::Ask),
-        ("*", Action::Ask),
-    ];
-    DEFAULTS
-        .iter()
-        .map(|&(pattern, action)| {
-            Rule::new(pattern, action, None, RuleSource::Builtin)
-                .expect("built-in permission patterns are valid")
+    let rule = |pattern: &str, action: Action| {
+        Rule::new(pattern, action, None, RuleSource::Builtin)
+            .expect("built-in permission patterns are valid")
+    };
+    let mut rules: Vec<Rule> = table::defaults()
+        .map(|(tool, default)| {
+            let action = match default {
+                DefaultAction::Allow => Action::Allow,
+                DefaultAction::Ask => Action::Ask,
+            };
+            rule(tool, action)
         })
-        .collect()
+        .collect();
+    rules.push(rule("*", Action::Ask));
+    rules
 }
 
 /// The outcome for one tool call.
@@ -334,7 +321,7 @@ pub fn ask_denied_message(tool: &str, input: &Value) -> String {
     };
     // acceptEdits only helps the file-edit tools; for anything else the mode that turns this
     // Ask into an Allow is dontAsk.
-    let modes = if EDIT_TOOLS.contains(&tool) {
+    let modes = if table::edits_files(tool) {
         "acceptEdits|bypassPermissions"
     } else {
         "dontAsk|bypassPermissions"
@@ -357,10 +344,10 @@ const WRAPPERS: &[&str] = &[
 /// `VAR=value` assignments; commands that wrap another command get an exact rule); for
 /// file tools the exact path; for WebFetch the site. Empty when no safe rule exists.
 pub fn suggested_rules(tool: &str, input: &Value) -> Vec<String> {
-    if tool != "Bash" {
+    let Some(field) = first_arg(tool).filter(|field| field.kind == FieldKind::Command) else {
         return suggested_pattern(tool, input).into_iter().collect();
-    }
-    let Some(command) = input.get("command").and_then(Value::as_str) else {
+    };
+    let Some(command) = input.get(field.name).and_then(Value::as_str) else {
         return Vec::new();
     };
     let Some(segments) = split_command(command) else {
@@ -376,9 +363,9 @@ pub fn suggested_rules(tool: &str, input: &Value) -> Vec<String> {
             continue;
         };
         let rule = if WRAPPERS.contains(first) || first.starts_with(['>', '<']) {
-            format!("Bash({})", escape_glob(&words.join(" ")))
+            format!("{tool}({})", escape_glob(&words.join(" ")))
         } else {
-            format!("Bash({}:*)", escape_glob(first))
+            format!("{tool}({}:*)", escape_glob(first))
         };
         if !rules.contains(&rule) {
             rules.push(rule);
@@ -477,12 +464,14 @@ fn apply_mode(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
         Mode::AcceptEdits => {
             // Like Claude Code, only edits inside the workspace are accepted automatically.
             let in_workspace = || {
-                call.input
-                    .get("path")
+                first_arg(call.tool)
+                    .filter(|field| field.kind == FieldKind::Path)
+                    .and_then(|field| call.input.get(field.name))
                     .and_then(Value::as_str)
                     .is_some_and(|raw| path_view(call.workspace, call.base, raw).rel.is_some())
             };
-            if decision.action == Action::Ask && EDIT_TOOLS.contains(&call.tool) && in_workspace() {
+            let edits = table::edits_files(call.tool);
+            if decision.action == Action::Ask && edits && in_workspace() {
                 allow("allowed: acceptEdits mode accepts file edits in the workspace".to_owned())
             } else {
                 decision
@@ -496,7 +485,9 @@ fn apply_mode(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
             Action::Allow | Action::Deny => decision,
         },
         Mode::Plan => {
-            if PLAN_MODE_TOOLS.contains(&call.tool) || decision.action == Action::Deny {
+            let read_only = table::permission(call.tool)
+                .is_some_and(|permission| permission.class == Class::ReadOnly);
+            if read_only || decision.action == Action::Deny {
                 decision
             } else {
                 Decision {
@@ -528,13 +519,14 @@ struct CommandView {
 
 impl<'a> Call<'a> {
     fn new(tool: &'a str, input: &'a Value, workspace: &'a str, base: &'a str) -> Call<'a> {
-        let command = match (tool, input.get("command")) {
-            ("Bash", Some(Value::String(command))) => Some(CommandView {
+        let command = first_arg(tool)
+            .filter(|field| field.kind == FieldKind::Command)
+            .and_then(|field| input.get(field.name))
+            .and_then(Value::as_str)
+            .map(|command| CommandView {
                 whole: command.trim().to_owned(),
                 segments: split_command(command),
-            }),
-            _ => None,
-        };
+            });
         Call {
             subject: Subject {
                 tool,

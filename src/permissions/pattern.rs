@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::Action;
 use crate::glob::{Glob, GlobError, GlobOptions};
+use crate::tools::table;
 
 /// Globs over commands, URLs and tool names: `*` crosses `/`.
 const TEXT: GlobOptions = GlobOptions {
@@ -188,7 +189,7 @@ impl Matcher {
                 tool: tool.to_owned(),
             });
         }
-        if tool == "Bash" {
+        if field.is_some_and(|field| field.kind == FieldKind::Command) {
             if let Some(rest) = arg.strip_prefix('~') {
                 if rest.is_empty() {
                     return Err(PatternError::EmptyArgument { pattern: owned() });
@@ -227,14 +228,16 @@ impl Matcher {
         })
     }
 
-    /// Whether this rule looks at Bash's `command` when applied to `tool`.
+    /// Whether this rule looks at the shell command of `tool` (Bash's `command`).
     pub(super) fn reads_command(&self, tool: &str) -> bool {
-        tool == "Bash"
-            && match &self.arg {
-                ArgMatcher::Any => false,
-                ArgMatcher::First(_) => true,
-                ArgMatcher::Keys(keys) => keys.iter().any(|key| key.key == "command"),
-            }
+        let Some(field) = first_arg(tool).filter(|field| field.kind == FieldKind::Command) else {
+            return false;
+        };
+        match &self.arg {
+            ArgMatcher::Any => false,
+            ArgMatcher::First(_) => true,
+            ArgMatcher::Keys(keys) => keys.iter().any(|key| key.key == field.name),
+        }
     }
 
     /// Whether the tool name matches this pattern's tool glob.
@@ -459,7 +462,7 @@ fn lookup<'v>(input: &'v Value, dotted: &str) -> Option<&'v Value> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum FieldKind {
-    /// Bash's `command`: split into pieces for allow rules.
+    /// A shell command (Bash's `command`): split into pieces for allow rules.
     Command,
     /// A file path, normalised against the workspace.
     Path,
@@ -475,15 +478,14 @@ pub(super) struct Field {
     default: Option<&'static str>,
 }
 
-/// The field `Tool:<glob>` matches. Tools not listed only match the bare-name and key forms.
+/// The field `Tool:<glob>` matches: the tool's permission subject in `tools::table`. Tools
+/// without one (and tools not in the table) only match the bare-name and key forms.
 pub(super) fn first_arg(tool: &str) -> Option<Field> {
-    let (name, kind, default) = match tool {
-        "Bash" => ("command", FieldKind::Command, None),
-        "Read" | "Write" | "Edit" | "MultiEdit" | "NotebookEdit" => ("path", FieldKind::Path, None),
-        // The Glob and Grep patterns apply to the directory searched.
-        "Glob" | "Grep" => ("path", FieldKind::Path, Some(".")),
-        "WebFetch" => ("url", FieldKind::Text, None),
-        _ => return None,
+    let (name, kind, default) = match table::permission(tool)?.subject {
+        table::Subject::Nothing => return None,
+        table::Subject::Command(field) => (field, FieldKind::Command, None),
+        table::Subject::Path { field, default } => (field, FieldKind::Path, default),
+        table::Subject::Url(field) => (field, FieldKind::Text, None),
     };
     Some(Field {
         name,

@@ -1,9 +1,11 @@
 //! The `Bash` tool: a shell command in its own process group with non-blocking pipes that
-//! the engine registers on the reactor, a timeout, capped capture and group kill.
+//! the engine registers on the reactor, a timeout, capped capture and group kill; and its
+//! spec and card title, which its row in `tools::table` names.
 //!
 //! It owns the child and its pipes; it must not know about tokens' meaning or runs. The
 //! engine calls `drain` on readiness, `try_reap` on SIGCHLD and `kill` on timeout/cancel.
 
+use std::borrow::Cow;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -11,10 +13,13 @@ use std::time::Duration;
 
 use mio::unix::pipe;
 use mio::{Interest, Registry, Token};
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::model::types::ToolSpec;
 use crate::sys;
 use crate::tools::ToolOutput;
+use crate::tools::spec::closed_object;
+use crate::tools::table::{cap_title, text_field};
 
 /// Upstream keeps 30 KiB of each stream; the rest is drained and counted so the child never
 /// blocks on a full pipe.
@@ -70,6 +75,46 @@ pub struct BashJob {
     exit: ExitState,
     killed_for: Option<&'static str>,
     pub timeout: Duration,
+}
+
+/// `Bash` as offered to the model.
+pub(crate) fn spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("Bash"),
+        description: Cow::Borrowed(
+            "Run a shell command in the workspace and return its exit status, stdout \
+            and stderr. The command runs in its own process group and is killed, with every \
+            process it started, when it times out or the turn is cancelled. stdout and stderr \
+            are each capped at 30 KiB. There is no terminal and stdin is empty, so interactive \
+            commands cannot work. Prefer Read, Glob and Grep over cat, find and grep, and Edit \
+            or Write over sed or echo.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "command": {
+                    "type": "string",
+                    "description": "The shell command to run."
+                },
+                "timeout_seconds": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 600,
+                    "description": "Kill the command after this many seconds (1-600, default 60)."
+                },
+                "cwd": {
+                    "type": "string",
+                    "description": "Directory to run in, relative to the workspace (default: the \
+                        workspace root)."
+                }
+            }),
+            &["command"],
+        ),
+    }
+}
+
+/// A call's title is the command line itself, as an editor shows an execute card.
+pub(crate) fn title(input: &Value) -> String {
+    cap_title(text_field(input, "command"))
 }
 
 /// Where a shell can be found, preferring bash for the syntax models expect.

@@ -1,4 +1,6 @@
-//! The file tools the model may call: `Read`, `Write`, `Edit`, `Glob` and `Grep`.
+//! The file tools the model may call: `Read`, `Write`, `Edit`, `Glob` and `Grep`. Each has
+//! its section here: the spec offered to the model (whose quoted limits are the constants
+//! below), the `run_*` entry its row in `tools::table` names, its card title, and the work.
 //!
 //! They run on a worker thread, so plain blocking filesystem calls are fine here, but every
 //! result is bounded: files over 5 MB are refused, directory walks stop after a fixed number
@@ -8,7 +10,7 @@
 //!
 //! Failures are returned to the model as error results (`ToolOutput::error`), never logged
 //! and never panicked on. This module must not know about the reactor, permissions or
-//! surfaces: by the time `run` is called the caller has decided the call may go ahead.
+//! surfaces: by the time a `run_*` is called the caller has decided the call may go ahead.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -20,10 +22,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use regex::{Regex, RegexBuilder};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::glob::{Glob, GlobOptions};
+use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
+use crate::tools::spec::closed_object;
+use crate::tools::table::{cap_title, text_field};
 
 /// Hard cap on the text of any result.
 const MAX_OUTPUT_BYTES: usize = 64 * 1024;
@@ -51,28 +56,59 @@ const GREP_REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Directory entries one walk may visit before it stops and says so.
 const WALK_MAX_ENTRIES: usize = 100_000;
 
-/// A tool failure as text for the model; `run` prefixes the tool name.
+/// A tool failure as text for the model; `finish` prefixes the tool name.
 type ToolResult = Result<String, String>;
-
-pub fn is_fs_tool(name: &str) -> bool {
-    matches!(name, "Read" | "Write" | "Edit" | "Glob" | "Grep")
-}
-
-/// Runs one file tool call. Blocking; call it from a worker thread, not the reactor.
-pub fn run(name: &str, input: &Value, workspace: &Path) -> ToolOutput {
-    let res = match name {
-        "Read" => read(input, workspace),
-        "Write" => write(input, workspace),
-        "Edit" => edit(input, workspace),
-        "Glob" => glob(input, workspace),
-        "Grep" => grep(input, workspace),
-        _ => return ToolOutput::error(cap_output(format!("unknown file tool `{name}`"))),
-    };
-    finish(name, res)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Read
+
+/// `Read` as offered to the model.
+pub(crate) fn read_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("Read"),
+        description: Cow::Borrowed(
+            "Read a text file from the workspace. Returns a header \
+            `→ Read <path>, lines a-b of n`, then each line prefixed with its 1-based number. \
+            Shows at most `limit` lines (default 2000) starting at line `offset` (default 1); \
+            lines over 2000 characters are cut, and output stops at 64 KiB with a note saying \
+            which offset to continue from. Files over 5 MB and binary files are refused; \
+            invalid UTF-8 is shown as U+FFFD. Use Glob, not Read, to list a directory.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "path": {
+                    "type": "string",
+                    "description": "File to read, relative to the workspace (or absolute inside it)."
+                },
+                "offset": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "1-based line number to start from (default 1)."
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Maximum number of lines to return (default 2000)."
+                }
+            }),
+            &["path"],
+        ),
+    }
+}
+
+/// Runs one `Read` call. Blocking; call it from a worker thread, not the reactor.
+pub(crate) fn run_read(input: &Value, workspace: &Path) -> ToolOutput {
+    finish("Read", read(input, workspace))
+}
+
+/// A `Read` call's title: the file, and the line it starts at when not the first.
+pub(crate) fn read_title(input: &Value) -> String {
+    let path = text_field(input, "path");
+    match input.get("offset").and_then(Value::as_u64) {
+        Some(line) if line > 1 => format!("Read {path} (from line {line})"),
+        _ => format!("Read {path}"),
+    }
+}
 
 fn read(input: &Value, workspace: &Path) -> ToolResult {
     let (target, offset, limit) = read_args(input, workspace)?;
@@ -147,6 +183,42 @@ fn render_read(rel: &str, text: &str, lossy: bool, offset: u64, limit: u64) -> T
 
 // ---------------------------------------------------------------------------------------------
 // Write
+
+/// `Write` as offered to the model.
+pub(crate) fn write_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("Write"),
+        description: Cow::Borrowed(
+            "Create a file, or replace all of an existing file's content, in the \
+            workspace. Parent directories are created as needed, and the file is replaced \
+            atomically, so readers never see a partial write. To change part of an existing \
+            file, use Edit instead.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "path": {
+                    "type": "string",
+                    "description": "File to write, relative to the workspace (or absolute inside it)."
+                },
+                "content": {
+                    "type": "string",
+                    "description": "The complete new content of the file."
+                }
+            }),
+            &["path", "content"],
+        ),
+    }
+}
+
+/// Runs one `Write` call. Blocking; call it from a worker thread, not the reactor.
+pub(crate) fn run_write(input: &Value, workspace: &Path) -> ToolOutput {
+    finish("Write", write(input, workspace))
+}
+
+/// A `Write` call's title: the file.
+pub(crate) fn write_title(input: &Value) -> String {
+    format!("Write {}", text_field(input, "path"))
+}
 
 fn write(input: &Value, workspace: &Path) -> ToolResult {
     let (target, content) = write_args(input, workspace)?;
@@ -229,6 +301,52 @@ fn atomic_write(path: &Path, bytes: &[u8], existing: Option<&Metadata>) -> io::R
 
 // ---------------------------------------------------------------------------------------------
 // Edit
+
+/// `Edit` as offered to the model.
+pub(crate) fn edit_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("Edit"),
+        description: Cow::Borrowed(
+            "Replace text in an existing UTF-8 file in the workspace. `old_string` \
+            must appear exactly once, unless `replace_all` is true; if it appears more than \
+            once, include more surrounding lines to make it unique. Copy `old_string` exactly \
+            from a recent Read, without the line-number prefix. If there is no exact match, \
+            a match that ignores trailing whitespace and CRLF/LF differences is accepted when \
+            it is unique. The file is rewritten atomically, and the result shows a short diff.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "path": {
+                    "type": "string",
+                    "description": "File to edit, relative to the workspace (or absolute inside it)."
+                },
+                "old_string": {
+                    "type": "string",
+                    "description": "The exact text to replace (not empty)."
+                },
+                "new_string": {
+                    "type": "string",
+                    "description": "The text to put in its place (must differ from old_string)."
+                },
+                "replace_all": {
+                    "type": "boolean",
+                    "description": "Replace every occurrence of old_string (default false)."
+                }
+            }),
+            &["path", "old_string", "new_string"],
+        ),
+    }
+}
+
+/// Runs one `Edit` call. Blocking; call it from a worker thread, not the reactor.
+pub(crate) fn run_edit(input: &Value, workspace: &Path) -> ToolOutput {
+    finish("Edit", edit(input, workspace))
+}
+
+/// An `Edit` call's title: the file.
+pub(crate) fn edit_title(input: &Value) -> String {
+    format!("Edit {}", text_field(input, "path"))
+}
 
 fn edit(input: &Value, workspace: &Path) -> ToolResult {
     let (target, args) = edit_args(input, workspace)?;
@@ -622,6 +740,47 @@ fn diff_summary(text: &str, ranges: &[(usize, usize)], replacement: &str) -> Dif
 // ---------------------------------------------------------------------------------------------
 // Glob
 
+/// `Glob` as offered to the model.
+pub(crate) fn glob_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("Glob"),
+        description: Cow::Borrowed(
+            "Find files by name pattern, such as `**/*.rs` or `src/*.{ts,tsx}`. \
+            The pattern is matched against paths relative to `path`: `*` and `?` do not \
+            cross `/`, and `**` matches any number of directories. Returns workspace-relative \
+            paths, newest first, at most 200 (a note says how many more there were). `.git` \
+            is skipped, and symlinked directories are not followed.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "pattern": {
+                    "type": "string",
+                    "description": "Glob pattern, relative to the search directory."
+                },
+                "path": {
+                    "type": "string",
+                    "description": "Directory to search, relative to the workspace (default: the \
+                        workspace root)."
+                }
+            }),
+            &["pattern"],
+        ),
+    }
+}
+
+/// Runs one `Glob` call. Blocking; call it from a worker thread, not the reactor.
+pub(crate) fn run_glob(input: &Value, workspace: &Path) -> ToolOutput {
+    finish("Glob", glob(input, workspace))
+}
+
+/// A `Glob` call's title: the pattern, and the directory when not the workspace root.
+pub(crate) fn glob_title(input: &Value) -> String {
+    match text_field(input, "path") {
+        "" => format!("Glob {}", text_field(input, "pattern")),
+        dir => format!("Glob {} in {dir}", text_field(input, "pattern")),
+    }
+}
+
 fn glob(input: &Value, workspace: &Path) -> ToolResult {
     let obj = object(input)?;
     let pattern = required_str(obj, "pattern")?;
@@ -680,6 +839,66 @@ fn glob(input: &Value, workspace: &Path) -> ToolResult {
 
 // ---------------------------------------------------------------------------------------------
 // Grep
+
+/// `Grep` as offered to the model.
+pub(crate) fn grep_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("Grep"),
+        description: Cow::Borrowed(
+            "Search file contents with a regular expression (Rust regex syntax, \
+            matched one line at a time). Returns `path:line: text` for each matching line, \
+            with workspace-relative paths and lines cut at 500 characters, up to \
+            `max_matches` (default 100) and 64 KiB. Skips `.git`, binary files and files \
+            over 5 MB, and does not follow symlinks while walking directories.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "pattern": {
+                    "type": "string",
+                    "description": "Regular expression to search for, e.g. `fn\\s+main` or \
+                        `(?i)todo`."
+                },
+                "path": {
+                    "type": "string",
+                    "description": "File or directory to search, relative to the workspace \
+                        (default: the workspace root)."
+                },
+                "include": {
+                    "type": "string",
+                    "description": "Only search files matching this glob: on the file name \
+                        (e.g. `*.rs`), or on the path below `path` if it contains `/` \
+                        (e.g. `src/**/*.rs`)."
+                },
+                "max_matches": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 500,
+                    "description": "Stop after this many matching lines (1-500, default 100)."
+                }
+            }),
+            &["pattern"],
+        ),
+    }
+}
+
+/// Runs one `Grep` call. Blocking; call it from a worker thread, not the reactor.
+pub(crate) fn run_grep(input: &Value, workspace: &Path) -> ToolOutput {
+    finish("Grep", grep(input, workspace))
+}
+
+/// A `Grep` call's title: the quoted pattern, where it searches, and which files.
+pub(crate) fn grep_title(input: &Value) -> String {
+    let mut title = format!("Grep {:?}", text_field(input, "pattern"));
+    let path = text_field(input, "path");
+    if !path.is_empty() {
+        title.push_str(&format!(" in {path}"));
+    }
+    let include = text_field(input, "include");
+    if !include.is_empty() {
+        title.push_str(&format!(" ({include})"));
+    }
+    cap_title(&title)
+}
 
 fn grep(input: &Value, workspace: &Path) -> ToolResult {
     let obj = object(input)?;
@@ -975,60 +1194,73 @@ pub struct ToolPath {
     pub rel: String,
 }
 
-/// A `Read`, `Write` or `Edit` call, checked, ready for a host to carry out.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A file-tool call, checked, ready for a host to carry out: what to fetch and store, and
+/// what the result is.
+#[derive(Clone, Debug)]
 pub enum Delegated {
+    /// Fetch the file's text; `read_delegated` gives the lines asked for.
     Read {
         path: ToolPath,
         offset: u64,
         limit: u64,
     },
+    /// Store `content` as the file's whole text; `done` is the result once stored.
     Write {
         path: ToolPath,
         content: String,
-        existed: bool,
+        done: ToolOutput,
     },
+    /// Fetch the file's text, then store what `apply` makes of it.
     Edit {
         path: ToolPath,
         input: Value,
+        apply: ApplyEdit,
     },
 }
 
-/// Checks a `Read`, `Write` or `Edit` call the way the local tool does, without reading the
-/// file. The error is the tool result the local tool would give.
-pub fn delegate(name: &str, input: &Value, workspace: &Path) -> Result<Delegated, ToolOutput> {
-    let fail = |err: String| ToolOutput::error(cap_output(format!("{name}: {err}")));
-    let path = |target: Resolved| ToolPath {
+/// A tool's change to the text a host fetched: the new text to store and the result for the
+/// model once stored, or the error result.
+pub type ApplyEdit = fn(&ToolPath, &Value, &str) -> Result<(String, ToolOutput), ToolOutput>;
+
+/// Checks a `Read` call the way the local tool does, without reading the file. The error is
+/// the tool result the local tool would give.
+pub(crate) fn delegate_read(input: &Value, workspace: &Path) -> Result<Delegated, ToolOutput> {
+    let (target, offset, limit) = read_args(input, workspace).map_err(refusal("Read"))?;
+    Ok(Delegated::Read {
+        path: tool_path(target),
+        offset,
+        limit,
+    })
+}
+
+/// Checks a `Write` call the way the local tool does, without writing the file.
+pub(crate) fn delegate_write(input: &Value, workspace: &Path) -> Result<Delegated, ToolOutput> {
+    let (target, content) = write_args(input, workspace).map_err(refusal("Write"))?;
+    let existed = write_target(&target).map_err(refusal("Write"))?.is_some();
+    let path = tool_path(target);
+    let done = ToolOutput::ok(cap_output(write_summary(&path.rel, content, existed)));
+    Ok(Delegated::Write {
+        path,
+        content: content.to_owned(),
+        done,
+    })
+}
+
+/// Checks an `Edit` call the way the local tool does, without reading the file.
+pub(crate) fn delegate_edit(input: &Value, workspace: &Path) -> Result<Delegated, ToolOutput> {
+    let (target, _) = edit_args(input, workspace).map_err(refusal("Edit"))?;
+    edit_target(&target).map_err(refusal("Edit"))?;
+    Ok(Delegated::Edit {
+        path: tool_path(target),
+        input: input.clone(),
+        apply: edit_delegated,
+    })
+}
+
+fn tool_path(target: Resolved) -> ToolPath {
+    ToolPath {
         abs: target.abs,
         rel: target.rel,
-    };
-    match name {
-        "Read" => {
-            let (target, offset, limit) = read_args(input, workspace).map_err(fail)?;
-            Ok(Delegated::Read {
-                path: path(target),
-                offset,
-                limit,
-            })
-        }
-        "Write" => {
-            let (target, content) = write_args(input, workspace).map_err(fail)?;
-            let existed = write_target(&target).map_err(fail)?.is_some();
-            Ok(Delegated::Write {
-                content: content.to_owned(),
-                path: path(target),
-                existed,
-            })
-        }
-        "Edit" => {
-            let (target, _) = edit_args(input, workspace).map_err(fail)?;
-            edit_target(&target).map_err(fail)?;
-            Ok(Delegated::Edit {
-                path: path(target),
-                input: input.clone(),
-            })
-        }
-        _ => Err(fail(format!("`{name}` cannot be delegated"))),
     }
 }
 
@@ -1055,14 +1287,13 @@ pub fn read_delegated(path: &ToolPath, offset: u64, limit: u64, text: &str) -> T
     finish("Read", result)
 }
 
-/// `Edit` over the text a host fetched: the new text to store and the result for the model
-/// once stored, or the error result.
-pub fn edit_delegated(
+/// `Edit` over the text a host fetched (`ApplyEdit`).
+fn edit_delegated(
     path: &ToolPath,
     input: &Value,
     text: &str,
 ) -> Result<(String, ToolOutput), ToolOutput> {
-    let fail = |err: String| ToolOutput::error(cap_output(format!("Edit: {err}")));
+    let fail = refusal("Edit");
     let obj = object(input).map_err(fail)?;
     let args = EditArgs {
         old: required_str(obj, "old_string").map_err(fail)?,
@@ -1076,24 +1307,18 @@ pub fn edit_delegated(
     Ok((new_text, ToolOutput::ok(cap_output(summary))))
 }
 
-/// `Write`'s result once a host stored the content.
-pub fn write_delegated(path: &ToolPath, content: &str, existed: bool) -> ToolOutput {
-    ToolOutput::ok(cap_output(write_summary(&path.rel, content, existed)))
-}
-
 /// Roots a path a tool call names (a display location, a diff) as the tools would.
 pub fn resolve_path(workspace: &Path, raw: &str) -> Result<ToolPath, String> {
-    resolve(workspace, raw).map(|target| ToolPath {
-        abs: target.abs,
-        rel: target.rel,
-    })
+    resolve(workspace, raw).map(tool_path)
 }
 
 fn finish(name: &str, result: ToolResult) -> ToolOutput {
-    match result {
-        Ok(text) => ToolOutput::ok(cap_output(text)),
-        Err(err) => ToolOutput::error(cap_output(format!("{name}: {err}"))),
-    }
+    result.map_or_else(refusal(name), |text| ToolOutput::ok(cap_output(text)))
+}
+
+/// A tool's failure as the model's error result: the tool's name, then what went wrong.
+fn refusal(name: &str) -> impl Fn(String) -> ToolOutput + Copy {
+    move |err| ToolOutput::error(cap_output(format!("{name}: {err}")))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1407,7 +1632,7 @@ fn kind(value: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::tools::table::{self, Runs};
 
     /// A fresh directory under the system temp dir, removed on drop.
     struct TempDir(PathBuf);
@@ -1452,6 +1677,14 @@ mod tests {
         }
     }
 
+    /// Runs a file tool as the engine does: the worker function its table row names.
+    fn run(name: &str, input: &Value, workspace: &Path) -> ToolOutput {
+        match table::lookup(name).map(|tool| tool.runs) {
+            Some(Runs::Worker(work)) => work(input, workspace),
+            _ => panic!("`{name}` is not a file tool"),
+        }
+    }
+
     fn ok(name: &str, input: Value, ws: &TempDir) -> String {
         let out = run(name, &input, ws.path());
         assert!(!out.is_error, "{name} {input} failed: {}", out.text);
@@ -1477,18 +1710,7 @@ mod tests {
         file.set_modified(time).expect("set mtime");
     }
 
-    // --- dispatch and input validation
-
-    #[test]
-    fn dispatch_knows_exactly_the_file_tools() {
-        for name in ["Read", "Write", "Edit", "Glob", "Grep"] {
-            assert!(is_fs_tool(name));
-        }
-        assert!(!is_fs_tool("Bash"));
-        assert!(!is_fs_tool("read"));
-        let ws = TempDir::new();
-        assert_eq!(err("Bash", json!({}), &ws), "unknown file tool `Bash`");
-    }
+    // --- input validation (which tools run here is `tools::table`'s to say and test)
 
     #[test]
     fn missing_and_mistyped_fields_are_named() {

@@ -1,9 +1,12 @@
-//! Tools the model may call: the registry of specs, and dispatch to the file tools (run on a
-//! worker thread) or to `Bash` (a child process on the reactor).
+//! Tools the model may call. `table` holds one row per built-in tool (its spec, where it
+//! runs, its permission and display facts); each tool's own file holds its spec, its title
+//! and its work: the file tools (run on a worker thread) in `fs`, `Bash` (a child process on
+//! the reactor) in `bash`.
 
 pub mod bash;
 pub mod fs;
 pub mod spec;
+pub(crate) mod table;
 
 /// What a tool hands back to the model. `text` is already capped by the tool.
 #[derive(Clone, Debug, PartialEq, Eq)]

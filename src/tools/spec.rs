@@ -1,217 +1,22 @@
 //! The tool specs offered to the model: name, description and JSON Schema input of each
 //! built-in tool, with names and fields as upstream (`path`, not `file_path`).
 //!
-//! Descriptions are written for the model: what the tool does and where its limits are. The
-//! limits quoted here are enforced in `tools::fs` and the `Bash` runner; keep them in step.
-//! This module is data only: it must not know how a tool runs.
+//! Each spec lives beside its tool's implementation (`tools::fs`, `tools::bash`), where the
+//! limits its description quotes are enforced; the table (`tools::table`) says which tools
+//! there are and in what order. This module gathers them and holds what every schema shares.
 
 use serde_json::{Value, json};
 
-use std::borrow::Cow;
-
 use crate::model::types::ToolSpec;
+use crate::tools::table;
 
 /// Every built-in tool, in the order they are offered.
 pub fn all() -> Vec<ToolSpec> {
-    vec![bash(), read(), write(), edit(), glob(), grep()]
-}
-
-fn bash() -> ToolSpec {
-    ToolSpec {
-        name: Cow::Borrowed("Bash"),
-        description: Cow::Borrowed(
-            "Run a shell command in the workspace and return its exit status, stdout \
-            and stderr. The command runs in its own process group and is killed, with every \
-            process it started, when it times out or the turn is cancelled. stdout and stderr \
-            are each capped at 30 KiB. There is no terminal and stdin is empty, so interactive \
-            commands cannot work. Prefer Read, Glob and Grep over cat, find and grep, and Edit \
-            or Write over sed or echo.",
-        ),
-        input_schema: object(
-            json!({
-                "command": {
-                    "type": "string",
-                    "description": "The shell command to run."
-                },
-                "timeout_seconds": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 600,
-                    "description": "Kill the command after this many seconds (1-600, default 60)."
-                },
-                "cwd": {
-                    "type": "string",
-                    "description": "Directory to run in, relative to the workspace (default: the \
-                        workspace root)."
-                }
-            }),
-            &["command"],
-        ),
-    }
-}
-
-fn read() -> ToolSpec {
-    ToolSpec {
-        name: Cow::Borrowed("Read"),
-        description: Cow::Borrowed(
-            "Read a text file from the workspace. Returns a header \
-            `→ Read <path>, lines a-b of n`, then each line prefixed with its 1-based number. \
-            Shows at most `limit` lines (default 2000) starting at line `offset` (default 1); \
-            lines over 2000 characters are cut, and output stops at 64 KiB with a note saying \
-            which offset to continue from. Files over 5 MB and binary files are refused; \
-            invalid UTF-8 is shown as U+FFFD. Use Glob, not Read, to list a directory.",
-        ),
-        input_schema: object(
-            json!({
-                "path": {
-                    "type": "string",
-                    "description": "File to read, relative to the workspace (or absolute inside it)."
-                },
-                "offset": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "1-based line number to start from (default 1)."
-                },
-                "limit": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "Maximum number of lines to return (default 2000)."
-                }
-            }),
-            &["path"],
-        ),
-    }
-}
-
-fn write() -> ToolSpec {
-    ToolSpec {
-        name: Cow::Borrowed("Write"),
-        description: Cow::Borrowed(
-            "Create a file, or replace all of an existing file's content, in the \
-            workspace. Parent directories are created as needed, and the file is replaced \
-            atomically, so readers never see a partial write. To change part of an existing \
-            file, use Edit instead.",
-        ),
-        input_schema: object(
-            json!({
-                "path": {
-                    "type": "string",
-                    "description": "File to write, relative to the workspace (or absolute inside it)."
-                },
-                "content": {
-                    "type": "string",
-                    "description": "The complete new content of the file."
-                }
-            }),
-            &["path", "content"],
-        ),
-    }
-}
-
-fn edit() -> ToolSpec {
-    ToolSpec {
-        name: Cow::Borrowed("Edit"),
-        description: Cow::Borrowed(
-            "Replace text in an existing UTF-8 file in the workspace. `old_string` \
-            must appear exactly once, unless `replace_all` is true; if it appears more than \
-            once, include more surrounding lines to make it unique. Copy `old_string` exactly \
-            from a recent Read, without the line-number prefix. If there is no exact match, \
-            a match that ignores trailing whitespace and CRLF/LF differences is accepted when \
-            it is unique. The file is rewritten atomically, and the result shows a short diff.",
-        ),
-        input_schema: object(
-            json!({
-                "path": {
-                    "type": "string",
-                    "description": "File to edit, relative to the workspace (or absolute inside it)."
-                },
-                "old_string": {
-                    "type": "string",
-                    "description": "The exact text to replace (not empty)."
-                },
-                "new_string": {
-                    "type": "string",
-                    "description": "The text to put in its place (must differ from old_string)."
-                },
-                "replace_all": {
-                    "type": "boolean",
-                    "description": "Replace every occurrence of old_string (default false)."
-                }
-            }),
-            &["path", "old_string", "new_string"],
-        ),
-    }
-}
-
-fn glob() -> ToolSpec {
-    ToolSpec {
-        name: Cow::Borrowed("Glob"),
-        description: Cow::Borrowed(
-            "Find files by name pattern, such as `**/*.rs` or `src/*.{ts,tsx}`. \
-            The pattern is matched against paths relative to `path`: `*` and `?` do not \
-            cross `/`, and `**` matches any number of directories. Returns workspace-relative \
-            paths, newest first, at most 200 (a note says how many more there were). `.git` \
-            is skipped, and symlinked directories are not followed.",
-        ),
-        input_schema: object(
-            json!({
-                "pattern": {
-                    "type": "string",
-                    "description": "Glob pattern, relative to the search directory."
-                },
-                "path": {
-                    "type": "string",
-                    "description": "Directory to search, relative to the workspace (default: the \
-                        workspace root)."
-                }
-            }),
-            &["pattern"],
-        ),
-    }
-}
-
-fn grep() -> ToolSpec {
-    ToolSpec {
-        name: Cow::Borrowed("Grep"),
-        description: Cow::Borrowed(
-            "Search file contents with a regular expression (Rust regex syntax, \
-            matched one line at a time). Returns `path:line: text` for each matching line, \
-            with workspace-relative paths and lines cut at 500 characters, up to \
-            `max_matches` (default 100) and 64 KiB. Skips `.git`, binary files and files \
-            over 5 MB, and does not follow symlinks while walking directories.",
-        ),
-        input_schema: object(
-            json!({
-                "pattern": {
-                    "type": "string",
-                    "description": "Regular expression to search for, e.g. `fn\\s+main` or \
-                        `(?i)todo`."
-                },
-                "path": {
-                    "type": "string",
-                    "description": "File or directory to search, relative to the workspace \
-                        (default: the workspace root)."
-                },
-                "include": {
-                    "type": "string",
-                    "description": "Only search files matching this glob: on the file name \
-                        (e.g. `*.rs`), or on the path below `path` if it contains `/` \
-                        (e.g. `src/**/*.rs`)."
-                },
-                "max_matches": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 500,
-                    "description": "Stop after this many matching lines (1-500, default 100)."
-                }
-            }),
-            &["pattern"],
-        ),
-    }
+    table::specs()
 }
 
 /// A closed object schema: unknown fields are not allowed.
-fn object(properties: Value, required: &[&str]) -> Value {
+pub(crate) fn closed_object(properties: Value, required: &[&str]) -> Value {
     json!({
         "type": "object",
         "properties": properties,

@@ -1,7 +1,7 @@
-//! Tool-call cards: how a tool call looks in an editor. From a tool's name and input this
-//! derives the ACP `kind`, a title, the file `locations` and `diff` content, and it finds the
-//! moment a streamed input is complete. Pure functions; the only I/O is a bounded read of the
-//! file a `Write` would replace, for its diff.
+//! Tool-call cards: how a tool call looks in an editor. From a tool's row in `tools::table`
+//! and a call's input this derives the ACP `kind`, a title, the file `locations` and `diff`
+//! content, and it finds the moment a streamed input is complete. Pure functions; the only
+//! I/O is a bounded read of the file a whole-file write would replace, for its diff.
 
 use std::io::Read as _;
 use std::path::Path;
@@ -9,23 +9,27 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::tools::fs::resolve_path;
+use crate::tools::table::{self, Diff, Kind, text_field};
 
 /// A diff larger than this (old and new text together) is left out of the card: the result
 /// text still says what changed, and a frame this size would choke some clients.
 pub const MAX_DIFF_BYTES: usize = 1024 * 1024;
 /// The most of an existing file read to show what a `Write` replaces.
 pub const MAX_DIFF_OLD_BYTES: u64 = 256 * 1024;
-/// Titles are labels, not documents: a longer command is cut here.
-const MAX_TITLE_CHARS: usize = 400;
 
-/// ACP's `ToolKind` for a tool, which picks the editor's icon.
+/// ACP's `ToolKind` for a tool, which picks the editor's icon; a tool that is not built in
+/// (an MCP server's) is `other`.
 pub fn kind(tool: &str) -> &'static str {
-    match tool {
-        "Read" => "read",
-        "Write" | "Edit" => "edit",
-        "Bash" => "execute",
-        "Glob" | "Grep" => "search",
-        _ => "other",
+    match table::lookup(tool).map(|tool| tool.card.kind) {
+        Some(Kind::Read) => "read",
+        Some(Kind::Edit) => "edit",
+        Some(Kind::Delete) => "delete",
+        Some(Kind::Move) => "move",
+        Some(Kind::Search) => "search",
+        Some(Kind::Execute) => "execute",
+        Some(Kind::Think) => "think",
+        Some(Kind::Fetch) => "fetch",
+        Some(Kind::Other) | None => "other",
     }
 }
 
@@ -48,99 +52,67 @@ pub enum OldText {
     Unknown,
 }
 
-/// The card for a call of `tool` with `input`, paths rooted in `workspace` as the tools root
-/// them. Paths that do not resolve still title the card; they get no location.
+/// The card for a call of `tool` with `input`, as the tool's row in `tools::table` says:
+/// its title, its location and the diff of what it changes, paths rooted in `workspace` as
+/// the tools root them. Paths that do not resolve still title the card; they get no location.
 pub fn describe(tool: &str, input: &Value, workspace: &Path, old: OldText) -> Described {
-    let field = |key: &str| input.get(key).and_then(Value::as_str).unwrap_or_default();
-    let abs = |raw: &str| -> Option<String> {
-        if raw.is_empty() {
-            return None;
-        }
-        resolve_path(workspace, raw)
-            .ok()
-            .map(|p| p.abs.display().to_string())
-    };
-    let location = |path: &str, line: Option<u64>| match line {
-        Some(line) => json!({"path": path, "line": line}),
-        None => json!({"path": path}),
-    };
     let mut out = Described::default();
-    match tool {
-        "Read" => {
-            let path = field("path");
-            let offset = input.get("offset").and_then(Value::as_u64);
-            out.title = match offset {
-                Some(line) if line > 1 => format!("Read {path} (from line {line})"),
-                _ => format!("Read {path}"),
-            };
-            out.locations
-                .extend(abs(path).map(|p| location(&p, offset)));
-        }
-        "Write" => {
-            let path = field("path");
-            out.title = format!("Write {path}");
-            if let Some(p) = abs(path) {
-                out.locations.push(location(&p, None));
-                let content = field("content");
-                let old_text = match old {
-                    OldText::ReadFile => existing_text(Path::new(&p)),
-                    OldText::Unknown => None,
-                };
-                if let Some(old_text) = old_text {
-                    let size = content.len() + old_text.as_deref().map_or(0, str::len);
-                    if size <= MAX_DIFF_BYTES {
-                        out.content.push(
-                            json!({"type": "diff", "path": p, "oldText": old_text, "newText": content}),
-                        );
-                    }
-                }
-            }
-        }
-        "Edit" => {
-            let path = field("path");
-            out.title = format!("Edit {path}");
-            if let Some(p) = abs(path) {
-                out.locations.push(location(&p, None));
-                let (old_string, new_string) = (field("old_string"), field("new_string"));
-                if old_string.len() + new_string.len() <= MAX_DIFF_BYTES {
-                    out.content.push(json!({"type": "diff", "path": p,
-                                            "oldText": old_string, "newText": new_string}));
-                }
-            }
-        }
-        // An editor shows an execute card's title as the command line itself.
-        "Bash" => out.title = cap_title(field("command")),
-        "Glob" => {
-            let path = field("path");
-            out.title = match path {
-                "" => format!("Glob {}", field("pattern")),
-                dir => format!("Glob {} in {dir}", field("pattern")),
-            };
-            out.locations.extend(abs(path).map(|p| location(&p, None)));
-        }
-        "Grep" => {
-            let mut title = format!("Grep {:?}", field("pattern"));
-            let path = field("path");
-            if !path.is_empty() {
-                title.push_str(&format!(" in {path}"));
-            }
-            let include = field("include");
-            if !include.is_empty() {
-                title.push_str(&format!(" ({include})"));
-            }
-            out.title = cap_title(&title);
-            out.locations.extend(abs(path).map(|p| location(&p, None)));
-        }
-        other => out.title = other.to_owned(),
-    }
+    let Some(card) = table::lookup(tool).map(|row| row.card) else {
+        out.title = tool.to_owned();
+        return out;
+    };
+    out.title = (card.title)(input);
     if out.title.trim().is_empty() {
         out.title = tool.to_owned();
+    }
+    let Some(at) = card.location else {
+        return out;
+    };
+    let path = text_field(input, at.path);
+    let Some(abs) = resolve_abs(workspace, path) else {
+        return out;
+    };
+    let line = at.line.and_then(|field| input.get(field)?.as_u64());
+    out.locations.push(match line {
+        Some(line) => json!({"path": abs, "line": line}),
+        None => json!({"path": abs}),
+    });
+    match card.diff {
+        Diff::None => {}
+        Diff::WholeFile { content } => {
+            let content = text_field(input, content);
+            let old_text = match old {
+                OldText::ReadFile => existing_text(Path::new(&abs)),
+                OldText::Unknown => None,
+            };
+            if let Some(old_text) = old_text {
+                let size = content.len() + old_text.as_deref().map_or(0, str::len);
+                if size <= MAX_DIFF_BYTES {
+                    out.content.push(
+                        json!({"type": "diff", "path": abs, "oldText": old_text, "newText": content}),
+                    );
+                }
+            }
+        }
+        Diff::Replace { old, new } => {
+            let (old_string, new_string) = (text_field(input, old), text_field(input, new));
+            if old_string.len() + new_string.len() <= MAX_DIFF_BYTES {
+                out.content.push(json!({"type": "diff", "path": abs,
+                                        "oldText": old_string, "newText": new_string}));
+            }
+        }
     }
     out
 }
 
-fn cap_title(text: &str) -> String {
-    crate::text::cap_chars(text, MAX_TITLE_CHARS)
+/// `raw` rooted in the workspace as an absolute path, if it names a place inside it.
+fn resolve_abs(workspace: &Path, raw: &str) -> Option<String> {
+    if raw.is_empty() {
+        return None;
+    }
+    resolve_path(workspace, raw)
+        .ok()
+        .map(|p| p.abs.display().to_string())
 }
 
 /// The text a `Write` replaces: `Some(None)` for a new file, `Some(Some(text))` for a small

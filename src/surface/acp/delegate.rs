@@ -19,8 +19,9 @@ use serde_json::{Value, json};
 
 use crate::jsonrpc::RpcError;
 use crate::tools::ToolOutput;
-use crate::tools::bash;
-use crate::tools::fs::{self, Delegated, ToolPath};
+use crate::tools::bash::{self, BashInput};
+use crate::tools::fs::{self, ApplyEdit, Delegated, ToolPath};
+use crate::tools::table::{self, Delegation};
 
 /// How long the editor may take over one fs or terminal bookkeeping request.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -47,6 +48,8 @@ pub enum Step {
     EditRead {
         path: ToolPath,
         input: Value,
+        /// The tool's change to the text the editor sends.
+        apply: ApplyEdit,
     },
     Write {
         path: ToolPath,
@@ -112,8 +115,9 @@ impl Advance {
     }
 }
 
-/// Starts a call in the editor when the client can carry it out; `None` runs it locally.
-/// An input the local tool would refuse is refused the same way, without asking the editor.
+/// Starts a call in the editor when its row in `tools::table` says an editor can carry it
+/// out and the client offered that; `None` runs it locally. An input the local tool would
+/// refuse is refused the same way, without asking the editor.
 pub fn start(
     caps: ClientCaps,
     tool: &str,
@@ -121,45 +125,22 @@ pub fn start(
     workspace: &Path,
     session: &str,
 ) -> Option<Result<(Step, Request), ToolOutput>> {
-    let delegable = match tool {
-        "Read" => caps.read,
-        "Write" => caps.write,
-        "Edit" => caps.read && caps.write,
-        "Bash" => caps.terminal,
-        _ => false,
+    let delegation = table::lookup(tool).map_or(Delegation::Local, |row| row.delegation);
+    let check = match delegation {
+        Delegation::ReadFile(check) if caps.read => check,
+        Delegation::WriteFile(check) if caps.write => check,
+        Delegation::EditFile(check) if caps.read && caps.write => check,
+        Delegation::Terminal(parse) if caps.terminal => {
+            return Some(parse(input, workspace).map(|parsed| terminal_create(session, parsed)));
+        }
+        _ => return None,
     };
-    if !delegable {
-        return None;
-    }
-    if tool == "Bash" {
-        return Some(bash::parse_input(input, workspace).map(|parsed| {
-            let request = Request {
-                method: "terminal/create",
-                params: json!({
-                    "sessionId": session,
-                    "command": bash::shell(),
-                    // As the local Bash does, give the command no stdin: in an editor's
-                    // terminal it would otherwise wait on a prompt nobody sees.
-                    "args": ["-c", format!("exec </dev/null\n{}", parsed.command)],
-                    "cwd": parsed.cwd.display().to_string(),
-                    "outputByteLimit": TERMINAL_OUTPUT_BYTES,
-                }),
-                deadline: CLIENT_TIMEOUT,
-            };
-            (
-                Step::TermCreate {
-                    timeout: parsed.timeout,
-                },
-                request,
-            )
-        }));
-    }
     let read = |path: &ToolPath| Request {
         method: "fs/read_text_file",
         params: json!({"sessionId": session, "path": path.abs.display().to_string()}),
         deadline: CLIENT_TIMEOUT,
     };
-    Some(fs::delegate(tool, input, workspace).map(|call| match call {
+    Some(check(input, workspace).map(|call| match call {
         Delegated::Read {
             path,
             offset,
@@ -175,20 +156,42 @@ pub fn start(
                 request,
             )
         }
-        Delegated::Edit { path, input } => {
+        Delegated::Edit { path, input, apply } => {
             let request = read(&path);
-            (Step::EditRead { path, input }, request)
+            (Step::EditRead { path, input, apply }, request)
         }
         Delegated::Write {
             path,
             content,
-            existed,
+            done,
         } => {
-            let done = fs::write_delegated(&path, &content, existed);
             let request = write_request(session, &path, content);
             (Step::Write { path, done }, request)
         }
     }))
+}
+
+/// The first step of a command in an editor's terminal.
+fn terminal_create(session: &str, parsed: BashInput) -> (Step, Request) {
+    let request = Request {
+        method: "terminal/create",
+        params: json!({
+            "sessionId": session,
+            "command": bash::shell(),
+            // As the local Bash does, give the command no stdin: in an editor's
+            // terminal it would otherwise wait on a prompt nobody sees.
+            "args": ["-c", format!("exec </dev/null\n{}", parsed.command)],
+            "cwd": parsed.cwd.display().to_string(),
+            "outputByteLimit": TERMINAL_OUTPUT_BYTES,
+        }),
+        deadline: CLIENT_TIMEOUT,
+    };
+    (
+        Step::TermCreate {
+            timeout: parsed.timeout,
+        },
+        request,
+    )
 }
 
 fn write_request(session: &str, path: &ToolPath, content: String) -> Request {
@@ -225,7 +228,7 @@ pub fn on_answer(step: &mut Step, answer: Result<&Value, &RpcError>, session: &s
                 e,
             )),
         }),
-        Step::EditRead { path, input } => {
+        Step::EditRead { path, input, apply } => {
             let text = match answer {
                 Ok(v) => v.get("content").and_then(Value::as_str),
                 Err(e) => {
@@ -241,7 +244,7 @@ pub fn on_answer(step: &mut Step, answer: Result<&Value, &RpcError>, session: &s
                     path.rel
                 )));
             };
-            match fs::edit_delegated(path, input, text) {
+            match apply(path, input, text) {
                 Ok((new_text, done)) => {
                     let request = write_request(session, path, new_text);
                     let path = path.clone();

@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 use crate::drive::ops::{self, Dialect, Op, OpError, OpKind};
 use crate::drive::table::{DriveStatus, PollView, Prompt};
 use crate::text::cap_chars;
+use crate::tools::table;
 
 /// Longest `wait_ms` honoured: well under the 60 s many clients give a tool call.
 pub const MAX_WAIT_MS: u64 = 30_000;
@@ -323,11 +324,15 @@ pub fn parse_call(name: &str, arguments: Option<&Value>) -> Result<Op, CallError
 }
 
 /// The permission question sent as `elicitation/create` (form mode): a real schema, a
-/// default that makes a bare "accept" mean allow.
+/// default that makes a bare "accept" mean allow. A shell command is shown as the command
+/// line (the tool's permission subject says which field holds it), anything else as JSON.
 pub fn elicitation_params(run_id: &str, prompt: &Prompt, with_mode: bool) -> Value {
-    let detail = match (prompt.tool_name.as_str(), prompt.input.get("command")) {
-        ("Bash", Some(Value::String(cmd))) => format!("`{}`", cap_chars(cmd, 400)),
-        _ => cap_chars(&prompt.input.to_string(), 400),
+    let command = table::lookup(&prompt.tool_name)
+        .and_then(|tool| tool.permission.subject.command_field())
+        .and_then(|field| prompt.input.get(field)?.as_str());
+    let detail = match command {
+        Some(cmd) => format!("`{}`", cap_chars(cmd, 400)),
+        None => cap_chars(&prompt.input.to_string(), 400),
     };
     let mut params = json!({
         "message": format!(

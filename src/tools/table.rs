@@ -1,0 +1,597 @@
+//! The built-in tools, one row each: the spec offered to the model, where a call runs, and
+//! every fact the rest of the crate needs about a tool by its name (what a permission rule
+//! matches and the default it falls back to, how an editor shows and can carry out a call).
+//! Dispatch, the run's ordering of file changes, permissions, ACP cards, editor delegation
+//! and the MCP surface read these rows; none of them matches on tool names.
+//!
+//! So a new tool is its own file under `tools/` (declared in `tools/mod.rs`) holding its
+//! `spec`, the function its `Runs` names, its `title` and, if an editor can carry it out,
+//! its delegation check; and one row in `BUILTINS`, taking its line off `PLANNED` if it has
+//! one. Only a new kind of fact (a third place to run, a new editor request) needs more: a
+//! variant here and the code that reads it.
+//!
+//! A name that is not in `BUILTINS` is not a built-in: a tool an MCP server offers
+//! (`mcp__server__tool`), which its host runs. Such calls ask before they run and show as
+//! "other" in an editor.
+//!
+//! Architecture Invariant: this module knows no surface. What an editor shows (ACP's tool
+//! kind, what a card locates and diffs) and which editor request can carry a call are small
+//! tool-level enums here; each surface maps them to its own protocol.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::model::types::ToolSpec;
+use crate::tools::ToolOutput;
+use crate::tools::bash::{self, BashInput, BashJob};
+use crate::tools::fs::{self, Delegated};
+
+/// Titles are labels, not documents: a longer command or search is cut here.
+pub(crate) const MAX_TITLE_CHARS: usize = 400;
+
+/// One built-in tool.
+#[derive(Debug)]
+pub(crate) struct Tool {
+    /// The name the model calls it by, as upstream spells it; also its spec's name.
+    pub(crate) name: &'static str,
+    /// Description and input schema, as offered to the model.
+    pub(crate) spec: fn() -> ToolSpec,
+    pub(crate) runs: Runs,
+    pub(crate) permission: Permission,
+    pub(crate) card: Card,
+    pub(crate) delegation: Delegation,
+}
+
+/// Where a call runs. A tool whose state lives with its run rather than in the workspace
+/// (a to-do list) would add a variant here for the engine to answer without a thread or a
+/// process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Runs {
+    /// Blocking, bounded file-system work on the engine's tool worker pool.
+    Worker(fn(&Value, &Path) -> ToolOutput),
+    /// A child process whose pipes the engine watches on the reactor and whose process
+    /// group it kills on timeout or cancel.
+    Process(fn(&Value, &Path) -> Result<BashJob, ToolOutput>),
+}
+
+/// What the permission policy needs to know about a tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Permission {
+    pub(crate) class: Class,
+    pub(crate) subject: Subject,
+    /// The built-in rule for the tool, after every configured one.
+    pub(crate) default: DefaultAction,
+}
+
+/// What a call may change, which decides how modes and the run treat it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Changes nothing a plan depends on: plan mode lets it run.
+    ReadOnly,
+    /// Changes the file its `Subject::Path` field names. Within a turn such calls run one at
+    /// a time in call order (two edits of one file would otherwise race), a successful one
+    /// counts as an edit for the no-edit nudge, and `acceptEdits` approves it inside the
+    /// workspace.
+    EditsFile,
+    /// Anything else (a command, the network): plan mode stops it.
+    Other,
+}
+
+/// The input field a rule's `Tool:<glob>` / `Tool(<glob>)` form matches, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Subject {
+    /// No such field: only the bare-name and `key=<glob>` forms apply.
+    Nothing,
+    /// A shell command: allow rules must cover each simple command in it, and Claude Code's
+    /// `cmd:*` prefix form and the `~` anywhere form apply.
+    Command(&'static str),
+    /// A file or directory judged against the workspace; `default` when the input leaves the
+    /// field out.
+    Path {
+        field: &'static str,
+        default: Option<&'static str>,
+    },
+    /// A URL, matched as text; an "always allow" answer allows its site.
+    Url(&'static str),
+}
+
+/// The built-in rule for a tool no configured rule matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DefaultAction {
+    Allow,
+    Ask,
+}
+
+/// How an editor shows a call: its kind and what the card says about the input.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Card {
+    pub(crate) kind: Kind,
+    /// The card's title for an input: a short human label of what the call does.
+    pub(crate) title: fn(&Value) -> String,
+    /// The file or directory the call is about, if any.
+    pub(crate) location: Option<Location>,
+    pub(crate) diff: Diff,
+}
+
+/// The kind of work a call does, which picks the editor's icon. The whole vocabulary is
+/// here, so a new tool picks its kind without touching the surfaces.
+#[allow(
+    dead_code,
+    reason = "kinds for tools still to come (WebFetch, TodoWrite)"
+)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Read,
+    Edit,
+    Delete,
+    Move,
+    Search,
+    Execute,
+    Think,
+    Fetch,
+    Other,
+}
+
+/// Input fields naming where a call works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Location {
+    /// The field holding the path, as the tool resolves it.
+    pub(crate) path: &'static str,
+    /// The field holding the 1-based line the call starts at.
+    pub(crate) line: Option<&'static str>,
+}
+
+/// The change a card can show before the call runs, at its location.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Diff {
+    None,
+    /// The field holds the file's whole new content; the old text is the file as it is.
+    WholeFile {
+        content: &'static str,
+    },
+    /// The text in field `old` becomes the text in field `new`.
+    Replace {
+        old: &'static str,
+        new: &'static str,
+    },
+}
+
+/// Which editor requests can carry a call out instead of caliban, and the tool's check of a
+/// call before it is handed over: the same checks and the same refusal as the local tool,
+/// and what to fetch, store and answer (`fs::Delegated`, `bash::BashInput`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Delegation {
+    /// Runs here only.
+    Local,
+    /// Reads the file it names (the editor's buffer, unsaved changes included).
+    ReadFile(DelegateCheck),
+    /// Writes the file it names.
+    WriteFile(DelegateCheck),
+    /// Reads the file it names, then writes it back changed.
+    EditFile(DelegateCheck),
+    /// A shell command an editor's terminal can run.
+    Terminal(fn(&Value, &Path) -> Result<BashInput, ToolOutput>),
+}
+
+/// Checks a file-tool call for a host without touching the file's content; it answers with
+/// the `Delegated` variant its `Delegation` names.
+pub(crate) type DelegateCheck = fn(&Value, &Path) -> Result<Delegated, ToolOutput>;
+
+const PATH: Subject = Subject::Path {
+    field: "path",
+    default: None,
+};
+/// A tool that changes the file at `path`: it asks, unless `acceptEdits` approves it.
+const EDITS_PATH: Permission = Permission {
+    class: Class::EditsFile,
+    subject: PATH,
+    default: DefaultAction::Ask,
+};
+/// Glob and Grep search the workspace root unless told otherwise, and their rules judge
+/// the directory searched; searching changes nothing, so they run without asking.
+const SEARCHES: Permission = Permission {
+    class: Class::ReadOnly,
+    subject: Subject::Path {
+        field: "path",
+        default: Some("."),
+    },
+    default: DefaultAction::Allow,
+};
+/// Upstream's plan-mode tools: they ask, and plan mode lets them run, since a plan-mode
+/// session with no way to propose leaving it would be a trap.
+const PLAN_MODE: Permission = Permission {
+    class: Class::ReadOnly,
+    subject: Subject::Nothing,
+    default: DefaultAction::Ask,
+};
+const AT_PATH: Option<Location> = Some(Location {
+    path: "path",
+    line: None,
+});
+
+/// Every built-in tool, in the order they are offered to the model.
+pub(crate) static BUILTINS: &[Tool] = &[
+    Tool {
+        name: "Bash",
+        spec: bash::spec,
+        runs: Runs::Process(BashJob::spawn),
+        permission: Permission {
+            class: Class::Other,
+            subject: Subject::Command("command"),
+            default: DefaultAction::Ask,
+        },
+        card: Card {
+            kind: Kind::Execute,
+            title: bash::title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Terminal(bash::parse_input),
+    },
+    Tool {
+        name: "Read",
+        spec: fs::read_spec,
+        runs: Runs::Worker(fs::run_read),
+        permission: Permission {
+            class: Class::ReadOnly,
+            subject: PATH,
+            default: DefaultAction::Allow,
+        },
+        card: Card {
+            kind: Kind::Read,
+            title: fs::read_title,
+            location: Some(Location {
+                path: "path",
+                line: Some("offset"),
+            }),
+            diff: Diff::None,
+        },
+        delegation: Delegation::ReadFile(fs::delegate_read),
+    },
+    Tool {
+        name: "Write",
+        spec: fs::write_spec,
+        runs: Runs::Worker(fs::run_write),
+        permission: EDITS_PATH,
+        card: Card {
+            kind: Kind::Edit,
+            title: fs::write_title,
+            location: AT_PATH,
+            diff: Diff::WholeFile { content: "content" },
+        },
+        delegation: Delegation::WriteFile(fs::delegate_write),
+    },
+    Tool {
+        name: "Edit",
+        spec: fs::edit_spec,
+        runs: Runs::Worker(fs::run_edit),
+        permission: EDITS_PATH,
+        card: Card {
+            kind: Kind::Edit,
+            title: fs::edit_title,
+            location: AT_PATH,
+            diff: Diff::Replace {
+                old: "old_string",
+                new: "new_string",
+            },
+        },
+        delegation: Delegation::EditFile(fs::delegate_edit),
+    },
+    Tool {
+        name: "Glob",
+        spec: fs::glob_spec,
+        runs: Runs::Worker(fs::run_glob),
+        permission: SEARCHES,
+        card: Card {
+            kind: Kind::Search,
+            title: fs::glob_title,
+            location: AT_PATH,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
+    Tool {
+        name: "Grep",
+        spec: fs::grep_spec,
+        runs: Runs::Worker(fs::run_grep),
+        permission: SEARCHES,
+        card: Card {
+            kind: Kind::Search,
+            title: fs::grep_title,
+            location: AT_PATH,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
+];
+
+/// Upstream's tools that caliban does not have yet, with the permission facts that settings
+/// written for upstream already rely on (`WebFetch(https://docs.rs/*)`, `MultiEdit(src/**)`,
+/// `TodoWrite` allowed in plan mode). A tool that lands moves from here to a row in
+/// `BUILTINS`; a test refuses a name in both.
+pub(crate) static PLANNED: &[(&str, Permission)] = &[
+    ("MultiEdit", EDITS_PATH),
+    ("NotebookEdit", EDITS_PATH),
+    (
+        "WebFetch",
+        Permission {
+            class: Class::Other,
+            subject: Subject::Url("url"),
+            default: DefaultAction::Ask,
+        },
+    ),
+    // Planning bookkeeping: it runs without asking, and in plan mode.
+    (
+        "TodoWrite",
+        Permission {
+            class: Class::ReadOnly,
+            subject: Subject::Nothing,
+            default: DefaultAction::Allow,
+        },
+    ),
+    ("EnterPlanMode", PLAN_MODE),
+    ("ExitPlanMode", PLAN_MODE),
+];
+
+/// The built-in tool called `name`; `None` for anything else (an MCP server's tool).
+pub(crate) fn lookup(name: &str) -> Option<&'static Tool> {
+    BUILTINS.iter().find(|tool| tool.name == name)
+}
+
+/// The permission facts for `name`, built in or planned; `None` for any other tool, which
+/// has no subject field, falls back to the catch-all ask and is stopped by plan mode.
+pub(crate) fn permission(name: &str) -> Option<&'static Permission> {
+    match lookup(name) {
+        Some(tool) => Some(&tool.permission),
+        None => PLANNED
+            .iter()
+            .find(|(planned, _)| *planned == name)
+            .map(|(_, permission)| permission),
+    }
+}
+
+/// Every name with permission facts and its built-in rule, built-ins first in offer order.
+pub(crate) fn defaults() -> impl Iterator<Item = (&'static str, DefaultAction)> {
+    let builtins = BUILTINS
+        .iter()
+        .map(|tool| (tool.name, tool.permission.default));
+    let planned = PLANNED
+        .iter()
+        .map(|(name, permission)| (*name, permission.default));
+    builtins.chain(planned)
+}
+
+/// Whether a call of `name` changes the file it names (`Class::EditsFile`).
+pub(crate) fn edits_files(name: &str) -> bool {
+    permission(name).is_some_and(|permission| permission.class == Class::EditsFile)
+}
+
+/// The specs of every built-in tool, in offer order.
+pub(crate) fn specs() -> Vec<ToolSpec> {
+    BUILTINS.iter().map(|tool| (tool.spec)()).collect()
+}
+
+impl Subject {
+    /// The field holding the shell command, for a `Command` subject.
+    pub(crate) fn command_field(self) -> Option<&'static str> {
+        match self {
+            Subject::Command(field) => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// A string field of a call's input for a title, empty when absent or not a string.
+pub(crate) fn text_field<'v>(input: &'v Value, key: &str) -> &'v str {
+    input.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// `text` cut to `MAX_TITLE_CHARS`.
+pub(crate) fn cap_title(text: &str) -> String {
+    crate::text::cap_chars(text, MAX_TITLE_CHARS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_in_offer_order() {
+        let names: Vec<&str> = BUILTINS.iter().map(|tool| tool.name).collect();
+        assert_eq!(names, ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]);
+        let specs: Vec<String> = specs().iter().map(|spec| spec.name.to_string()).collect();
+        assert_eq!(specs, names, "the offered specs follow the table");
+    }
+
+    #[test]
+    fn every_row_is_named_as_its_spec_and_only_once() {
+        for (at, tool) in BUILTINS.iter().enumerate() {
+            assert_eq!((tool.spec)().name, tool.name);
+            assert!(
+                !BUILTINS[..at].iter().any(|other| other.name == tool.name),
+                "{} twice",
+                tool.name
+            );
+            assert!(
+                !PLANNED.iter().any(|(planned, _)| *planned == tool.name),
+                "{} is built: take it off PLANNED",
+                tool.name
+            );
+            assert!(std::ptr::eq(lookup(tool.name).unwrap(), tool));
+        }
+        assert!(lookup("read").is_none());
+        assert!(lookup("mcp__github__create_issue").is_none());
+    }
+
+    #[test]
+    fn where_calls_run() {
+        let placement = |name: &str| match lookup(name).map(|tool| tool.runs) {
+            Some(Runs::Worker(_)) => "worker",
+            Some(Runs::Process(_)) => "process",
+            None => "none",
+        };
+        for name in ["Read", "Write", "Edit", "Glob", "Grep"] {
+            assert_eq!(placement(name), "worker", "{name}");
+        }
+        assert_eq!(placement("Bash"), "process");
+        assert_eq!(placement("MultiEdit"), "none");
+    }
+
+    #[test]
+    fn default_actions_and_classes() {
+        let default = |name: &str| permission(name).map(|p| p.default);
+        for name in ["Read", "Grep", "Glob", "TodoWrite"] {
+            assert_eq!(default(name), Some(DefaultAction::Allow), "{name}");
+        }
+        for name in ["Bash", "Write", "Edit", "WebFetch", "MultiEdit"] {
+            assert_eq!(default(name), Some(DefaultAction::Ask), "{name}");
+        }
+        assert_eq!(default("mcp__x__y"), None);
+
+        let class = |name: &str| permission(name).map(|p| p.class);
+        for name in ["Read", "Grep", "Glob", "TodoWrite", "ExitPlanMode"] {
+            assert_eq!(class(name), Some(Class::ReadOnly), "{name}");
+        }
+        for name in ["Write", "Edit", "MultiEdit", "NotebookEdit"] {
+            assert!(edits_files(name), "{name}");
+        }
+        for name in ["Bash", "Read", "WebFetch", "mcp__x__y"] {
+            assert!(!edits_files(name), "{name}");
+        }
+        assert_eq!(class("Bash"), Some(Class::Other));
+        assert_eq!(class("WebFetch"), Some(Class::Other));
+    }
+
+    #[test]
+    fn subjects() {
+        let subject = |name: &str| permission(name).map(|p| p.subject);
+        assert_eq!(subject("Bash"), Some(Subject::Command("command")));
+        for name in ["Read", "Write", "Edit", "MultiEdit", "NotebookEdit"] {
+            assert_eq!(subject(name), Some(PATH), "{name}");
+        }
+        for name in ["Glob", "Grep"] {
+            assert_eq!(
+                subject(name),
+                Some(Subject::Path {
+                    field: "path",
+                    default: Some(".")
+                }),
+                "{name}"
+            );
+        }
+        assert_eq!(subject("WebFetch"), Some(Subject::Url("url")));
+        assert_eq!(subject("TodoWrite"), Some(Subject::Nothing));
+        assert_eq!(subject("mcp__x__y"), None);
+        // A file-changing tool names its file in a path field, which `acceptEdits` judges.
+        for (name, _) in defaults() {
+            if edits_files(name) {
+                assert!(
+                    matches!(subject(name), Some(Subject::Path { .. })),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cards_and_delegation() {
+        let tool = |name: &str| lookup(name).unwrap();
+        let kinds: Vec<Kind> = BUILTINS.iter().map(|t| t.card.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Execute,
+                Kind::Read,
+                Kind::Edit,
+                Kind::Edit,
+                Kind::Search,
+                Kind::Search
+            ]
+        );
+        assert_eq!(tool("Read").card.location.unwrap().line, Some("offset"));
+        assert_eq!(tool("Bash").card.location, None);
+        assert!(matches!(tool("Write").card.diff, Diff::WholeFile { .. }));
+        assert!(matches!(tool("Edit").card.diff, Diff::Replace { .. }));
+        // A diff is shown at the card's location, so a row with one has one.
+        for row in BUILTINS {
+            if row.card.diff != Diff::None {
+                assert!(row.card.location.is_some(), "{}", row.name);
+            }
+        }
+        let delegation: Vec<&str> = BUILTINS
+            .iter()
+            .map(|t| match t.delegation {
+                Delegation::Local => "local",
+                Delegation::ReadFile(_) => "read",
+                Delegation::WriteFile(_) => "write",
+                Delegation::EditFile(_) => "edit",
+                Delegation::Terminal(_) => "terminal",
+            })
+            .collect();
+        assert_eq!(
+            delegation,
+            ["terminal", "read", "write", "edit", "local", "local"]
+        );
+    }
+
+    #[test]
+    fn file_delegations_answer_with_their_own_variant() {
+        let ws = std::env::temp_dir().join(format!("caliban-table-{}", std::process::id()));
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+        let input = serde_json::json!({"path": "a.txt", "content": "b\n",
+                                       "old_string": "a", "new_string": "b"});
+        for row in BUILTINS {
+            let (check, want): (DelegateCheck, &str) = match row.delegation {
+                Delegation::ReadFile(check) => (check, "read"),
+                Delegation::WriteFile(check) => (check, "write"),
+                Delegation::EditFile(check) => (check, "edit"),
+                Delegation::Local | Delegation::Terminal(_) => continue,
+            };
+            let got = match check(&input, &ws) {
+                Ok(Delegated::Read { .. }) => "read",
+                Ok(Delegated::Write { .. }) => "write",
+                Ok(Delegated::Edit { .. }) => "edit",
+                Err(refused) => panic!("{}: {}", row.name, refused.text),
+            };
+            assert_eq!(got, want, "{}", row.name);
+        }
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+
+    #[test]
+    fn titles() {
+        let title = |name: &str, input: Value| (lookup(name).unwrap().card.title)(&input);
+        use serde_json::json;
+        assert_eq!(title("Read", json!({"path": "a.rs"})), "Read a.rs");
+        assert_eq!(
+            title("Read", json!({"path": "a.rs", "offset": 1})),
+            "Read a.rs"
+        );
+        assert_eq!(
+            title("Read", json!({"path": "a.rs", "offset": 9})),
+            "Read a.rs (from line 9)"
+        );
+        assert_eq!(title("Write", json!({"path": "a"})), "Write a");
+        assert_eq!(title("Edit", json!({"path": "a"})), "Edit a");
+        assert_eq!(title("Bash", json!({"command": "ls -la"})), "ls -la");
+        assert_eq!(title("Glob", json!({"pattern": "*.rs"})), "Glob *.rs");
+        assert_eq!(
+            title("Glob", json!({"pattern": "*.rs", "path": "src"})),
+            "Glob *.rs in src"
+        );
+        assert_eq!(
+            title(
+                "Grep",
+                json!({"pattern": "fn \"x\"", "path": "src", "include": "*.rs"})
+            ),
+            r#"Grep "fn \"x\"" in src (*.rs)"#
+        );
+        let long = "x".repeat(MAX_TITLE_CHARS * 2);
+        assert_eq!(
+            title("Bash", json!({ "command": long })),
+            format!("{}…", "x".repeat(MAX_TITLE_CHARS))
+        );
+    }
+}
