@@ -44,12 +44,13 @@ use crate::drive::table::DriveCore;
 use crate::engine::{Engine, HostAction, RunId, ToolPlacement};
 use crate::jsonrpc::{self, Id, Message, RpcError, notification};
 use crate::log;
-use crate::reactor::Signal;
+use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
 use delegate::ClientCaps;
 use mcp::McpEntry;
 use outbox::Outbox;
+use prompt::PromptState;
 use session::Session;
 
 /// The ACP major version spoken here.
@@ -113,8 +114,8 @@ pub struct AcpServe {
     quitting: bool,
     mcp: HashMap<u64, McpEntry>,
     next_mcp: u64,
-    /// Deadlines of prompts waiting for MCP servers: timer key → session.
-    mcp_timers: HashMap<u64, String>,
+    /// Deadlines of prompts waiting for MCP servers: timer key → (session, timer).
+    mcp_timers: HashMap<u64, (String, TimerId)>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -227,12 +228,7 @@ impl AcpServe {
                 let found = self
                     .sessions
                     .iter()
-                    .find(|(_, s)| {
-                        s.prompt.as_ref().is_some_and(|p| &p.to_json() == request)
-                            || s.mcp_wait
-                                .as_ref()
-                                .is_some_and(|w| &w.0.to_json() == request)
-                    })
+                    .find(|(_, s)| s.prompt.request().is_some_and(|p| &p.to_json() == request))
                     .map(|(id, _)| id.clone());
                 if let Some(session) = found {
                     self.cancel_turn(ctx, &session);
@@ -305,9 +301,8 @@ impl AcpServe {
                 continue;
             };
             let servers = std::mem::take(&mut session.mcp);
-            if let Some((prompt, _, key)) = Self::take_mcp_wait(ctx, session) {
-                self.mcp_timers.remove(&key);
-                self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
+            if let Some((prompt, key)) = session.prompt.step(PromptState::end_wait) {
+                self.answer_cancelled(ctx, prompt.request, Some(key));
             }
             self.stop_servers(ctx, servers);
         }
@@ -374,7 +369,7 @@ impl Surface for AcpServe {
     fn on_timer(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
         match key {
             AcpKey::McpWait(key) => {
-                if let Some(sid) = self.mcp_timers.remove(&key) {
+                if let Some((sid, _)) = self.mcp_timers.remove(&key) {
                     self.mcp_wait_over(ctx, &sid, true);
                 }
             }

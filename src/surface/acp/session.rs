@@ -10,14 +10,14 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::permission::Asked;
+use super::prompt::PromptState;
 use super::tasks::Task;
 use super::updates::Card;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
 use crate::drive::table::DriveCore;
 use crate::engine::RunId;
-use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
+use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::permissions::{Mode, Rule};
-use crate::reactor::TimerId;
 use crate::surface::host::Cx;
 
 /// The longest session title `session/list` shows.
@@ -59,25 +59,24 @@ pub(super) struct Session {
     pub(super) rules: Vec<Rule>,
     /// The newest run (live or not): a new run continues its conversation.
     pub(super) run: Option<RunId>,
-    /// The newest run ended on a refusal: its last prompt is not carried on.
+    /// The newest run ended on a refusal: its last prompt is not carried on. Not part of
+    /// `prompt`: it is about the conversation the next run continues, set when a run ends
+    /// and read when the next one starts, whatever became of the prompt in between.
     pub(super) drop_last_prompt: bool,
-    /// The `session/prompt` being answered.
-    pub(super) prompt: Option<Id>,
-    pub(super) cancelling: bool,
-    /// A prompt that arrived while the cancelled turn was still winding down (an editor
-    /// sends `session/cancel` and the next `session/prompt` back to back); it starts as
-    /// soon as the cancelled prompt is answered.
-    pub(super) queued_prompt: Option<(Id, Value)>,
+    /// Where the session's `session/prompt` is: none, waiting, running, being cancelled.
+    pub(super) prompt: PromptState,
     pub(super) cards: HashMap<String, Card>,
     pub(super) asked: Option<Asked>,
     pub(super) tasks: HashMap<String, Task>,
-    /// `_meta` from the run's `RunEnd`, for the prompt answer.
+    /// `_meta` from the run's `RunEnd`, for the prompt answer. Not part of `prompt`: it
+    /// belongs to the run, comes with its last event and is taken when its end is reported
+    /// (`on_finished`), whether or not a prompt waits for it.
     pub(super) run_end: Option<Value>,
     /// The session's MCP servers (keys of `AcpServe::mcp`).
     pub(super) mcp: Vec<u64>,
-    /// A prompt waiting for MCP servers to list their tools: (request, params, deadline).
-    pub(super) mcp_wait: Option<(Id, Value, TimerId, u64)>,
-    /// A prompt already waited its full time: later ones do not wait for stragglers.
+    /// A prompt already waited its full time: later ones do not wait for stragglers. Not
+    /// part of `prompt`: it is about the session's servers and outlives the prompt that
+    /// gave up.
     pub(super) mcp_gave_up: bool,
 }
 
@@ -89,15 +88,12 @@ impl Session {
             rules: Vec::new(),
             run,
             drop_last_prompt: false,
-            prompt: None,
-            cancelling: false,
-            queued_prompt: None,
+            prompt: PromptState::Idle,
             cards: HashMap::new(),
             asked: None,
             tasks: HashMap::new(),
             run_end: None,
             mcp: Vec::new(),
-            mcp_wait: None,
             mcp_gave_up: false,
         }
     }
@@ -180,7 +176,7 @@ impl AcpServe {
         let id = str_param(params, "sessionId")?.to_owned();
         let cwd = Self::session_cwd(ctx.core, params)?;
         let newest = match self.sessions.get(&id) {
-            Some(session) if session.prompt.is_some() || session.mcp_wait.is_some() => {
+            Some(session) if !session.prompt.is_idle() => {
                 return Err(RpcError::new(
                     INVALID_REQUEST,
                     "the session is answering a prompt; cancel it first",
@@ -285,16 +281,23 @@ impl AcpServe {
         {
             let _ = ctx.core.cancel(run);
         }
-        if let Some(prompt) = session.prompt.take() {
-            self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
-        }
+        // A prompt in flight is answered now, one waiting for servers once the session's
+        // requests are withdrawn. A prompt queued behind a cancelled one goes with the
+        // session, unanswered.
+        let waiting = match std::mem::take(&mut session.prompt) {
+            PromptState::Running { request } | PromptState::Cancelling { request, .. } => {
+                self.answer_cancelled(ctx, request, None);
+                None
+            }
+            PromptState::WaitingForServers { prompt, key } => Some((prompt.request, key)),
+            PromptState::Idle => None,
+        };
         if let Some(asked) = session.asked.take() {
             self.withdraw(asked.request);
         }
         self.abandon_tasks(ctx, &id, &mut session);
-        if let Some((prompt, _, key)) = Self::take_mcp_wait(ctx, &mut session) {
-            self.mcp_timers.remove(&key);
-            self.reply(prompt, Ok(json!({"stopReason": "cancelled"})));
+        if let Some((request, key)) = waiting {
+            self.answer_cancelled(ctx, request, Some(key));
         }
         self.stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
