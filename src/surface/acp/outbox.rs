@@ -1,0 +1,103 @@
+//! The ordered outbox: every frame for the client, in the order it must arrive. It is
+//! written once the engine's batch is done, so a turn's updates always precede its
+//! `session/prompt` answer, and an opening `tool_call` that is still unwritten when its input
+//! is complete takes the input in (an editor draws the card once, with its input).
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::jsonrpc::{self, Message, notification};
+
+/// One frame waiting to be written.
+enum Out {
+    Frame(Message),
+    Update { session: String, update: Value },
+}
+
+/// Frames in the order they must reach the client.
+#[derive(Default)]
+pub(super) struct Outbox {
+    items: Vec<Out>,
+    /// Opening `tool_call`s not written yet, by (session, tool call id): the input can still
+    /// join them.
+    open: HashMap<(String, String), usize>,
+}
+
+impl Outbox {
+    pub(super) fn frame(&mut self, message: Message) {
+        self.items.push(Out::Frame(message));
+    }
+
+    pub(super) fn update(&mut self, session: &str, update: Value) {
+        self.items.push(Out::Update {
+            session: session.to_owned(),
+            update,
+        });
+    }
+
+    pub(super) fn open_card(&mut self, session: &str, tool: &str, update: Value) {
+        self.open
+            .insert((session.to_owned(), tool.to_owned()), self.items.len());
+        self.update(session, update);
+    }
+
+    /// Adds `fields` to a still unwritten opening `tool_call`; false if it was written.
+    pub(super) fn join_open_card(
+        &mut self,
+        session: &str,
+        tool: &str,
+        fields: &Map<String, Value>,
+    ) -> bool {
+        let key = (session.to_owned(), tool.to_owned());
+        let Some(&at) = self.open.get(&key) else {
+            return false;
+        };
+        let Some(Out::Update { update, .. }) = self.items.get_mut(at) else {
+            return false;
+        };
+        let Some(obj) = update.as_object_mut() else {
+            return false;
+        };
+        obj.extend(fields.clone());
+        true
+    }
+
+    pub(super) fn take_bytes(&mut self) -> Vec<u8> {
+        self.open.clear();
+        let mut bytes = Vec::new();
+        for item in self.items.drain(..) {
+            let message = match item {
+                Out::Frame(message) => message,
+                Out::Update { session, update } => notification(
+                    "session/update",
+                    json!({"sessionId": session, "update": update}),
+                ),
+            };
+            bytes.extend_from_slice(&jsonrpc::to_line(&message));
+        }
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_card_takes_its_input_until_written() {
+        let mut out = Outbox::default();
+        out.open_card(
+            "s",
+            "t",
+            json!({"sessionUpdate": "tool_call", "toolCallId": "t"}),
+        );
+        let mut fields = Map::new();
+        fields.insert("rawInput".into(), json!({"a": 1}));
+        assert!(out.join_open_card("s", "t", &fields));
+        let bytes = out.take_bytes();
+        let frame: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(frame["params"]["update"]["rawInput"], json!({"a": 1}));
+        assert!(!out.join_open_card("s", "t", &fields));
+    }
+}

@@ -1,0 +1,729 @@
+//! The prompt lifecycle: `session/prompt` (input at the session's turn boundary, or a new
+//! run that continues the conversation, once the session's MCP servers have listed their
+//! tools), `session/cancel`, and the answer when the turn or the run ends.
+//!
+//! `PromptState` is the lifecycle as data, and its transitions are pure: they take the
+//! state and what happened and give the next state and what to answer. `AcpServe` performs
+//! them (replies, the run's cancel, the wait's deadline).
+
+use serde_json::{Map, Value, json};
+
+use super::mcp_client::Phase;
+use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
+use crate::agent::event::StopCondition;
+use crate::drive::table::{DriveStatus, Inbound, RunSpec};
+use crate::engine::RunId;
+use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
+use crate::log;
+use crate::surface::host::Cx;
+
+/// How long a prompt waits for the session's MCP servers to list their tools.
+const MCP_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Where a session's `session/prompt` is. One per session; every variant but `Idle` holds
+/// a request the client waits on an answer for.
+///
+/// Transitions (each a method below, done by value through `step`):
+///
+/// - `Idle` → `Running`: the prompt became input at the run's turn boundary, or started a
+///   run (`AcpServe::prompt`, after `admit` said `Start`).
+/// - `Idle` → `WaitingForServers`: a new run's tools are fixed when it starts, and some of
+///   the session's MCP servers have not listed theirs yet.
+/// - `WaitingForServers` → `Idle` (`end_wait`): the servers are ready or the wait ran out,
+///   and the prompt is taken again; or a cancel, `session/close` or shutdown answers it
+///   `cancelled` (`on_cancel` too).
+/// - `Running` → `Cancelling` (`on_cancel`): the run is being cancelled; answered when it
+///   has ended. With no live run to cancel, `Running` → `Idle`, answered `cancelled` now.
+/// - `Cancelling` → `Cancelling` (`admit`): a prompt that comes before the cancelled turn
+///   ends is queued (one; a second is refused).
+/// - `Running` → `Idle` (`on_turn_end`, `on_run_end`): answered with the stop reason.
+/// - `Cancelling` → `Idle` (`on_turn_end`, `on_run_end`): answered `cancelled`; the queued
+///   prompt, if any, is taken next.
+///
+/// Anything else leaves the state as it is: a stale cancel never reaches the next turn.
+#[derive(Debug, Default, PartialEq)]
+pub(super) enum PromptState {
+    #[default]
+    Idle,
+    /// A prompt for a new run, held until the session's MCP servers list their tools;
+    /// `key` names its deadline (`AcpKey::McpWait`, `AcpServe::mcp_timers`).
+    WaitingForServers { prompt: Deferred, key: u64 },
+    /// The prompt's turn is running.
+    Running { request: Id },
+    /// The prompt's run is being cancelled. `queued` is a prompt that arrived meanwhile (an
+    /// editor sends `session/cancel` and the next `session/prompt` back to back); it starts
+    /// as soon as the cancelled prompt is answered.
+    Cancelling {
+        request: Id,
+        queued: Option<Deferred>,
+    },
+}
+
+/// A `session/prompt` taken but not started yet: it goes through `AcpServe::prompt` again.
+#[derive(Debug, PartialEq)]
+pub(super) struct Deferred {
+    pub(super) request: Id,
+    pub(super) params: Value,
+}
+
+/// What to do with a `session/prompt`.
+#[derive(Debug, PartialEq)]
+pub(super) enum Admit {
+    /// Nothing in flight: start it.
+    Start,
+    /// Queued behind the prompt being cancelled.
+    Queued,
+    /// A prompt is already in flight: refuse it.
+    Busy,
+}
+
+/// What a cancel asks for.
+#[derive(Debug, PartialEq)]
+pub(super) enum Cancel {
+    /// No prompt in flight, or its cancel is already under way.
+    Nothing,
+    /// Cancel the session's run; the prompt is answered once the run has ended.
+    StopRun,
+    /// Answer `cancelled` now: the prompt never started a run, or its run has ended.
+    /// `deadline` is the key of a wait for servers to drop.
+    Answer { request: Id, deadline: Option<u64> },
+}
+
+/// A `session/prompt` answer.
+#[derive(Debug, PartialEq)]
+pub(super) struct Answer {
+    pub(super) request: Id,
+    pub(super) result: Result<Value, RpcError>,
+    /// The prompt queued behind this one: taken once this answer is out.
+    pub(super) next: Option<Deferred>,
+}
+
+fn stop_reason(stop: &str) -> Value {
+    json!({"stopReason": stop})
+}
+
+impl PromptState {
+    /// Moves the state through `transition`, giving back what the transition says to do.
+    pub(super) fn step<T>(&mut self, transition: impl FnOnce(Self) -> (Self, T)) -> T {
+        let (next, todo) = transition(std::mem::take(self));
+        *self = next;
+        todo
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        matches!(self, PromptState::Idle)
+    }
+
+    /// The request in flight or waiting; a queued prompt's is not one a cancel names.
+    pub(super) fn request(&self) -> Option<&Id> {
+        match self {
+            PromptState::Idle => None,
+            PromptState::WaitingForServers { prompt, .. } => Some(&prompt.request),
+            PromptState::Running { request } | PromptState::Cancelling { request, .. } => {
+                Some(request)
+            }
+        }
+    }
+
+    /// A `session/prompt` arrives; while a cancelled turn winds down, one is queued.
+    pub(super) fn admit(&mut self, request: &Id, params: &Value) -> Admit {
+        match self {
+            PromptState::Idle => Admit::Start,
+            PromptState::Cancelling {
+                queued: queued @ None,
+                ..
+            } => {
+                *queued = Some(Deferred {
+                    request: request.clone(),
+                    params: params.clone(),
+                });
+                Admit::Queued
+            }
+            PromptState::WaitingForServers { .. }
+            | PromptState::Running { .. }
+            | PromptState::Cancelling {
+                queued: Some(_), ..
+            } => Admit::Busy,
+        }
+    }
+
+    /// `session/cancel` (or `$/cancel_request` naming the prompt, or a permission request
+    /// answered `cancelled`); `run_live` says whether the session's run is still going.
+    pub(super) fn on_cancel(self, run_live: bool) -> (PromptState, Cancel) {
+        match self {
+            PromptState::WaitingForServers { prompt, key } => (
+                PromptState::Idle,
+                Cancel::Answer {
+                    request: prompt.request,
+                    deadline: Some(key),
+                },
+            ),
+            PromptState::Running { request } if run_live => (
+                PromptState::Cancelling {
+                    request,
+                    queued: None,
+                },
+                Cancel::StopRun,
+            ),
+            PromptState::Running { request } => (
+                PromptState::Idle,
+                Cancel::Answer {
+                    request,
+                    deadline: None,
+                },
+            ),
+            state @ (PromptState::Idle | PromptState::Cancelling { .. }) => {
+                (state, Cancel::Nothing)
+            }
+        }
+    }
+
+    /// The wait for servers is over (they are ready, the deadline passed, or the prompt is
+    /// cancelled): the held prompt and its deadline's key.
+    pub(super) fn end_wait(self) -> (PromptState, Option<(Deferred, u64)>) {
+        match self {
+            PromptState::WaitingForServers { prompt, key } => {
+                (PromptState::Idle, Some((prompt, key)))
+            }
+            state => (state, None),
+        }
+    }
+
+    /// The run waits for input: the turn is over.
+    pub(super) fn on_turn_end(self) -> (PromptState, Option<Answer>) {
+        match self {
+            PromptState::Running { request } => (
+                PromptState::Idle,
+                Some(Answer {
+                    request,
+                    result: Ok(stop_reason("end_turn")),
+                    next: None,
+                }),
+            ),
+            PromptState::Cancelling { request, queued } => (
+                PromptState::Idle,
+                Some(Answer {
+                    request,
+                    result: Ok(stop_reason("cancelled")),
+                    next: queued,
+                }),
+            ),
+            state @ (PromptState::Idle | PromptState::WaitingForServers { .. }) => (state, None),
+        }
+    }
+
+    /// The run ended `why`; `meta` is its accounting (`_meta` of a stop reason).
+    pub(super) fn on_run_end(
+        self,
+        why: &StopCondition,
+        meta: Option<Value>,
+    ) -> (PromptState, Option<Answer>) {
+        let (request, next, cancelling) = match self {
+            PromptState::Running { request } => (request, None, false),
+            PromptState::Cancelling { request, queued } => (request, queued, true),
+            state @ (PromptState::Idle | PromptState::WaitingForServers { .. }) => {
+                return (state, None);
+            }
+        };
+        let stop = match why {
+            _ if cancelling => "cancelled",
+            StopCondition::Cancelled => "cancelled",
+            StopCondition::EndOfTurn => "end_turn",
+            StopCondition::MaxTokensExhausted => "max_tokens",
+            StopCondition::MaxTurnsReached(_) => "max_turn_requests",
+            StopCondition::Refusal(_) | StopCondition::ContentFilter(_) => "refusal",
+            StopCondition::ProviderError(e) => {
+                let result = Err(RpcError::new(INTERNAL_ERROR, e.clone()));
+                return (
+                    PromptState::Idle,
+                    Some(Answer {
+                        request,
+                        result,
+                        next,
+                    }),
+                );
+            }
+            StopCondition::StreamIdle(d) => {
+                let message = format!("the model stream was idle for {} s", d.as_secs_f64());
+                let result = Err(RpcError::new(INTERNAL_ERROR, message));
+                return (
+                    PromptState::Idle,
+                    Some(Answer {
+                        request,
+                        result,
+                        next,
+                    }),
+                );
+            }
+        };
+        let mut result = stop_reason(stop);
+        if let Some(meta) = meta {
+            result["_meta"] = meta;
+        }
+        (
+            PromptState::Idle,
+            Some(Answer {
+                request,
+                result: Ok(result),
+                next,
+            }),
+        )
+    }
+}
+
+impl AcpServe {
+    /// Takes a prompt: input at the session's turn boundary, or a new run that continues the
+    /// conversation. The answer comes when the turn ends.
+    pub(super) fn prompt(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        id: &Id,
+        params: &Value,
+    ) -> Result<(), RpcError> {
+        let sid = str_param(params, "sessionId")?.to_owned();
+        let text = convo::prompt_text(params.get("prompt").unwrap_or(&Value::Null))
+            .map_err(invalid_params)?;
+        if text.trim().is_empty() {
+            return Err(invalid_params("session/prompt requires non-empty text"));
+        }
+        let session = self
+            .sessions
+            .get_mut(&sid)
+            .ok_or_else(|| unknown_session(&sid))?;
+        match session.prompt.admit(id, params) {
+            Admit::Start => {}
+            Admit::Queued => return Ok(()),
+            Admit::Busy => {
+                return Err(RpcError::new(
+                    INVALID_REQUEST,
+                    "a prompt is already running in this session; cancel it first",
+                ));
+            }
+        }
+        let live = session.run.filter(|run| ctx.core.is_live(*run));
+        match live {
+            Some(run) if ctx.core.status(run) == Ok(DriveStatus::AwaitingInput) => {
+                ctx.core
+                    .send_input(run, Inbound::UserMessage(text))
+                    .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+            }
+            Some(_) => {
+                return Err(RpcError::new(
+                    INVALID_REQUEST,
+                    "the session is still busy with its last turn",
+                ));
+            }
+            None => {
+                let starting = session.mcp.iter().any(|n| {
+                    self.mcp
+                        .get(n)
+                        .is_some_and(|e| e.server.client.phase() == Phase::Starting)
+                });
+                if starting && !session.mcp_gave_up {
+                    // The run's tools are fixed when it starts: wait for the servers' lists.
+                    let key = self.next_timer;
+                    self.next_timer += 1;
+                    let timer = ctx.add_timer(MCP_START_WAIT, AcpKey::McpWait(key));
+                    self.mcp_timers.insert(key, (sid.clone(), timer));
+                    session.prompt = PromptState::WaitingForServers {
+                        prompt: Deferred {
+                            request: id.clone(),
+                            params: params.clone(),
+                        },
+                        key,
+                    };
+                    return Ok(());
+                }
+                let extra_tools: Vec<_> = session
+                    .mcp
+                    .iter()
+                    .filter_map(|n| self.mcp.get(n))
+                    .flat_map(|e| e.server.client.tools().iter().cloned())
+                    .collect();
+                let mut history = match session.run {
+                    Some(run) => {
+                        // The newest run may have been evicted from memory since; `messages`
+                        // reads it back.
+                        let messages = ctx
+                            .core
+                            .messages(run)
+                            .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+                        convo::history(&messages)
+                    }
+                    None => Vec::new(),
+                };
+                if session.drop_last_prompt {
+                    convo::drop_last_prompt(&mut history);
+                }
+                let mut extra_header = Map::new();
+                extra_header.insert(SESSION_FIELD.into(), json!(sid));
+                let spec = RunSpec {
+                    prompt: text,
+                    interactive: true,
+                    cwd: Some(session.cwd.clone()),
+                    history,
+                    continues: session.run,
+                    continues_without_last_prompt: session.drop_last_prompt,
+                    extra_header,
+                    extra_tools,
+                    ..RunSpec::default()
+                };
+                let run = ctx
+                    .core
+                    .start_run(spec)
+                    .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+                // Queued after the run's first input: applied before any tool call is judged,
+                // since that needs a model answer first.
+                let _ = ctx.core.update_policy(run, Some(session.mode), None);
+                for rule in &session.rules {
+                    let _ = ctx.core.update_policy(run, None, Some(rule.clone()));
+                }
+                self.runs.insert(run, sid.clone());
+                session.run = Some(run);
+                session.drop_last_prompt = false;
+                session.cards.clear();
+                session.run_end = None;
+            }
+        }
+        session.prompt = PromptState::Running {
+            request: id.clone(),
+        };
+        Ok(())
+    }
+
+    /// `session/cancel`: stops the turn in flight (the run ends; its model stream is dropped
+    /// and its tools killed), and the prompt is answered `cancelled` once the run has ended.
+    /// A cancel with no turn in flight does nothing, so a stale one never hits the next turn.
+    pub(super) fn cancel_turn(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let run_live = session.run.is_some_and(|run| ctx.core.is_live(run));
+        match session.prompt.step(|state| state.on_cancel(run_live)) {
+            Cancel::Nothing => {}
+            Cancel::StopRun => {
+                if let Some(run) = session.run {
+                    let _ = ctx.core.cancel(run);
+                }
+            }
+            Cancel::Answer { request, deadline } => self.answer_cancelled(ctx, request, deadline),
+        }
+    }
+
+    /// Answers a prompt `cancelled` now, dropping the deadline of its wait for servers, if
+    /// it had one.
+    pub(super) fn answer_cancelled(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        request: Id,
+        deadline: Option<u64>,
+    ) {
+        if let Some(key) = deadline {
+            self.drop_wait_deadline(ctx, key);
+        }
+        self.reply(request, Ok(stop_reason("cancelled")));
+    }
+
+    /// A wait for servers ended before its deadline: the timer goes.
+    fn drop_wait_deadline(&mut self, ctx: &mut Cx<AcpKey>, key: u64) {
+        if let Some((_, timer)) = self.mcp_timers.remove(&key) {
+            ctx.cancel_timer(timer);
+        }
+    }
+
+    /// Sends a prompt's answer, then takes the prompt queued behind it.
+    fn send_answer(&mut self, ctx: &mut Cx<AcpKey>, answer: Answer) {
+        self.reply(answer.request, answer.result);
+        if let Some(next) = answer.next {
+            self.take_deferred(ctx, next);
+        }
+    }
+
+    /// Takes a prompt that waited (for servers, or for a cancelled turn to end) as if it
+    /// came now; a refusal answers it.
+    fn take_deferred(&mut self, ctx: &mut Cx<AcpKey>, deferred: Deferred) {
+        if let Err(e) = self.prompt(ctx, &deferred.request, &deferred.params) {
+            self.reply(deferred.request, Err(e));
+        }
+    }
+
+    /// A prompt that waited for the session's MCP servers goes ahead: they all listed their
+    /// tools, or the wait ran out (`gave_up`) and the stragglers are left out.
+    pub(super) fn mcp_wait_over(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, gave_up: bool) {
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let Some((prompt, key)) = session.prompt.step(PromptState::end_wait) else {
+            return;
+        };
+        if gave_up {
+            session.mcp_gave_up = true;
+            let stragglers: Vec<&str> = session
+                .mcp
+                .iter()
+                .filter_map(|n| self.mcp.get(n))
+                .filter(|e| e.server.client.phase() == Phase::Starting)
+                .map(|e| e.server.client.name())
+                .collect();
+            log::warn(&format!(
+                "MCP servers still starting after {} s, going ahead without them: {}",
+                MCP_START_WAIT.as_secs(),
+                stragglers.join(", ")
+            ));
+        } else {
+            self.drop_wait_deadline(ctx, key);
+        }
+        self.take_deferred(ctx, prompt);
+    }
+
+    /// The run waits for input: the turn is over and its prompt is answered.
+    pub(super) fn on_turn_end(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {
+        let Some(session) = self
+            .runs
+            .get(&run)
+            .and_then(|sid| self.sessions.get_mut(sid))
+        else {
+            return;
+        };
+        if let Some(answer) = session.prompt.step(PromptState::on_turn_end) {
+            self.send_answer(ctx, answer);
+        }
+    }
+
+    /// The run ended: its prompt, if one is in flight, is answered with the stop reason.
+    pub(super) fn on_run_finished(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        run: RunId,
+        why: &StopCondition,
+    ) {
+        let Some(sid) = self.runs.remove(&run) else {
+            return;
+        };
+        let Some(session) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let asked = session.asked.take();
+        if matches!(
+            why,
+            StopCondition::Refusal(_) | StopCondition::ContentFilter(_)
+        ) {
+            session.drop_last_prompt = true;
+        }
+        let meta = session.run_end.take();
+        let answer = session.prompt.step(|state| state.on_run_end(why, meta));
+        if let Some(asked) = asked {
+            self.withdraw(asked.request);
+        }
+        if let Some(answer) = answer {
+            self.send_answer(ctx, answer);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn deferred(n: i64) -> Deferred {
+        Deferred {
+            request: Id::Num(n),
+            params: json!({"sessionId": "s", "n": n}),
+        }
+    }
+
+    fn running(n: i64) -> PromptState {
+        PromptState::Running {
+            request: Id::Num(n),
+        }
+    }
+
+    fn cancelling(n: i64, queued: Option<Deferred>) -> PromptState {
+        PromptState::Cancelling {
+            request: Id::Num(n),
+            queued,
+        }
+    }
+
+    fn waiting(n: i64) -> PromptState {
+        PromptState::WaitingForServers {
+            prompt: deferred(n),
+            key: 7,
+        }
+    }
+
+    fn answer(n: i64, result: Result<Value, RpcError>, next: Option<Deferred>) -> Option<Answer> {
+        Some(Answer {
+            request: Id::Num(n),
+            result,
+            next,
+        })
+    }
+
+    #[test]
+    fn one_prompt_at_a_time_and_one_queued_behind_a_cancel() {
+        let params = deferred(2).params;
+        let mut state = PromptState::Idle;
+        assert_eq!(state.admit(&Id::Num(2), &params), Admit::Start);
+        assert_eq!(state, PromptState::Idle, "the caller starts it");
+
+        let busy = || [running(1), waiting(1), cancelling(1, Some(deferred(3)))];
+        for (mut state, before) in busy().into_iter().zip(busy()) {
+            assert_eq!(state.admit(&Id::Num(2), &params), Admit::Busy);
+            assert_eq!(state, before, "a refused prompt changes nothing");
+        }
+
+        let mut state = cancelling(1, None);
+        assert_eq!(state.admit(&Id::Num(2), &params), Admit::Queued);
+        assert_eq!(state, cancelling(1, Some(deferred(2))));
+        assert_eq!(state.admit(&Id::Num(3), &params), Admit::Busy);
+        assert_eq!(state, cancelling(1, Some(deferred(2))));
+    }
+
+    #[test]
+    fn a_cancel_stops_the_run_or_answers_at_once_and_a_stale_one_does_nothing() {
+        let mut state = running(1);
+        assert_eq!(state.step(|s| s.on_cancel(true)), Cancel::StopRun);
+        assert_eq!(state, cancelling(1, None));
+        // A second cancel while the first winds down is stale.
+        assert_eq!(state.step(|s| s.on_cancel(true)), Cancel::Nothing);
+        assert_eq!(state, cancelling(1, None));
+
+        let mut state = running(1);
+        let request = Id::Num(1);
+        let deadline = None;
+        assert_eq!(
+            state.step(|s| s.on_cancel(false)),
+            Cancel::Answer { request, deadline }
+        );
+        assert!(state.is_idle());
+
+        let mut state = waiting(4);
+        let request = Id::Num(4);
+        let deadline = Some(7);
+        assert_eq!(
+            state.step(|s| s.on_cancel(true)),
+            Cancel::Answer { request, deadline }
+        );
+        assert!(state.is_idle());
+
+        let mut state = PromptState::Idle;
+        assert_eq!(state.step(|s| s.on_cancel(true)), Cancel::Nothing);
+        assert!(state.is_idle());
+    }
+
+    #[test]
+    fn a_turn_end_answers_and_takes_the_queued_prompt() {
+        let mut state = running(1);
+        assert_eq!(
+            state.step(PromptState::on_turn_end),
+            answer(1, Ok(json!({"stopReason": "end_turn"})), None)
+        );
+        assert!(state.is_idle());
+
+        let mut state = cancelling(1, Some(deferred(2)));
+        assert_eq!(
+            state.step(PromptState::on_turn_end),
+            answer(1, Ok(json!({"stopReason": "cancelled"})), Some(deferred(2)))
+        );
+        assert!(state.is_idle());
+
+        let quiet = || [PromptState::Idle, waiting(1)];
+        for (mut state, before) in quiet().into_iter().zip(quiet()) {
+            assert_eq!(state.step(PromptState::on_turn_end), None);
+            assert_eq!(state, before);
+        }
+    }
+
+    #[test]
+    fn a_run_end_answers_with_its_stop_reason() {
+        let meta = json!({"caliban/turns": 2});
+        for (why, stop) in [
+            (StopCondition::EndOfTurn, "end_turn"),
+            (StopCondition::Cancelled, "cancelled"),
+            (StopCondition::MaxTokensExhausted, "max_tokens"),
+            (StopCondition::MaxTurnsReached(3), "max_turn_requests"),
+            (StopCondition::Refusal("no".into()), "refusal"),
+            (StopCondition::ContentFilter("no".into()), "refusal"),
+        ] {
+            let mut state = running(1);
+            let got = state.step(|s| s.on_run_end(&why, Some(meta.clone())));
+            let want = json!({"stopReason": stop, "_meta": meta});
+            assert_eq!(got, answer(1, Ok(want), None), "{why:?}");
+            assert!(state.is_idle());
+        }
+
+        let mut state = running(1);
+        let got = state.step(|s| s.on_run_end(&StopCondition::EndOfTurn, None));
+        assert_eq!(got, answer(1, Ok(json!({"stopReason": "end_turn"})), None));
+
+        let why = StopCondition::ProviderError("overloaded".into());
+        let mut state = running(1);
+        let got = state.step(|s| s.on_run_end(&why, Some(meta.clone())));
+        let error = RpcError::new(INTERNAL_ERROR, "overloaded");
+        assert_eq!(got, answer(1, Err(error), None));
+
+        let why = StopCondition::StreamIdle(Duration::from_millis(1500));
+        let mut state = running(1);
+        let got = state.step(|s| s.on_run_end(&why, None));
+        let error = RpcError::new(INTERNAL_ERROR, "the model stream was idle for 1.5 s");
+        assert_eq!(got, answer(1, Err(error), None));
+    }
+
+    #[test]
+    fn a_cancelled_run_is_answered_cancelled_whatever_stopped_it() {
+        let meta = json!({"caliban/turns": 1});
+        for why in [
+            StopCondition::EndOfTurn,
+            StopCondition::ProviderError("gone".into()),
+            StopCondition::StreamIdle(Duration::from_secs(1)),
+        ] {
+            let mut state = cancelling(1, Some(deferred(2)));
+            let got = state.step(|s| s.on_run_end(&why, Some(meta.clone())));
+            let want = json!({"stopReason": "cancelled", "_meta": meta});
+            assert_eq!(got, answer(1, Ok(want), Some(deferred(2))), "{why:?}");
+            assert!(state.is_idle());
+        }
+    }
+
+    #[test]
+    fn a_run_end_leaves_a_prompt_waiting_for_servers_alone() {
+        let mut state = waiting(1);
+        assert_eq!(
+            state.step(|s| s.on_run_end(&StopCondition::EndOfTurn, None)),
+            None
+        );
+        assert_eq!(state, waiting(1));
+        let mut state = PromptState::Idle;
+        assert_eq!(
+            state.step(|s| s.on_run_end(&StopCondition::EndOfTurn, None)),
+            None
+        );
+        assert!(state.is_idle());
+    }
+
+    #[test]
+    fn a_wait_ends_with_its_prompt_and_deadline() {
+        let mut state = waiting(1);
+        assert_eq!(state.request(), Some(&Id::Num(1)));
+        assert_eq!(state.step(PromptState::end_wait), Some((deferred(1), 7)));
+        assert!(state.is_idle());
+        assert_eq!(state.step(PromptState::end_wait), None);
+
+        let mut state = running(1);
+        assert_eq!(state.step(PromptState::end_wait), None);
+        assert_eq!(state, running(1));
+    }
+
+    #[test]
+    fn a_cancel_request_names_the_prompt_in_flight_not_the_queued_one() {
+        assert_eq!(PromptState::Idle.request(), None);
+        assert_eq!(running(1).request(), Some(&Id::Num(1)));
+        assert_eq!(
+            cancelling(1, Some(deferred(2))).request(),
+            Some(&Id::Num(1))
+        );
+    }
+}

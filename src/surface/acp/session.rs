@@ -1,0 +1,368 @@
+//! The session registry: `Session` (a sequence of interactive runs tied together by the
+//! `acp_session` field of their session headers) and the requests that open, list, close
+//! and configure one: `session/new`, `session/load` (which replays the conversation),
+//! `session/resume`, `session/list`, `session/close`, `session/set_mode` and
+//! `session/set_config_option` (the permission mode).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::permission::Asked;
+use super::prompt::PromptState;
+use super::tasks::Task;
+use super::updates::Card;
+use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
+use crate::drive::table::DriveCore;
+use crate::engine::RunId;
+use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
+use crate::permissions::{Mode, Rule};
+use crate::surface::host::Cx;
+
+/// The longest session title `session/list` shows.
+const MAX_TITLE_CHARS: usize = 80;
+
+/// The permission modes a session can be switched to, as `session/new` advertises them.
+const MODES: [(Mode, &str, &str); 5] = [
+    (
+        Mode::Default,
+        "Default",
+        "Ask before running commands and changing files",
+    ),
+    (
+        Mode::AcceptEdits,
+        "Accept edits",
+        "Change files in the workspace without asking; still ask for commands",
+    ),
+    (
+        Mode::Plan,
+        "Plan",
+        "Read only: look around and plan, change nothing",
+    ),
+    (
+        Mode::DontAsk,
+        "Don't ask",
+        "Run whatever would ask, without asking; deny rules still deny",
+    ),
+    (
+        Mode::BypassPermissions,
+        "Bypass permissions",
+        "Skip every permission check, deny rules included",
+    ),
+];
+
+pub(super) struct Session {
+    pub(super) cwd: PathBuf,
+    pub(super) mode: Mode,
+    /// Rules from "always" answers, given to every run the session starts.
+    pub(super) rules: Vec<Rule>,
+    /// The newest run (live or not): a new run continues its conversation.
+    pub(super) run: Option<RunId>,
+    /// The newest run ended on a refusal: its last prompt is not carried on. Not part of
+    /// `prompt`: it is about the conversation the next run continues, set when a run ends
+    /// and read when the next one starts, whatever became of the prompt in between.
+    pub(super) drop_last_prompt: bool,
+    /// Where the session's `session/prompt` is: none, waiting, running, being cancelled.
+    pub(super) prompt: PromptState,
+    pub(super) cards: HashMap<String, Card>,
+    pub(super) asked: Option<Asked>,
+    pub(super) tasks: HashMap<String, Task>,
+    /// `_meta` from the run's `RunEnd`, for the prompt answer. Not part of `prompt`: it
+    /// belongs to the run, comes with its last event and is taken when its end is reported
+    /// (`on_finished`), whether or not a prompt waits for it.
+    pub(super) run_end: Option<Value>,
+    /// The session's MCP servers (keys of `AcpServe::mcp`).
+    pub(super) mcp: Vec<u64>,
+    /// A prompt already waited its full time: later ones do not wait for stragglers. Not
+    /// part of `prompt`: it is about the session's servers and outlives the prompt that
+    /// gave up.
+    pub(super) mcp_gave_up: bool,
+}
+
+impl Session {
+    pub(super) fn new(cwd: PathBuf, mode: Mode, run: Option<RunId>) -> Session {
+        Session {
+            cwd,
+            mode,
+            rules: Vec::new(),
+            run,
+            drop_last_prompt: false,
+            prompt: PromptState::Idle,
+            cards: HashMap::new(),
+            asked: None,
+            tasks: HashMap::new(),
+            run_end: None,
+            mcp: Vec::new(),
+            mcp_gave_up: false,
+        }
+    }
+}
+
+/// Milliseconds since the epoch as ISO 8601 UTC (`2026-08-01T12:00:00Z`).
+fn iso8601(ms: u64) -> String {
+    crate::clock::Utc::from_unix_secs(ms / 1000).iso8601()
+}
+
+fn modes_json(current: Mode) -> Value {
+    json!({
+        "currentModeId": current.as_str(),
+        "availableModes": MODES.iter().map(|(mode, name, description)| json!({
+            "id": mode.as_str(), "name": name, "description": description})).collect::<Vec<_>>(),
+    })
+}
+
+fn config_options_json(current: Mode) -> Value {
+    json!([{
+        "id": "mode",
+        "name": "Mode",
+        "description": "What caliban may do without asking",
+        "category": "mode",
+        "type": "select",
+        "currentValue": current.as_str(),
+        "options": MODES.iter().map(|(mode, name, description)| json!({
+            "value": mode.as_str(), "name": name, "description": description})).collect::<Vec<_>>(),
+    }])
+}
+
+impl AcpServe {
+    /// A session's directory: absolute, existing, inside the workspace caliban serves (its
+    /// settings and permission rules are that workspace's).
+    fn session_cwd(core: &DriveCore, params: &Value) -> Result<PathBuf, RpcError> {
+        let raw = str_param(params, "cwd")?;
+        let path = Path::new(raw);
+        if !path.is_absolute() {
+            return Err(invalid_params(format!(
+                "`cwd` must be an absolute path, not {raw}"
+            )));
+        }
+        let canonical = path
+            .canonicalize()
+            .map_err(|e| invalid_params(format!("cwd {raw}: {e}")))?;
+        let workspace = &core.config().workspace;
+        if !canonical.is_dir() || !canonical.starts_with(workspace) {
+            return Err(invalid_params(format!(
+                "cwd {raw} is not a directory inside caliban's workspace {}; start `caliban acp \
+                 serve` in the project (or pass -C {raw})",
+                workspace.display()
+            )));
+        }
+        Ok(canonical)
+    }
+
+    pub(super) fn new_session(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let cwd = Self::session_cwd(ctx.core, params)?;
+        let id = crate::auth::new_uuid();
+        let mode = ctx.core.config().policy.mode();
+        self.sessions
+            .insert(id.clone(), Session::new(cwd, mode, None));
+        self.connect_servers(ctx, &id, params);
+        Ok(json!({"sessionId": id, "modes": modes_json(mode),
+                  "configOptions": config_options_json(mode)}))
+    }
+
+    /// `session/load` (with `replay`) and `session/resume`: a session of this process or of
+    /// an earlier one, found by its runs' session headers.
+    pub(super) fn open_session(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+        replay: bool,
+    ) -> Result<Value, RpcError> {
+        let id = str_param(params, "sessionId")?.to_owned();
+        let cwd = Self::session_cwd(ctx.core, params)?;
+        let newest = match self.sessions.get(&id) {
+            Some(session) if !session.prompt.is_idle() => {
+                return Err(RpcError::new(
+                    INVALID_REQUEST,
+                    "the session is answering a prompt; cancel it first",
+                ));
+            }
+            Some(session) => session.run,
+            None => {
+                ctx.core.load_existing();
+                let runs = ctx.core.find_by_header(SESSION_FIELD, &json!(id));
+                match runs.last() {
+                    Some(run) => Some(*run),
+                    None => return Err(unknown_session(&id)),
+                }
+            }
+        };
+        if replay && let Some(run) = newest {
+            let messages = ctx
+                .core
+                .messages(run)
+                .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+            for update in convo::replay(&messages, &cwd) {
+                self.outbox.update(&id, update);
+            }
+        }
+        let default_mode = ctx.core.config().policy.mode();
+        let session = self
+            .sessions
+            .entry(id.clone())
+            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest));
+        session.cwd = cwd;
+        if let Some(run) = newest
+            && ctx.core.is_live(run)
+        {
+            self.runs.insert(run, id.clone());
+        }
+        let mode = session.mode;
+        self.connect_servers(ctx, &id, params);
+        Ok(json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)}))
+    }
+
+    pub(super) fn list_sessions(
+        &mut self,
+        core: &mut DriveCore,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        core.load_existing();
+        // Headers record the canonical directory.
+        let cwd = params.get("cwd").and_then(Value::as_str).map(|c| {
+            Path::new(c)
+                .canonicalize()
+                .map_or_else(|_| c.to_owned(), |p| p.display().to_string())
+        });
+        // session → (title, cwd, newest run's start)
+        let mut found: BTreeMap<String, (String, String, u64)> = BTreeMap::new();
+        for summary in core.list() {
+            let Ok(header) = core.header(summary.run_id) else {
+                continue;
+            };
+            let Some(session) = header.get(SESSION_FIELD).and_then(Value::as_str) else {
+                continue;
+            };
+            let run_cwd = header["cwd"].as_str().unwrap_or_default().to_owned();
+            if cwd.as_ref().is_some_and(|c| *c != run_cwd) {
+                continue;
+            }
+            let entry = found.entry(session.to_owned()).or_insert_with(|| {
+                let title: String = summary
+                    .prompt
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(MAX_TITLE_CHARS)
+                    .collect();
+                (title, run_cwd, 0)
+            });
+            entry.2 = entry.2.max(summary.created_ms);
+        }
+        let mut sessions: Vec<(String, (String, String, u64))> = found.into_iter().collect();
+        sessions.sort_by_key(|s| std::cmp::Reverse(s.1.2));
+        let sessions: Vec<Value> = sessions
+            .into_iter()
+            .map(|(id, (title, cwd, updated))| {
+                json!({"sessionId": id, "cwd": cwd, "title": title, "updatedAt": iso8601(updated)})
+            })
+            .collect();
+        Ok(json!({"sessions": sessions}))
+    }
+
+    pub(super) fn close_session(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let id = str_param(params, "sessionId")?.to_owned();
+        let Some(mut session) = self.sessions.remove(&id) else {
+            return Err(unknown_session(&id));
+        };
+        self.runs.retain(|_, s| *s != id);
+        if let Some(run) = session.run
+            && ctx.core.is_live(run)
+        {
+            let _ = ctx.core.cancel(run);
+        }
+        // A prompt in flight is answered now, one waiting for servers once the session's
+        // requests are withdrawn. A prompt queued behind a cancelled one goes with the
+        // session, unanswered.
+        let waiting = match std::mem::take(&mut session.prompt) {
+            PromptState::Running { request } | PromptState::Cancelling { request, .. } => {
+                self.answer_cancelled(ctx, request, None);
+                None
+            }
+            PromptState::WaitingForServers { prompt, key } => Some((prompt.request, key)),
+            PromptState::Idle => None,
+        };
+        if let Some(asked) = session.asked.take() {
+            self.withdraw(asked.request);
+        }
+        self.abandon_tasks(ctx, &id, &mut session);
+        if let Some((request, key)) = waiting {
+            self.answer_cancelled(ctx, request, Some(key));
+        }
+        self.stop_servers(ctx, std::mem::take(&mut session.mcp));
+        Ok(json!({}))
+    }
+
+    pub(super) fn set_mode(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+    ) -> Result<(), RpcError> {
+        let id = str_param(params, "sessionId")?;
+        let mode_id = str_param(params, "modeId")?;
+        self.switch_mode(ctx, id, mode_id)
+    }
+
+    pub(super) fn set_config_option(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let id = str_param(params, "sessionId")?.to_owned();
+        let option = str_param(params, "configId")?;
+        if option != "mode" {
+            return Err(invalid_params(format!("unknown config option `{option}`")));
+        }
+        let value = str_param(params, "value")?;
+        self.switch_mode(ctx, &id, value)?;
+        let mode = self.sessions.get(&id).map_or(Mode::Default, |s| s.mode);
+        Ok(json!({"configOptions": config_options_json(mode)}))
+    }
+
+    fn switch_mode(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        id: &str,
+        mode_id: &str,
+    ) -> Result<(), RpcError> {
+        let mode = Mode::parse(mode_id).ok_or_else(|| {
+            invalid_params(format!(
+                "unknown mode `{mode_id}`: expected default, acceptEdits, plan, dontAsk or \
+                 bypassPermissions"
+            ))
+        })?;
+        let session = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| unknown_session(id))?;
+        session.mode = mode;
+        if let Some(run) = session.run
+            && ctx.core.is_live(run)
+        {
+            let _ = ctx.core.update_policy(run, Some(mode), None);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso8601_dates() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(iso8601(1_785_585_600_123), "2026-08-01T12:00:00Z");
+    }
+}

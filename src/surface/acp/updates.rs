@@ -1,0 +1,189 @@
+//! A run's `TurnEvent`s as `session/update`s: message and thought chunks, and the tool-call
+//! cards (`tool_call`, then `tool_call_update`s) with their streamed input, shown as soon as
+//! it is complete, and their end.
+
+use serde_json::{Map, Value, json};
+
+use super::card::{self, Described, JsonEnd, OldText};
+use super::{AcpKey, AcpServe};
+use crate::agent::event::{StopCondition, TurnEvent};
+use crate::agent::run::MAX_TOOL_INPUT_BYTES;
+use crate::surface::host::Cx;
+
+/// A tool call's card while the call is open.
+pub(super) struct Card {
+    name: String,
+    /// The streamed input fragments, for `rawInput`.
+    raw: String,
+    /// The input passed `MAX_TOOL_INPUT_BYTES`; `raw` stopped growing.
+    overflowed: bool,
+    scan: JsonEnd,
+    /// Title, locations and content were sent.
+    described: bool,
+    /// Content later updates keep (a diff, an embedded terminal).
+    pub(super) content: Vec<Value>,
+}
+
+fn text_content(text: &str) -> Value {
+    json!({"type": "content", "content": {"type": "text", "text": text}})
+}
+
+impl AcpServe {
+    pub(super) fn translate(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, event: &TurnEvent) {
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        match event {
+            TurnEvent::AssistantTextDelta { text, .. } => self.outbox.update(
+                sid,
+                json!({"sessionUpdate": "agent_message_chunk",
+                       "content": {"type": "text", "text": text}}),
+            ),
+            TurnEvent::AssistantThinkingDelta { text, .. } => self.outbox.update(
+                sid,
+                json!({"sessionUpdate": "agent_thought_chunk",
+                       "content": {"type": "text", "text": text}}),
+            ),
+            TurnEvent::ToolCallStart {
+                tool_use_id, name, ..
+            } => {
+                session.cards.insert(
+                    tool_use_id.clone(),
+                    Card {
+                        name: name.clone(),
+                        raw: String::new(),
+                        overflowed: false,
+                        scan: JsonEnd::default(),
+                        described: false,
+                        content: Vec::new(),
+                    },
+                );
+                self.outbox.open_card(
+                    sid,
+                    tool_use_id,
+                    json!({"sessionUpdate": "tool_call", "toolCallId": tool_use_id,
+                           "title": name, "name": name, "kind": card::kind(name),
+                           "status": "pending"}),
+                );
+            }
+            TurnEvent::ToolCallInputDelta {
+                tool_use_id,
+                partial_json,
+                ..
+            } => {
+                let Some(card) = session.cards.get_mut(tool_use_id) else {
+                    return;
+                };
+                // Past the cap nothing more is kept (as the run does), so `rawInput` is a
+                // clean prefix, never fragments spliced around a gap.
+                if card.overflowed || card.raw.len() + partial_json.len() > MAX_TOOL_INPUT_BYTES {
+                    card.overflowed = true;
+                } else {
+                    card.raw.push_str(partial_json);
+                }
+                if !card.described && card.scan.feed(partial_json) {
+                    // The input is complete: show it now rather than after the whole turn.
+                    if let Ok(input @ Value::Object(_)) = serde_json::from_str::<Value>(&card.raw) {
+                        self.show_input(sid, tool_use_id, &input);
+                    }
+                }
+            }
+            TurnEvent::ToolCallEnd {
+                tool_use_id,
+                is_error,
+                result_text,
+                ..
+            } => {
+                let card = session.cards.remove(tool_use_id);
+                let task = session.tasks.remove(tool_use_id);
+                let raw = card.as_ref().and_then(|c| card::raw_input(&c.raw));
+                let mut content = card.map(|c| c.content).unwrap_or_default();
+                if !result_text.is_empty() {
+                    content.push(text_content(result_text));
+                }
+                let mut update = json!({
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": tool_use_id,
+                    "status": if *is_error { "failed" } else { "completed" },
+                    "content": content,
+                });
+                if let Some(raw) = raw {
+                    update["rawInput"] = raw;
+                }
+                self.outbox.update(sid, update);
+                if let Some(task) = task {
+                    self.drop_task(ctx, sid, task);
+                }
+            }
+            TurnEvent::RunEnd {
+                total_usage,
+                turn_count,
+                stopped_for,
+                ..
+            } => {
+                session.run_end = Some(json!({
+                    "caliban/usage": total_usage.to_json(),
+                    "caliban/turns": turn_count,
+                }));
+                let why = match stopped_for {
+                    StopCondition::Cancelled => "cancelled".to_owned(),
+                    other => format!("not run: the run ended ({})", other.to_json()),
+                };
+                let mut open: Vec<(String, Card)> = session.cards.drain().collect();
+                open.sort_by(|a, b| a.0.cmp(&b.0));
+                for (id, card) in open {
+                    let mut content = card.content;
+                    content.push(text_content(&why));
+                    let mut update = json!({"sessionUpdate": "tool_call_update",
+                        "toolCallId": id, "status": "failed", "content": content});
+                    if let Some(raw) = card::raw_input(&card.raw) {
+                        update["rawInput"] = raw;
+                    }
+                    self.outbox.update(sid, update);
+                }
+                if let Some(mut session) = self.sessions.remove(sid) {
+                    self.abandon_tasks(ctx, sid, &mut session);
+                    self.sessions.insert(sid.to_owned(), session);
+                }
+            }
+            TurnEvent::TurnStart { .. } | TurnEvent::TurnEnd { .. } => {}
+        }
+    }
+
+    /// Sends a card's title, input, locations and content once the input is known: joined
+    /// to the opening `tool_call` if that is not written yet, else as an update.
+    pub(super) fn show_input(&mut self, sid: &str, tool: &str, input: &Value) {
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let Some(card) = session.cards.get_mut(tool) else {
+            return;
+        };
+        if card.described {
+            return;
+        }
+        card.described = true;
+        let Described {
+            title,
+            locations,
+            content,
+        } = card::describe(&card.name, input, &session.cwd, OldText::ReadFile);
+        card.content = content.clone();
+        let mut fields = Map::new();
+        fields.insert("title".into(), json!(title));
+        fields.insert("rawInput".into(), input.clone());
+        if !locations.is_empty() {
+            fields.insert("locations".into(), json!(locations));
+        }
+        if !content.is_empty() {
+            fields.insert("content".into(), json!(content));
+        }
+        if !self.outbox.join_open_card(sid, tool, &fields) {
+            let mut update = Map::new();
+            update.insert("sessionUpdate".into(), json!("tool_call_update"));
+            update.insert("toolCallId".into(), json!(tool));
+            update.extend(fields);
+            self.outbox.update(sid, Value::Object(update));
+        }
+    }
+}
