@@ -27,7 +27,11 @@ pub(super) struct Asked {
 /// no argument to match (Glob, Grep) get their bare name.
 fn always_patterns(tool: &str, input: &Value) -> Vec<String> {
     let rules = crate::permissions::suggested_rules(tool, input);
-    if rules.is_empty() && tool != "Bash" {
+    // A command nobody could split gets no "always" option: allowing the whole tool
+    // would allow every command.
+    let runs_commands = crate::tools::table::permission(tool)
+        .is_some_and(|permission| permission.subject.command_field().is_some());
+    if rules.is_empty() && !runs_commands {
         return vec![tool.to_owned()];
     }
     rules

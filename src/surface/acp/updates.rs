@@ -7,16 +7,15 @@ use serde_json::{Map, Value, json};
 use super::card::{self, Described, JsonEnd, OldText};
 use super::{AcpKey, AcpServe};
 use crate::agent::event::{StopCondition, TurnEvent};
-use crate::agent::run::MAX_TOOL_INPUT_BYTES;
+use crate::agent::tool_input::ToolInput;
 use crate::surface::host::Cx;
 
 /// A tool call's card while the call is open.
 pub(super) struct Card {
     name: String,
-    /// The streamed input fragments, for `rawInput`.
-    raw: String,
-    /// The input passed `MAX_TOOL_INPUT_BYTES`; `raw` stopped growing.
-    overflowed: bool,
+    /// The streamed input, for `rawInput`: capped as the run caps it, so past the cap it
+    /// stays a clean prefix, never fragments spliced around a gap.
+    input: ToolInput,
     scan: JsonEnd,
     /// Title, locations and content were sent.
     described: bool,
@@ -51,8 +50,7 @@ impl AcpServe {
                     tool_use_id.clone(),
                     Card {
                         name: name.clone(),
-                        raw: String::new(),
-                        overflowed: false,
+                        input: ToolInput::default(),
                         scan: JsonEnd::default(),
                         described: false,
                         content: Vec::new(),
@@ -74,16 +72,12 @@ impl AcpServe {
                 let Some(card) = session.cards.get_mut(tool_use_id) else {
                     return;
                 };
-                // Past the cap nothing more is kept (as the run does), so `rawInput` is a
-                // clean prefix, never fragments spliced around a gap.
-                if card.overflowed || card.raw.len() + partial_json.len() > MAX_TOOL_INPUT_BYTES {
-                    card.overflowed = true;
-                } else {
-                    card.raw.push_str(partial_json);
-                }
+                card.input.push(partial_json);
                 if !card.described && card.scan.feed(partial_json) {
                     // The input is complete: show it now rather than after the whole turn.
-                    if let Ok(input @ Value::Object(_)) = serde_json::from_str::<Value>(&card.raw) {
+                    if let Ok(input @ Value::Object(_)) =
+                        serde_json::from_str::<Value>(card.input.text())
+                    {
                         self.show_input(sid, tool_use_id, &input);
                     }
                 }
@@ -96,7 +90,7 @@ impl AcpServe {
             } => {
                 let card = session.cards.remove(tool_use_id);
                 let task = session.tasks.remove(tool_use_id);
-                let raw = card.as_ref().and_then(|c| card::raw_input(&c.raw));
+                let raw = card.as_ref().and_then(|c| card::raw_input(c.input.text()));
                 let mut content = card.map(|c| c.content).unwrap_or_default();
                 if !result_text.is_empty() {
                     content.push(text_content(result_text));
@@ -136,7 +130,7 @@ impl AcpServe {
                     content.push(text_content(&why));
                     let mut update = json!({"sessionUpdate": "tool_call_update",
                         "toolCallId": id, "status": "failed", "content": content});
-                    if let Some(raw) = card::raw_input(&card.raw) {
+                    if let Some(raw) = card::raw_input(card.input.text()) {
                         update["rawInput"] = raw;
                     }
                     self.outbox.update(sid, update);
