@@ -64,7 +64,6 @@ impl std::error::Error for GlobError {}
 /// A compiled glob pattern.
 #[derive(Clone, Debug)]
 pub struct Glob {
-    pattern: String,
     /// The text to compare against when the pattern has no wildcards at all (escapes
     /// removed). Most permission rules name a tool literally, and a string compare spares
     /// the NFA's allocations on every decision.
@@ -100,7 +99,6 @@ impl Glob {
         compiler.sequence(&nodes)?;
         compiler.push(Inst::Match)?;
         Ok(Glob {
-            pattern: pattern.to_owned(),
             literal,
             prog: compiler.prog,
         })
@@ -148,10 +146,6 @@ impl Glob {
             .any(|&pc| matches!(self.prog[pc], Inst::Match))
     }
 
-    pub fn as_str(&self) -> &str {
-        &self.pattern
-    }
-
     /// Adds `pc` and everything reachable from it without consuming a character.
     /// `stack` is scratch space, passed in so a match allocates it once rather than per step.
     fn add_state(&self, set: &mut StateSet, pc: usize, stack: &mut Vec<usize>) {
@@ -172,48 +166,6 @@ impl Glob {
             }
         }
     }
-}
-
-/// The longest leading run of whole path components free of wildcards, unescaped, and never
-/// including the final component (the part that names files). The `Glob` tool starts its walk
-/// there: `src/**/*.rs` → `src`, `/etc/*.conf` → `/etc`, `/*` → `/`, `*.rs` → `` (the caller
-/// walks from its base directory).
-pub fn literal_prefix_dir(pattern: &str) -> String {
-    let mut components: Vec<&str> = pattern.split('/').collect();
-    // The last component names files (or is empty after a trailing `/`), never a start dir.
-    components.pop();
-    let absolute = pattern.starts_with('/');
-    let mut literal: Vec<String> = Vec::new();
-    for component in components {
-        if component.is_empty() {
-            // The root (leading `/`) or a doubled `//`: neither adds a directory.
-            continue;
-        }
-        match unescape_literal(component) {
-            Some(text) => literal.push(text),
-            None => break,
-        }
-    }
-    let joined = literal.join("/");
-    if absolute {
-        format!("/{joined}")
-    } else {
-        joined
-    }
-}
-
-/// `component` with escapes removed, or `None` when it holds a wildcard or a dangling escape.
-fn unescape_literal(component: &str) -> Option<String> {
-    let mut out = String::with_capacity(component.len());
-    let mut chars = component.chars();
-    while let Some(ch) = chars.next() {
-        match ch {
-            '\\' => out.push(chars.next()?),
-            '*' | '?' | '[' | '{' => return None,
-            _ => out.push(ch),
-        }
-    }
-    Some(out)
 }
 
 /// Parsed pattern, before compilation.
@@ -681,24 +633,5 @@ mod tests {
         assert!(path("?").is_match("é"));
         assert!(path("[à-ü]").is_match("é"));
         assert!(path("*/ü").is_match("ä/ü"));
-    }
-
-    #[test]
-    fn as_str_round_trips() {
-        assert_eq!(path("src/**/*.rs").as_str(), "src/**/*.rs");
-    }
-
-    #[test]
-    fn prefix_dir() {
-        assert_eq!(literal_prefix_dir("src/**/*.rs"), "src");
-        assert_eq!(literal_prefix_dir("src/lib.rs"), "src");
-        assert_eq!(literal_prefix_dir("src/"), "src");
-        assert_eq!(literal_prefix_dir("*.rs"), "");
-        assert_eq!(literal_prefix_dir("/etc/*.conf"), "/etc");
-        assert_eq!(literal_prefix_dir("/*"), "/");
-        assert_eq!(literal_prefix_dir("a//b/c*/d"), "a/b");
-        assert_eq!(literal_prefix_dir("{src,tests}/*.rs"), "");
-        assert_eq!(literal_prefix_dir("src\\*/x"), "src*");
-        assert_eq!(literal_prefix_dir("a/b[c]/d"), "a");
     }
 }

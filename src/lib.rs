@@ -1,5 +1,6 @@
 //! caliban: a coding agent that other programs drive. The binary (`main.rs`) only calls
-//! `app::main`. ARCHITECTURE.md is the map.
+//! `app::main`; every other module is private to the crate, so the compiler sees (and
+//! flags) code that nothing uses. ARCHITECTURE.md is the map.
 //!
 //! Layers, each depending only on those below it:
 //! `app` (the command line) → `print`, `surface` (the drive surfaces over `surface::host`) →
@@ -16,29 +17,29 @@
     clippy::undocumented_unsafe_blocks
 )]
 
-pub mod agent;
+mod agent;
 pub mod app;
-pub mod auth;
-pub mod cli;
-pub mod clock;
-pub mod drive;
-pub mod engine;
-pub mod exit;
-pub mod glob;
-pub mod http;
-pub mod jsonrpc;
-pub mod log;
-pub mod model;
-pub mod permissions;
-pub mod print;
-pub mod reactor;
-pub mod settings;
-pub mod stdio;
-pub mod stub_model;
-pub mod surface;
+mod auth;
+mod cli;
+mod clock;
+mod drive;
+mod engine;
+mod exit;
+mod glob;
+mod http;
+mod jsonrpc;
+mod log;
+mod model;
+mod permissions;
+mod print;
+mod reactor;
+mod settings;
+mod stdio;
+mod stub_model;
+mod surface;
 #[allow(unsafe_code)]
-pub mod sys;
-pub(crate) mod text;
-pub mod tools;
-pub mod transport;
+mod sys;
+mod text;
+mod tools;
+mod transport;
 mod workers;

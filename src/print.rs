@@ -451,7 +451,7 @@ fn cost_usd(model: &str, usage: &Usage) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::run::MAX_TOOL_INPUT_BYTES;
+    use crate::agent::tool_input::MAX_TOOL_INPUT_BYTES;
 
     fn frames(printer: &mut Printer) -> Vec<Value> {
         let out = printer.take_output();

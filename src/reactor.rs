@@ -97,11 +97,6 @@ impl Reactor {
         })
     }
 
-    /// Timers armed and not yet fired or cancelled (for leak checks in tests).
-    pub fn armed_timers(&self) -> usize {
-        self.armed.len()
-    }
-
     pub fn token(&mut self) -> Token {
         let token = Token(self.next_token);
         self.next_token += 1;

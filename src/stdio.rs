@@ -275,10 +275,6 @@ impl Stdout {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
     /// The reader went away (EPIPE) or fell `MAX_STDOUT_QUEUE` behind.
     pub fn is_gone(&self) -> bool {
         self.gone

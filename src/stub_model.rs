@@ -374,6 +374,7 @@ impl Script {
     }
 
     /// Number of turns in the script.
+    #[cfg(test)]
     pub fn turn_count(&self) -> usize {
         self.turns.len()
     }

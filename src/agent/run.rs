@@ -21,8 +21,6 @@ use crate::permissions::{Action, Policy};
 use crate::tools::ToolOutput;
 use crate::tools::table;
 
-pub use crate::agent::tool_input::MAX_TOOL_INPUT_BYTES;
-
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     pub model: String,
@@ -780,7 +778,7 @@ mod tests {
         r.on_model_event(tool_start(1, "w", "Write"), now);
         let head = format!(
             "{{\"path\":\"x\",\"content\":\"{}",
-            "A".repeat(MAX_TOOL_INPUT_BYTES - 40)
+            "A".repeat(crate::agent::tool_input::MAX_TOOL_INPUT_BYTES - 40)
         );
         r.on_model_event(input(1, &head), now);
         r.on_model_event(input(1, &"B".repeat(100)), now);

@@ -180,6 +180,7 @@ impl SessionStore {
         })
     }
 
+    #[cfg(test)]
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -344,6 +345,7 @@ impl SessionStore {
 
     /// Waits until every sync handed over by `close` is done, or until `deadline`; returns
     /// whether they all are.
+    #[cfg(test)]
     pub fn wait_for_syncs(&self, deadline: Instant) -> bool {
         self.syncer.0.wait_idle(deadline)
     }
@@ -442,6 +444,7 @@ impl EventLog {
         &self.run_id
     }
 
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -455,6 +458,7 @@ impl EventLog {
         self.events
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.events == 0
     }
@@ -464,12 +468,14 @@ impl EventLog {
     }
 
     /// The pending permission request, or `None` once it was answered.
+    #[cfg(test)]
     pub fn last_permission(&self) -> Option<&Value> {
         self.permission.as_ref()
     }
 
     /// Bytes at the end of the file that the last scan could not read: a partial last line
     /// (a crash, or a line another process is writing right now) or damage and all after it.
+    #[cfg(test)]
     pub fn ignored_bytes(&self) -> u64 {
         self.ignored
     }
@@ -568,6 +574,7 @@ impl EventLog {
     /// Flushes the file to stable storage, and the first time also the directory entry that
     /// names it, so a finished run survives a power cut. Blocks on the disk; the event loop
     /// closes finished runs through `SessionStore::close` instead.
+    #[cfg(test)]
     pub fn sync(&mut self) -> io::Result<()> {
         let (Access::Append(file) | Access::Poisoned(file)) = &self.access else {
             return Ok(());
@@ -581,6 +588,7 @@ impl EventLog {
     /// Syncs, then lets go of the descriptor (and its lock) and of the in-memory tail, so a
     /// finished run costs only its index. Reads keep working from the file; a later append
     /// reopens it. Blocks on the disk; see `SessionStore::close` for the loop's way.
+    #[cfg(test)]
     pub fn close(&mut self) -> io::Result<()> {
         self.sync()?;
         self.access = Access::Detached;
@@ -620,6 +628,7 @@ impl EventLog {
 
     /// Reads whole lines another process appended since this log was loaded; returns how many
     /// events arrived. A log this process writes is always current and returns 0.
+    #[cfg(test)]
     pub fn refresh(&mut self) -> io::Result<u64> {
         let Access::Detached = self.access else {
             return Ok(0);

@@ -29,8 +29,6 @@ use crate::log;
 use crate::model::types::{ContentBlock, Message, ToolSpec};
 use crate::permissions::{Mode, Policy, Rule};
 
-/// Upstream's envelope version for `{"v":1,"event":…}`.
-pub const ENVELOPE_VERSION: u64 = 1;
 /// How long a surfaced permission prompt waits for an answer before it is denied.
 pub const DEFAULT_PERMISSION_TIMEOUT: Duration = Duration::from_secs(600);
 /// Finished runs kept in memory (the most recently used); the others are read back from
@@ -581,6 +579,7 @@ impl DriveCore {
             .ok_or_else(|| DriveError::UnknownRun(id.to_string()))
     }
 
+    #[cfg(test)]
     pub fn exists(&self, id: RunId) -> bool {
         self.runs.contains_key(&id)
     }

@@ -240,10 +240,6 @@ impl Connection {
         self.peer
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Call on any readiness for this connection's token: reads (and handshakes), flushes,
     /// parses. Yields at most one `Request`, and only when no response is in progress.
     pub fn on_ready(&mut self) -> Vec<ConnEvent> {
@@ -356,6 +352,7 @@ impl Connection {
     }
 
     /// Response bytes queued and not yet accepted by the socket.
+    #[cfg(test)]
     pub fn out_buffered(&self) -> usize {
         self.outbuf.len()
     }

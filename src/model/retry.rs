@@ -157,12 +157,6 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
     Duration::try_from_secs_f64(raw.as_secs_f64() * (1.0 - 0.25 * jitter)).unwrap_or(raw)
 }
 
-/// The `error_category` of print mode's `api_retry` frame for an HTTP failure, from the
-/// status alone. Prefer [`category_for`] when the error body's kind is known.
-pub fn category(status: u16) -> &'static str {
-    category_for(status, None)
-}
-
 /// Like [`category`], but the error kind wins over the status, because overloads and rate
 /// limits are sometimes reported with another status (Anthropic has sent `overloaded_error`
 /// with 429).
@@ -385,12 +379,12 @@ mod tests {
 
     #[test]
     fn categories() {
-        assert_eq!(category(529), "overloaded");
-        assert_eq!(category(429), "rate_limit");
-        assert_eq!(category(408), "timeout");
-        assert_eq!(category(504), "timeout");
-        assert_eq!(category(503), "server_error");
-        assert_eq!(category(409), "other");
+        assert_eq!(category_for(529, None), "overloaded");
+        assert_eq!(category_for(429, None), "rate_limit");
+        assert_eq!(category_for(408, None), "timeout");
+        assert_eq!(category_for(504, None), "timeout");
+        assert_eq!(category_for(503, None), "server_error");
+        assert_eq!(category_for(409, None), "other");
         assert_eq!(category_for(429, Some("overloaded_error")), "overloaded");
         assert_eq!(category_for(400, Some("rate_limit_exceeded")), "rate_limit");
         assert_eq!(category_for(500, Some("timeout_error")), "timeout");

@@ -133,6 +133,7 @@ pub struct Message {
 }
 
 impl Message {
+    #[cfg(test)]
     pub fn user_text(text: impl Into<String>) -> Message {
         Message {
             role: Role::User,

@@ -126,6 +126,7 @@ pub enum RuleSource {
 }
 
 impl RuleSource {
+    #[cfg(test)]
     pub fn as_str(self) -> &'static str {
         match self {
             RuleSource::Session => "session",
@@ -202,8 +203,7 @@ pub struct Decision {
 pub struct Policy {
     rules: Vec<Rule>,
     mode: Mode,
-    workspace: PathBuf,
-    /// `workspace` lexically normalised, as the `/`-joined string paths are compared against.
+    /// The workspace lexically normalised, as the `/`-joined string paths are compared against.
     workspace_str: String,
     /// Per-run narrowing profiles (`narrowed`); every one of them must agree.
     profiles: Vec<Profile>,
@@ -231,7 +231,6 @@ impl Policy {
         Policy {
             rules,
             mode,
-            workspace,
             workspace_str,
             profiles: Vec::new(),
             cwd_str: None,
@@ -303,12 +302,9 @@ impl Policy {
     }
 
     /// Every base rule in priority order, defaults last.
+    #[cfg(test)]
     pub fn rules(&self) -> &[Rule] {
         &self.rules
-    }
-
-    pub fn workspace(&self) -> &Path {
-        &self.workspace
     }
 }
 
