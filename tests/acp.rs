@@ -1079,6 +1079,63 @@ fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
 }
 
 #[test]
+fn acp_closing_a_session_answers_the_prompt_queued_behind_a_cancel() {
+    let ws = Workspace::new("acp-close-queued");
+    let marker = format!("acp-close-queued-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![tool_turn(
+            "Bash",
+            "toolu_c",
+            json!({"command": format!("sleep 30; echo {marker}")}),
+        )]),
+    );
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        json!(path_str(&ws.root))
+    ));
+    let session = raw.recv()["result"]["sessionId"].clone();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
+    ));
+    raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
+    // One write: the cancel, the next prompt (queued behind it) and the close.
+    raw.send(&format!(
+        "{}\n{}\n{}",
+        format_args!(
+            r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
+        ),
+        format_args!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
+        ),
+        format_args!(
+            r#"{{"jsonrpc":"2.0","id":5,"method":"session/close","params":{{"sessionId":{session}}}}}"#
+        )
+    ));
+    let mut answered = std::collections::BTreeMap::new();
+    while answered.len() < 3 {
+        let (frame, _) = raw.recv_until(|f| f.get("id").is_some_and(|id| id.is_number()));
+        answered.insert(frame["id"].as_i64().unwrap_or(-1), frame);
+    }
+    assert_eq!(
+        answered[&3]["result"]["stopReason"], "cancelled",
+        "{}",
+        answered[&3]
+    );
+    assert_eq!(
+        answered[&4]["result"]["stopReason"], "cancelled",
+        "{}",
+        answered[&4]
+    );
+    assert_eq!(answered[&5]["result"], json!({}), "{}", answered[&5]);
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
+
+#[test]
 fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
     // Editors cancel the running turn and send the next prompt back to back.
     let ws = Workspace::new("acp-cancel-then-prompt");

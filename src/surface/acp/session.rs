@@ -281,12 +281,19 @@ impl AcpServe {
         {
             let _ = ctx.core.cancel(run);
         }
-        // A prompt in flight is answered now, one waiting for servers once the session's
-        // requests are withdrawn. A prompt queued behind a cancelled one goes with the
-        // session, unanswered.
+        // A prompt in flight is answered now, and so is one queued behind a cancelled one
+        // (every request gets its answer, or the editor waits forever); one waiting for
+        // servers once the session's requests are withdrawn.
         let waiting = match std::mem::take(&mut session.prompt) {
-            PromptState::Running { request } | PromptState::Cancelling { request, .. } => {
+            PromptState::Running { request } => {
                 self.answer_cancelled(ctx, request, None);
+                None
+            }
+            PromptState::Cancelling { request, queued } => {
+                self.answer_cancelled(ctx, request, None);
+                if let Some(queued) = queued {
+                    self.answer_cancelled(ctx, queued.request, None);
+                }
                 None
             }
             PromptState::WaitingForServers { prompt, key } => Some((prompt.request, key)),
