@@ -383,11 +383,12 @@ fn read_stdin_prompt() -> Result<String, u8> {
         return Err(exit::NO_INPUT);
     }
     if buf.len() > print::MAX_STDIN_PROMPT {
+        // Malformed input, like any other the user sent: a usage error, not configuration.
         log::error(&format!(
             "stdin prompt exceeds {} bytes",
             print::MAX_STDIN_PROMPT
         ));
-        return Err(exit::CONFIG);
+        return Err(exit::USAGE);
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
