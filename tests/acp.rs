@@ -1042,6 +1042,36 @@ fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
     assert_eq!(code, Some(0));
 }
 
+/// JSON-RPC 2.0 request ids are strings, any number, or null, and the answer carries the
+/// id exactly as sent (`mcp serve` answers them the same way).
+#[test]
+fn acp_any_json_rpc_id_is_answered_as_sent() {
+    let ws = Workspace::new("acp-ids");
+    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    let init = r#""method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}"#;
+    for id in [
+        "1.5",
+        "1e23",
+        "1.50",
+        "-7.25",
+        "18446744073709551616",
+        "null",
+    ] {
+        raw.send(&format!(r#"{{"jsonrpc":"2.0","id":{id},{init}}}"#));
+        let line = raw
+            .lines
+            .recv_timeout(RECV_TIMEOUT)
+            .expect("an answer within the deadline");
+        assert!(
+            line.starts_with(&format!(r#"{{"id":{id},"jsonrpc":"2.0","result":{{"#)),
+            "{id}: {line}"
+        );
+    }
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
+
 #[test]
 fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
     let ws = Workspace::new("acp-eof");
