@@ -919,6 +919,11 @@ impl Raw {
     fn start(ws: &Workspace, stub: &Stub, flags: &[&str]) -> Raw {
         let mut cmd = caliban(ws);
         anthropic(&mut cmd, stub);
+        Raw::spawn(cmd, flags)
+    }
+
+    /// `caliban acp serve` from a command with its environment already set.
+    fn spawn(mut cmd: Command, flags: &[&str]) -> Raw {
         let mut child = cmd
             .args(["acp", "serve"])
             .args(flags)
@@ -1038,6 +1043,43 @@ fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
             .contains("workspace"),
         "{outside}"
     );
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
+
+/// With no model provider configured the agent still starts and answers `initialize` (an
+/// editor shows a bare "agent crashed" for one that exits first); `session/new` and prompts
+/// are refused with the message print mode gives, and the agent keeps serving.
+#[test]
+fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
+    let ws = Workspace::new("acp-noprovider");
+    let mut raw = Raw::spawn(caliban(&ws), &[]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    let init = raw.recv();
+    assert_eq!(init["id"], 1, "{init}");
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let cwd = path_str(&ws.root);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                     "params": {"cwd": cwd, "mcpServers": []}})
+        .to_string(),
+    );
+    let refused = raw.recv();
+    assert_eq!(refused["id"], 2, "{refused}");
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    for what in [
+        "no model provider is configured",
+        "ANTHROPIC_API_KEY",
+        "OPENAI_BASE_URL",
+    ] {
+        assert!(message.contains(what), "{what:?} missing: {message}");
+    }
+    raw.send(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"hi"}]}}"#);
+    assert_eq!(raw.recv()["error"]["code"], -32000);
+    // Still serving: sessions can be listed.
+    raw.send(r#"{"jsonrpc":"2.0","id":4,"method":"session/list","params":{}}"#);
+    assert_eq!(raw.recv()["result"], json!({"sessions": []}));
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
 }
