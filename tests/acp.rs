@@ -644,6 +644,107 @@ fn acp_session_load_replays_the_conversation_after_a_restart() {
     assert_eq!(r["second"]["unknown"]["code"], -32002);
 }
 
+/// A model server that repeats tool-call ids (local servers send `call_0` every turn, or one
+/// id for parallel calls): every card gets its own `toolCallId`, live and in a replay, and
+/// each shows its own call's result; the model still sees its own ids.
+#[test]
+fn acp_repeated_model_tool_ids_get_their_own_cards() {
+    let ws = Workspace::new("acp-repeated-ids");
+    for (file, text) in [("a.txt", "alpha"), ("b.txt", "bravo"), ("c.txt", "charlie")] {
+        ws.write(file, &format!("{text}\n"));
+    }
+    let read = |path: &str| json!({"id": "call_0", "name": "Read", "input": {"path": path}});
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            json!({"tool_calls": [read("a.txt")]}),
+            json!({"tool_calls": [read("b.txt")]}),
+            json!({"tool_calls": [read("c.txt"), read("a.txt")]}),
+            text_turn("Read them all."),
+            text_turn("Still here."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "prompts": ["read the files"], "after": "again"}),
+    );
+    // Live: four cards, four ids, each completed with its own file (the repeat in one turn
+    // refused).
+    let updates = &r["first"]["updates"];
+    let opened: Vec<&str> = of_kind(updates, "tool_call")
+        .iter()
+        .filter_map(|u| u["toolCallId"].as_str())
+        .collect();
+    assert_eq!(
+        opened,
+        ["call_0", "call_0#2", "call_0#3", "call_0#4"],
+        "{updates:#}"
+    );
+    let outcome = |updates: &Value, id: &str| -> (String, String) {
+        let last = tool_updates(updates, id)
+            .into_iter()
+            .rev()
+            .find(|u| u["status"] == "completed" || u["status"] == "failed")
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} never ended: {updates:#}"));
+        let text = last["content"]
+            .as_array()
+            .and_then(|c| c.iter().rev().find_map(|c| c["content"]["text"].as_str()))
+            .unwrap_or_default()
+            .to_owned();
+        (last["status"].as_str().unwrap_or_default().to_owned(), text)
+    };
+    let live: Vec<(String, String)> = opened.iter().map(|id| outcome(updates, id)).collect();
+    for (n, (want_status, want_text)) in [
+        ("completed", "alpha"),
+        ("completed", "bravo"),
+        ("completed", "charlie"),
+        ("failed", "duplicate tool_use id"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(live[n].0, want_status, "card {n}: {live:?}");
+        assert!(live[n].1.contains(want_text), "card {n}: {live:?}");
+    }
+    // Replayed after a restart: the same four cards, each with its own result.
+    let replay = &r["second"]["replay"];
+    let cards: Vec<(&str, &str, &str)> = of_kind(replay, "tool_call")
+        .iter()
+        .map(|u| {
+            (
+                u["toolCallId"].as_str().unwrap_or_default(),
+                u["rawInput"]["path"].as_str().unwrap_or_default(),
+                u["status"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cards,
+        [
+            ("call_0", "a.txt", "completed"),
+            ("call_0#2", "b.txt", "completed"),
+            ("call_0#3", "c.txt", "completed"),
+            ("call_0#4", "a.txt", "failed"),
+        ]
+    );
+    for (card, text) in of_kind(replay, "tool_call").iter().zip([
+        "alpha",
+        "bravo",
+        "charlie",
+        "duplicate tool_use id",
+    ]) {
+        assert!(card["content"].to_string().contains(text), "{card}");
+    }
+    // The model was sent its own ids throughout.
+    let sent = flat(&request_messages(&stub, 3));
+    assert!(
+        sent.contains("\"call_0\"") && !sent.contains("call_0#"),
+        "{sent}"
+    );
+}
+
 #[test]
 fn acp_sessions_are_listed_resumed_and_closed() {
     let ws = Workspace::new("acp-sessions");

@@ -22,6 +22,7 @@
 //! ordered frames). This file holds the server's state, the dispatch of the client's
 //! messages and the `Surface` callbacks.
 
+mod call_ids;
 mod card;
 mod convo;
 mod delegate;
@@ -356,7 +357,8 @@ impl Surface for AcpServe {
 
     fn on_ask(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
         if let Some(sid) = self.runs.get(&run).cloned() {
-            self.show_input(&sid, &call.id, &call.input);
+            let wire = self.wire_id(&sid, &call.id);
+            self.show_input(&sid, &wire, &call.input);
         }
     }
 
