@@ -745,6 +745,77 @@ fn acp_repeated_model_tool_ids_get_their_own_cards() {
     );
 }
 
+/// A model request that is retried (429, 5xx, 529 before any output) shows in the editor
+/// while it waits, as print mode's `api_retry` frame does: as a `notice` for a client that
+/// shows them, else as a thought chunk; the turn then goes on as usual.
+#[test]
+fn acp_model_retries_are_shown_while_they_wait() {
+    for notices in [false, true] {
+        let ws = Workspace::new("acp-retry");
+        let stub = Stub::start(
+            &ws,
+            &script(vec![json!({"text": "Back again.",
+                "faults": [{"status": 529, "retry_after": "0"}, {"status": 503, "retry_after": "0"}]})]),
+        );
+        let caps = if notices {
+            json!({"session": {"notices": {}}})
+        } else {
+            json!({})
+        };
+        let r = drive(
+            &ws,
+            &stub,
+            json!({"scenario": "prompts", "prompts": ["hello"], "caps": caps}),
+        );
+        assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+        let updates = &r["updates"];
+        let shown: Vec<&Value> = updates
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|u| !u["_meta"]["caliban/api_retry"].is_null())
+            .collect();
+        assert_eq!(shown.len(), 2, "{updates:#}");
+        let first = &shown[0];
+        assert_eq!(first["_meta"]["caliban/api_retry"]["error_status"], 529);
+        assert_eq!(first["_meta"]["caliban/api_retry"]["attempt"], 2);
+        assert_eq!(shown[1]["_meta"]["caliban/api_retry"]["error_status"], 503);
+        if notices {
+            assert_eq!(first["sessionUpdate"], "notice", "{first}");
+            assert_eq!(first["severity"], "warning");
+            let title = first["title"].as_str().unwrap_or_default();
+            assert!(
+                title.contains("HTTP 529") && title.contains("retry 1 of 4"),
+                "{title}"
+            );
+            assert!(text_of(updates, "agent_thought_chunk").is_empty());
+        } else {
+            assert_eq!(first["sessionUpdate"], "agent_thought_chunk", "{first}");
+            let thought = text_of(updates, "agent_thought_chunk");
+            assert!(
+                thought.contains("HTTP 529") && thought.contains("retry 1 of 4"),
+                "{thought}"
+            );
+            assert!(thought.contains("retry 2 of 4"), "{thought}");
+        }
+        // The retries come before the answer.
+        let answer_at = updates
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|u| u["sessionUpdate"] == "agent_message_chunk")
+            .expect("the answer");
+        let last_retry_at = updates
+            .as_array()
+            .unwrap()
+            .iter()
+            .rposition(|u| !u["_meta"]["caliban/api_retry"].is_null())
+            .unwrap();
+        assert!(last_retry_at < answer_at);
+        assert_eq!(text_of(updates, "agent_message_chunk"), "Back again.");
+    }
+}
+
 #[test]
 fn acp_sessions_are_listed_resumed_and_closed() {
     let ws = Workspace::new("acp-sessions");

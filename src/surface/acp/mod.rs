@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
-use crate::engine::{Engine, HostAction, RunId, ToolPlacement};
+use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
 use crate::jsonrpc::{self, Id, Message, RpcError, notification};
 use crate::log;
 use crate::reactor::{Signal, TimerId};
@@ -116,6 +116,8 @@ enum Pending {
 
 pub struct AcpServe {
     caps: ClientCaps,
+    /// The client shows `notice` updates (`clientCapabilities.session.notices`).
+    notices: bool,
     sessions: HashMap<String, Session>,
     /// The session of each run this process started and still runs.
     runs: HashMap<RunId, String>,
@@ -153,6 +155,7 @@ impl AcpServe {
     fn new() -> AcpServe {
         AcpServe {
             caps: ClientCaps::default(),
+            notices: false,
             sessions: HashMap::new(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
@@ -305,6 +308,7 @@ impl AcpServe {
             write: caps["fs"]["writeTextFile"] == true,
             terminal: caps["terminal"] == true,
         };
+        self.notices = caps["session"]["notices"].is_object();
         Ok(json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -359,6 +363,12 @@ impl Surface for AcpServe {
         if let Some(sid) = self.runs.get(&run).cloned() {
             let wire = self.wire_id(&sid, &call.id);
             self.show_input(&sid, &wire, &call.input);
+        }
+    }
+
+    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
+            self.show_retry(&sid, notice);
         }
     }
 

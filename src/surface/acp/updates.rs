@@ -8,6 +8,7 @@ use super::card::{self, Described, JsonEnd, OldText};
 use super::{AcpKey, AcpServe};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
+use crate::engine::RetryNotice;
 use crate::surface::host::Cx;
 
 /// A tool call's card while the call is open.
@@ -152,6 +153,43 @@ impl AcpServe {
             }
             TurnEvent::TurnStart { .. } | TurnEvent::TurnEnd { .. } => {}
         }
+    }
+
+    /// A retry of the model request, which would otherwise be seconds of nothing: a
+    /// `notice` for a client that shows them (`session.notices`), else a thought chunk,
+    /// which every editor renders in the turn's reasoning rather than in the answer (an
+    /// agent message would read as the model's words, and merge with them). Print mode's
+    /// `api_retry` fields ride along in `_meta`.
+    pub(super) fn show_retry(&mut self, sid: &str, notice: &RetryNotice) {
+        let why = match notice.status {
+            Some(status) => format!("HTTP {status}, {}", notice.category),
+            None => notice.category.to_owned(),
+        };
+        let retry = notice.attempt.saturating_sub(1);
+        let title = format!(
+            "The model request failed ({why}); retry {retry} of {} in {:.1} s",
+            notice.max_retries,
+            notice.delay.as_secs_f64()
+        );
+        let mut meta = json!({
+            "attempt": notice.attempt, "max_retries": notice.max_retries,
+            "retry_delay_ms": notice.delay.as_millis() as u64,
+            "error_category": notice.category,
+        });
+        if let Some(status) = notice.status {
+            meta["error_status"] = json!(status);
+        }
+        let meta = json!({"caliban/api_retry": meta});
+        let update = if self.notices {
+            json!({"sessionUpdate": "notice", "severity": "warning", "title": title,
+                   "description": notice.message, "_meta": meta})
+        } else {
+            // Blank lines keep it apart from the model's own thinking in the same block.
+            let text = format!("{title}: {}\n\n", notice.message);
+            json!({"sessionUpdate": "agent_thought_chunk",
+                   "content": {"type": "text", "text": text}, "_meta": meta})
+        };
+        self.outbox.update(sid, update);
     }
 
     /// The wire id of the call the model's `tool_use_id` names now (the one that runs, asks
