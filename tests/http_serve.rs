@@ -2145,3 +2145,101 @@ fn a_prompt_left_pending_by_a_cancel_is_no_longer_waited_on() {
         "no pending permission request for this run",
     );
 }
+
+/// `GET /runs` pages through every run on disk, not only the newest 1,000 the server holds:
+/// the newest page first (oldest first within it), `next_cursor` to the page before, pages
+/// that neither overlap nor skip, bounded `limit`s, and a table that does not grow for it.
+#[test]
+fn every_run_on_disk_is_listed_page_by_page() {
+    const RUNS: u64 = 1205;
+    let ws = Workspace::new("hs-runs-pages");
+    let dir = ws.path("home/.state/caliban/sessions");
+    std::fs::create_dir_all(&dir).expect("sessions dir");
+    for n in 1..=RUNS {
+        let header = json!({"kind": "header", "v": 1, "run_id": format!("run-{n}"),
+                            "created_ms": 1_767_225_600_000u64 + n, "interactive": false,
+                            "prompt": format!("prompt {n}")});
+        // run-5 was still running when its server died.
+        let state = if n == 5 { "running" } else { "done" };
+        let status = json!({"kind": "status", "cursor": 0, "status": {"state": state}});
+        std::fs::write(
+            dir.join(format!("run-{n}.jsonl")),
+            format!("{header}\n{status}\n"),
+        )
+        .expect("write session");
+    }
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let numbers = |page: &Value| -> Vec<u64> {
+        page["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| {
+                let id = r["run_id"].as_str().expect("run_id");
+                id.trim_start_matches("run-").parse().expect("number")
+            })
+            .collect()
+    };
+
+    // Without parameters: the newest 1,000, oldest first, and where to go on.
+    let first = get(addr, "/runs");
+    assert_eq!(first.status, 200, "{first:?}");
+    let first = first.json();
+    assert_eq!(numbers(&first), (RUNS - 999..=RUNS).collect::<Vec<_>>());
+    assert_eq!(first["runs"][0]["prompt"], format!("prompt {}", RUNS - 999));
+    assert_eq!(first["next_cursor"], RUNS - 999);
+    let rest = get(addr, &format!("/runs?cursor={}", RUNS - 999)).json();
+    assert_eq!(numbers(&rest), (1..=RUNS - 1000).collect::<Vec<_>>());
+    assert_eq!(rest["runs"][0]["status"], json!({"state": "done"}));
+    let interrupted = &rest["runs"][4]["status"];
+    assert_eq!(interrupted["state"], "failed", "{interrupted}");
+    assert!(
+        interrupted["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("interrupted"))
+    );
+    assert!(rest.get("next_cursor").is_none(), "{}", rest["next_cursor"]);
+
+    // Small pages walk back through everything exactly once.
+    let mut seen = Vec::new();
+    let mut path = "/runs?limit=300".to_owned();
+    for _ in 0..10 {
+        let page = get(addr, &path).json();
+        let mut got = numbers(&page);
+        assert!(got.len() <= 300, "{}", got.len());
+        got.append(&mut seen);
+        seen = got;
+        match page.get("next_cursor").and_then(Value::as_u64) {
+            Some(next) => path = format!("/runs?limit=300&cursor={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=RUNS).collect::<Vec<_>>());
+
+    // A run started now is on the first page; bad parameters are refused.
+    let run = start_run(addr, json!({"prompt": "newest"}));
+    wait_terminal(addr, &run);
+    let newest = get(addr, "/runs?limit=1").json();
+    assert_eq!(run, format!("run-{}", RUNS + 1));
+    assert_eq!(newest["runs"][0]["run_id"], run);
+    assert_eq!(newest["next_cursor"], RUNS + 1);
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "cursor=-1",
+        "cursor=18446744073709551616",
+    ] {
+        let resp = get(addr, &format!("/runs?{bad}"));
+        assert_eq!(resp.status, 400, "{bad}: {resp:?}");
+    }
+    // Listing read the older runs without keeping them: the table holds at most 1,000
+    // finished runs (and the live ones).
+    let held: f64 = ["starting", "running", "awaiting_input", "done", "failed"]
+        .iter()
+        .filter_map(|state| metric(addr, &format!("caliban_runs{{state=\"{state}\"}}")))
+        .sum();
+    assert!(held <= 1001.0, "{held} runs in memory");
+}

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use serde_json::{Value, json};
 
 use crate::drive::ops::{self, Dialect, OpError, Problem};
-use crate::drive::table::{DriveCore, DriveError, DriveStatus};
+use crate::drive::table::{DriveCore, DriveError, DriveStatus, MAX_RUNS_PAGE};
 use crate::engine::{Engine, HostAction, RunId};
 use crate::http::server::Request;
 use crate::log;
@@ -199,19 +199,7 @@ impl HttpServe {
                     Err((status, message)) => error_reply(status, &message),
                 }
             }
-            ("GET", ["runs"]) => {
-                let runs: Vec<Value> = ctx
-                    .core
-                    .list()
-                    .into_iter()
-                    .map(|r| {
-                        json!({"run_id": r.run_id.to_string(), "status": r.status.to_json(),
-                               "interactive": r.interactive, "created_ms": r.created_ms,
-                               "events": r.events, "prompt": preview(&r.prompt)})
-                    })
-                    .collect();
-                json_reply(200, &json!({"runs": runs}))
-            }
+            ("GET", ["runs"]) => list_runs(ctx.core, &request),
             ("GET", ["runs", _, "events"]) => self.events(ctx, conn, run, &request),
             ("GET", ["runs", _, "status"]) => match run.and_then(|r| ctx.core.status(r)) {
                 Ok(status) => json_reply(200, &json!({"status": status.to_json()})),
@@ -508,6 +496,55 @@ impl HttpServe {
             self.pump_follow(ctx.core, conn);
         }
     }
+}
+
+/// `GET /runs`: one page of every run on disk (`DriveCore::list_page`), the newest `limit`
+/// (at most and by default `MAX_RUNS_PAGE`) below `cursor`, oldest first, with
+/// `next_cursor` for the page before when older runs remain.
+fn list_runs(core: &DriveCore, request: &Request) -> Reply {
+    let limit = match request.query_param("limit") {
+        None => MAX_RUNS_PAGE,
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_RUNS_PAGE).contains(&n) => n,
+            _ => {
+                return error_reply(
+                    400,
+                    &format!(
+                        "invalid limit `{raw}`: expected an integer from 1 to {MAX_RUNS_PAGE}"
+                    ),
+                );
+            }
+        },
+    };
+    let below = match request.query_param("cursor") {
+        None => None,
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return error_reply(
+                    400,
+                    &format!("invalid cursor `{raw}`: expected a non-negative integer"),
+                );
+            }
+        },
+    };
+    let (runs, next) = match core.list_page(below, limit) {
+        Ok(page) => page,
+        Err(e) => return error_reply(drive_error_status(&e), &e.to_string()),
+    };
+    let runs: Vec<Value> = runs
+        .into_iter()
+        .map(|r| {
+            json!({"run_id": r.run_id.to_string(), "status": r.status.to_json(),
+                   "interactive": r.interactive, "created_ms": r.created_ms,
+                   "events": r.events, "prompt": preview(&r.prompt)})
+        })
+        .collect();
+    let mut body = json!({"runs": runs});
+    if let Some(next) = next {
+        body["next_cursor"] = json!(next);
+    }
+    json_reply(200, &body)
 }
 
 /// The listing shows the start of each prompt; the full text is in the run's session.
