@@ -332,16 +332,22 @@ impl HttpServe {
         let Some(follow) = slot.state.as_mut() else {
             return;
         };
-        let line = |follow: &Follow, cursor: u64, body: String| -> String {
-            if follow.sse {
-                format!("id: {cursor}\ndata: {body}\n\n")
-            } else {
-                format!("{body}\n")
+        // An SSE `id:` names a place in the event log, so only event lines carry one (their
+        // cursor). A status or prompt line has no place of its own: it carries none, and an
+        // SSE client keeps the last event's id, which is where a reconnect must resume; an
+        // id of its own would repeat the event's, and look like that event sent again.
+        let line = |follow: &Follow, id: Option<u64>, body: String| -> String {
+            match (follow.sse, id) {
+                (true, Some(id)) => format!("id: {id}\ndata: {body}\n\n"),
+                (true, None) => format!("data: {body}\n\n"),
+                (false, _) => format!("{body}\n"),
             }
         };
-        // The first line is the status (DESIGN §4.5) as of the starting cursor: for a live
-        // run that is its current status; a replay of a finished run opens with the status
-        // it had back then, so its terminal status still comes last, after every event.
+        // The first line is the status (DESIGN §4.5) as of the starting cursor, so that a
+        // terminal status still comes last, after every event. A stream that starts behind
+        // the end of the log (a replay, of a finished run say) opens with the status the run
+        // had at that point, which is no longer its status: the line says so with
+        // `"replay":true`, and the status lines after the events bring it up to date.
         if !follow.started {
             follow.started = true;
             let (Ok(status), Ok(total)) = (
@@ -354,13 +360,17 @@ impl HttpServe {
             };
             // A cursor past the end resumes from the end, as a poll does.
             follow.next_cursor = follow.next_cursor.min(total);
+            let replay = if follow.next_cursor < total {
+                ",\"replay\":true"
+            } else {
+                ""
+            };
             let body = format!(
-                "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
+                "{{\"v\":1,\"cursor\":{},\"status\":{}{replay}}}",
                 follow.next_cursor,
                 status.to_json()
             );
-            slot.conn
-                .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+            slot.conn.stream_chunk(line(follow, None, body).as_bytes());
             follow.sent_status = Some(status);
         }
         loop {
@@ -385,7 +395,7 @@ impl HttpServe {
                 let mut chunk = String::new();
                 for (cursor, raw) in &view.events {
                     let body = format!("{{\"v\":1,\"cursor\":{},\"event\":{raw}}}", cursor + 1);
-                    chunk.push_str(&line(follow, cursor + 1, body));
+                    chunk.push_str(&line(follow, Some(cursor + 1), body));
                 }
                 follow.next_cursor = view.next_cursor;
                 slot.conn.stream_chunk(chunk.as_bytes());
@@ -404,8 +414,7 @@ impl HttpServe {
                     "{{\"v\":1,\"cursor\":{},\"permission_request\":{prompt}}}",
                     follow.next_cursor
                 );
-                slot.conn
-                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                slot.conn.stream_chunk(line(follow, None, body).as_bytes());
                 follow.sent_prompt = Some(prompt);
             }
             if follow.sent_status.as_ref() != Some(&view.status) {
@@ -414,8 +423,7 @@ impl HttpServe {
                     follow.next_cursor,
                     view.status.to_json()
                 );
-                slot.conn
-                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                slot.conn.stream_chunk(line(follow, None, body).as_bytes());
                 follow.sent_status = Some(view.status.clone());
             }
             if view.status.is_terminal() {
