@@ -2210,6 +2210,18 @@ fn last_event_id_wins_over_the_urls_cursor() {
     let body = String::from_utf8_lossy(&resumed.body).into_owned();
     let events = body.matches("\"event\":").count();
     assert_eq!(events, 1, "only the one event after Last-Event-ID: {body}");
+    // The header replaces a cursor, not the need for a well-formed one.
+    let malformed = request(
+        addr,
+        "GET",
+        &format!("/runs/{run}/events?cursor=-1&follow=1"),
+        &[
+            ("accept", "text/event-stream"),
+            ("last-event-id", &(total - 1).to_string()),
+        ],
+        b"",
+    );
+    assert_eq!(malformed.status, 400, "{malformed:?}");
 }
 
 #[test]

@@ -62,12 +62,16 @@ def pointer(*parts):
 
 
 class Doc:
-    def __init__(self, path):
+    def __init__(self, path, data=None):
+        """The document at `path`, or `data` already parsed (`path` then only names it)."""
         self.path = Path(path)
-        try:
-            self.data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise CheckFailed(f"{self.path}: cannot read the document: {err}") from err
+        if data is not None:
+            self.data = data
+        else:
+            try:
+                self.data = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:
+                raise CheckFailed(f"{self.path}: cannot read the document: {err}") from err
         resource = Resource.from_contents(self.data, default_specification=DRAFT202012)
         self.registry = Registry().with_resource(DOC_URI, resource)
 

@@ -276,8 +276,9 @@ impl HttpServe {
         let last_event_id = request
             .header("last-event-id")
             .and_then(|v| v.trim().parse::<u64>().ok());
+        // A malformed `cursor` is refused even when the header overrides it, as the
+        // document's schema for it says.
         let cursor = match request.query_param("cursor") {
-            _ if last_event_id.is_some() => last_event_id.unwrap_or(0),
             Some(raw) => match raw.parse::<u64>() {
                 Ok(c) => c,
                 Err(_) => {
@@ -289,6 +290,7 @@ impl HttpServe {
             },
             None => 0,
         };
+        let cursor = last_event_id.unwrap_or(cursor);
         let id = match run {
             Ok(id) => id,
             Err(e) => return error_reply(drive_error_status(&e), &e.to_string()),
