@@ -22,6 +22,7 @@
 //! ordered frames). This file holds the server's state, the dispatch of the client's
 //! messages and the `Surface` callbacks.
 
+mod call_ids;
 mod card;
 mod convo;
 mod delegate;
@@ -41,7 +42,7 @@ use serde_json::{Value, json};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
-use crate::engine::{Engine, HostAction, RunId, ToolPlacement};
+use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
 use crate::jsonrpc::{self, Id, Message, RpcError, notification};
 use crate::log;
 use crate::reactor::{Signal, TimerId};
@@ -57,6 +58,9 @@ use session::Session;
 pub const PROTOCOL_VERSION: u64 = 1;
 /// ACP's "resource not found" (an unknown session).
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
+/// ACP's "authentication required": what `session/new` and prompts answer while no model
+/// provider is configured (Zed shows the message on its sign-in view).
+pub const AUTH_REQUIRED: i64 = -32000;
 /// The session-header field that ties a run to its ACP session.
 pub const SESSION_FIELD: &str = "acp_session";
 /// What this surface registers on the loop: deadlines of delegated calls and of prompts
@@ -72,8 +76,18 @@ pub enum AcpKey {
 
 /// Serves ACP on stdin/stdout until stdin closes or a signal arrives. Runs still going are
 /// cancelled on the way out, which kills their tool processes.
-pub fn run(mut engine: Engine<Key<AcpKey>>, core: DriveCore) -> u8 {
-    let mut server = DriveHost::new(core, AcpServe::new());
+///
+/// `provider_problem` says why no model can be reached (none configured): the agent still
+/// answers `initialize`, lists and loads sessions, and refuses `session/new` and prompts
+/// with that message, so the editor shows it instead of a crashed agent.
+pub fn run(
+    mut engine: Engine<Key<AcpKey>>,
+    core: DriveCore,
+    provider_problem: Option<String>,
+) -> u8 {
+    let mut serve = AcpServe::new();
+    serve.provider_problem = provider_problem;
+    let mut server = DriveHost::new(core, serve);
     match engine.run_loop(&mut server) {
         Ok(()) => crate::exit::OK,
         Err(e) => {
@@ -102,6 +116,8 @@ enum Pending {
 
 pub struct AcpServe {
     caps: ClientCaps,
+    /// The client shows `notice` updates (`clientCapabilities.session.notices`).
+    notices: bool,
     sessions: HashMap<String, Session>,
     /// The session of each run this process started and still runs.
     runs: HashMap<RunId, String>,
@@ -116,6 +132,8 @@ pub struct AcpServe {
     next_mcp: u64,
     /// Deadlines of prompts waiting for MCP servers: timer key → (session, timer).
     mcp_timers: HashMap<u64, (String, TimerId)>,
+    /// Why no model can be reached, if so: no session is started and no prompt taken.
+    provider_problem: Option<String>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -137,6 +155,7 @@ impl AcpServe {
     fn new() -> AcpServe {
         AcpServe {
             caps: ClientCaps::default(),
+            notices: false,
             sessions: HashMap::new(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
@@ -148,6 +167,16 @@ impl AcpServe {
             mcp: HashMap::new(),
             next_mcp: 0,
             mcp_timers: HashMap::new(),
+            provider_problem: None,
+        }
+    }
+
+    /// Refuses what needs a model while none can be reached, with the message print mode
+    /// gives.
+    fn needs_model(&self) -> Result<(), RpcError> {
+        match &self.provider_problem {
+            Some(problem) => Err(RpcError::new(AUTH_REQUIRED, problem.clone())),
+            None => Ok(()),
         }
     }
 
@@ -195,14 +224,19 @@ impl AcpServe {
         let result = match method {
             "initialize" => self.initialize(params),
             "authenticate" => Ok(json!({})),
-            "session/new" => self.new_session(ctx, params),
+            "session/new" => self
+                .needs_model()
+                .and_then(|()| self.new_session(ctx, params)),
             "session/load" => self.open_session(ctx, params, true),
             "session/resume" => self.open_session(ctx, params, false),
             "session/list" => self.list_sessions(ctx.core, params),
             "session/close" => self.close_session(ctx, params),
             "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
             "session/set_config_option" => self.set_config_option(ctx, params),
-            "session/prompt" => match self.prompt(ctx, &id, params) {
+            "session/prompt" => match self
+                .needs_model()
+                .and_then(|()| self.prompt(ctx, &id, params))
+            {
                 // Answered when the turn ends.
                 Ok(()) => return,
                 Err(e) => Err(e),
@@ -274,6 +308,7 @@ impl AcpServe {
             write: caps["fs"]["writeTextFile"] == true,
             terminal: caps["terminal"] == true,
         };
+        self.notices = caps["session"]["notices"].is_object();
         Ok(json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -326,7 +361,14 @@ impl Surface for AcpServe {
 
     fn on_ask(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
         if let Some(sid) = self.runs.get(&run).cloned() {
-            self.show_input(&sid, &call.id, &call.input);
+            let wire = self.wire_id(&sid, &call.id);
+            self.show_input(&sid, &wire, &call.input);
+        }
+    }
+
+    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
+            self.show_retry(&sid, notice);
         }
     }
 

@@ -370,6 +370,7 @@ impl AcpServe {
                 session.run = Some(run);
                 session.drop_last_prompt = false;
                 session.cards.clear();
+                session.ids.close_all();
                 session.run_end = None;
             }
         }
