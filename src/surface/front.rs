@@ -23,6 +23,7 @@
 //! or a Unix socket, a bearer preamble first) in `line`, whose preamble runs on the same
 //! head deadline.
 
+pub(crate) mod line;
 mod wire;
 
 use std::collections::{HashMap, VecDeque};
