@@ -15,6 +15,7 @@
 //! on the head deadline); `Link` adds the one-client rule and the idle exit, shared by the
 //! two protocol surfaces (`ndjson`, `acp`). `spec` reads the spawn spec.
 
+mod acp;
 mod ndjson;
 pub(crate) mod spec;
 
@@ -441,11 +442,7 @@ pub(crate) fn serve(
     let link = Link::new(listener, idle_timeout);
     match spec.protocol {
         Protocol::Ndjson => ndjson::run(engine_config, core, link, spec),
-        Protocol::Acp => {
-            drop((engine_config, core, link));
-            log::error("drive_protocol acp is not served yet");
-            crate::exit::CONFIG
-        }
+        Protocol::Acp => acp::run(engine_config, core, link),
     }
 }
 
