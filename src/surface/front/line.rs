@@ -805,6 +805,9 @@ impl<P: Default> Front<P, LineConn> {
                     self.dirty.pop_front();
                     if slot.conn.is_closed() {
                         self.close(cx, id);
+                    } else {
+                        // A new connection starts on the deadline.
+                        self.watch_head(cx, id);
                     }
                 }
             }
