@@ -66,6 +66,10 @@ pub(crate) const MAX_OUT_BUFFER: usize = 1024 * 1024;
 /// conversation is a few MiB), far below what would hurt the process.
 pub(crate) const MAX_QUEUED_OUT: usize = 64 * 1024 * 1024;
 
+/// The write buffer an idle connection keeps for the next few lines; a larger one left by a
+/// burst (a replay) is freed once it has drained.
+const IDLE_OUT_CAPACITY: usize = 16 * 1024;
+
 /// How often the front looks at a quiet connection. An authenticated one is kept however
 /// quiet (its run may wait on a person for hours; TCP keepalive finds a vanished peer); one
 /// winding down is closed once this passes without a byte.
@@ -490,6 +494,10 @@ impl LineConn {
         }
         if self.outbuf.len() < before {
             self.last_activity = Instant::now();
+        }
+        if self.outbuf.is_empty() && self.outbuf.capacity() > IDLE_OUT_CAPACITY {
+            // A replay leaves a large buffer behind; a quiet connection gives it back.
+            self.outbuf = Vec::new();
         }
         if self.writable_owed && self.outbuf.len() < MAX_OUT_BUFFER / 2 {
             self.writable_owed = false;
