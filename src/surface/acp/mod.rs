@@ -293,7 +293,7 @@ impl AcpServe {
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
-    fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
         if self.quitting {
             return;
         }

@@ -13,7 +13,7 @@ use super::{Link, LinkEvent, NetKey, announce, cancel_live_runs};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
-use crate::engine::{Engine, EngineConfig, HostAction, RunId, ToolPlacement};
+use crate::engine::{Engine, EngineConfig, RunId, ToolPlacement};
 use crate::log;
 use crate::reactor::Signal;
 use crate::stdio::StdinItem;
@@ -130,8 +130,9 @@ impl Surface for NetAcp {
             }
             AcpKey::Net(NetKey::Idle) => {
                 if self.link.idle_expired(cx.core) {
+                    // As for a signal: the sessions' MCP servers go with the runs.
                     cancel_live_runs(cx.core);
-                    cx.act(HostAction::Quit);
+                    self.acp.shutdown(cx);
                 }
             }
             other => self.acp.on_timer(cx, other),
