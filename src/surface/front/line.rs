@@ -442,6 +442,7 @@ impl LineConn {
                 close_notify_sent: false,
             };
             self.items.clear();
+            self.item_bytes = 0;
             self.pump();
         }
     }
