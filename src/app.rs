@@ -51,6 +51,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => ExitCode::from(match args.surface {
             cli::Surface::Http => run_http_serve(*args),
             cli::Surface::Mcp | cli::Surface::Acp => run_stdio_surface(*args),
+            cli::Surface::Agent => run_agent_serve(*args),
         }),
     }
 }
@@ -323,7 +324,9 @@ fn drive_core(
     sys::raise_fd_limit();
     let no_provider = match args.surface {
         Surface::Acp => NoProvider::Report,
-        Surface::Http | Surface::Mcp => NoProvider::Exit,
+        // A supervisor starts the networked agent: a missing provider is a configuration
+        // error it should see at once, as for the other servers.
+        Surface::Http | Surface::Mcp | Surface::Agent => NoProvider::Exit,
     };
     let setup = agent_setup(&args.agent, false, no_provider)?;
     let store = drive::session::default_dir(&env_var)
@@ -373,6 +376,64 @@ fn run_http_serve(args: ServeArgs) -> u8 {
         Ok(engine) => http_api::run(engine, core, listen),
         Err(code) => code,
     }
+}
+
+/// `agent serve`: the networked agent. Everything that can refuse a start (where to listen,
+/// the token and TLS material, the spawn spec, the provider) is checked before it binds.
+fn run_agent_serve(mut args: ServeArgs) -> u8 {
+    use surface::agent::{self, Listen, Plan, Posture};
+    let refuse = |(code, message): agent::Refused| {
+        log::error(&message);
+        code
+    };
+    let listen = match (&args.addr, &args.socket) {
+        (Some(addr), None) => match addr.parse::<SocketAddr>() {
+            Ok(addr) => agent::tls_listen(addr, &env_var),
+            Err(_) => {
+                log::error(&format!("invalid --listen {addr}: expected IP:PORT"));
+                return exit::USAGE;
+            }
+        },
+        (None, Some(path)) => Ok(Listen::Unix(path.clone())),
+        _ => {
+            log::error("agent serve takes one of --listen ADDR and --socket PATH");
+            return exit::USAGE;
+        }
+    };
+    let plan = listen.and_then(|listen| {
+        Ok(Plan {
+            listen,
+            spec: agent::load_spec(args.spec.as_deref(), &env_var)?,
+            idle_timeout: agent::idle_timeout(&env_var)?,
+        })
+    });
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(refused) => return refuse(refused),
+    };
+    // What the supervisor chose wins over flags; only the spec can make a run unattended.
+    let spec = &plan.spec;
+    if spec.model.is_some() {
+        args.agent.model = spec.model.clone();
+    }
+    if spec.provider.is_some() {
+        args.agent.provider = spec.provider.clone();
+    }
+    if spec.posture == Posture::Unattended {
+        args.agent.permission_mode = Some(Mode::DontAsk.as_str().to_owned());
+    }
+    let (mut core, engine_config, _) = match drive_core(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(tools) = &spec.tool_allowlist {
+        core.retain_tools(tools);
+    }
+    let listener = match agent::bind(plan.listen) {
+        Ok(listener) => listener,
+        Err(refused) => return refuse(refused),
+    };
+    agent::serve(engine_config, core, &plan.spec, plan.idle_timeout, listener)
 }
 
 /// `mcp serve` and `acp serve`: JSON-RPC on stdin/stdout, which then carry nothing else.

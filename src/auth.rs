@@ -73,9 +73,10 @@ impl fmt::Display for DenyReason {
     }
 }
 
-/// The configured token, kept only as an HMAC tag under a per-process random key.
+/// A configured token, kept only as an HMAC tag under a per-process random key. The drive
+/// gate's, and the networked agent's bearer preamble (`surface::front::line`).
 #[derive(Clone)]
-struct Token {
+pub(crate) struct Token {
     key: hmac::Key,
     tag: hmac::Tag,
 }
@@ -236,7 +237,7 @@ fn is_loopback(addr: &IpAddr) -> bool {
 }
 
 impl Token {
-    fn new(token: &[u8]) -> Token {
+    pub(crate) fn new(token: &[u8]) -> Token {
         // The key only has to be unknown to the peer; if the system RNG fails (it does not on
         // Linux once booted) a fixed key still gives a constant-time, length-hiding compare.
         let key = hmac::Key::generate(hmac::HMAC_SHA256, &SystemRandom::new())
@@ -253,7 +254,7 @@ impl Token {
     /// on the length of what the peer sent, which the peer already knows, and since the tags
     /// are unpredictable without the key, even a partial-match timing signal would say nothing
     /// about the token.
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         hmac::verify(&self.key, presented, self.tag.as_ref()).is_ok()
     }
 }

@@ -29,7 +29,7 @@ static INSTALL: Mutex<()> = Mutex::new(());
 
 /// `target/acp-sdk` with the pinned SDK installed (`npm ci`, once per lockfile) and the
 /// driver scripts copied in next to it.
-fn sdk_dir() -> PathBuf {
+pub(crate) fn sdk_dir() -> PathBuf {
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     match SDK.get_or_init(install_sdk) {
         Ok(dir) => dir.clone(),

@@ -713,6 +713,23 @@ impl DriveCore {
         Ok(())
     }
 
+    /// Live runs streaming or running tools (not waiting for input): work in progress.
+    pub fn working(&self) -> usize {
+        self.runs
+            .values()
+            .filter(|r| r.live && r.status != DriveStatus::AwaitingInput)
+            .count()
+    }
+
+    /// Offers runs started from now on only the built-in tools named in `names` (a
+    /// networked agent's `tool_allowlist`); a call to any other is refused by the run.
+    pub fn retain_tools(&mut self, names: &[String]) {
+        self.config
+            .run
+            .tools
+            .retain(|tool| names.iter().any(|n| *n == tool.name));
+    }
+
     pub fn surfaced_prompt(&self, id: RunId) -> Result<Option<Prompt>, DriveError> {
         Ok(self.record(id)?.surfaced.as_ref().map(|(p, _)| p.clone()))
     }

@@ -18,16 +18,20 @@
 //!
 //! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `add`,
 //! `close`, `on_idle`, `on_head_timer`, `watch_head`) never looks inside a request; only
-//! `on_ready`, `service`, `admit` and `reply` speak HTTP. The networked agent's listener
-//! (NDJSON over TLS after a bearer preamble line) is meant to reuse the first half with its
-//! own connection type in `Slot::conn`.
+//! `on_ready`, `service`, `admit` and `reply` speak HTTP. That half is written once over the
+//! connection type (`Wire`): HTTP's `Connection` here, and the networked agent's lines (TLS
+//! or a Unix socket, a bearer preamble first) in `line`, whose preamble runs on the same
+//! head deadline.
+
+pub(crate) mod line;
+mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Interest, Token};
 
 use crate::auth::{Decision, Gate};
@@ -36,6 +40,8 @@ use crate::http::server::{ConnEvent, Connection, Limits, Request};
 use crate::log;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;
+use wire::HttpSetup;
+pub(crate) use wire::Wire;
 
 /// Open connections beyond this wait in the kernel's backlog until one closes.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
@@ -226,9 +232,9 @@ pub(crate) enum Event<P> {
     Closed(ConnId, P),
 }
 
-/// One open connection: the HTTP machine and the surface's state for it.
-pub(crate) struct Slot<P> {
-    pub conn: Connection,
+/// One open connection: its machine (HTTP's by default) and the surface's state for it.
+pub(crate) struct Slot<P, C = Connection> {
+    pub conn: C,
     pub state: P,
     token: Token,
     idle_timer: TimerId,
@@ -238,12 +244,15 @@ pub(crate) struct Slot<P> {
 }
 
 /// See the module docs. `P` is a surface's per-connection state, `P::default()` when a
-/// connection is accepted.
-pub(crate) struct Front<P> {
-    config: ListenConfig,
-    policy: Policy,
-    listener: TcpListener,
-    slots: HashMap<ConnId, Slot<P>>,
+/// connection is accepted; `C` the kind of connection.
+pub(crate) struct Front<P, C: Wire = Connection> {
+    setup: C::Setup,
+    /// Open connections beyond this wait in the kernel's backlog.
+    max_connections: usize,
+    idle_timeout: Duration,
+    keepalive: Keepalive,
+    listener: C::Listener,
+    slots: HashMap<ConnId, Slot<P, C>>,
     next_id: u64,
     /// At the cap (or after an accept error): `close` retries accepting. Edge-triggered
     /// readiness will not fire again for connections already waiting in the backlog.
@@ -257,20 +266,42 @@ pub(crate) struct Front<P> {
 impl<P: Default> Front<P> {
     pub(crate) fn bind(config: ListenConfig, policy: Policy) -> std::io::Result<Front<P>> {
         let listener = TcpListener::bind(config.addr)?;
-        Ok(Front {
-            config,
-            policy,
+        let (max_connections, idle_timeout) = (config.max_connections, config.limits.idle_timeout);
+        Ok(Front::with_listener(
+            listener,
+            HttpSetup { config, policy },
+            max_connections,
+            idle_timeout,
+            policy.keepalive,
+        ))
+    }
+
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+impl<P: Default, C: Wire> Front<P, C> {
+    /// A front over a bound listener of any kind.
+    fn with_listener(
+        listener: C::Listener,
+        setup: C::Setup,
+        max_connections: usize,
+        idle_timeout: Duration,
+        keepalive: Keepalive,
+    ) -> Front<P, C> {
+        Front {
+            setup,
+            max_connections,
+            idle_timeout,
+            keepalive,
             listener,
             slots: HashMap::new(),
             next_id: 0,
             accept_paused: false,
             events: VecDeque::new(),
             dirty: VecDeque::new(),
-        })
-    }
-
-    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        }
     }
 
     /// Registers the listener on the engine's loop.
@@ -283,15 +314,6 @@ impl<P: Default> Front<P> {
             .register(&mut self.listener, token, Interest::READABLE)
     }
 
-    /// Readiness of one of the front's sources.
-    pub(crate) fn on_io<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
-        match key {
-            FrontKey::Listener => self.accept(cx),
-            FrontKey::Conn(id) => self.on_ready(cx, id),
-            FrontKey::Idle(_) | FrontKey::Head(_) => {}
-        }
-    }
-
     /// Expiry of one of the front's timers.
     pub(crate) fn on_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
         match key {
@@ -301,58 +323,10 @@ impl<P: Default> Front<P> {
         }
     }
 
-    /// The next thing the surface must act on; call until `None` after every callback
-    /// that reached the front or wrote to a connection.
-    pub(crate) fn next_event<K: HostKey + From<FrontKey>>(
-        &mut self,
-        cx: &mut Cx<K>,
-    ) -> Option<Event<P>> {
-        loop {
-            if let Some(event) = self.events.pop_front() {
-                // A connection closed after its event was queued has nobody to answer.
-                let gone = match &event {
-                    Event::Request(id, _) | Event::Writable(id) | Event::HungUp(id) => {
-                        !self.slots.contains_key(id)
-                    }
-                    Event::Closed(..) => false,
-                };
-                if !gone {
-                    return Some(event);
-                }
-                continue;
-            }
-            let id = self.dirty.pop_front()?;
-            self.service(cx, id);
-        }
-    }
-
-    /// Answers the request `Event::Request` handed out for `id`.
-    pub(crate) fn reply(&mut self, id: ConnId, reply: Reply) {
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return;
-        };
-        match reply {
-            Reply::Full(response) => {
-                slot.conn
-                    .respond(response.status, &response.header_refs(), &response.body);
-            }
-            Reply::Stream { response, open } => {
-                slot.conn
-                    .start_stream(response.status, &response.header_refs());
-                slot.conn.stream_chunk(&response.body);
-                if !open {
-                    slot.conn.end_stream();
-                }
-            }
-            Reply::Later => {}
-        }
-        self.look_again(id);
-    }
-
     /// A connection to write to later (a stream, a deferred answer) or to update the
     /// surface's state of. It is looked at again afterwards, so ending a response there
     /// serves the next request.
-    pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Slot<P>> {
+    pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Slot<P, C>> {
         if !self.slots.contains_key(&id) {
             return None;
         }
@@ -360,7 +334,7 @@ impl<P: Default> Front<P> {
         self.slots.get_mut(&id)
     }
 
-    pub(crate) fn get(&self, id: ConnId) -> Option<&Slot<P>> {
+    pub(crate) fn get(&self, id: ConnId) -> Option<&Slot<P, C>> {
         self.slots.get(&id)
     }
 
@@ -377,12 +351,13 @@ impl<P: Default> Front<P> {
 
     fn accept<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>) {
         loop {
-            if self.slots.len() >= self.config.max_connections {
+            if self.slots.len() >= self.max_connections {
                 self.accept_paused = true;
                 return;
             }
-            match self.listener.accept() {
-                Ok((tcp, peer)) => self.add(cx, tcp, peer),
+            match C::accept(&self.listener, &self.setup) {
+                Ok(Ok(conn)) => self.add(cx, conn),
+                Ok(Err(e)) => log::warn(&e),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     self.accept_paused = false;
                     return;
@@ -398,40 +373,22 @@ impl<P: Default> Front<P> {
         }
     }
 
-    /// Sets up an accepted socket: TCP keepalive (`Connection::new` turns Nagle off), the
-    /// HTTP connection (TLS when configured), registration and the idle timer. A failing
-    /// step is logged and the socket dropped.
-    fn add<K: HostKey + From<FrontKey>>(
-        &mut self,
-        cx: &mut Cx<K>,
-        tcp: TcpStream,
-        peer: SocketAddr,
-    ) {
-        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
-        let mut conn = match Connection::new(
-            tcp,
-            peer,
-            self.config.tls.clone(),
-            self.config.limits.clone(),
-        ) {
-            Ok(conn) => conn,
-            Err(e) => {
-                log::warn(&format!("cannot set up a connection from {peer}: {e}"));
-                return;
-            }
-        };
+    /// Registers an accepted connection and arms its idle timer. A failing step is logged
+    /// and the socket dropped.
+    fn add<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, mut conn: C) {
         let id = ConnId(self.next_id);
         self.next_id += 1;
         let token = cx.host_token(FrontKey::Conn(id).into());
-        if let Err(e) =
-            cx.registry()
-                .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
-        {
+        if let Err(e) = cx.registry().register(
+            conn.source(),
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
             log::warn(&format!("cannot register a connection: {e}"));
             cx.forget_token(token);
             return;
         }
-        let idle_timer = cx.add_timer(self.config.limits.idle_timeout, FrontKey::Idle(id).into());
+        let idle_timer = cx.add_timer(self.idle_timeout, FrontKey::Idle(id).into());
         self.slots.insert(
             id,
             Slot {
@@ -444,8 +401,8 @@ impl<P: Default> Front<P> {
             },
         );
         // Bytes may already be waiting (a fast client); readiness was edge-triggered
-        // before we registered, so look now.
-        self.on_ready(cx, id);
+        // before we registered, so the surface's half looks now (`next_event`).
+        self.look_again(id);
     }
 
     /// Ends a connection at once (queued output is dropped); `Event::Closed` follows.
@@ -453,7 +410,7 @@ impl<P: Default> Front<P> {
         let Some(mut slot) = self.slots.remove(&id) else {
             return;
         };
-        let _ = cx.registry().deregister(slot.conn.tcp());
+        let _ = cx.registry().deregister(slot.conn.source());
         cx.forget_token(slot.token);
         cx.cancel_timer(slot.idle_timer);
         if let Some(timer) = slot.head_timer {
@@ -467,12 +424,12 @@ impl<P: Default> Front<P> {
     }
 
     fn on_idle<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let idle = self.config.limits.idle_timeout;
+        let idle = self.idle_timeout;
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
         let step = idle_step(
-            self.policy.keepalive,
+            self.keepalive,
             idle,
             slot.conn.last_activity().elapsed(),
             slot.conn.is_streaming(),
@@ -526,7 +483,7 @@ impl<P: Default> Front<P> {
         if head_time_left(started.elapsed()).is_none() {
             log::debug(&format!(
                 "closing the connection from {}: no complete request head within {}s",
-                slot.conn.peer(),
+                slot.conn.peer_name(),
                 HEAD_DEADLINE.as_secs()
             ));
             self.close(cx, id);
@@ -541,8 +498,67 @@ impl<P: Default> Front<P> {
             self.dirty.push_back(id);
         }
     }
+}
 
+impl<P: Default> Front<P> {
     // ---- HTTP: requests in, through the gate --------------------------------------------
+
+    /// Readiness of one of the front's sources.
+    pub(crate) fn on_io<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
+        match key {
+            FrontKey::Listener => self.accept(cx),
+            FrontKey::Conn(id) => self.on_ready(cx, id),
+            FrontKey::Idle(_) | FrontKey::Head(_) => {}
+        }
+    }
+
+    /// The next thing the surface must act on; call until `None` after every callback
+    /// that reached the front or wrote to a connection.
+    pub(crate) fn next_event<K: HostKey + From<FrontKey>>(
+        &mut self,
+        cx: &mut Cx<K>,
+    ) -> Option<Event<P>> {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                // A connection closed after its event was queued has nobody to answer.
+                let gone = match &event {
+                    Event::Request(id, _) | Event::Writable(id) | Event::HungUp(id) => {
+                        !self.slots.contains_key(id)
+                    }
+                    Event::Closed(..) => false,
+                };
+                if !gone {
+                    return Some(event);
+                }
+                continue;
+            }
+            let id = self.dirty.pop_front()?;
+            self.service(cx, id);
+        }
+    }
+
+    /// Answers the request `Event::Request` handed out for `id`.
+    pub(crate) fn reply(&mut self, id: ConnId, reply: Reply) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        match reply {
+            Reply::Full(response) => {
+                slot.conn
+                    .respond(response.status, &response.header_refs(), &response.body);
+            }
+            Reply::Stream { response, open } => {
+                slot.conn
+                    .start_stream(response.status, &response.header_refs());
+                slot.conn.stream_chunk(&response.body);
+                if !open {
+                    slot.conn.end_stream();
+                }
+            }
+            Reply::Later => {}
+        }
+        self.look_again(id);
+    }
 
     fn on_ready<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
         let Some(slot) = self.slots.get_mut(&id) else {
@@ -602,13 +618,13 @@ impl<P: Default> Front<P> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let gate = &self.config.gate;
+        let gate = &self.setup.config.gate;
         let peer = gate.classify(&slot.conn.peer().ip());
         if let Err(reason) =
             gate.check_browser_headers(peer, request.header("host"), request.header("origin"))
         {
             log::debug(&format!("refused {}: {reason}", slot.conn.peer()));
-            let response = (self.policy.forbidden)(reason);
+            let response = (self.setup.policy.forbidden)(reason);
             slot.conn
                 .respond(response.status, &response.header_refs(), &response.body);
             self.look_again(id);

@@ -1,4 +1,6 @@
-//! `caliban acp serve`: caliban as an Agent Client Protocol agent on stdio, for editors.
+//! `caliban acp serve`: caliban as an Agent Client Protocol agent on stdio, for editors;
+//! the networked agent (`surface::agent`) serves the same surface over its connection,
+//! handing it lines through `on_stdin` and writing what `take_output` gives.
 //!
 //! Newline-delimited JSON-RPC 2.0, protocol version 1 (`reference/acp.md`). It translates
 //! ACP to drive-core calls and drive-core state to ACP and holds no agent logic: a session is
@@ -19,11 +21,12 @@
 //! (the prompt lifecycle), `permission` (permission prompts and "always" rules), `updates`
 //! (events as `session/update`s and tool-call cards), `tasks` (where a tool call runs, and
 //! the calls the editor carries out), `mcp` (the session's MCP servers), `outbox` (the
-//! ordered frames). This file holds the server's state, the dispatch of the client's
+//! ordered frames), `client` (a client that goes away and comes back). This file holds the server's state, the dispatch of the client's
 //! messages and the `Surface` callbacks.
 
 mod call_ids;
 mod card;
+mod client;
 mod convo;
 mod delegate;
 mod mcp;
@@ -65,13 +68,14 @@ pub const AUTH_REQUIRED: i64 = -32000;
 pub const SESSION_FIELD: &str = "acp_session";
 /// What this surface registers on the loop: deadlines of delegated calls and of prompts
 /// waiting for MCP servers (numbered by `AcpServe::next_timer`), and the pipes of MCP
-/// server `n`.
+/// server `n`; and the networked agent's connections (`Net`, handled there).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AcpKey {
     Task(u64),
     McpWait(u64),
     McpOut(u64),
     McpIn(u64),
+    Net(crate::surface::agent::NetKey),
 }
 
 /// Serves ACP on stdin/stdout until stdin closes or a signal arrives. Runs still going are
@@ -152,7 +156,7 @@ fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
 }
 
 impl AcpServe {
-    fn new() -> AcpServe {
+    pub(crate) fn new() -> AcpServe {
         AcpServe {
             caps: ClientCaps::default(),
             notices: false,
@@ -324,7 +328,7 @@ impl AcpServe {
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
-    fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
         if self.quitting {
             return;
         }
@@ -416,7 +420,7 @@ impl Surface for AcpServe {
                 }
             }
             AcpKey::Task(key) => self.on_task_deadline(ctx, key),
-            AcpKey::McpOut(_) | AcpKey::McpIn(_) => {}
+            AcpKey::McpOut(_) | AcpKey::McpIn(_) | AcpKey::Net(_) => {}
         }
     }
 
@@ -424,7 +428,7 @@ impl Surface for AcpServe {
         match key {
             AcpKey::McpOut(n) => self.on_server_io(ctx, n, true),
             AcpKey::McpIn(n) => self.on_server_io(ctx, n, false),
-            AcpKey::Task(_) | AcpKey::McpWait(_) => {}
+            AcpKey::Task(_) | AcpKey::McpWait(_) | AcpKey::Net(_) => {}
         }
     }
 

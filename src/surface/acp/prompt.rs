@@ -294,6 +294,8 @@ impl AcpServe {
                 ctx.core
                     .send_input(run, Inbound::UserMessage(text))
                     .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+                // A client that came back may prompt without loading the session first.
+                self.runs.insert(run, sid.clone());
             }
             Some(_) => {
                 return Err(RpcError::new(
