@@ -205,7 +205,7 @@ fn run_print(args: PrintArgs) -> u8 {
         }
     };
     engine.attach_stdout();
-    let run = agent::run::Run::new(run_config, policy, Vec::new());
+    let run = agent::run::Run::new(run_config, policy.clone(), Vec::new());
     let run_id = engine.add_run(run, workspace.clone());
     let mut printer = Printer::new(
         run_id,
@@ -215,6 +215,7 @@ fn run_print(args: PrintArgs) -> u8 {
         auth::new_uuid(),
         provider.kind.as_str(),
         provider.model.clone(),
+        policy,
     );
     printer.init_frame(&tool_names, &workspace_str, mode.as_str());
     match prompt {

@@ -774,3 +774,72 @@ fn a_stalled_stdout_reader_does_not_block_tools_or_sigterm() {
         "the Bash child survived"
     );
 }
+
+#[test]
+fn accept_edits_cannot_reach_git_config_or_caliban_settings() {
+    // The attack: under acceptEdits (or dontAsk, or a broad allow rule) the model writes a
+    // `core.fsmonitor` into .git/config, which an allowed `git status` would run, and grants
+    // itself Bash in caliban's own settings for every later run.
+    for mode_args in [
+        &["--permission-mode", "acceptEdits"][..],
+        &["--permission-mode", "dontAsk"],
+        &["--allow", "Write", "--allow", "Edit"],
+    ] {
+        let ws = Workspace::new("protected");
+        ws.write(".git/config", "[core]\n\tbare = false\n");
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [
+                tool_turn(json!([
+                    {"id": "toolu_git", "name": "Write", "input": {"path": "./.git/config",
+                        "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}},
+                    {"id": "toolu_set", "name": "Write", "input": {"path": ".caliban/settings.json",
+                        "content": "{\"permissions\": {\"allow\": [\"Bash\"]}}"}},
+                    {"id": "toolu_edit", "name": "Edit", "input": {"path": "sub/../.GIT/config",
+                        "old_string": "bare = false", "new_string": "fsmonitor = evil"}},
+                    {"id": "toolu_ok", "name": "Write", "input": {"path": "src/ok.txt", "content": "fine\n"}},
+                ])),
+                text_turn("done"),
+            ]}),
+        );
+        let mut cmd = caliban(&ws);
+        anthropic(&mut cmd, &stub);
+        cmd.args([
+            "-p",
+            "--output-format",
+            "json",
+            "--allow",
+            "Bash(git status:*)",
+        ])
+        .args(mode_args)
+        .arg("configure the repo");
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(0), "{mode_args:?}: {out:?}");
+        assert_eq!(
+            ws.read(".git/config"),
+            "[core]\n\tbare = false\n",
+            "{mode_args:?}"
+        );
+        assert!(
+            !ws.path(".caliban/settings.json").exists(),
+            "{mode_args:?}: the model wrote its own permissions"
+        );
+        assert_eq!(ws.read("src/ok.txt"), "fine\n", "{mode_args:?}");
+        let results = tool_results_sent(&stub);
+        assert_eq!(results.len(), 4, "{results:?}");
+        for (result, path) in results[..3].iter().zip([
+            "./.git/config",
+            ".caliban/settings.json",
+            "sub/../.GIT/config",
+        ]) {
+            assert_eq!(result["is_error"], true, "{mode_args:?} {path}");
+            let text = result_text_of(result);
+            assert!(
+                text.contains(&format!("`{path}` is protected"))
+                    && text.contains("only --permission-mode bypassPermissions"),
+                "{mode_args:?}: {text}"
+            );
+        }
+        assert_ne!(results[3]["is_error"], true, "{results:?}");
+    }
+}
