@@ -14,7 +14,9 @@ use crate::model::{self, Provider, ProviderKind};
 use crate::permissions::{Mode, Policy};
 use crate::print::{self, Printer};
 use crate::surface::{self, ListenConfig, http_api};
-use crate::{agent, auth, drive, exit, http, log, settings, stub_model, sys, tools, transport};
+use crate::{
+    agent, auth, drive, exit, http, log, reaper, settings, stub_model, sys, tools, transport,
+};
 
 pub fn main() -> ExitCode {
     let command = match cli::parse(std::env::args_os().skip(1)) {
@@ -47,12 +49,26 @@ pub fn main() -> ExitCode {
                 }
             }
         }
-        Command::Print(args) => ExitCode::from(run_print(*args)),
-        Command::Serve(args) => ExitCode::from(match args.surface {
+        Command::Print(args) => ExitCode::from(reaping(|| run_print(*args))),
+        Command::Serve(args) => ExitCode::from(reaping(|| match args.surface {
             cli::Surface::Http => run_http_serve(*args),
             cli::Surface::Mcp | cli::Surface::Acp => run_stdio_surface(*args),
-        }),
+        })),
     }
+}
+
+/// Runs a command that starts tool processes: caliban becomes the subreaper of what they
+/// leave behind before anything runs, and kills whatever is left when the command returns,
+/// however it ends (`reaper`).
+fn reaping(command: impl FnOnce() -> u8) -> u8 {
+    if let Err(e) = reaper::enable() {
+        log::info(&format!(
+            "{e}; processes a tool moves to a session of its own are not tracked"
+        ));
+    }
+    let code = command();
+    reaper::kill_all();
+    code
 }
 
 fn env_var(name: &str) -> Option<String> {

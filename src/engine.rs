@@ -28,6 +28,7 @@ use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{Provider, StreamDecoder};
 use crate::reactor::{Reactor, Signal, TimerId, Wake};
+use crate::reaper::{self, Sweep};
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, Stream};
@@ -1169,6 +1170,8 @@ impl<K: HostKey> Engine<K> {
         for (run, tool) in check {
             self.maybe_finish_bash(run, &tool);
         }
+        // Processes caliban adopted: reap those that exited, kill those of calls now over.
+        reaper::sweep(Sweep::Ended);
     }
 
     fn maybe_finish_bash(&mut self, run: RunId, tool: &str) {

@@ -843,3 +843,32 @@ fn accept_edits_cannot_reach_git_config_or_caliban_settings() {
         assert_ne!(results[3]["is_error"], true, "{results:?}");
     }
 }
+
+#[test]
+fn a_setsid_child_does_not_outlive_its_call() {
+    let ws = Workspace::new("setsid");
+    let marker = format!("caliban-print-setsid-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_s", "name": "Bash", "input": {"command": format!(
+                "setsid bash -c 'exec -a {marker} sleep 300' & sleep 0.2; kill -0 $! && echo escaped"
+            )}}])),
+            text_turn("done"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--allow", "Bash", "go"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let results = tool_results_sent(&stub);
+    assert!(
+        result_text_of(&results[0]).contains("escaped"),
+        "{results:?}"
+    );
+    assert!(
+        !process_with_marker_exists(&marker),
+        "a setsid child outlived caliban"
+    );
+}
