@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
-use crate::engine::{Engine, EngineConfig, HostKey};
+use crate::engine::{self, Engine, EngineConfig, HostKey};
 use crate::model::retry::RetryPolicy;
 use crate::model::{self, Provider, ProviderKind};
 use crate::permissions::{Mode, Policy};
@@ -160,8 +160,15 @@ fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
                 .unwrap_or(RetryPolicy::default().max_retries),
             ..RetryPolicy::default()
         },
-        first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
-        idle_timeout: Duration::from_secs_f64(args.idle_timeout.unwrap_or(90.0)),
+        first_byte_timeout: args
+            .first_byte_timeout
+            .map_or(engine::DEFAULT_FIRST_BYTE_TIMEOUT, Duration::from_secs_f64),
+        idle_timeout: args
+            .idle_timeout
+            .map_or(engine::DEFAULT_IDLE_TIMEOUT, Duration::from_secs_f64),
+        request_timeout: args
+            .request_timeout
+            .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
     };
     Ok(AgentSetup {
         workspace,

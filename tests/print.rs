@@ -872,3 +872,92 @@ fn a_setsid_child_does_not_outlive_its_call() {
         "a setsid child outlived caliban"
     );
 }
+
+/// Runs caliban with a deadline well under the suite's: these streams never end on their own.
+fn run_within(mut cmd: std::process::Command, deadline: std::time::Duration) -> Output {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    wait_output(cmd.spawn().expect("spawn caliban"), deadline)
+}
+
+#[test]
+fn keep_alives_do_not_hold_a_stream_open() {
+    let deadline = std::time::Duration::from_secs(20);
+    // Output started, then only Anthropic `ping` events: the idle timeout fires.
+    let ws = Workspace::new("pings-idle");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "words words words words words", "faults": [{"ping_after_events": 4}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--idle-timeout", "1", "hi"]);
+    let out = run_within(cmd, deadline);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let error = out.result()["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("idle for 1 s"), "{out:?}");
+
+    // Nothing but `message_start` and pings (Anthropic), or the role chunk and `: ping`
+    // comments (OpenAI), or comments alone: no output ever comes, and the wait for it ends.
+    for (wire, after) in [("anthropic", 1), ("openai", 1), ("openai", 0)] {
+        let ws = Workspace::new("pings-only");
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [{"text": "never", "faults": [{"ping_after_events": after}]}]}),
+        );
+        let mut cmd = caliban(&ws);
+        if wire == "anthropic" {
+            anthropic(&mut cmd, &stub);
+        } else {
+            openai(&mut cmd, &stub);
+        }
+        cmd.args([
+            "-p",
+            "--output-format",
+            "json",
+            "--first-byte-timeout",
+            "1",
+            "--idle-timeout",
+            "1",
+            "--max-retries",
+            "0",
+            "hi",
+        ]);
+        let out = run_within(cmd, deadline);
+        assert_eq!(out.code, Some(1), "{wire} {after}: {out:?}");
+        let error = out.result()["error"].as_str().unwrap().to_owned();
+        assert!(
+            error.contains("no output from the model within 1 s"),
+            "{wire} {after}: {out:?}"
+        );
+    }
+}
+
+#[test]
+fn a_stream_that_never_ends_meets_the_request_deadline() {
+    // Real output, a word every 100 ms, forever: no idle timeout can fire.
+    let ws = Workspace::new("endless");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "again", "faults": [{"repeat_after_events": 2}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    openai(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "json",
+        "--request-timeout",
+        "1",
+        "hi",
+    ]);
+    let out = run_within(cmd, std::time::Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let error = out.result()["error"].as_str().unwrap().to_owned();
+    assert!(
+        error.contains("the model request took longer than 1 s"),
+        "{out:?}"
+    );
+    assert_eq!(stub.requests().len(), 1, "output was shown, so no retry");
+}
