@@ -8,13 +8,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
-use crate::engine::{Engine, EngineConfig, HostKey};
+use crate::engine::{self, Engine, EngineConfig, HostKey};
 use crate::model::retry::RetryPolicy;
 use crate::model::{self, Provider, ProviderKind};
 use crate::permissions::{Mode, Policy};
 use crate::print::{self, Printer};
 use crate::surface::{self, ListenConfig, http_api};
-use crate::{agent, auth, drive, exit, http, log, settings, stub_model, sys, tools, transport};
+use crate::{
+    agent, auth, drive, exit, http, log, reaper, settings, stub_model, sys, tools, transport,
+};
 
 pub fn main() -> ExitCode {
     let command = match cli::parse(std::env::args_os().skip(1)) {
@@ -47,13 +49,27 @@ pub fn main() -> ExitCode {
                 }
             }
         }
-        Command::Print(args) => ExitCode::from(run_print(*args)),
-        Command::Serve(args) => ExitCode::from(match args.surface {
+        Command::Print(args) => ExitCode::from(reaping(|| run_print(*args))),
+        Command::Serve(args) => ExitCode::from(reaping(|| match args.surface {
             cli::Surface::Http => run_http_serve(*args),
             cli::Surface::Mcp | cli::Surface::Acp => run_stdio_surface(*args),
             cli::Surface::Agent => run_agent_serve(*args),
-        }),
+        })),
     }
+}
+
+/// Runs a command that starts tool processes: caliban becomes the subreaper of what they
+/// leave behind before anything runs, and kills whatever is left when the command returns,
+/// however it ends (`reaper`).
+fn reaping(command: impl FnOnce() -> u8) -> u8 {
+    if let Err(e) = reaper::enable() {
+        log::info(&format!(
+            "{e}; processes a tool moves to a session of its own are not tracked"
+        ));
+    }
+    let code = command();
+    reaper::kill_all();
+    code
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -165,8 +181,15 @@ fn agent_setup(
                 .unwrap_or(RetryPolicy::default().max_retries),
             ..RetryPolicy::default()
         },
-        first_byte_timeout: Duration::from_secs_f64(args.first_byte_timeout.unwrap_or(300.0)),
-        idle_timeout: Duration::from_secs_f64(args.idle_timeout.unwrap_or(90.0)),
+        first_byte_timeout: args
+            .first_byte_timeout
+            .map_or(engine::DEFAULT_FIRST_BYTE_TIMEOUT, Duration::from_secs_f64),
+        idle_timeout: args
+            .idle_timeout
+            .map_or(engine::DEFAULT_IDLE_TIMEOUT, Duration::from_secs_f64),
+        request_timeout: args
+            .request_timeout
+            .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
     };
     Ok(AgentSetup {
         workspace,
@@ -250,7 +273,7 @@ fn run_print(args: PrintArgs) -> u8 {
         }
     };
     engine.attach_stdout();
-    let run = agent::run::Run::new(run_config, policy, Vec::new());
+    let run = agent::run::Run::new(run_config, policy.clone(), Vec::new());
     let run_id = engine.add_run(run, workspace.clone());
     let mut printer = Printer::new(
         run_id,
@@ -260,6 +283,7 @@ fn run_print(args: PrintArgs) -> u8 {
         auth::new_uuid(),
         provider.kind.as_str(),
         provider.model.clone(),
+        policy,
     );
     printer.init_frame(&tool_names, &workspace_str, mode.as_str());
     match prompt {

@@ -146,14 +146,21 @@ pub const FLAGS: &[Flag] = &[
         "first-byte-timeout",
         None,
         Some("SECS"),
-        "Give up on a model request with no response byte after SECS (default 300).",
+        "Give up on a model request with no output after SECS: connecting, queueing and prompt processing; keep-alives do not count (default 300).",
         "",
     ),
     flag(
         "idle-timeout",
         None,
         Some("SECS"),
-        "Fail a model stream silent for SECS once it started (default 90).",
+        "Fail a model stream with no new output for SECS once output started; keep-alives do not count (default 90).",
+        "",
+    ),
+    flag(
+        "request-timeout",
+        None,
+        Some("SECS"),
+        "Give up on a model request still streaming after SECS, however steadily (default 3600).",
         "",
     ),
     flag(
@@ -312,6 +319,7 @@ pub struct PrintArgs {
     pub max_retries: Option<u32>,
     pub first_byte_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
+    pub request_timeout: Option<f64>,
     pub verbose: u8,
 }
 
@@ -383,6 +391,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         max_retries: None,
         first_byte_timeout: None,
         idle_timeout: None,
+        request_timeout: None,
         verbose: 0,
     };
     let mut positional: Vec<String> = Vec::new();
@@ -492,6 +501,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             }
             Long("idle-timeout") => {
                 print.idle_timeout = Some(seconds(&mut parser, "--idle-timeout")?)
+            }
+            Long("request-timeout") => {
+                print.request_timeout = Some(seconds(&mut parser, "--request-timeout")?)
             }
             Short('v') | Long("verbose") => print.verbose = print.verbose.saturating_add(1),
             Short('V') | Long("version") => return Ok(Command::Version),
@@ -729,6 +741,7 @@ mod tests {
         assert!(parse(args(&["--output-format", "xml"])).is_err());
         assert!(parse(args(&["--max-turns", "0"])).is_err());
         assert!(parse(args(&["--idle-timeout", "-1"])).is_err());
+        assert!(parse(args(&["--request-timeout", "0"])).is_err());
         assert!(parse(args(&["--nope"])).is_err());
     }
 

@@ -28,6 +28,7 @@ use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{self, Provider, StreamDecoder};
 use crate::reactor::{Reactor, Signal, TimerId, Wake};
+use crate::reaper::{self, Sweep};
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, Stream};
@@ -86,14 +87,32 @@ impl std::fmt::Display for RunId {
 pub trait HostKey: Copy + Eq + std::hash::Hash + std::fmt::Debug {}
 impl<K: Copy + Eq + std::hash::Hash + std::fmt::Debug> HostKey for K {}
 
+/// Default `EngineConfig::first_byte_timeout`: local models on a CPU may process a long
+/// prompt for minutes before their first token.
+pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default `EngineConfig::idle_timeout`: a working model streams every few seconds, and a
+/// stall this long is a stuck server, not a slow one.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Default `EngineConfig::request_timeout`: long enough for the longest reply a working model
+/// streams (64k tokens at 20 a second is under 55 minutes), short enough that a stream
+/// trickling output forever frees its run within the hour.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Every model request is bounded three ways, and keep-alives (Anthropic `ping` events, SSE
+/// comments, anything that decodes to no `ModelEvent`) count for none of them, so a server
+/// that only says it is alive cannot hold a run: until the first output (a `ModelEvent`
+/// other than the response's start and usage) by `first_byte_timeout` from the request;
+/// after it by `idle_timeout` since the last event; and always by `request_timeout`.
 #[derive(Clone)]
 pub struct EngineConfig {
     pub provider: Provider,
     pub retry: RetryPolicy,
-    /// Connect plus time to the first response byte (local models may prefill for minutes).
+    /// Connect, headers and prompt processing: the longest wait for the first output.
     pub first_byte_timeout: Duration,
-    /// Longest silence between bytes once the response started.
+    /// Longest gap between model events once output started.
     pub idle_timeout: Duration,
+    /// Longest a whole request may take, however steadily it streams.
+    pub request_timeout: Duration,
 }
 
 pub enum AskReply {
@@ -251,7 +270,10 @@ enum Owner<K> {
 }
 
 enum TimerOwner<K> {
+    /// The first-output or idle limit of the run's request.
     Model(RunId),
+    /// The whole request's deadline.
+    ModelDeadline(RunId),
     Backoff(RunId),
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
@@ -278,10 +300,17 @@ struct ModelCall {
     status: Option<u16>,
     headers: Vec<(String, String)>,
     error_body: Vec<u8>,
-    last_activity: Instant,
+    /// When the request started: the first-output limit counts from here.
+    started: Instant,
+    /// When the last model event arrived, once output started: the idle limit counts from
+    /// here. Keep-alives never move it.
+    last_event: Instant,
     timer: TimerId,
-    /// Whether `timer` measures the idle gap (true) or the wait for the first byte.
-    idle_timer: bool,
+    /// Whether output started, so `timer` measures the idle gap rather than the wait for
+    /// the first output.
+    output_started: bool,
+    /// `request_timeout` from `started`.
+    deadline: TimerId,
 }
 
 impl ModelCall {
@@ -713,6 +742,8 @@ impl<K: HostKey> Engine<K> {
         ));
         let timer = self.reactor.add_timer(self.config.first_byte_timeout);
         self.timers.insert(timer, TimerOwner::Model(run));
+        let deadline = self.reactor.add_timer(self.config.request_timeout);
+        self.timers.insert(deadline, TimerOwner::ModelDeadline(run));
         self.owners.insert(token, Owner::Model(run));
         slot.model = ModelState::InFlight(Box::new(ModelCall {
             exchange,
@@ -721,9 +752,11 @@ impl<K: HostKey> Engine<K> {
             status: None,
             headers: Vec::new(),
             error_body: Vec::new(),
-            last_activity: Instant::now(),
+            started: Instant::now(),
+            last_event: Instant::now(),
             timer,
-            idle_timer: false,
+            output_started: false,
+            deadline,
         }));
         // An address literal needs no lookup (and no thread).
         if let Ok(ip) = host
@@ -783,16 +816,6 @@ impl<K: HostKey> Engine<K> {
             let Some(call) = slot.model.call_mut() else {
                 return;
             };
-            call.last_activity = Instant::now();
-            if !call.idle_timer && call.exchange.got_response_byte() {
-                // The response started: from now on silence is measured by the (usually
-                // much shorter) idle limit.
-                self.reactor.cancel_timer(call.timer);
-                self.timers.remove(&call.timer);
-                call.timer = self.reactor.add_timer(self.config.idle_timeout);
-                call.idle_timer = true;
-                self.timers.insert(call.timer, TimerOwner::Model(run));
-            }
             match event {
                 ClientEvent::Head(head) => {
                     call.status = Some(head.status);
@@ -827,6 +850,19 @@ impl<K: HostKey> Engine<K> {
                             }
                         }
                         let now = Instant::now();
+                        // Bytes are not progress (a keep-alive is bytes); model events are.
+                        if !model_events.is_empty() {
+                            call.last_event = now;
+                        }
+                        if !call.output_started && model_events.iter().any(ModelEvent::is_output) {
+                            // Output started: from now on a gap between events is measured
+                            // by the (usually much shorter) idle limit.
+                            self.reactor.cancel_timer(call.timer);
+                            self.timers.remove(&call.timer);
+                            call.timer = self.reactor.add_timer(self.config.idle_timeout);
+                            call.output_started = true;
+                            self.timers.insert(call.timer, TimerOwner::Model(run));
+                        }
                         for ev in model_events {
                             if let ModelEvent::Error {
                                 kind,
@@ -990,8 +1026,10 @@ impl<K: HostKey> Engine<K> {
     fn release_model(&mut self, call: &mut ModelCall) {
         call.exchange.close(self.reactor.registry());
         self.owners.remove(&call.exchange.token());
-        self.timers.remove(&call.timer);
-        self.reactor.cancel_timer(call.timer);
+        for timer in [call.timer, call.deadline] {
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
     }
 
     // ---- timers --------------------------------------------------------------------------
@@ -1003,6 +1041,7 @@ impl<K: HostKey> Engine<K> {
         match owner {
             TimerOwner::Host(key) => host.on_timer(&mut self.ctx(), key),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
+            TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
                 if let Some(slot) = self.runs.get_mut(&run)
                     && matches!(slot.model, ModelState::Backoff(timer) if timer == id)
@@ -1038,28 +1077,27 @@ impl<K: HostKey> Engine<K> {
         if call.timer != id {
             return;
         }
-        let limit = if call.idle_timer {
-            self.config.idle_timeout
+        let (limit, since) = if call.output_started {
+            (self.config.idle_timeout, call.last_event)
         } else {
-            self.config.first_byte_timeout
+            (self.config.first_byte_timeout, call.started)
         };
-        let quiet = call.last_activity.elapsed();
+        let quiet = since.elapsed();
         if quiet < limit {
-            // Activity since the timer was armed: push the deadline out instead of re-arming
-            // a timer per received chunk.
+            // Events since the timer was armed: push the deadline out instead of re-arming
+            // a timer per event.
             let timer = self.reactor.add_timer(limit - quiet);
             call.timer = timer;
             self.timers.insert(timer, TimerOwner::Model(run));
             return;
         }
-        let started = call.exchange.got_response_byte();
-        let message = if started {
-            format!("the model stream was idle for {} s", limit.as_secs_f64())
+        let secs = limit.as_secs_f64();
+        let message = if call.output_started {
+            format!("the model stream was idle for {secs} s")
+        } else if call.exchange.got_response_byte() {
+            format!("no output from the model within {secs} s (keep-alives do not count)")
         } else {
-            format!(
-                "no response from the model within {} s",
-                limit.as_secs_f64()
-            )
+            format!("no response from the model within {secs} s")
         };
         if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
             self.release_model(&mut call);
@@ -1070,6 +1108,26 @@ impl<K: HostKey> Engine<K> {
         } else {
             self.fail_run(run, StopCondition::StreamIdle(limit));
         }
+    }
+
+    /// The whole request took `request_timeout`: a stream that keeps producing output (or
+    /// keeps producing it too slowly) must still end. Retried like a stall while nothing was
+    /// shown; otherwise the run fails.
+    fn on_model_deadline(&mut self, run: RunId, id: TimerId) {
+        let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.call_mut()) else {
+            return;
+        };
+        if call.deadline != id {
+            return;
+        }
+        let message = format!(
+            "the model request took longer than {} s",
+            self.config.request_timeout.as_secs_f64()
+        );
+        if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
+            self.release_model(&mut call);
+        }
+        self.retry_or_fail(run, message, None, true);
     }
 
     // ---- tools ---------------------------------------------------------------------------
@@ -1205,6 +1263,8 @@ impl<K: HostKey> Engine<K> {
         for (run, tool) in check {
             self.maybe_finish_bash(run, &tool);
         }
+        // Processes caliban adopted: reap those that exited, kill those of calls now over.
+        reaper::sweep(Sweep::Ended);
     }
 
     fn maybe_finish_bash(&mut self, run: RunId, tool: &str) {

@@ -6,8 +6,9 @@
 //! `app` (the command line) → `print`, `surface` (the drive surfaces over `surface::host`) →
 //! `drive` (run table, sessions, operation decoders) → `engine` (performs effects) →
 //! `agent` (decides) → `model`, `tools`, `permissions`, `settings` → `http`, `transport`,
-//! `stdio`, `jsonrpc`, `reactor` → `workers` (bounded pools for blocking calls), `sys` (every
-//! `unsafe` and libc call), `log`, `clock`, `text`, `exit`.
+//! `stdio`, `jsonrpc`, `reactor` → `workers` (bounded pools for blocking calls), `reaper`
+//! (descendants that outlive their parents), `sys` (every `unsafe` and libc call), `log`,
+//! `clock`, `text`, `exit`.
 
 // Every `unsafe` block and libc call lives in `sys`, each with a SAFETY note; the rest of
 // the crate cannot write one.
@@ -33,6 +34,7 @@ mod model;
 mod permissions;
 mod print;
 mod reactor;
+mod reaper;
 mod settings;
 mod stdio;
 mod stub_model;

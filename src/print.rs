@@ -17,7 +17,7 @@ use crate::cli::{InputFormat, OutputFormat};
 use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
 use crate::exit;
 use crate::model::types::{ContentBlock, Message, Usage};
-use crate::permissions;
+use crate::permissions::Policy;
 use crate::reactor::Signal;
 use crate::stdio::{self, StdinItem};
 
@@ -51,10 +51,13 @@ pub struct Printer {
     /// A stream-json user line arrived (an input stream with none is "no input").
     got_input: bool,
     turns_without_edit: u32,
+    /// The run's permission policy, to tell the model how an Ask could be allowed.
+    policy: Policy,
     pub exit_code: u8,
 }
 
 impl Printer {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         run: RunId,
         output: OutputFormat,
@@ -63,6 +66,7 @@ impl Printer {
         session_id: String,
         provider: &'static str,
         model: String,
+        policy: Policy,
     ) -> Printer {
         Printer {
             run,
@@ -86,6 +90,7 @@ impl Printer {
             out: Vec::new(),
             got_input: false,
             turns_without_edit: 0,
+            policy,
             exit_code: exit::RUNTIME,
         }
     }
@@ -325,7 +330,7 @@ impl Host for Printer {
     }
 
     fn on_ask(&mut self, _ctx: &mut Ctx<()>, _run: RunId, call: &ToolCall) -> AskReply {
-        AskReply::Deny(permissions::ask_denied_message(&call.name, &call.input))
+        AskReply::Deny(self.policy.ask_denied_message(&call.name, &call.input))
     }
 
     fn on_retry(&mut self, _ctx: &mut Ctx<()>, _run: RunId, notice: &RetryNotice) {
@@ -471,6 +476,11 @@ mod tests {
             "s".into(),
             "anthropic",
             "m".into(),
+            Policy::new(
+                Vec::new(),
+                crate::permissions::Mode::Default,
+                std::path::PathBuf::from("/ws"),
+            ),
         );
         let inputs = &mut printer.pending_tool_inputs;
         inputs.start("big", "Write");

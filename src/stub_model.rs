@@ -57,10 +57,16 @@
 //!       | {"drop_after_events": N}   send N SSE events, then close the socket mid-stream
 //!       | {"stall_after_events": N}  send N SSE events, then go silent with the socket open
 //!                                    until the client closes it (idle-timeout tests)
+//!       | {"ping_after_events": N}   send N SSE events, then only keep-alives every 100 ms
+//!                                    until the client closes the socket: `event: ping` on
+//!                                    the Anthropic wire, a `: ping` comment on OpenAI's
+//!       | {"repeat_after_events": N} send N SSE events (N ≥ 1), then send the last of them
+//!                                    again every 100 ms until the client closes the socket:
+//!                                    a text delta repeated is real output that never ends
 //! ```
 //!
-//! `delay_ms`, `drip_ms` and one of `drop_after_events` / `stall_after_events` may be combined
-//! in one fault; `status` stands alone. Events are counted as SSE events, `data: [DONE]`
+//! `delay_ms`, `drip_ms` and one of the four `…_after_events` may be combined in one fault;
+//! `status` stands alone. Events are counted as SSE events, `data: [DONE]`
 //! included; a count past the end sends the whole stream but never its terminating chunk.
 //!
 //! # Routes
@@ -114,6 +120,10 @@ const READ_CHUNK: usize = 64 * 1024;
 /// the oldest are forgotten so a long benchmark cannot grow the stub without bound.
 const MAX_LOGGED_REQUESTS: usize = 10_000;
 const MAX_LOGGED_BYTES: usize = 64 * 1024 * 1024;
+/// How often `ping_after_events` sends a keep-alive and `repeat_after_events` its event:
+/// far more often than any idle timeout a test sets, so only a client that ignores them
+/// as progress can time out.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(100);
 /// Stack of a connection thread: enough for serde_json's 128-level nesting limit, small
 /// enough for a thousand concurrent connections.
 const CONN_STACK_BYTES: usize = 512 * 1024;
@@ -343,7 +353,19 @@ struct StreamFault {
 enum Cut {
     Drop(u64),
     Stall(u64),
+    /// Keep-alives only, forever.
+    Ping(u64),
+    /// The last event sent, again and again.
+    Repeat(u64),
 }
+
+/// The fields that cut a stream short, one of which a fault may hold.
+const CUTS: [&str; 4] = [
+    "drop_after_events",
+    "stall_after_events",
+    "ping_after_events",
+    "repeat_after_events",
+];
 
 impl Script {
     /// Parses and validates a script; errors name the offending spot, e.g.
@@ -492,17 +514,15 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
             "drip_ms",
             "drop_after_events",
             "stall_after_events",
+            "ping_after_events",
+            "repeat_after_events",
         ],
     )?;
     if let Some(status) = opt_u64(obj, "status", at)? {
-        if let Some(other) = [
-            "delay_ms",
-            "drip_ms",
-            "drop_after_events",
-            "stall_after_events",
-        ]
-        .iter()
-        .find(|k| obj.contains_key(**k))
+        if let Some(other) = ["delay_ms", "drip_ms"]
+            .iter()
+            .chain(CUTS.iter())
+            .find(|k| obj.contains_key(**k))
         {
             return Err(format!(
                 "{at}: \"status\" cannot be combined with \"{other}\" (use two faults)"
@@ -531,24 +551,38 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
     {
         return Err(format!("{at}: \"{key}\" only goes with \"status\""));
     }
-    let drop_after = opt_u64(obj, "drop_after_events", at)?;
-    let stall_after = opt_u64(obj, "stall_after_events", at)?;
-    let cut = match (drop_after, stall_after) {
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "{at}: \"drop_after_events\" and \"stall_after_events\" exclude each other"
-            ));
+    let given: Vec<&str> = CUTS
+        .iter()
+        .copied()
+        .filter(|k| obj.contains_key(*k))
+        .collect();
+    if let [first, second, ..] = given.as_slice() {
+        return Err(format!(
+            "{at}: \"{first}\" and \"{second}\" exclude each other"
+        ));
+    }
+    let cut = match given.first() {
+        None => None,
+        Some(&key) => {
+            let n = opt_u64(obj, key, at)?.unwrap_or(0);
+            Some(match key {
+                "drop_after_events" => Cut::Drop(n),
+                "stall_after_events" => Cut::Stall(n),
+                "ping_after_events" => Cut::Ping(n),
+                _ if n == 0 => {
+                    return Err(format!("{at}: \"{key}\" needs an event to repeat (N ≥ 1)"));
+                }
+                _ => Cut::Repeat(n),
+            })
         }
-        (Some(n), None) => Some(Cut::Drop(n)),
-        (None, Some(n)) => Some(Cut::Stall(n)),
-        (None, None) => None,
     };
     let delay_ms = opt_u64(obj, "delay_ms", at)?;
     let drip_ms = opt_u64(obj, "drip_ms", at)?;
     if cut.is_none() && delay_ms.is_none() && drip_ms.is_none() {
         return Err(format!(
             "{at}: a fault needs one of \"status\", \"delay_ms\", \"drip_ms\", \
-             \"drop_after_events\", \"stall_after_events\""
+             \"drop_after_events\", \"stall_after_events\", \"ping_after_events\", \
+             \"repeat_after_events\""
         ));
     }
     Ok(Fault::Stream(StreamFault {
@@ -1148,7 +1182,7 @@ fn serve_model(
             };
             let what = format!("turn {} of {}", turn_idx + 1, shared.script.turns.len());
             log_line(req, 200, &what);
-            write_stream(stream, req, &events, fault, id_header, next)
+            write_stream(stream, req, wire, &events, fault, id_header, next)
         }
     }
 }
@@ -1651,6 +1685,7 @@ fn write_fixed(
 fn write_stream(
     stream: &mut TcpStream,
     req: &Request,
+    wire: Wire,
     events: &[String],
     fault: StreamFault,
     request_id: (&str, &str),
@@ -1671,10 +1706,19 @@ fn write_stream(
         headers.push(("transfer-encoding", "chunked"));
     }
     stream.write_all(&response_head(200, &headers))?;
+    let ping = match wire {
+        Wire::Anthropic => encode_event(Some("ping"), r#"{"type": "ping"}"#, None),
+        // An SSE comment line, as llama.cpp and proxies send while a model works.
+        Wire::OpenAi => ": ping\n\n".to_owned(),
+    };
     for (n_sent, event) in events.iter().enumerate() {
         match fault.cut {
             Some(Cut::Drop(n)) if n_sent as u64 >= n => return drop_connection(stream),
             Some(Cut::Stall(n)) if n_sent as u64 >= n => return stall(stream),
+            Some(Cut::Ping(n)) if n_sent as u64 >= n => return forever(stream, req, &ping),
+            Some(Cut::Repeat(n)) if n_sent as u64 >= n => {
+                return forever(stream, req, &events[n_sent - 1]);
+            }
             _ => {}
         }
         if n_sent > 0 && fault.drip_ms > 0 {
@@ -1689,6 +1733,11 @@ fn write_stream(
     match fault.cut {
         Some(Cut::Drop(_)) => return drop_connection(stream),
         Some(Cut::Stall(_)) => return stall(stream),
+        Some(Cut::Ping(_)) => return forever(stream, req, &ping),
+        Some(Cut::Repeat(_)) => match events.last() {
+            Some(last) => return forever(stream, req, last),
+            None => return stall(stream),
+        },
         None => {}
     }
     if !req.http10 {
@@ -1701,6 +1750,22 @@ fn write_stream(
 fn drop_connection(stream: &mut TcpStream) -> io::Result<Next> {
     let _ = stream.shutdown(Shutdown::Both);
     Ok(Next::Close)
+}
+
+/// Sends `event` every `KEEPALIVE_INTERVAL` until the client closes the socket (the write
+/// fails).
+fn forever(stream: &mut TcpStream, req: &Request, event: &str) -> io::Result<Next> {
+    loop {
+        thread::sleep(KEEPALIVE_INTERVAL);
+        let sent = if req.http10 {
+            stream.write_all(event.as_bytes())
+        } else {
+            stream.write_all(&chunk(event.as_bytes()))
+        };
+        if sent.is_err() {
+            return Ok(Next::Close);
+        }
+    }
 }
 
 /// Keeps the socket open and silent until the client gives up and closes it.
@@ -2480,6 +2545,63 @@ mod tests {
         let res = Client::connect(addr).call(&openai(OPENAI_BODY));
         assert_eq!(res.status, 200);
         assert!(res.text().contains("\"next\""));
+    }
+
+    /// Everything the stub sends for `request` within `how_long`: a stream that never ends
+    /// and never pauses cannot be read to a timeout.
+    fn read_for(addr: SocketAddr, request: &[u8], how_long: Duration) -> String {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        stream.write_all(request).expect("send");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let deadline = Instant::now() + how_long;
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 8192];
+        while Instant::now() < deadline {
+            match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+        String::from_utf8_lossy(&raw).into_owned()
+    }
+
+    #[test]
+    fn ping_after_events_sends_only_keep_alives() {
+        let turn = r#"{"text":"never finished","faults":[{"ping_after_events":1}]}"#;
+        let addr = start(&format!(r#"{{"turns":[{turn},{turn}]}}"#));
+        let wait = Duration::from_millis(450);
+        let text = read_for(addr, &anthropic(ANTHROPIC_BODY), wait);
+        assert!(text.contains("event: message_start"), "{text}");
+        assert!(
+            text.matches("event: ping\ndata: {\"type\": \"ping\"}\n\n")
+                .count()
+                >= 2,
+            "{text}"
+        );
+        assert!(!text.contains("content_block"), "{text}");
+        let text = read_for(addr, &openai(OPENAI_BODY), wait);
+        assert_eq!(text.matches("chat.completion.chunk").count(), 1, "{text}");
+        assert!(text.matches(": ping\n\n").count() >= 2, "{text}");
+    }
+
+    #[test]
+    fn repeat_after_events_streams_one_delta_forever() {
+        let addr = start(r#"{"turns":[{"text":"again","faults":[{"repeat_after_events":2}]}]}"#);
+        let text = read_for(addr, &openai(OPENAI_BODY), Duration::from_millis(450));
+        assert!(text.matches(r#""content":"again""#).count() >= 3, "{text}");
+        assert!(!text.contains("[DONE]") && !text.contains("finish_reason\":\"stop"));
+        let err = Script::parse(r#"{"turns":[{"faults":[{"repeat_after_events":0}]}]}"#);
+        assert!(err.unwrap_err().contains("needs an event to repeat"));
+        let err = Script::parse(
+            r#"{"turns":[{"faults":[{"ping_after_events":1,"stall_after_events":1}]}]}"#,
+        );
+        assert!(
+            err.unwrap_err()
+                .contains("\"stall_after_events\" and \"ping_after_events\" exclude each other")
+        );
     }
 
     // -- connections, exhaustion, validation, stub routes --------------------------------

@@ -2,7 +2,8 @@
 //! note. The rest of the crate sees safe functions with io::Result.
 //!
 //! It owns: signal handlers that write to a self-pipe, file-status-flag changes, process
-//! groups (setsid in the child, group kill), fd-type probes, and the terminal check. It must
+//! groups (setsid in the child, group kill), the child subreaper flag and single-process
+//! kill and reap, fd-type probes, and the terminal check. It must
 //! not know about runs, protocols or the reactor's tokens.
 
 use std::io;
@@ -217,6 +218,53 @@ pub fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
 }
 
 pub const SIGKILL: i32 = libc::SIGKILL;
+
+/// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant whose parent
+/// dies re-parents to us instead of to PID 1, so a process a tool left behind in a session
+/// of its own (`setsid`) stays ours to find, kill and reap.
+pub fn become_subreaper() -> io::Result<()> {
+    let on: libc::c_ulong = 1;
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER reads only its integer argument.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, on) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sends `signal` to the single process `pid`. ESRCH (already gone) is success. Never
+/// signals PID 1, ourselves, or a group (pid <= 0).
+pub fn kill_pid(pid: u32, signal: i32) -> io::Result<()> {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    if pid <= 1 || u32::try_from(pid).ok() == Some(std::process::id()) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill(2) with a positive pid targets one process; no memory involved.
+    let rc = unsafe { libc::kill(pid, signal) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ESRCH) {
+            return Ok(());
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Reaps child `pid` if it has exited, without blocking: true once it is gone (reaped now,
+/// or not our child any more), false while it runs.
+pub fn reap_if_exited(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    let mut status: libc::c_int = 0;
+    // SAFETY: waitpid on one pid with WNOHANG writes only `status`, a live c_int.
+    let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    // 0: still running; the pid: reaped; -1: ECHILD (not ours) or EINVAL, either way gone.
+    rc != 0
+}
 
 /// Raw fd of anything that has one; a tiny helper so callers need not import the trait.
 pub fn raw_fd(source: &impl AsRawFd) -> RawFd {

@@ -1479,6 +1479,77 @@ fn cancel_kills_a_running_bash_child() {
     assert_eq!(stub.requests().len(), 1);
 }
 
+/// A command that starts `sleep 300` in a session of its own (so outside the call's process
+/// group), named `marker`, with its output away from the call's pipes.
+fn escapee(marker: &str) -> String {
+    format!("setsid bash -c 'exec -a {marker} sleep 300' </dev/null >/dev/null 2>&1 &")
+}
+
+fn wait_gone(marker: &str, what: &str) {
+    wait_for(what, || (!process_with_marker_exists(marker)).then_some(()));
+}
+
+#[test]
+fn setsid_children_die_with_their_call_its_cancel_and_the_server() {
+    let ws = Workspace::new("http-setsid");
+    let ended = unique_marker("setsid-ended");
+    let cancelled = unique_marker("setsid-cancelled");
+    let orphaned = unique_marker("setsid-orphaned");
+    let untagged = unique_marker("setsid-untagged");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            // The call ends at once, leaving its escapee behind; `kill -0` proves it started.
+            bash("toolu_end", &format!("{} sleep 0.2; kill -0 $! && echo escaped", escapee(&ended))),
+            text_turn("left one behind"),
+            // The call runs on with its escapee as a child; the run is cancelled.
+            bash("toolu_cancel", &format!("{} sleep 300", escapee(&cancelled))),
+            // Escapees whose parent (a subshell) already exited, so caliban adopted them while
+            // the call still runs; one dropped its environment. The server is then stopped.
+            bash("toolu_exit", &format!(
+                "({}); (setsid env -i bash -c 'exec -a {untagged} sleep 300' </dev/null >/dev/null 2>&1 &); sleep 300",
+                escapee(&orphaned)
+            )),
+        ]}),
+    );
+    let mut server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
+    let addr = server.addr;
+
+    let run = start_run(addr, json!({"prompt": "leave one"}));
+    assert_eq!(wait_terminal(addr, &run), json!({"state": "done"}));
+    let events = all_events(addr, &run);
+    let end = tool_end(&events, "toolu_end");
+    assert!(end.to_string().contains("escaped"), "{end}");
+    wait_gone(&ended, "the escapee of an ended call to be killed");
+
+    let run = start_run(addr, json!({"prompt": "cancel me"}));
+    wait_for("the escapee to start", || {
+        process_with_marker_exists(&cancelled).then_some(())
+    });
+    assert_json(
+        &request(addr, "POST", &format!("/runs/{run}/cancel"), &[], b""),
+        200,
+        json!({"ok": true}),
+    );
+    assert_eq!(wait_terminal(addr, &run), json!({"state": "done"}));
+    wait_gone(&cancelled, "the escapee of a cancelled call to be killed");
+
+    let run = start_run(addr, json!({"prompt": "stop the server"}));
+    wait_for("both orphans to start", || {
+        (process_with_marker_exists(&orphaned) && process_with_marker_exists(&untagged))
+            .then_some(())
+    });
+    assert_eq!(status_of(addr, &run), json!({"state": "running"}));
+    assert_eq!(server.terminate(), Some(0), "{}", server.stderr());
+    // The server has exited: nothing its tools started may remain.
+    for marker in [&ended, &cancelled, &orphaned, &untagged] {
+        assert!(
+            !process_with_marker_exists(marker),
+            "{marker} outlived the server"
+        );
+    }
+}
+
 // ---- 8. restart -----------------------------------------------------------------------------
 
 #[test]

@@ -849,3 +849,190 @@ fn a_200_html_reply_names_its_content_type() {
     assert!(error.contains("Welcome to nginx!"), "{error}");
     assert!(!error.contains("ended before"), "{error}");
 }
+
+#[test]
+fn accept_edits_cannot_reach_git_config_or_caliban_settings() {
+    // The attack: under acceptEdits (or dontAsk, or a broad allow rule) the model writes a
+    // `core.fsmonitor` into .git/config, which an allowed `git status` would run, and grants
+    // itself Bash in caliban's own settings for every later run.
+    for mode_args in [
+        &["--permission-mode", "acceptEdits"][..],
+        &["--permission-mode", "dontAsk"],
+        &["--allow", "Write", "--allow", "Edit"],
+    ] {
+        let ws = Workspace::new("protected");
+        ws.write(".git/config", "[core]\n\tbare = false\n");
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [
+                tool_turn(json!([
+                    {"id": "toolu_git", "name": "Write", "input": {"path": "./.git/config",
+                        "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}},
+                    {"id": "toolu_set", "name": "Write", "input": {"path": ".caliban/settings.json",
+                        "content": "{\"permissions\": {\"allow\": [\"Bash\"]}}"}},
+                    {"id": "toolu_edit", "name": "Edit", "input": {"path": "sub/../.GIT/config",
+                        "old_string": "bare = false", "new_string": "fsmonitor = evil"}},
+                    {"id": "toolu_ok", "name": "Write", "input": {"path": "src/ok.txt", "content": "fine\n"}},
+                ])),
+                text_turn("done"),
+            ]}),
+        );
+        let mut cmd = caliban(&ws);
+        anthropic(&mut cmd, &stub);
+        cmd.args([
+            "-p",
+            "--output-format",
+            "json",
+            "--allow",
+            "Bash(git status:*)",
+        ])
+        .args(mode_args)
+        .arg("configure the repo");
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(0), "{mode_args:?}: {out:?}");
+        assert_eq!(
+            ws.read(".git/config"),
+            "[core]\n\tbare = false\n",
+            "{mode_args:?}"
+        );
+        assert!(
+            !ws.path(".caliban/settings.json").exists(),
+            "{mode_args:?}: the model wrote its own permissions"
+        );
+        assert_eq!(ws.read("src/ok.txt"), "fine\n", "{mode_args:?}");
+        let results = tool_results_sent(&stub);
+        assert_eq!(results.len(), 4, "{results:?}");
+        for (result, path) in results[..3].iter().zip([
+            "./.git/config",
+            ".caliban/settings.json",
+            "sub/../.GIT/config",
+        ]) {
+            assert_eq!(result["is_error"], true, "{mode_args:?} {path}");
+            let text = result_text_of(result);
+            assert!(
+                text.contains(&format!("`{path}` is protected"))
+                    && text.contains("only --permission-mode bypassPermissions"),
+                "{mode_args:?}: {text}"
+            );
+        }
+        assert_ne!(results[3]["is_error"], true, "{results:?}");
+    }
+}
+
+#[test]
+fn a_setsid_child_does_not_outlive_its_call() {
+    let ws = Workspace::new("setsid");
+    let marker = format!("caliban-print-setsid-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([{"id": "toolu_s", "name": "Bash", "input": {"command": format!(
+                "setsid bash -c 'exec -a {marker} sleep 300' & sleep 0.2; kill -0 $! && echo escaped"
+            )}}])),
+            text_turn("done"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--allow", "Bash", "go"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let results = tool_results_sent(&stub);
+    assert!(
+        result_text_of(&results[0]).contains("escaped"),
+        "{results:?}"
+    );
+    assert!(
+        !process_with_marker_exists(&marker),
+        "a setsid child outlived caliban"
+    );
+}
+
+/// Runs caliban with a deadline well under the suite's: these streams never end on their own.
+fn run_within(mut cmd: std::process::Command, deadline: std::time::Duration) -> Output {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    wait_output(cmd.spawn().expect("spawn caliban"), deadline)
+}
+
+#[test]
+fn keep_alives_do_not_hold_a_stream_open() {
+    let deadline = std::time::Duration::from_secs(20);
+    // Output started, then only Anthropic `ping` events: the idle timeout fires.
+    let ws = Workspace::new("pings-idle");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "words words words words words", "faults": [{"ping_after_events": 4}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "--idle-timeout", "1", "hi"]);
+    let out = run_within(cmd, deadline);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let error = out.result()["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("idle for 1 s"), "{out:?}");
+
+    // Nothing but `message_start` and pings (Anthropic), or the role chunk and `: ping`
+    // comments (OpenAI), or comments alone: no output ever comes, and the wait for it ends.
+    for (wire, after) in [("anthropic", 1), ("openai", 1), ("openai", 0)] {
+        let ws = Workspace::new("pings-only");
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [{"text": "never", "faults": [{"ping_after_events": after}]}]}),
+        );
+        let mut cmd = caliban(&ws);
+        if wire == "anthropic" {
+            anthropic(&mut cmd, &stub);
+        } else {
+            openai(&mut cmd, &stub);
+        }
+        cmd.args([
+            "-p",
+            "--output-format",
+            "json",
+            "--first-byte-timeout",
+            "1",
+            "--idle-timeout",
+            "1",
+            "--max-retries",
+            "0",
+            "hi",
+        ]);
+        let out = run_within(cmd, deadline);
+        assert_eq!(out.code, Some(1), "{wire} {after}: {out:?}");
+        let error = out.result()["error"].as_str().unwrap().to_owned();
+        assert!(
+            error.contains("no output from the model within 1 s"),
+            "{wire} {after}: {out:?}"
+        );
+    }
+}
+
+#[test]
+fn a_stream_that_never_ends_meets_the_request_deadline() {
+    // Real output, a word every 100 ms, forever: no idle timeout can fire.
+    let ws = Workspace::new("endless");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "again", "faults": [{"repeat_after_events": 2}]}]}),
+    );
+    let mut cmd = caliban(&ws);
+    openai(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "json",
+        "--request-timeout",
+        "1",
+        "hi",
+    ]);
+    let out = run_within(cmd, std::time::Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let error = out.result()["error"].as_str().unwrap().to_owned();
+    assert!(
+        error.contains("the model request took longer than 1 s"),
+        "{out:?}"
+    );
+    assert_eq!(stub.requests().len(), 1, "output was shown, so no retry");
+}

@@ -287,3 +287,35 @@ pub enum ModelEvent {
         retryable: bool,
     },
 }
+
+impl ModelEvent {
+    /// Whether the event is the model's output rather than the response's bookkeeping: a
+    /// server sends its start and usage before it has produced anything (llama.cpp's role
+    /// chunk, then minutes of prompt processing), so those do not end the wait for the
+    /// first output.
+    pub fn is_output(&self) -> bool {
+        !matches!(self, ModelEvent::Start { .. } | ModelEvent::Usage(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_and_usage_are_not_output() {
+        let start = ModelEvent::Start {
+            message_id: "m".into(),
+            model: "x".into(),
+        };
+        assert!(!start.is_output());
+        assert!(!ModelEvent::Usage(Usage::default()).is_output());
+        let text = ModelEvent::TextDelta {
+            index: 0,
+            text: "hi".into(),
+        };
+        assert!(text.is_output());
+        assert!(ModelEvent::Stop(StopReason::EndTurn).is_output());
+        assert!(ModelEvent::Done.is_output());
+    }
+}

@@ -5,12 +5,14 @@
 //! lexically against the workspace; resolving symlinks is the tool layer's job.
 //!
 //! What a single pattern means lives in `pattern` (the grammar and matching one call), and
-//! how a Bash command breaks into the pieces an allow rule must each cover lives in `shell`;
-//! this module combines them into decisions. What the policy knows of each tool (the field a
+//! how a Bash command breaks into the pieces an allow rule must each cover lives in `shell`,
+//! and which paths no rule or mode but `bypassPermissions` lets the model edit without asking
+//! lives in `protected`; this module combines them into decisions. What the policy knows of each tool (the field a
 //! rule matches, its default, whether it edits files or only reads) is its row in
 //! `tools::table`, so no tool name is spelled here.
 
 mod pattern;
+mod protected;
 mod shell;
 
 use std::fmt;
@@ -20,6 +22,8 @@ use serde_json::Value;
 
 pub use pattern::PatternError;
 use pattern::{FieldKind, Matcher, Subject, escape_glob, first_arg, normalize_abs, path_view};
+use protected::Protected;
+pub(crate) use protected::find as protected_path;
 use shell::split_command;
 
 use crate::tools::table::{self, Class, DefaultAction};
@@ -293,6 +297,22 @@ impl Policy {
         self.rules.insert(at, rule);
     }
 
+    /// The reply to an Ask that nobody can answer (print mode), with a concrete way to allow
+    /// it; for an edit of a protected path, the one way there is.
+    pub fn ask_denied_message(&self, tool: &str, input: &Value) -> String {
+        let base = self.cwd_str.as_deref().unwrap_or(&self.workspace_str);
+        let call = Call::new(tool, input, &self.workspace_str, base);
+        match protected_edit(&call.subject) {
+            Some((path, entry)) => format!(
+                "permission denied: `{path}` is protected ({}), so '{tool}' asks before \
+                 editing it, and no one can be asked in print mode; only \
+                 --permission-mode bypassPermissions edits it without asking",
+                entry.why
+            ),
+            None => ask_denied_message(tool, input),
+        }
+    }
+
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -309,7 +329,7 @@ impl Policy {
 }
 
 /// The reply to an Ask that nobody can answer (print mode), with a concrete way to allow it.
-pub fn ask_denied_message(tool: &str, input: &Value) -> String {
+fn ask_denied_message(tool: &str, input: &Value) -> String {
     let tool_arg = shell_quote(tool);
     let allow = match suggested_pattern(tool, input) {
         Some(pattern) => format!("--allow {} (or --allow {tool_arg})", shell_quote(&pattern)),
@@ -435,7 +455,48 @@ fn decide_with(rules: &[Rule], mode: Mode, call: &Call<'_>) -> Decision {
             matched: None,
         },
     };
-    apply_mode(decision, mode, &call.subject)
+    protect(
+        apply_mode(decision, mode, &call.subject),
+        mode,
+        &call.subject,
+    )
+}
+
+/// The protected-path post-pass (`protected`): an edit of a path that configures execution
+/// or permissions asks even when a rule or the mode would allow it, in every mode but
+/// `bypassPermissions`. A deny or ask stands, and plan mode's deny with it.
+fn protect(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
+    if decision.action != Action::Allow || mode == Mode::BypassPermissions {
+        return decision;
+    }
+    let Some((path, entry)) = protected_edit(call) else {
+        return decision;
+    };
+    Decision {
+        action: Action::Ask,
+        reason: format!(
+            "'{}' asks before editing `{path}`: {} is protected ({}); only bypassPermissions \
+             mode edits it without asking",
+            call.tool,
+            entry.shown(),
+            entry.why
+        ),
+        matched: decision.matched,
+    }
+}
+
+/// For a call of a tool that edits files, the path it names (as named) and the entry that
+/// protects it, judged from the workspace when the path is inside it and from the root
+/// otherwise (an absolute allow rule may reach another repository).
+fn protected_edit<'a>(call: &Subject<'a>) -> Option<(&'a str, &'static Protected)> {
+    if !table::edits_files(call.tool) {
+        return None;
+    }
+    let field = first_arg(call.tool).filter(|field| field.kind == FieldKind::Path)?;
+    let raw = call.input.get(field.name)?.as_str()?;
+    let view = path_view(call.workspace, call.base, raw);
+    let judged = view.rel.as_deref().unwrap_or(&view.abs);
+    protected::find(judged).map(|entry| (raw, entry))
 }
 
 fn denied_for(tool: &str) -> String {
@@ -933,6 +994,130 @@ mod tests {
         assert_eq!(action(&policy, "Edit", &file("locked/a")), Action::Deny);
         assert_eq!(action(&policy, "Write", &file("/etc/passwd")), Action::Ask);
         assert_eq!(action(&policy, "Bash", &bash("ls")), Action::Ask);
+    }
+
+    #[test]
+    fn protected_paths_ask_in_every_mode_but_bypass() {
+        let spellings = [
+            ".git/config",
+            "./.git/config",
+            "sub/../.git/config",
+            ".GIT/config",
+            ".git/hooks/pre-commit",
+            "/home/u/proj/.git/config",
+            "vendor/lib/.git/config",
+            ".caliban/settings.json",
+            ".caliban/settings.local.json",
+            ".claude/settings.json",
+            ".mcp.json",
+            ".envrc",
+            ".vscode/tasks.json",
+            ".vscode/settings.json",
+        ];
+        let allowing = vec![
+            rule("Write", Action::Allow),
+            rule("Edit(**)", Action::Allow),
+            rule("MultiEdit", Action::Allow),
+        ];
+        for mode in [Mode::Default, Mode::AcceptEdits, Mode::DontAsk] {
+            let policy = policy(allowing.clone(), mode);
+            for path in spellings {
+                for tool in ["Write", "Edit", "MultiEdit"] {
+                    let decision = policy.decide(tool, &file(path));
+                    assert_eq!(decision.action, Action::Ask, "{tool} {path} in {mode}");
+                    assert!(
+                        decision.reason.contains("is protected")
+                            && decision.reason.contains("bypassPermissions"),
+                        "{}",
+                        decision.reason
+                    );
+                }
+            }
+            // Ordinary files, and reading protected ones, are unchanged.
+            assert_eq!(action(&policy, "Write", &file("src/a.rs")), Action::Allow);
+            assert_eq!(action(&policy, "Read", &file(".git/config")), Action::Allow);
+            assert_eq!(action(&policy, "Write", &file(".gitignore")), Action::Allow);
+        }
+        let decision = policy(Vec::new(), Mode::AcceptEdits).decide("Write", &file(".git/config"));
+        assert_eq!(
+            decision.reason,
+            "'Write' asks before editing `.git/config`: .git/ is protected (git's config and \
+             hooks: a `core.fsmonitor`, `core.pager`, alias or hook there runs any command the \
+             next time an allowed git command runs); only bypassPermissions mode edits it \
+             without asking"
+        );
+
+        // An explicit deny still denies; plan mode still denies; bypass allows.
+        let denied = policy(vec![rule("Write(.git/**)", Action::Deny)], Mode::DontAsk);
+        assert_eq!(action(&denied, "Write", &file(".git/config")), Action::Deny);
+        let planned = policy(allowing.clone(), Mode::Plan);
+        assert_eq!(
+            action(&planned, "Write", &file(".git/config")),
+            Action::Deny
+        );
+        let bypass = policy(Vec::new(), Mode::BypassPermissions);
+        assert_eq!(
+            action(&bypass, "Write", &file(".git/config")),
+            Action::Allow
+        );
+
+        // An editor's "always allow" for the exact file does not silence it either.
+        let mut session = policy(Vec::new(), Mode::Default);
+        session.with_session_rule(
+            Rule::new(
+                "Write(.git/config)",
+                Action::Allow,
+                None,
+                RuleSource::Session,
+            )
+            .unwrap(),
+        );
+        assert_eq!(action(&session, "Write", &file(".git/config")), Action::Ask);
+
+        // A narrowing profile asking for bypass cannot lift it.
+        let narrowed = policy(allowing.clone(), Mode::AcceptEdits)
+            .narrowed(Vec::new(), Some(Mode::BypassPermissions));
+        assert_eq!(
+            action(&narrowed, "Write", &file(".git/config")),
+            Action::Ask
+        );
+
+        // Another repository an absolute allow rule reaches is judged from the root.
+        let elsewhere = policy(
+            vec![rule("Write(/srv/repo/**)", Action::Allow)],
+            Mode::Default,
+        );
+        assert_eq!(
+            action(&elsewhere, "Write", &file("/srv/repo/x")),
+            Action::Allow
+        );
+        assert_eq!(
+            action(&elsewhere, "Write", &file("/srv/repo/.git/config")),
+            Action::Ask
+        );
+
+        // A run in a subdirectory names the workspace's `.git` through `..`.
+        let sub = policy(allowing, Mode::AcceptEdits).with_cwd(Path::new("/home/u/proj/pkg"));
+        assert_eq!(action(&sub, "Edit", &file("../.git/config")), Action::Ask);
+        assert_eq!(action(&sub, "Edit", &file("src/a.rs")), Action::Allow);
+    }
+
+    #[test]
+    fn print_mode_names_the_one_way_to_edit_a_protected_path() {
+        let policy = policy(Vec::new(), Mode::AcceptEdits);
+        let message = policy.ask_denied_message("Write", &file(".caliban/settings.json"));
+        assert!(
+            message.starts_with(
+                "permission denied: `.caliban/settings.json` is protected (caliban's project \
+                 settings"
+            ) && message
+                .ends_with("only --permission-mode bypassPermissions edits it without asking"),
+            "{message}"
+        );
+        assert_eq!(
+            policy.ask_denied_message("Bash", &bash("ls")),
+            ask_denied_message("Bash", &bash("ls"))
+        );
     }
 
     #[test]

@@ -497,7 +497,7 @@ pub(super) fn first_arg(tool: &str) -> Option<Field> {
 /// A path judged against the workspace, after lexical normalisation.
 pub(super) struct PathView {
     /// Absolute, normalised: no `.`, `..` or repeated `/`.
-    abs: String,
+    pub(super) abs: String,
     /// Relative to the workspace (`.` for the workspace itself); `None` when outside it.
     pub(super) rel: Option<String>,
 }

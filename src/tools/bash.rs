@@ -4,6 +4,9 @@
 //!
 //! It owns the child and its pipes; it must not know about tokens' meaning or runs. The
 //! engine calls `drain` on readiness, `try_reap` on SIGCHLD and `kill` on timeout/cancel.
+//! What the command moved out of its process group (`setsid`) is found and killed through
+//! the call's `reaper::CallTag`: while the shell runs by walking its tree, once it is gone
+//! among the processes caliban adopted.
 
 use std::borrow::Cow;
 use std::io::{self, Read};
@@ -16,6 +19,7 @@ use mio::{Interest, Registry, Token};
 use serde_json::{Value, json};
 
 use crate::model::types::ToolSpec;
+use crate::reaper::{self, CallTag, Sweep};
 use crate::sys;
 use crate::tools::ToolOutput;
 use crate::tools::spec::closed_object;
@@ -75,6 +79,9 @@ pub struct BashJob {
     exit: ExitState,
     killed_for: Option<&'static str>,
     pub timeout: Duration,
+    /// Tags every process of this call; the call is over for the reaper once its shell is
+    /// reaped (or the job dropped).
+    tag: CallTag,
 }
 
 /// `Bash` as offered to the model.
@@ -202,9 +209,8 @@ impl BashJob {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        sys::detach_into_own_group(&mut cmd);
-        let mut child = cmd
-            .spawn()
+        let tag = CallTag::new();
+        let mut child = reaper::spawn(&mut cmd, Some(&tag))
             .map_err(|e| ToolOutput::error(format!("Bash: cannot start {}: {e}", shell())))?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Receiver, pipe::Receiver)> {
@@ -217,8 +223,10 @@ impl BashJob {
         let (stdout, stderr) = match pipes {
             Ok(p) => p,
             Err(e) => {
+                reaper::kill_descendants(pgid);
                 let _ = sys::kill_group(pgid, sys::SIGKILL);
-                let _ = child.wait();
+                let _ = reaper::wait(&mut child);
+                reaper::sweep(Sweep::Call(&tag));
                 return Err(ToolOutput::error(format!("Bash: pipe setup failed: {e}")));
             }
         };
@@ -232,6 +240,7 @@ impl BashJob {
             exit: ExitState::Running,
             killed_for: None,
             timeout,
+            tag,
         })
     }
 
@@ -267,10 +276,10 @@ impl BashJob {
         }
     }
 
-    /// Non-blocking reap. Once the shell has exited, anything it left running in its group
-    /// is killed: a tool call must not leak background processes or hold our pipes open.
-    /// The group is killed while the shell is still an unreaped zombie, which keeps the
-    /// group id from being reused by an unrelated process.
+    /// Non-blocking reap. Once the shell has exited, anything it left running is killed, in
+    /// its group and in sessions of its own: a tool call must not leak background processes
+    /// or hold our pipes open. The group is killed while the shell is still an unreaped
+    /// zombie, which keeps the group id from being reused by an unrelated process.
     pub fn try_reap(&mut self) -> bool {
         if !matches!(self.exit, ExitState::Running) {
             return true;
@@ -279,7 +288,8 @@ impl BashJob {
             Ok(false) => false,
             Ok(true) => {
                 let _ = sys::kill_group(self.pgid, sys::SIGKILL);
-                self.exit = match self.child.wait() {
+                reaper::sweep(Sweep::Call(&self.tag));
+                self.exit = match reaper::wait(&mut self.child) {
                     Ok(status) => ExitState::Exited(status),
                     Err(_) => ExitState::Unknown,
                 };
@@ -292,25 +302,30 @@ impl BashJob {
         }
     }
 
-    /// Kills the whole process group (timeout or cancel); the exit is reaped later. After
-    /// the shell was reaped the group was already killed, and its id may belong to someone
-    /// else by now, so nothing is sent.
+    /// Kills the whole process group and every descendant of the shell (timeout or cancel);
+    /// the exit is reaped later. The tree is walked while the shell still runs, before the
+    /// group kill orphans it. After the shell was reaped the group was already killed, and
+    /// its id may belong to someone else by now, so nothing is sent.
     pub fn kill(&mut self, why: &'static str) {
         if self.killed_for.is_none() {
             self.killed_for = Some(why);
         }
         if matches!(self.exit, ExitState::Running) {
+            reaper::kill_descendants(self.pgid);
             let _ = sys::kill_group(self.pgid, sys::SIGKILL);
         }
     }
 
-    /// Blocking reap used at shutdown, after `kill`.
+    /// Blocking reap used on cancel and at shutdown, after `kill`; then what the call left,
+    /// now caliban's, is killed and waited for too (`reaper::settle`), so nothing of a
+    /// cancelled call is still running once the cancel is done.
     pub fn reap_blocking(&mut self) {
         if matches!(self.exit, ExitState::Running) {
-            self.exit = match self.child.wait() {
+            self.exit = match reaper::wait(&mut self.child) {
                 Ok(status) => ExitState::Exited(status),
                 Err(_) => ExitState::Unknown,
             };
+            reaper::settle(&self.tag);
         }
     }
 
@@ -375,8 +390,10 @@ impl Drop for BashJob {
     /// group does not outlive it.
     fn drop(&mut self) {
         if matches!(self.exit, ExitState::Running) {
+            reaper::kill_descendants(self.pgid);
             let _ = sys::kill_group(self.pgid, sys::SIGKILL);
-            let _ = self.child.wait();
+            let _ = reaper::wait(&mut self.child);
+            reaper::sweep(Sweep::Call(&self.tag));
         }
     }
 }

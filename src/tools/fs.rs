@@ -9,8 +9,10 @@
 //! symlink that leads out is refused. Results name files relative to the workspace.
 //!
 //! Failures are returned to the model as error results (`ToolOutput::error`), never logged
-//! and never panicked on. This module must not know about the reactor, permissions or
+//! and never panicked on. This module must not know about the reactor, permission rules or
 //! surfaces: by the time a `run_*` is called the caller has decided the call may go ahead.
+//! The one thing it asks the policy is which paths are protected, because only here are
+//! symlinks resolved (`resolve_for_edit`).
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -237,7 +239,7 @@ fn write_args<'a>(input: &'a Value, workspace: &Path) -> Result<(Resolved, &'a s
     let obj = object(input)?;
     let raw_path = required_str(obj, "path")?;
     let content = required_str(obj, "content")?;
-    Ok((resolve(workspace, raw_path)?, content))
+    Ok((resolve_for_edit(workspace, raw_path)?, content))
 }
 
 /// What a `Write` would replace: `None` for a new file; an error for a directory or a
@@ -386,7 +388,7 @@ fn edit_args<'a>(input: &'a Value, workspace: &Path) -> Result<(Resolved, EditAr
     if old == new {
         return Err("`old_string` and `new_string` are identical; nothing to change".to_owned());
     }
-    let target = resolve(workspace, raw_path)?;
+    let target = resolve_for_edit(workspace, raw_path)?;
     Ok((
         target,
         EditArgs {
@@ -1331,6 +1333,8 @@ struct Resolved {
     abs: PathBuf,
     /// Relative to the canonical workspace, `/`-separated; `.` for the workspace itself.
     rel: String,
+    /// Relative to the workspace as named, before any symlink was followed; `/`-separated.
+    named: String,
 }
 
 /// Roots `raw` in the workspace. `..` is resolved lexically and may not climb above the
@@ -1411,7 +1415,31 @@ fn resolve(workspace: &Path, raw: &str) -> Result<Resolved, String> {
         Ok(rest) => rest.to_string_lossy().into_owned(),
         Err(_) => return Err(format!("`{raw}` is outside the workspace")),
     };
-    Ok(Resolved { abs, rel })
+    let named = inside
+        .components()
+        .map(|part| part.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/");
+    Ok(Resolved { abs, rel, named })
+}
+
+/// `resolve` for a tool that changes the file. The permission policy judged the path as
+/// named (it cannot follow symlinks); a symlink that leads from an ordinary name to a
+/// protected file (`hooks -> .git/hooks`) would edit that file under an approval given for
+/// another, so such an edit is refused and the model told to name the file itself, which
+/// then asks (`permissions::protected_path`).
+fn resolve_for_edit(workspace: &Path, raw: &str) -> Result<Resolved, String> {
+    let target = resolve(workspace, raw)?;
+    if let Some(entry) = crate::permissions::protected_path(&target.rel)
+        && !target.named.eq_ignore_ascii_case(&target.rel)
+    {
+        return Err(format!(
+            "`{raw}` leads through a symlink to `{}`, which is protected ({}); name `{}` \
+             itself so that the edit is approved for what it is",
+            target.rel, entry.why, target.rel
+        ));
+    }
+    Ok(target)
 }
 
 /// Drops `.` and folds `..` into its parent. `None` if a relative path climbs above its
@@ -1837,6 +1865,67 @@ mod tests {
             .expect("symlink");
         let text = ok("Read", json!({"path": "link/a.txt"}), &ws);
         assert!(text.starts_with("→ Read real/a.txt,"), "{text}");
+    }
+
+    #[test]
+    fn symlinks_into_protected_paths_are_not_edited_under_another_name() {
+        let ws = TempDir::new();
+        ws.put(".git/config", "[core]\n");
+        ws.put(".git/hooks/README", "hooks\n");
+        ws.put("notes.txt", "a note\n");
+        let link = |target: &str, name: &str| {
+            std::os::unix::fs::symlink(ws.path().join(target), ws.path().join(name))
+                .expect("symlink");
+        };
+        link(".git/config", "cfg");
+        link(".git/hooks", "hooks");
+        link(".git", "g");
+        link("notes.txt", "note-link");
+        for (tool, input) in [
+            (
+                "Write",
+                json!({"path": "cfg", "content": "[core]\n\tfsmonitor = evil\n"}),
+            ),
+            (
+                "Edit",
+                json!({"path": "cfg", "old_string": "[core]", "new_string": "[x]"}),
+            ),
+            (
+                "Write",
+                json!({"path": "hooks/pre-commit", "content": "#!/bin/sh\n"}),
+            ),
+            ("Write", json!({"path": "./g/config", "content": "x"})),
+        ] {
+            let msg = err(tool, input.clone(), &ws);
+            assert!(
+                msg.contains("leads through a symlink to `.git/") && msg.contains("is protected"),
+                "{tool} {input}: {msg}"
+            );
+            let delegated = match tool {
+                "Write" => delegate_write(&input, ws.path()).err(),
+                _ => delegate_edit(&input, ws.path()).err(),
+            };
+            assert!(
+                delegated.is_some_and(|out| out.text == msg),
+                "{tool} {input}"
+            );
+        }
+        assert_eq!(ws.get(".git/config"), "[core]\n");
+        assert!(!ws.path().join(".git/hooks/pre-commit").exists());
+        // Named as itself, the file is the policy's to judge (it asks); here it is written.
+        ok(
+            "Edit",
+            json!({"path": ".git/config", "old_string": "[core]", "new_string": "[x]"}),
+            &ws,
+        );
+        assert_eq!(ws.get(".git/config"), "[x]\n");
+        // A symlink to an ordinary file is followed as before.
+        ok(
+            "Write",
+            json!({"path": "note-link", "content": "new\n"}),
+            &ws,
+        );
+        assert_eq!(ws.get("notes.txt"), "new\n");
     }
 
     // --- Read

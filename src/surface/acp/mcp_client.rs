@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 
 use crate::jsonrpc::{self, Id, Message, RpcError};
 use crate::model::types::ToolSpec;
-use crate::sys;
 use crate::tools::ToolOutput;
+use crate::{reaper, sys};
 
 /// The MCP revision asked for in `initialize`.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
@@ -563,8 +563,7 @@ impl Server {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        sys::detach_into_own_group(&mut cmd);
-        let mut child = cmd.spawn()?;
+        let mut child = reaper::spawn(&mut cmd, None)?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Sender, pipe::Receiver)> {
             let stdin = pipe::Sender::from(child.stdin.take().ok_or(io::ErrorKind::BrokenPipe)?);
@@ -579,7 +578,7 @@ impl Server {
             Err(e) => {
                 let _ = sys::kill_group(pgid, sys::SIGKILL);
                 let _ = child.kill();
-                let _ = child.wait();
+                let _ = reaper::wait(&mut child);
                 return Err(e);
             }
         };
@@ -688,7 +687,7 @@ impl Server {
         // The group is killed while the leader is still unreaped, so its id is not reused.
         let _ = sys::kill_group(self.pgid, sys::SIGKILL);
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = reaper::wait(&mut self.child);
         self.reaped = true;
     }
 }
