@@ -620,6 +620,12 @@ impl Follow {
         }
     }
 
+    /// The next raw item ending in `sep` (an NDJSON line, an SSE block, comments included),
+    /// without the separator; `Ok(None)` at the end, `Err(())` on timeout.
+    pub fn next_raw_within(&mut self, sep: &[u8], timeout: Duration) -> Result<Option<String>, ()> {
+        self.next_item(sep, timeout)
+    }
+
     /// The next NDJSON line, or `Ok(None)` at the end; `Err(())` on timeout.
     pub fn next_line_within(&mut self, timeout: Duration) -> Result<Option<Value>, ()> {
         Ok(self.next_item(b"\n", timeout)?.map(|line| {

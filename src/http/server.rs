@@ -17,8 +17,11 @@
 //! Backpressure: at most one request is out with the owner at a time, so pipelined requests
 //! wait in `inbuf`, which never grows past `Limits::max_head`; a new request is only parsed
 //! while queued output is under `Limits::max_out_buffer`; a streaming owner paces itself with
-//! `wants_more_stream` and `ConnEvent::Writable`. A client that pipelines forever or never
-//! reads therefore costs at most max_head + max_body + max_out_buffer (plus one response).
+//! `wants_more_stream` and `ConnEvent::Writable`, which keep a stream's queue under
+//! `STREAM_WINDOW`. A client that pipelines forever or never reads therefore costs at most
+//! max_head + max_body + max_out_buffer (plus one response), and a live stream it never reads
+//! about `STREAM_WINDOW` plus what the owner queues at once; `write_stalled_for` tells the
+//! owner how long output has waited on such a peer, so it can give up on it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,6 +44,13 @@ pub const DEFAULT_MAX_BODY: u64 = 1024 * 1024;
 
 /// Default `Limits::max_out_buffer`.
 pub const DEFAULT_MAX_OUT_BUFFER: usize = 1024 * 1024;
+
+/// Most bytes a streamed response queues before `wants_more_stream` turns false (or half of
+/// `Limits::max_out_buffer`, if smaller); `ConnEvent::Writable` comes once it drains below.
+/// The rest of a stream stays with the owner (a run's log, on disk) and is read as the peer
+/// drains, so a peer that stops reading holds this much of it here, not the whole stream,
+/// while the kernel's socket buffers (outside the process) keep a fast reader busy.
+pub const STREAM_WINDOW: usize = 64 * 1024;
 
 /// Default `Limits::idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -126,7 +136,8 @@ pub enum ConnEvent {
     Request(Request),
     /// The peer hung up or errored, or the connection finished closing; deregister and drop.
     Closed,
-    /// Queued output drained below half of `max_out_buffer` while streaming: send more.
+    /// Queued output drained below the stream window (`STREAM_WINDOW`) while streaming:
+    /// send more.
     Writable,
 }
 
@@ -190,8 +201,11 @@ pub struct Connection {
     /// is under way. Unlike `last_activity`, more bytes do not move it.
     head_started: Option<Instant>,
     peer_eof: bool,
-    /// A stream went over half of `max_out_buffer`; `Writable` is owed when it drains.
+    /// A stream went over its window (`stream_window`); `Writable` is owed when it drains.
     writable_owed: bool,
+    /// Since when queued output has waited with no byte taken by the socket (from when it
+    /// was queued, or the last byte that went out); `None` while nothing waits.
+    write_waiting_since: Option<Instant>,
     closed_reported: bool,
     /// Pipelined input was dropped during a stream: the connection closes after it.
     discarded_behind_stream: bool,
@@ -226,6 +240,7 @@ impl Connection {
             head_started: None,
             peer_eof: false,
             writable_owed: false,
+            write_waiting_since: None,
             closed_reported: false,
             discarded_behind_stream: false,
         })
@@ -363,7 +378,22 @@ impl Connection {
 
     /// Whether a stream may queue more now; when false, wait for `ConnEvent::Writable`.
     pub fn wants_more_stream(&self) -> bool {
-        self.is_streaming() && self.outbuf.len() < self.limits.max_out_buffer / 2
+        self.is_streaming() && self.outbuf.len() < self.stream_window()
+    }
+
+    /// How long queued output has waited without the socket taking a byte of it; `None`
+    /// while nothing is queued here. A peer that reads nothing while we have something to
+    /// say (a follower that stopped reading, a client that vanished behind a full window) is
+    /// the owner's to give up on, since the idle timer cannot tell (the peer may still
+    /// send). The socket taking bytes is a weak sign of life: a kernel frees a little room
+    /// now and then even for a peer that reads nothing, so the owner asks the kernel what
+    /// the peer acknowledged (`sys::tcp_send_state`) where it can.
+    pub fn write_stalled_for(&self) -> Option<Duration> {
+        self.write_waiting_since.map(|since| since.elapsed())
+    }
+
+    fn stream_window(&self) -> usize {
+        STREAM_WINDOW.min(self.limits.max_out_buffer / 2)
     }
 
     /// Whether a request is with the owner and not yet fully answered; the owner may want
@@ -421,6 +451,7 @@ impl Connection {
         self.outbuf = Vec::new();
         self.inbuf = Vec::new();
         self.writable_owed = false;
+        self.write_waiting_since = None;
     }
 
     /// The response head: status line, the owner's fields minus the ones we own, then
@@ -475,19 +506,26 @@ impl Connection {
             self.enter_closed();
             return;
         }
-        if self.is_streaming() && self.outbuf.len() >= self.limits.max_out_buffer / 2 {
+        if self.is_streaming() && self.outbuf.len() >= self.stream_window() {
             self.writable_owed = true;
         }
     }
 
     fn flush_out(&mut self) -> io::Result<()> {
         if self.outbuf.is_empty() && !self.conn.wants_write() {
+            self.write_waiting_since = None;
             return Ok(());
         }
         let before = self.outbuf.len();
         self.conn.flush(&mut self.outbuf)?;
-        if self.outbuf.len() < before {
+        let moved = self.outbuf.len() < before;
+        if moved {
             self.last_activity = Instant::now();
+        }
+        if self.outbuf.is_empty() && !self.conn.wants_write() {
+            self.write_waiting_since = None;
+        } else if moved || self.write_waiting_since.is_none() {
+            self.write_waiting_since = Some(Instant::now());
         }
         Ok(())
     }
@@ -525,7 +563,7 @@ impl Connection {
     fn after_flush(&mut self) {
         match self.phase {
             Phase::Streaming { .. }
-                if self.writable_owed && self.outbuf.len() < self.limits.max_out_buffer / 2 =>
+                if self.writable_owed && self.outbuf.len() < self.stream_window() =>
             {
                 self.writable_owed = false;
                 self.events.push(ConnEvent::Writable);

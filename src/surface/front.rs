@@ -2,9 +2,10 @@
 //! stands behind. It owns the listener and its registration; the connections, in one map
 //! keyed by `ConnId` with the surface's per-connection state as a payload; the connection
 //! cap (accept pauses, the kernel backlog holds the rest, a close resumes it); socket setup;
-//! the idle timer with each surface's keepalive choice; the head deadline; the auth gate
-//! (bearer token for remote peers, the browser rule for loopback ones, DESIGN §4.6); and
-//! close. TLS is inside `http::server::Connection`.
+//! the idle timer with each surface's keepalive choice; the head deadline; the write-stall
+//! deadline (a peer that acknowledges none of our output for that long is gone); the auth
+//! gate (bearer token for remote peers, the browser rule for loopback ones, DESIGN §4.6);
+//! and close. TLS is inside `http::server::Connection`.
 //!
 //! A surface answers with values: it takes `Event`s from `next_event`, answers each
 //! `Event::Request` with a `Reply` through `reply`, and writes what comes later (a live
@@ -13,19 +14,20 @@
 //!
 //! LIFECYCLE of a connection: accepted → registered (idle timer armed) → requests, each
 //! gated then handed out once the previous one is answered (`Connection` enforces one at a
-//! time) → closed by the peer, a protocol error, the idle timer, the head deadline or the
-//! surface → deregistered, timers cancelled, `Event::Closed` hands the payload back.
+//! time) → closed by the peer, a protocol error, the idle timer, the head deadline, the
+//! write-stall deadline or the surface → deregistered, timers cancelled, `Event::Closed`
+//! hands the payload back.
 //!
 //! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `add`,
-//! `close`, `on_idle`, `on_head_timer`, `watch_head`) never looks inside a request; only
-//! `on_ready`, `service`, `admit` and `reply` speak HTTP. The networked agent's listener
+//! `close`, `on_idle`, `on_head_timer`, `watch_head`, `on_stall_timer`, `watch_stall`)
+//! never looks inside a request; only `on_ready`, `service`, `admit` and `reply` speak HTTP. The networked agent's listener
 //! (NDJSON over TLS after a bearer preamble line) is meant to reuse the first half with its
 //! own connection type in `Slot::conn`.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
@@ -45,6 +47,22 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// connection slot forever; a real client sends its head in one write, and 20 s still
 /// leaves room for a slow link or a person typing a request into `nc`.
 pub(crate) const HEAD_DEADLINE: Duration = Duration::from_secs(20);
+
+/// How long output may wait on a peer that acknowledges none of it before the connection
+/// is closed. A peer that reads nothing while we have something to say (a follower that
+/// stopped reading, a client suspended or gone behind a full window) would otherwise hold
+/// its slot and its queued output forever: its stream's window stays full, so nothing else
+/// happens on it, and the idle timer cannot tell since the peer may still send. Output
+/// waits in our queue or in the kernel's; progress is the peer's TCP acknowledging bytes
+/// (`sys::tcp_send_state`), not our writes, since the kernel keeps taking a little from a
+/// stalled queue of ours now and then. A reading client acknowledges within milliseconds;
+/// 30 s leaves room for a congested link and a client paused in a debugger, and one cut
+/// off resumes from its cursor.
+pub(crate) const WRITE_STALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How often a connection whose output waits is looked at for the write-stall deadline, so
+/// it is closed at most this long after the deadline passed.
+const STALL_CHECK: Duration = Duration::from_secs(5);
 
 /// Silence after which the kernel probes a connection whose peer may have vanished.
 const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
@@ -81,6 +99,8 @@ pub enum FrontKey {
     Idle(ConnId),
     /// A connection's head deadline.
     Head(ConnId),
+    /// A connection's write-stall deadline.
+    Stall(ConnId),
 }
 
 /// What a quiet stream gets once an idle period passes: each surface's explicit choice.
@@ -88,9 +108,10 @@ pub enum FrontKey {
 /// the surface (a deferred answer is on its way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Keepalive {
-    /// Nothing: the stream is left open and looked at again a period later. For streams
-    /// with no comment syntax (NDJSON), whose run may rightly be quiet for hours (a prompt
-    /// nobody has answered yet); TCP keepalive probes still find a vanished peer.
+    /// Nothing: the stream is left open and looked at again a period later. For surfaces
+    /// that send heartbeats of their own (`http serve`'s follow streams, whose NDJSON
+    /// heartbeat carries a cursor), or streams that may rightly be quiet for hours; TCP
+    /// keepalive probes still find a vanished peer.
     Silent,
     /// An SSE comment (`: keepalive`), which keeps proxies from timing the stream out and
     /// turns a vanished peer into a write error.
@@ -132,6 +153,23 @@ pub(crate) fn head_time_left(elapsed: Duration) -> Option<Duration> {
     HEAD_DEADLINE
         .checked_sub(elapsed)
         .filter(|left| !left.is_zero())
+}
+
+/// Whether the peer of a connection whose output waits is gone: it acknowledged nothing
+/// for `unacked_for`, or, where the kernel cannot tell what it acknowledged (`acked` is
+/// `None`), our queue has gone `stalled` (`None`: nothing waits there) without the kernel
+/// taking a byte.
+pub(crate) fn peer_gone(
+    acked: Option<u64>,
+    unacked_for: Duration,
+    stalled: Option<Duration>,
+) -> bool {
+    let waited = if acked.is_some() {
+        Some(unacked_for)
+    } else {
+        stalled
+    };
+    waited.is_some_and(|waited| waited >= WRITE_STALL_DEADLINE)
 }
 
 /// A complete HTTP response, as a surface's handler returns it.
@@ -233,6 +271,10 @@ pub(crate) struct Slot<P> {
     token: Token,
     idle_timer: TimerId,
     head_timer: Option<TimerId>,
+    stall_timer: Option<TimerId>,
+    /// What the peer had acknowledged when last looked at for the write-stall deadline, and
+    /// since when (as far as we looked).
+    stall_acked: (Option<u64>, Instant),
     /// `Event::HungUp` went out for the stream now open.
     told_hung_up: bool,
 }
@@ -288,7 +330,7 @@ impl<P: Default> Front<P> {
         match key {
             FrontKey::Listener => self.accept(cx),
             FrontKey::Conn(id) => self.on_ready(cx, id),
-            FrontKey::Idle(_) | FrontKey::Head(_) => {}
+            FrontKey::Idle(_) | FrontKey::Head(_) | FrontKey::Stall(_) => {}
         }
     }
 
@@ -297,6 +339,7 @@ impl<P: Default> Front<P> {
         match key {
             FrontKey::Idle(id) => self.on_idle(cx, id),
             FrontKey::Head(id) => self.on_head_timer(cx, id),
+            FrontKey::Stall(id) => self.on_stall_timer(cx, id),
             FrontKey::Listener | FrontKey::Conn(_) => {}
         }
     }
@@ -440,6 +483,8 @@ impl<P: Default> Front<P> {
                 token,
                 idle_timer,
                 head_timer: None,
+                stall_timer: None,
+                stall_acked: (None, Instant::now()),
                 told_hung_up: false,
             },
         );
@@ -456,7 +501,7 @@ impl<P: Default> Front<P> {
         let _ = cx.registry().deregister(slot.conn.tcp());
         cx.forget_token(slot.token);
         cx.cancel_timer(slot.idle_timer);
-        if let Some(timer) = slot.head_timer {
+        for timer in [slot.head_timer, slot.stall_timer].into_iter().flatten() {
             cx.cancel_timer(timer);
         }
         slot.conn.close();
@@ -536,6 +581,52 @@ impl<P: Default> Front<P> {
         self.watch_head(cx, id);
     }
 
+    /// Starts looking (every `STALL_CHECK`) at a connection whose output may wait on the
+    /// peer: queued here, or anything on an open stream (the kernel may hold it while our
+    /// queue is empty, and only asking it tells), noting what the peer has acknowledged so
+    /// far. The looks go on while output waits here or in the kernel. The timer is left
+    /// armed when the output drains (it then finds nothing waiting and stops): a fast
+    /// stream's queue fills and drains many times a second, and every cancelled timer would
+    /// stay in the reactor's heap until its deadline.
+    fn watch_stall<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let may_wait = slot.conn.write_stalled_for().is_some() || slot.conn.is_streaming();
+        if slot.stall_timer.is_none() && may_wait {
+            let kernel = crate::sys::tcp_send_state(crate::sys::raw_fd(slot.conn.tcp()));
+            slot.stall_acked = (kernel.map(|k| k.acked), Instant::now());
+            slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
+        }
+    }
+
+    fn on_stall_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.stall_timer = None;
+        let stalled = slot.conn.write_stalled_for();
+        let kernel = crate::sys::tcp_send_state(crate::sys::raw_fd(slot.conn.tcp()));
+        if stalled.is_none() && !kernel.is_some_and(|k| k.queued) {
+            // Everything went out and was acknowledged.
+            return;
+        }
+        let acked = kernel.map(|k| k.acked);
+        if acked != slot.stall_acked.0 {
+            slot.stall_acked = (acked, Instant::now());
+        }
+        if peer_gone(acked, slot.stall_acked.1.elapsed(), stalled) {
+            log::debug(&format!(
+                "closing the connection from {}: output waited {}s with nothing taken",
+                slot.conn.peer(),
+                WRITE_STALL_DEADLINE.as_secs()
+            ));
+            self.close(cx, id);
+            return;
+        }
+        slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
+    }
+
     fn look_again(&mut self, id: ConnId) {
         if !self.dirty.contains(&id) {
             self.dirty.push_back(id);
@@ -559,6 +650,7 @@ impl<P: Default> Front<P> {
             }
         }
         self.watch_head(cx, id);
+        self.watch_stall(cx, id);
         self.look_again(id);
     }
 
@@ -592,6 +684,7 @@ impl<P: Default> Front<P> {
             return;
         }
         self.watch_head(cx, id);
+        self.watch_stall(cx, id);
     }
 
     /// The gate, before any surface sees a request: the browser rule, then the bearer
@@ -715,6 +808,31 @@ mod tests {
         assert_eq!(head_time_left(HEAD_DEADLINE), None);
         assert_eq!(head_time_left(HEAD_DEADLINE + secs(1)), None);
         assert!((Duration::from_secs(10)..=Duration::from_secs(30)).contains(&HEAD_DEADLINE));
+    }
+
+    #[test]
+    fn a_peer_that_acknowledged_nothing_while_output_waited_a_deadline_is_gone() {
+        // Acknowledgements decide, however much (or little) the kernel took of our queue.
+        assert!(peer_gone(Some(4096), WRITE_STALL_DEADLINE, None));
+        assert!(peer_gone(Some(4096), WRITE_STALL_DEADLINE, Some(secs(1))));
+        assert!(peer_gone(Some(1), secs(600), Some(Duration::ZERO)));
+        assert!(!peer_gone(
+            Some(4096),
+            WRITE_STALL_DEADLINE - secs(1),
+            Some(secs(600))
+        ));
+        // The kernel cannot tell: our own queue's progress decides.
+        assert!(!peer_gone(
+            None,
+            secs(600),
+            Some(WRITE_STALL_DEADLINE - secs(1))
+        ));
+        assert!(!peer_gone(None, secs(600), None));
+        assert!(peer_gone(None, Duration::ZERO, Some(WRITE_STALL_DEADLINE)));
+        // Longer than any heartbeat period, shorter than the idle timeout; looked at often
+        // enough that the deadline is kept to within a fraction of itself.
+        assert!((secs(20)..=secs(60)).contains(&WRITE_STALL_DEADLINE));
+        assert!(STALL_CHECK * 4 <= WRITE_STALL_DEADLINE);
     }
 
     #[test]
