@@ -2287,3 +2287,123 @@ fn followers_that_stop_reading_hold_a_small_window_and_are_reaped() {
     let resp = get(addr, "/healthz");
     assert_eq!(resp.status, 200, "{resp:?}");
 }
+
+// ---- hardening: peers without the token ------------------------------------------------------
+
+/// Whether the server has closed `stream` (EOF or reset), reading at most `wait`.
+fn closed_by_server(stream: &mut std::net::TcpStream, wait: Duration) -> bool {
+    use std::io::{ErrorKind, Read};
+    stream.set_read_timeout(Some(wait)).expect("read timeout");
+    let mut buf = [0u8; 512];
+    match stream.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!(
+            "no response was due: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
+        Err(_) => true,
+    }
+}
+
+#[test]
+fn unauthenticated_peers_cannot_hold_every_slot() {
+    use std::io::Write;
+    use std::net::Ipv4Addr;
+    // `MAX_UNADMITTED_PER_PEER` in src/surface/front.rs.
+    const PER_PEER: usize = 16;
+    const SLOTS: usize = 24;
+    let ws = Workspace::new("hs-slots");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("served")]}));
+    let server = Serve::start(
+        &ws,
+        &stub,
+        &["--max-connections", &SLOTS.to_string()],
+        &[
+            ("CALIBAN_TEST_LOOPBACK_IS_REMOTE", "1"),
+            ("CALIBAN_DRIVE_TOKEN", "s3cret"),
+        ],
+    );
+    let addr = server.addr;
+    let auth = [("authorization", "Bearer s3cret")];
+
+    // Without the token, a request is refused at its head: the 401 does not wait for the
+    // body it announced (nor ask for it with 100 Continue), and the connection ends.
+    for expect in [None, Some("100-continue")] {
+        let mut conn = HttpConn::connect(addr);
+        let mut head =
+            "POST /runs HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+                        content-length: 100000\r\n"
+                .to_owned();
+        if let Some(expect) = expect {
+            head.push_str(&format!("expect: {expect}\r\n"));
+        }
+        head.push_str("\r\n");
+        conn.send_raw(head.as_bytes());
+        assert_unauthorized(&conn.read_response());
+        assert!(
+            conn.closed_by_peer(Instant::now() + Duration::from_secs(10)),
+            "an unauthenticated connection was kept open"
+        );
+    }
+
+    // One peer trickles request heads on more connections than a peer may hold before
+    // authenticating: the excess is refused at once.
+    let trickle = |from: Ipv4Addr| {
+        let mut stream = connect_from(from, addr);
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+            .expect("the start of a head");
+        stream
+    };
+    let holding_since = Instant::now();
+    let mut first: Vec<_> = (0..PER_PEER + 4)
+        .map(|_| trickle(Ipv4Addr::new(127, 0, 0, 2)))
+        .collect();
+    let mut closed = vec![false; first.len()];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.iter().filter(|c| **c).count() < 4 && Instant::now() < deadline {
+        for (stream, closed) in first.iter_mut().zip(closed.iter_mut()) {
+            *closed = *closed || closed_by_server(stream, Duration::from_millis(10));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for (stream, closed) in first.iter_mut().zip(closed.iter_mut()) {
+        *closed = *closed || closed_by_server(stream, Duration::from_millis(10));
+    }
+    let refused = closed.iter().filter(|c| **c).count();
+    assert_eq!(
+        refused,
+        4,
+        "{} connections of one peer were let in",
+        PER_PEER + 4 - refused
+    );
+
+    // A second peer does the same: between them they would fill every slot.
+    let second: Vec<_> = (0..PER_PEER)
+        .map(|_| trickle(Ipv4Addr::new(127, 0, 0, 3)))
+        .collect();
+
+    // An authorised client is still served while they hold their slots: before the head
+    // deadline (`HEAD_DEADLINE` in src/surface/front.rs) of any of them frees one.
+    const HEAD_DEADLINE: Duration = Duration::from_secs(20);
+    let resp = request(addr, "GET", "/healthz", &auth, b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert!(
+        holding_since.elapsed() < HEAD_DEADLINE,
+        "the authorised client was only served once a head deadline freed a slot"
+    );
+    let resp = request(addr, "GET", "/metrics", &auth, b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let open = resp
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix("caliban_http_connections "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("caliban_http_connections");
+    assert!(
+        open <= SLOTS as f64,
+        "{open} connections open with a cap of {SLOTS}"
+    );
+    drop((first, second));
+}

@@ -1,46 +1,68 @@
 //! The network front: what every listening drive surface (`http serve`, MCP's `--listen`)
 //! stands behind. It owns the listener and its registration; the connections, in one map
 //! keyed by `ConnId` with the surface's per-connection state as a payload; the connection
-//! cap (accept pauses, the kernel backlog holds the rest, a close resumes it); socket setup;
-//! the idle timer with each surface's keepalive choice; the head deadline; the write-stall
-//! deadline (a peer that acknowledges none of our output for that long is gone); the auth
-//! gate (bearer token for remote peers, the browser rule for loopback ones, DESIGN §4.6);
-//! and close. TLS is inside `http::server::Connection`.
+//! cap (accept pauses, the kernel backlog holds the rest, a close resumes it) and who may
+//! take a slot (see ADMISSION); socket setup; the idle timer with each surface's keepalive
+//! choice; the head deadline; the write-stall deadline (a peer that acknowledges none of
+//! our output for that long is gone); the auth gate (bearer token for remote peers, the
+//! browser rule for loopback ones, DESIGN §4.6); and close. TLS is inside
+//! `http::server::Connection`.
 //!
 //! A surface answers with values: it takes `Event`s from `next_event`, answers each
 //! `Event::Request` with a `Reply` through `reply`, and writes what comes later (a live
 //! stream, a deferred answer) through `conn_mut`. It never registers, times or closes a
 //! socket itself except through `close`.
 //!
-//! LIFECYCLE of a connection: accepted → registered (idle timer armed) → requests, each
-//! gated then handed out once the previous one is answered (`Connection` enforces one at a
-//! time) → closed by the peer, a protocol error, the idle timer, the head deadline, the
-//! write-stall deadline or the surface → deregistered, timers cancelled, `Event::Closed`
-//! hands the payload back.
+//! ADMISSION. The auth gate decides on each request's head, before a byte of its body is
+//! read (`Connection::require_admission`): a refused peer's 401 neither waits for nor
+//! buffers a body. A connection is *unadmitted* until one of its requests passes the gate.
+//! Unadmitted connections are what a peer without the token (or a loopback slowloris) can
+//! hold, so: a remote address may hold at most `MAX_UNADMITTED_PER_PEER` of them (more are
+//! closed as soon as they are accepted), and when every slot is taken, a new connection
+//! takes the place of the oldest unadmitted one. Admitted connections are never displaced,
+//! so an authorised client is served however many connections others hold open, as long
+//! as authorised ones do not fill every slot themselves.
+//!
+//! LIFECYCLE of a connection: accepted (or refused by the per-peer cap) → registered (idle
+//! timer armed) → requests, each gated at its head then handed out once the previous one is
+//! answered (`Connection` enforces one at a time) → closed by the peer, a protocol error,
+//! the idle timer, the head deadline, the write-stall deadline, a newcomer taking its slot
+//! (unadmitted only) or the surface → deregistered, timers cancelled, `Event::Closed` hands
+//! the payload back.
 //!
 //! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `add`,
 //! `close`, `on_idle`, `on_head_timer`, `watch_head`, `on_stall_timer`, `watch_stall`)
-//! never looks inside a request; only `on_ready`, `service`, `admit` and `reply` speak HTTP. The networked agent's listener
-//! (NDJSON over TLS after a bearer preamble line) is meant to reuse the first half with its
-//! own connection type in `Slot::conn`.
+//! never looks inside a request; only `on_ready`, `service`, `admit` and `reply` speak
+//! HTTP. The networked agent's listener (NDJSON over TLS after a bearer preamble line) is
+//! meant to reuse the first half with its own connection type in `Slot::conn`.
 
-use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 
-use crate::auth::{Decision, Gate};
+use crate::auth::{Decision, Gate, Peer};
 use crate::engine::HostKey;
 use crate::http::server::{ConnEvent, Connection, Limits, Request};
 use crate::log;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;
 
-/// Open connections beyond this wait in the kernel's backlog until one closes.
+/// Open connections beyond this wait in the kernel's backlog until one closes (or, when
+/// some are unadmitted, take the place of the oldest of those; see ADMISSION).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// Connections one remote address (an IPv6 /64) may hold before any of their requests has
+/// passed the gate; more are closed as soon as they are accepted. An honest client's
+/// connections pass the gate with their first request, milliseconds after connecting, so
+/// even a busy one behind a NAT seldom has more than a few waiting at once; without a cap,
+/// one peer without the token could take every slot (the oldest-unadmitted rule alone would
+/// let it churn them). Loopback peers are not capped: they all share one address, which
+/// may be a reverse proxy speaking for everyone.
+pub(crate) const MAX_UNADMITTED_PER_PEER: usize = 16;
 
 /// How long a client has from the first byte of a request head to its last. Any byte
 /// resets the idle timer, so without this a client trickling a head (slowloris) holds a
@@ -277,6 +299,22 @@ pub(crate) struct Slot<P> {
     stall_acked: (Option<u64>, Instant),
     /// `Event::HungUp` went out for the stream now open.
     told_hung_up: bool,
+    /// A request of this connection passed the gate (see ADMISSION).
+    admitted: bool,
+    /// The per-peer key of a remote peer (`peer_key`), `None` for a loopback one.
+    remote: Option<IpAddr>,
+}
+
+/// What connections count against `MAX_UNADMITTED_PER_PEER` under: the address, with an
+/// IPv4-mapped IPv6 one as its IPv4 self, and an IPv6 one as its /64 (one host's share).
+pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & (u128::MAX << 64))),
+        },
+    }
 }
 
 /// See the module docs. `P` is a surface's per-connection state, `P::default()` when a
@@ -290,6 +328,10 @@ pub(crate) struct Front<P> {
     /// At the cap (or after an accept error): `close` retries accepting. Edge-triggered
     /// readiness will not fire again for connections already waiting in the backlog.
     accept_paused: bool,
+    /// Connections none of whose requests passed the gate yet, oldest first.
+    unadmitted: BTreeSet<ConnId>,
+    /// How many of those each remote peer (`peer_key`) holds.
+    unadmitted_by_peer: HashMap<IpAddr, usize>,
     events: VecDeque<Event<P>>,
     /// Connections to look at again: a response completed or the surface wrote, so a
     /// pipelined request may be servable, or the close may be complete.
@@ -306,6 +348,8 @@ impl<P: Default> Front<P> {
             slots: HashMap::new(),
             next_id: 0,
             accept_paused: false,
+            unadmitted: BTreeSet::new(),
+            unadmitted_by_peer: HashMap::new(),
             events: VecDeque::new(),
             dirty: VecDeque::new(),
         })
@@ -419,13 +463,36 @@ impl<P: Default> Front<P> {
     // ---- accept, map, cap, deadlines, close: nothing here reads a request ---------------
 
     fn accept<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>) {
+        // Closing a connection to make room below must not re-enter.
+        self.accept_paused = false;
         loop {
-            if self.slots.len() >= self.config.max_connections {
+            let full = self.slots.len() >= self.config.max_connections;
+            if full && self.unadmitted.is_empty() {
                 self.accept_paused = true;
                 return;
             }
             match self.listener.accept() {
-                Ok((tcp, peer)) => self.add(cx, tcp, peer),
+                Ok((tcp, peer)) => {
+                    let key = self.remote_key(&peer);
+                    if let Some(key) = key
+                        && self.unadmitted_by_peer.get(&key).copied().unwrap_or(0)
+                            >= MAX_UNADMITTED_PER_PEER
+                    {
+                        log::debug(&format!(
+                            "refused a connection from {peer}: {MAX_UNADMITTED_PER_PEER} of \
+                             its connections are not admitted yet"
+                        ));
+                        continue;
+                    }
+                    if full && let Some(&oldest) = self.unadmitted.first() {
+                        log::debug(&format!(
+                            "all {} connections taken: closing the oldest not admitted yet",
+                            self.config.max_connections
+                        ));
+                        self.close(cx, oldest);
+                    }
+                    self.add(cx, tcp, peer, key);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     self.accept_paused = false;
                     return;
@@ -449,6 +516,7 @@ impl<P: Default> Front<P> {
         cx: &mut Cx<K>,
         tcp: TcpStream,
         peer: SocketAddr,
+        remote: Option<IpAddr>,
     ) {
         let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
         let mut conn = match Connection::new(
@@ -463,6 +531,7 @@ impl<P: Default> Front<P> {
                 return;
             }
         };
+        conn.require_admission();
         let id = ConnId(self.next_id);
         self.next_id += 1;
         let token = cx.host_token(FrontKey::Conn(id).into());
@@ -486,8 +555,14 @@ impl<P: Default> Front<P> {
                 stall_timer: None,
                 stall_acked: (None, Instant::now()),
                 told_hung_up: false,
+                admitted: false,
+                remote,
             },
         );
+        self.unadmitted.insert(id);
+        if let Some(key) = remote {
+            *self.unadmitted_by_peer.entry(key).or_insert(0) += 1;
+        }
         // Bytes may already be waiting (a fast client); readiness was edge-triggered
         // before we registered, so look now.
         self.on_ready(cx, id);
@@ -503,6 +578,9 @@ impl<P: Default> Front<P> {
         cx.cancel_timer(slot.idle_timer);
         for timer in [slot.head_timer, slot.stall_timer].into_iter().flatten() {
             cx.cancel_timer(timer);
+        }
+        if !slot.admitted {
+            self.forget_unadmitted(id, slot.remote);
         }
         slot.conn.close();
         self.events.push_back(Event::Closed(id, slot.state));
@@ -627,6 +705,24 @@ impl<P: Default> Front<P> {
         slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
     }
 
+    /// The per-peer key of a peer the gate counts as remote; `None` for loopback.
+    fn remote_key(&self, peer: &SocketAddr) -> Option<IpAddr> {
+        (self.config.gate.classify(&peer.ip()) == Peer::Remote).then(|| peer_key(peer.ip()))
+    }
+
+    /// A connection leaves the unadmitted ones (admitted, or closed before).
+    fn forget_unadmitted(&mut self, id: ConnId, remote: Option<IpAddr>) {
+        self.unadmitted.remove(&id);
+        if let Some(key) = remote
+            && let Some(n) = self.unadmitted_by_peer.get_mut(&key)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.unadmitted_by_peer.remove(&key);
+            }
+        }
+    }
+
     fn look_again(&mut self, id: ConnId) {
         if !self.dirty.contains(&id) {
             self.dirty.push_back(id);
@@ -641,7 +737,9 @@ impl<P: Default> Front<P> {
         };
         for event in slot.conn.on_ready() {
             match event {
-                ConnEvent::Request(request) => self.admit(id, request),
+                ConnEvent::Head(head) => self.admit(id, head),
+                // Its head passed the gate.
+                ConnEvent::Request(request) => self.events.push_back(Event::Request(id, request)),
                 ConnEvent::Writable => self.events.push_back(Event::Writable(id)),
                 ConnEvent::Closed => {
                     self.close(cx, id);
@@ -671,9 +769,17 @@ impl<P: Default> Front<P> {
             self.events.push_back(Event::HungUp(id));
         }
         // `None` while a response is pending; reading may have paused meanwhile, and no
-        // readiness comes for bytes that were already waiting.
-        if let Some(request) = slot.conn.next_request() {
-            self.admit(id, request);
+        // readiness comes for bytes that were already waiting. An admitted head's request
+        // may follow at once.
+        if let Some(head) = slot.conn.next_head() {
+            self.admit(id, head);
+        }
+        if let Some(request) = self
+            .slots
+            .get_mut(&id)
+            .and_then(|slot| slot.conn.next_request())
+        {
+            self.events.push_back(Event::Request(id, request));
         }
         if self
             .slots
@@ -687,10 +793,11 @@ impl<P: Default> Front<P> {
         self.watch_stall(cx, id);
     }
 
-    /// The gate, before any surface sees a request: the browser rule, then the bearer
-    /// token. (They never both apply: the first concerns loopback peers, the second
-    /// remote ones.) A refused request is answered here and the connection looked at
-    /// again.
+    /// The gate, on a request's head before any of its body is read and before any surface
+    /// sees it: the browser rule, then the bearer token. (They never both apply: the first
+    /// concerns loopback peers, the second remote ones.) A refused request is answered here
+    /// and the connection looked at again; an admitted one reads its body and comes out of
+    /// `Connection` as a request for the surface.
     fn admit(&mut self, id: ConnId, request: Request) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
@@ -722,7 +829,13 @@ impl<P: Default> Front<P> {
             self.look_again(id);
             return;
         }
-        self.events.push_back(Event::Request(id, request));
+        slot.conn.admit(request);
+        if !slot.admitted {
+            slot.admitted = true;
+            let remote = slot.remote;
+            self.forget_unadmitted(id, remote);
+        }
+        self.look_again(id);
     }
 }
 
@@ -833,6 +946,23 @@ mod tests {
         // enough that the deadline is kept to within a fraction of itself.
         assert!((secs(20)..=secs(60)).contains(&WRITE_STALL_DEADLINE));
         assert!(STALL_CHECK * 4 <= WRITE_STALL_DEADLINE);
+    }
+
+    #[test]
+    fn peers_are_counted_by_address_and_ipv6_hosts_by_their_slash_64() {
+        let ip = |text: &str| text.parse::<IpAddr>().expect("address");
+        assert_eq!(peer_key(ip("203.0.113.7")), ip("203.0.113.7"));
+        // What a dual-stack listener reports for an IPv4 client is that client.
+        assert_eq!(peer_key(ip("::ffff:203.0.113.7")), ip("203.0.113.7"));
+        // One host's /64 is one peer, however many addresses it takes from it.
+        assert_eq!(peer_key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            peer_key(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+            ip("2001:db8:1:2::")
+        );
+        assert_ne!(peer_key(ip("2001:db8:1:3::1")), ip("2001:db8:1:2::"));
+        // Far more than an honest client has waiting at once, far less than the slots.
+        assert!((4..=DEFAULT_MAX_CONNECTIONS / 8).contains(&MAX_UNADMITTED_PER_PEER));
     }
 
     #[test]
