@@ -93,8 +93,21 @@ fn main() {
     // Every run has streamed its turn and now waits for input.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let list = http(&addr, "GET", "/runs", "");
-        let waiting = list.matches("awaiting_input").count();
+        // `GET /runs` comes a page (up to 1,000 runs) at a time.
+        let mut waiting = 0;
+        let mut path = "/runs".to_owned();
+        loop {
+            let list = http(&addr, "GET", &path, "");
+            waiting += list.matches("awaiting_input").count();
+            let next = list.split_once("\"next_cursor\":").and_then(|(_, rest)| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u64>().ok()
+            });
+            match next {
+                Some(next) => path = format!("/runs?cursor={next}"),
+                None => break,
+            }
+        }
         if waiting >= runs {
             break;
         }

@@ -51,6 +51,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => ExitCode::from(match args.surface {
             cli::Surface::Http => run_http_serve(*args),
             cli::Surface::Mcp | cli::Surface::Acp => run_stdio_surface(*args),
+            cli::Surface::Agent => run_agent_serve(*args),
         }),
     }
 }
@@ -69,13 +70,30 @@ fn config_error(msg: &str) -> u8 {
 struct AgentSetup {
     workspace: PathBuf,
     provider: Provider,
+    /// Why no model can be reached (`model::NOT_CONFIGURED`, a bad provider variable), when
+    /// the caller tolerates it (`NoProvider::Report`); `provider` is then a stand-in.
+    provider_problem: Option<String>,
     mode: Mode,
     policy: Policy,
     run_config: agent::run::RunConfig,
     engine_config: EngineConfig,
 }
 
-fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
+/// What to do when no model provider can be set up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NoProvider {
+    /// Exit 78 with the message (print mode, `http serve`, `mcp serve`).
+    Exit,
+    /// Start anyway and report the message where the protocol can (`acp serve`: an editor
+    /// shows a crash for an agent that exits before `initialize`, and nothing of stderr).
+    Report,
+}
+
+fn agent_setup(
+    args: &PrintArgs,
+    interactive: bool,
+    no_provider: NoProvider,
+) -> Result<AgentSetup, u8> {
     log::set_level(match args.verbose {
         0 => log::Level::Warn,
         1 => log::Level::Info,
@@ -88,19 +106,22 @@ fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
         log::warn(warning);
     }
 
-    let provider_kind = match args.provider.as_deref().or(settings.provider.as_deref()) {
-        Some(name) => Some(ProviderKind::parse(name).ok_or_else(|| {
-            config_error(&format!(
-                "unknown provider `{name}`: expected anthropic or openai"
-            ))
-        })?),
-        None => None,
-    };
     let model = args.model.clone().or(settings.model.clone());
-    let provider = match Provider::from_env(provider_kind, model, &env_var) {
-        Ok(Some(p)) => p,
-        Ok(None) => return Err(config_error(model::NOT_CONFIGURED)),
-        Err(e) => return Err(config_error(&e)),
+    let provider = match args.provider.as_deref().or(settings.provider.as_deref()) {
+        Some(name) => ProviderKind::parse(name)
+            .map(Some)
+            .ok_or_else(|| format!("unknown provider `{name}`: expected anthropic or openai")),
+        None => Ok(None),
+    }
+    .and_then(|kind| Provider::from_env(kind, model.clone(), &env_var))
+    .and_then(|provider| provider.ok_or_else(|| model::NOT_CONFIGURED.to_owned()));
+    let (provider, provider_problem) = match (provider, no_provider) {
+        (Ok(provider), _) => (provider, None),
+        (Err(problem), NoProvider::Exit) => return Err(config_error(&problem)),
+        (Err(problem), NoProvider::Report) => {
+            log::warn(&problem);
+            (stand_in_provider(model), Some(problem))
+        }
     };
 
     let mode = match args
@@ -150,6 +171,7 @@ fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
     Ok(AgentSetup {
         workspace,
         provider,
+        provider_problem,
         mode,
         policy,
         run_config,
@@ -157,8 +179,30 @@ fn agent_setup(args: &PrintArgs, interactive: bool) -> Result<AgentSetup, u8> {
     })
 }
 
+/// The provider an engine is built with when none is configured and the surface reports
+/// that instead (`NoProvider::Report`). The surface starts no run then, so it is never
+/// asked for anything; if it were, it would fail like any unreachable server (port 9 on
+/// loopback is the discard port, refused on any machine not running that service).
+fn stand_in_provider(model: Option<String>) -> Provider {
+    let kind = ProviderKind::Anthropic;
+    Provider {
+        kind,
+        target: http::client::Target {
+            tls: false,
+            host: "127.0.0.1".to_owned(),
+            port: 9,
+        },
+        path: model::anthropic::PATH.to_owned(),
+        proxy: None,
+        api_key: None,
+        tls: None,
+        model: model.unwrap_or_else(|| kind.default_model().to_owned()),
+    }
+}
+
 fn run_print(args: PrintArgs) -> u8 {
-    let setup = match agent_setup(&args, args.input_format == InputFormat::StreamJson) {
+    let interactive = args.input_format == InputFormat::StreamJson;
+    let setup = match agent_setup(&args, interactive, NoProvider::Exit) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -169,6 +213,7 @@ fn run_print(args: PrintArgs) -> u8 {
         policy,
         run_config,
         engine_config,
+        ..
     } = setup;
     let tool_names: Vec<String> = run_config
         .tools
@@ -271,10 +316,19 @@ fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> 
     })
 }
 
-/// The drive core every serve command shares, with earlier runs loaded from disk.
-fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig), u8> {
+/// The drive core every serve command shares, with earlier runs loaded from disk, and why
+/// no model can be reached if that is so and the surface reports it (`acp serve`).
+fn drive_core(
+    args: &ServeArgs,
+) -> Result<(drive::table::DriveCore, EngineConfig, Option<String>), u8> {
     sys::raise_fd_limit();
-    let setup = agent_setup(&args.agent, false)?;
+    let no_provider = match args.surface {
+        Surface::Acp => NoProvider::Report,
+        // A supervisor starts the networked agent: a missing provider is a configuration
+        // error it should see at once, as for the other servers.
+        Surface::Http | Surface::Mcp | Surface::Agent => NoProvider::Exit,
+    };
+    let setup = agent_setup(&args.agent, false, no_provider)?;
     let store = drive::session::default_dir(&env_var)
         .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
         .map_err(|e| config_error(&format!("session store: {e}")))?;
@@ -295,7 +349,7 @@ fn drive_core(args: &ServeArgs) -> Result<(drive::table::DriveCore, EngineConfig
     if args.surface == Surface::Http {
         core.load_existing();
     }
-    Ok((core, setup.engine_config))
+    Ok((core, setup.engine_config, setup.provider_problem))
 }
 
 fn new_engine<K: HostKey>(config: EngineConfig) -> Result<Engine<K>, u8> {
@@ -314,7 +368,7 @@ fn run_http_serve(args: ServeArgs) -> u8 {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let (core, engine_config) = match drive_core(&args) {
+    let (core, engine_config, _) = match drive_core(&args) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -322,6 +376,64 @@ fn run_http_serve(args: ServeArgs) -> u8 {
         Ok(engine) => http_api::run(engine, core, listen),
         Err(code) => code,
     }
+}
+
+/// `agent serve`: the networked agent. Everything that can refuse a start (where to listen,
+/// the token and TLS material, the spawn spec, the provider) is checked before it binds.
+fn run_agent_serve(mut args: ServeArgs) -> u8 {
+    use surface::agent::{self, Listen, Plan, Posture};
+    let refuse = |(code, message): agent::Refused| {
+        log::error(&message);
+        code
+    };
+    let listen = match (&args.addr, &args.socket) {
+        (Some(addr), None) => match addr.parse::<SocketAddr>() {
+            Ok(addr) => agent::tls_listen(addr, &env_var),
+            Err(_) => {
+                log::error(&format!("invalid --listen {addr}: expected IP:PORT"));
+                return exit::USAGE;
+            }
+        },
+        (None, Some(path)) => Ok(Listen::Unix(path.clone())),
+        _ => {
+            log::error("agent serve takes one of --listen ADDR and --socket PATH");
+            return exit::USAGE;
+        }
+    };
+    let plan = listen.and_then(|listen| {
+        Ok(Plan {
+            listen,
+            spec: agent::load_spec(args.spec.as_deref(), &env_var)?,
+            idle_timeout: agent::idle_timeout(&env_var)?,
+        })
+    });
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(refused) => return refuse(refused),
+    };
+    // What the supervisor chose wins over flags; only the spec can make a run unattended.
+    let spec = &plan.spec;
+    if spec.model.is_some() {
+        args.agent.model = spec.model.clone();
+    }
+    if spec.provider.is_some() {
+        args.agent.provider = spec.provider.clone();
+    }
+    if spec.posture == Posture::Unattended {
+        args.agent.permission_mode = Some(Mode::DontAsk.as_str().to_owned());
+    }
+    let (mut core, engine_config, _) = match drive_core(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(tools) = &spec.tool_allowlist {
+        core.retain_tools(tools);
+    }
+    let listener = match agent::bind(plan.listen) {
+        Ok(listener) => listener,
+        Err(refused) => return refuse(refused),
+    };
+    agent::serve(engine_config, core, &plan.spec, plan.idle_timeout, listener)
 }
 
 /// `mcp serve` and `acp serve`: JSON-RPC on stdin/stdout, which then carry nothing else.
@@ -333,7 +445,7 @@ fn run_stdio_surface(args: ServeArgs) -> u8 {
         },
         _ => None,
     };
-    let (core, engine_config) = match drive_core(&args) {
+    let (core, engine_config, provider_problem) = match drive_core(&args) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -343,7 +455,7 @@ fn run_stdio_surface(args: ServeArgs) -> u8 {
             Err(code) => code,
         },
         _ => match stdio_engine(engine_config) {
-            Ok(engine) => surface::acp::run(engine, core),
+            Ok(engine) => surface::acp::run(engine, core, provider_problem),
             Err(code) => code,
         },
     }
@@ -383,11 +495,12 @@ fn read_stdin_prompt() -> Result<String, u8> {
         return Err(exit::NO_INPUT);
     }
     if buf.len() > print::MAX_STDIN_PROMPT {
+        // Malformed input, like any other the user sent: a usage error, not configuration.
         log::error(&format!(
             "stdin prompt exceeds {} bytes",
             print::MAX_STDIN_PROMPT
         ));
-        return Err(exit::CONFIG);
+        return Err(exit::USAGE);
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }

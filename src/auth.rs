@@ -73,9 +73,10 @@ impl fmt::Display for DenyReason {
     }
 }
 
-/// The configured token, kept only as an HMAC tag under a per-process random key.
+/// A configured token, kept only as an HMAC tag under a per-process random key. The drive
+/// gate's, and the networked agent's bearer preamble (`surface::front::line`).
 #[derive(Clone)]
-struct Token {
+pub(crate) struct Token {
     key: hmac::Key,
     tag: hmac::Tag,
 }
@@ -226,7 +227,9 @@ fn is_loopback_authority(authority: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| is_loopback(&ip))
 }
 
-fn is_loopback(addr: &IpAddr) -> bool {
+/// 127.0.0.0/8, `::1` and IPv4-mapped `::ffff:127.x.y.z`, with no test seam: the gate's
+/// `classify` for listeners that have no gate (the agent's, which counts peers by it).
+pub(crate) fn is_loopback(addr: &IpAddr) -> bool {
     match addr {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => {
@@ -236,7 +239,7 @@ fn is_loopback(addr: &IpAddr) -> bool {
 }
 
 impl Token {
-    fn new(token: &[u8]) -> Token {
+    pub(crate) fn new(token: &[u8]) -> Token {
         // The key only has to be unknown to the peer; if the system RNG fails (it does not on
         // Linux once booted) a fixed key still gives a constant-time, length-hiding compare.
         let key = hmac::Key::generate(hmac::HMAC_SHA256, &SystemRandom::new())
@@ -253,7 +256,7 @@ impl Token {
     /// on the length of what the peer sent, which the peer already knows, and since the tags
     /// are unpredictable without the key, even a partial-match timing signal would say nothing
     /// about the token.
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         hmac::verify(&self.key, presented, self.tag.as_ref()).is_ok()
     }
 }

@@ -204,7 +204,7 @@ pub const FLAGS: &[Flag] = &[
         None,
         Some("SECS"),
         "Deny a permission prompt nobody answered after SECS (default 600).",
-        "http serve|mcp serve|acp serve",
+        "http serve|mcp serve|acp serve|agent serve",
     ),
     flag(
         "max-connections",
@@ -219,6 +219,27 @@ pub const FLAGS: &[Flag] = &[
         Some("ADDR"),
         "Also serve MCP Streamable HTTP at ADDR, path /mcp. A non-loopback address needs CALIBAN_DRIVE_TOKEN.",
         "mcp serve",
+    ),
+    flag(
+        "listen",
+        None,
+        Some("ADDR"),
+        "Listen on ADDR (IP:PORT) with TLS and a bearer preamble; needs CALIBAN_AGENT_TOKEN, CALIBAN_AGENT_TLS_CERT and CALIBAN_AGENT_TLS_KEY, else refuses to start.",
+        "agent serve",
+    ),
+    flag(
+        "socket",
+        None,
+        Some("PATH"),
+        "Listen on a Unix socket created at PATH with mode 0600 (no TLS, no preamble) instead of --listen.",
+        "agent serve",
+    ),
+    flag(
+        "spec",
+        None,
+        Some("FILE"),
+        "The JSON spawn spec (else CALIBAN_AGENT_SPEC): initial_prompt, interactive, model, provider, tool_allowlist, label, drive_protocol (ndjson|acp), permission_posture (supervised|unattended).",
+        "agent serve",
     ),
     flag(
         "script",
@@ -248,6 +269,10 @@ pub const SUBCOMMANDS: &[(&str, &str)] = &[
     (
         "http serve",
         "Serve the drive API over HTTP: start runs, stream their events, answer prompts (see README). Takes the agent options above too.",
+    ),
+    (
+        "agent serve",
+        "Be a networked agent a supervisor drives: ACP, or the NDJSON session plane over its spec's run, on TLS with a bearer preamble or on a Unix socket (see README). Takes the agent options above too.",
     ),
     (
         "stub-model",
@@ -296,6 +321,7 @@ pub enum Surface {
     Http,
     Mcp,
     Acp,
+    Agent,
 }
 
 impl Surface {
@@ -304,6 +330,7 @@ impl Surface {
             Surface::Http => "http serve",
             Surface::Mcp => "mcp serve",
             Surface::Acp => "acp serve",
+            Surface::Agent => "agent serve",
         }
     }
 }
@@ -313,8 +340,12 @@ pub struct ServeArgs {
     pub surface: Surface,
     /// The agent options, shared with print mode (prompt and formats unused).
     pub agent: PrintArgs,
-    /// `--addr` (http) or `--listen` (mcp).
+    /// `--addr` (http) or `--listen` (mcp, agent).
     pub addr: Option<String>,
+    /// `--socket` (agent).
+    pub socket: Option<PathBuf>,
+    /// `--spec` (agent).
+    pub spec: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub permission_timeout: Option<f64>,
@@ -375,6 +406,14 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 }
                 Long("addr" | "listen") => {
                     serve.addr = Some(parser.value()?.string()?);
+                    continue;
+                }
+                Long("socket") => {
+                    serve.socket = Some(parser.value()?.into());
+                    continue;
+                }
+                Long("spec") => {
+                    serve.spec = Some(parser.value()?.into());
                     continue;
                 }
                 Long("tls-cert") => {
@@ -470,12 +509,13 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             Value(v)
                 if positional.is_empty()
                     && serve.is_none()
-                    && (v == "http" || v == "mcp" || v == "acp") =>
+                    && (v == "http" || v == "mcp" || v == "acp" || v == "agent") =>
             {
                 let which = v.string()?;
                 let surface = match which.as_str() {
                     "http" => Surface::Http,
                     "mcp" => Surface::Mcp,
+                    "agent" => Surface::Agent,
                     _ => Surface::Acp,
                 };
                 match parser.value()?.string()?.as_str() {
@@ -490,6 +530,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                     surface,
                     agent: print.clone(),
                     addr: None,
+                    socket: None,
+                    spec: None,
                     tls_cert: None,
                     tls_key: None,
                     permission_timeout: None,
@@ -564,7 +606,7 @@ fn flag_label(f: &Flag) -> String {
 pub fn help_text() -> String {
     let mut out = format!(
         "caliban {VERSION}\nA coding agent that other programs drive.\n\n\
-USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban mcp serve [OPTIONS] [--listen ADDR]\n    caliban acp serve [OPTIONS]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
+USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban mcp serve [OPTIONS] [--listen ADDR]\n    caliban acp serve [OPTIONS]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban agent serve (--listen ADDR | --socket PATH) [--spec FILE] [OPTIONS]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
 Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     );
     for f in FLAGS.iter().filter(|f| f.scope.is_empty()) {
@@ -582,7 +624,9 @@ Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     }
     out.push_str(
         "\nENVIRONMENT:\n    ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL,\n    \
-HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE, XDG_CONFIG_HOME\n\n\
+HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE, XDG_CONFIG_HOME,\n    \
+CALIBAN_AGENT_TOKEN, CALIBAN_AGENT_TLS_CERT, CALIBAN_AGENT_TLS_KEY, CALIBAN_AGENT_SPEC,\n    \
+CALIBAN_AGENT_IDLE_TIMEOUT_SECS\n\n\
 EXIT CODES:\n    0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input,\n    \
 75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice\n",
     );
@@ -602,7 +646,7 @@ pub fn man_page() -> String {
         ".TH CALIBAN 1 \"\" \"caliban {VERSION}\" \"User Commands\"\n\
 .SH NAME\ncaliban \\- a coding agent that other programs drive\n\
 .SH SYNOPSIS\n.B caliban\n[\\fB\\-p\\fR] [\\fIOPTIONS\\fR] [\\fIPROMPT\\fR]\n.br\n\
-.B caliban mcp serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban acp serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban http serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
+.B caliban mcp serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban acp serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban http serve\n[\\fIOPTIONS\\fR]\n.br\n.B caliban agent serve\n(\\fB\\-\\-listen\\fR \\fIADDR\\fR | \\fB\\-\\-socket\\fR \\fIPATH\\fR) [\\fIOPTIONS\\fR]\n.br\n.B caliban stub\\-model\n\\fB\\-\\-script\\fR \\fIFILE\\fR [\\fB\\-\\-addr\\fR \\fIADDR\\fR]\n\
 .SH DESCRIPTION\ncaliban is a coding agent (model, tools and permission rules) in one static \
 binary. Print mode answers a prompt headlessly; \\fBstub\\-model\\fR serves scripted model \
 streams on loopback for offline use.\n.SH OPTIONS\n"
@@ -639,6 +683,10 @@ streams on loopback for offline use.\n.SH OPTIONS\n"
 .TP\n\\fBOPENAI_API_KEY\\fR, \\fBOPENAI_BASE_URL\\fR\nOpenAI or any OpenAI\\-compatible server.\n\
 .TP\n\\fBHTTPS_PROXY\\fR, \\fBNO_PROXY\\fR\nProxy for model requests (HTTP CONNECT).\n\
 .TP\n\\fBSSL_CERT_FILE\\fR\nCA bundle to trust instead of the system one.\n\
+.TP\n\\fBCALIBAN_AGENT_TOKEN\\fR, \\fBCALIBAN_AGENT_TLS_CERT\\fR, \\fBCALIBAN_AGENT_TLS_KEY\\fR\n\
+The bearer token and PEM paths \\fBagent serve \\-\\-listen\\fR requires; without them it refuses to start (exit 78).\n\
+.TP\n\\fBCALIBAN_AGENT_SPEC\\fR\nThe spawn spec as JSON text, when \\fB\\-\\-spec\\fR is not given.\n\
+.TP\n\\fBCALIBAN_AGENT_IDLE_TIMEOUT_SECS\\fR\nSeconds with no client and no run working before \\fBagent serve\\fR exits (default 300, 0 = never).\n\
 .SH EXIT STATUS\n0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input, \
 75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice.\n",
     );

@@ -26,7 +26,7 @@ use crate::http::sse::SseDecoder;
 use crate::log;
 use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
-use crate::model::{Provider, StreamDecoder};
+use crate::model::{self, Provider, StreamDecoder};
 use crate::reactor::{Reactor, Signal, TimerId, Wake};
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
@@ -282,6 +282,34 @@ struct ModelCall {
     timer: TimerId,
     /// Whether `timer` measures the idle gap (true) or the wait for the first byte.
     idle_timer: bool,
+}
+
+impl ModelCall {
+    fn content_type(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// For a 2xx reply whose content type is not an event stream: how much of its body to
+    /// keep, to quote in the error.
+    fn not_a_stream_head(&self) -> Option<usize> {
+        (!model::is_event_stream(self.content_type())).then_some(4 * model::MAX_NOT_A_STREAM_QUOTE)
+    }
+
+    /// The error naming what a 2xx reply sent instead of an event stream, if it did.
+    fn not_a_stream(&self) -> Option<String> {
+        let status = self.status.filter(|s| (200..300).contains(s))?;
+        let content_type = self
+            .content_type()
+            .filter(|t| !model::is_event_stream(Some(t)))?;
+        Some(model::not_an_event_stream(
+            status,
+            content_type,
+            &self.error_body,
+        ))
+    }
 }
 
 /// Where a run's model request is. One enum so a request in flight and a pending retry
@@ -772,9 +800,18 @@ impl<K: HostKey> Engine<K> {
                 }
                 ClientEvent::Body(bytes) => {
                     if call.status.is_some_and(|s| (200..300).contains(&s)) {
+                        if let Some(head) = call.not_a_stream_head() {
+                            // Kept to say what came instead, if no stream comes of it.
+                            let room = head.saturating_sub(call.error_body.len());
+                            call.error_body
+                                .extend_from_slice(&bytes[..room.min(bytes.len())]);
+                        }
                         let mut sse_events = Vec::new();
                         if let Err(e) = call.sse.feed(&bytes, &mut sse_events) {
-                            self.model_failed(run, format!("bad event stream: {e}"), None, true);
+                            let error = call
+                                .not_a_stream()
+                                .unwrap_or_else(|| format!("bad event stream: {e}"));
+                            self.model_failed(run, error, None, true);
                             return;
                         }
                         let mut model_events = Vec::new();
@@ -815,6 +852,7 @@ impl<K: HostKey> Engine<K> {
                 }
                 ClientEvent::End => self.model_ended(run),
                 ClientEvent::Failed { error, permanent } => {
+                    let error = call.not_a_stream().unwrap_or(error);
                     self.model_failed(run, error, None, !permanent);
                     return;
                 }
@@ -845,12 +883,10 @@ impl<K: HostKey> Engine<K> {
                     self.push_effects(run, effects);
                 }
             } else {
-                self.retry_or_fail(
-                    run,
-                    "the model stream ended before the response was complete".to_owned(),
-                    None,
-                    true,
-                );
+                let error = call.not_a_stream().unwrap_or_else(|| {
+                    "the model stream ended before the response was complete".to_owned()
+                });
+                self.retry_or_fail(run, error, None, true);
             }
             return;
         }

@@ -12,11 +12,16 @@ pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
 pub const INTERNAL_ERROR: i64 = -32603;
 
-/// A request id: JSON-RPC allows numbers and strings (and null for unparseable requests).
+/// A request id. JSON-RPC 2.0 allows a string, any number, or null; the answer carries the
+/// same value. A null id is legal (if discouraged: answers with no readable id use null too),
+/// and MCP and ACP alike answer it like any other id.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Id {
     Num(i64),
     Str(String),
+    /// Any other number (a fraction, an exponent, an integer beyond i64), as the JSON text
+    /// the peer sent, so the answer names exactly that id. Our own requests never use one.
+    Other(String),
     Null,
 }
 
@@ -25,18 +30,38 @@ impl Id {
         match self {
             Id::Num(n) => json!(n),
             Id::Str(s) => json!(s),
+            Id::Other(text) => serde_json::from_str(text).unwrap_or(Value::Null),
             Id::Null => Value::Null,
         }
     }
 
-    fn from_json(value: &Value) -> Option<Id> {
+    /// The id as JSON text, exactly as the peer wrote it for an `Other`.
+    fn to_text(&self) -> String {
+        match self {
+            Id::Other(text) => text.clone(),
+            other => other.to_json().to_string(),
+        }
+    }
+
+    /// An id held in a JSON value (e.g. a `requestId` in params): an `Other` is written as
+    /// serde writes the number, which is the peer's text for every id we ever answered
+    /// unless it spelled the number unusually (`1.50`, `1E3`).
+    pub fn from_json(value: &Value) -> Option<Id> {
         match value {
-            Value::Number(n) => n.as_i64().map(Id::Num),
+            Value::Number(n) => Some(n.as_i64().map_or_else(|| Id::Other(n.to_string()), Id::Num)),
             Value::String(s) => Some(Id::Str(s.clone())),
             Value::Null => Some(Id::Null),
             _ => None,
         }
     }
+}
+
+/// The text of a message's top-level `id` member as the peer wrote it (the last one, as
+/// for any duplicated member), for an id that is a number but not an `i64`.
+fn raw_id(line: &[u8]) -> Option<String> {
+    let members: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(line).ok()?;
+    members.get("id").map(|raw| raw.get().to_owned())
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -122,16 +147,25 @@ pub fn parse(line: &[u8]) -> Result<Option<Message>, Invalid> {
             error: RpcError::new(INVALID_REQUEST, "expected a JSON-RPC object"),
         });
     };
-    from_object(obj).map(Some)
+    from_object(obj, line).map(Some)
 }
 
-fn from_object(mut obj: Map<String, Value>) -> Result<Message, Invalid> {
+fn from_object(mut obj: Map<String, Value>, line: &[u8]) -> Result<Message, Invalid> {
     let id = match obj.get("id") {
         None => None,
-        Some(raw) => Some(Id::from_json(raw).ok_or_else(|| Invalid {
-            id: Id::Null,
-            error: RpcError::new(INVALID_REQUEST, "`id` must be a string or a number"),
-        })?),
+        Some(raw) => Some(match Id::from_json(raw) {
+            Some(Id::Other(text)) => Id::Other(raw_id(line).unwrap_or(text)),
+            Some(id) => id,
+            None => {
+                return Err(Invalid {
+                    id: Id::Null,
+                    error: RpcError::new(
+                        INVALID_REQUEST,
+                        "`id` must be a string, a number or null",
+                    ),
+                });
+            }
+        }),
     };
     let invalid = |id: &Option<Id>, message: &str| Invalid {
         id: id.clone().unwrap_or(Id::Null),
@@ -203,10 +237,24 @@ pub fn to_line(message: &Message) -> Vec<u8> {
             }
             obj
         }
-        Message::Response { id, result } => match result {
-            Ok(result) => json!({"jsonrpc": "2.0", "id": id.to_json(), "result": result}),
-            Err(error) => json!({"jsonrpc": "2.0", "id": id.to_json(), "error": error.to_json()}),
-        },
+        // Written by hand so an `Id::Other` goes out as the peer wrote it; the keys in the
+        // order serde_json's sorted maps give every other message.
+        Message::Response { id, result } => {
+            let mut line = match result {
+                Ok(result) => format!(
+                    "{{\"id\":{},\"jsonrpc\":\"2.0\",\"result\":{result}}}",
+                    id.to_text()
+                ),
+                Err(error) => format!(
+                    "{{\"error\":{},\"id\":{},\"jsonrpc\":\"2.0\"}}",
+                    error.to_json(),
+                    id.to_text()
+                ),
+            }
+            .into_bytes();
+            line.push(b'\n');
+            return line;
+        }
     };
     let mut line = value.to_string().into_bytes();
     line.push(b'\n');
@@ -297,6 +345,76 @@ mod tests {
                 .code,
             INVALID_REQUEST
         );
+    }
+
+    #[test]
+    fn any_number_is_an_id_and_is_answered_as_sent() {
+        for raw in [
+            "1.5",
+            "1e23",
+            "1E23",
+            "1.50",
+            "-0.25",
+            "123456789012345678901234567890",
+        ] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":{raw},"method":"ping"}}"#);
+            let Ok(Some(Message::Request { id, .. })) = parse(line.as_bytes()) else {
+                panic!("{raw} refused");
+            };
+            assert_eq!(id, Id::Other(raw.to_owned()));
+            let answer = to_line(&response(id.clone(), json!({})));
+            assert_eq!(
+                String::from_utf8(answer).unwrap(),
+                format!("{{\"id\":{raw},\"jsonrpc\":\"2.0\",\"result\":{{}}}}\n")
+            );
+            let refused = to_line(&error_response(id, RpcError::new(-1, "no")));
+            let refused: Value = serde_json::from_slice(&refused).unwrap();
+            assert_eq!(refused["id"], serde_json::from_str::<Value>(raw).unwrap());
+        }
+        // The last of duplicated members counts, as it does for the parsed message.
+        let dup = parse(br#"{"jsonrpc":"2.0","id":1.5,"id":2.50,"method":"x"}"#);
+        assert!(matches!(dup, Ok(Some(Message::Request { id: Id::Other(t), .. })) if t == "2.50"));
+        // Integers stay plain ids; a null id is an id too (JSON-RPC 2.0 allows it).
+        let req = parse(br#"{"jsonrpc":"2.0","id":7,"method":"x"}"#)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(req, Message::Request { id: Id::Num(7), .. }));
+        let req = parse(br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(req, Message::Request { id: Id::Null, .. }));
+        assert_eq!(
+            to_line(&response(Id::Null, json!(1))),
+            b"{\"id\":null,\"jsonrpc\":\"2.0\",\"result\":1}\n"
+        );
+    }
+
+    #[test]
+    fn responses_are_written_as_serde_writes_them() {
+        for msg in [
+            response(Id::Num(-3), json!({"b": [1, {"z": null}], "a": "x"})),
+            response(Id::Str("s\"\n".into()), Value::Null),
+            error_response(Id::Str("e".into()), RpcError::new(PARSE_ERROR, "bad \"x\"")),
+            error_response(
+                Id::Num(9),
+                RpcError {
+                    code: 1,
+                    message: "m".into(),
+                    data: Some(json!({"id": null})),
+                },
+            ),
+        ] {
+            let Message::Response { id, result } = &msg else {
+                unreachable!()
+            };
+            let by_serde = match result {
+                Ok(r) => json!({"jsonrpc": "2.0", "id": id.to_json(), "result": r}),
+                Err(e) => json!({"jsonrpc": "2.0", "id": id.to_json(), "error": e.to_json()}),
+            };
+            let mut want = by_serde.to_string().into_bytes();
+            want.push(b'\n');
+            assert_eq!(to_line(&msg), want);
+        }
     }
 
     #[test]

@@ -344,6 +344,13 @@ pub fn tcp_send_state(fd: RawFd) -> Option<TcpSendState> {
     })
 }
 
+/// Sets the process's file-creation mask and returns the previous one. Process-wide: call
+/// it only while no other thread creates files (at start-up).
+pub fn umask(mask: u32) -> u32 {
+    // SAFETY: umask cannot fail and touches no memory of ours.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
 /// Raises the soft open-file limit to the hard limit. Every open run holds its session file
 /// and every client a socket; a default soft limit of 256 or 1024 would cap a server well
 /// below what the machine allows.

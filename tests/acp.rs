@@ -29,7 +29,7 @@ static INSTALL: Mutex<()> = Mutex::new(());
 
 /// `target/acp-sdk` with the pinned SDK installed (`npm ci`, once per lockfile) and the
 /// driver scripts copied in next to it.
-fn sdk_dir() -> PathBuf {
+pub(crate) fn sdk_dir() -> PathBuf {
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     match SDK.get_or_init(install_sdk) {
         Ok(dir) => dir.clone(),
@@ -644,6 +644,178 @@ fn acp_session_load_replays_the_conversation_after_a_restart() {
     assert_eq!(r["second"]["unknown"]["code"], -32002);
 }
 
+/// A model server that repeats tool-call ids (local servers send `call_0` every turn, or one
+/// id for parallel calls): every card gets its own `toolCallId`, live and in a replay, and
+/// each shows its own call's result; the model still sees its own ids.
+#[test]
+fn acp_repeated_model_tool_ids_get_their_own_cards() {
+    let ws = Workspace::new("acp-repeated-ids");
+    for (file, text) in [("a.txt", "alpha"), ("b.txt", "bravo"), ("c.txt", "charlie")] {
+        ws.write(file, &format!("{text}\n"));
+    }
+    let read = |path: &str| json!({"id": "call_0", "name": "Read", "input": {"path": path}});
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            json!({"tool_calls": [read("a.txt")]}),
+            json!({"tool_calls": [read("b.txt")]}),
+            json!({"tool_calls": [read("c.txt"), read("a.txt")]}),
+            text_turn("Read them all."),
+            text_turn("Still here."),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "prompts": ["read the files"], "after": "again"}),
+    );
+    // Live: four cards, four ids, each completed with its own file (the repeat in one turn
+    // refused).
+    let updates = &r["first"]["updates"];
+    let opened: Vec<&str> = of_kind(updates, "tool_call")
+        .iter()
+        .filter_map(|u| u["toolCallId"].as_str())
+        .collect();
+    assert_eq!(
+        opened,
+        ["call_0", "call_0#2", "call_0#3", "call_0#4"],
+        "{updates:#}"
+    );
+    let outcome = |updates: &Value, id: &str| -> (String, String) {
+        let last = tool_updates(updates, id)
+            .into_iter()
+            .rev()
+            .find(|u| u["status"] == "completed" || u["status"] == "failed")
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} never ended: {updates:#}"));
+        let text = last["content"]
+            .as_array()
+            .and_then(|c| c.iter().rev().find_map(|c| c["content"]["text"].as_str()))
+            .unwrap_or_default()
+            .to_owned();
+        (last["status"].as_str().unwrap_or_default().to_owned(), text)
+    };
+    let live: Vec<(String, String)> = opened.iter().map(|id| outcome(updates, id)).collect();
+    for (n, (want_status, want_text)) in [
+        ("completed", "alpha"),
+        ("completed", "bravo"),
+        ("completed", "charlie"),
+        ("failed", "duplicate tool_use id"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(live[n].0, want_status, "card {n}: {live:?}");
+        assert!(live[n].1.contains(want_text), "card {n}: {live:?}");
+    }
+    // Replayed after a restart: the same four cards, each with its own result.
+    let replay = &r["second"]["replay"];
+    let cards: Vec<(&str, &str, &str)> = of_kind(replay, "tool_call")
+        .iter()
+        .map(|u| {
+            (
+                u["toolCallId"].as_str().unwrap_or_default(),
+                u["rawInput"]["path"].as_str().unwrap_or_default(),
+                u["status"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cards,
+        [
+            ("call_0", "a.txt", "completed"),
+            ("call_0#2", "b.txt", "completed"),
+            ("call_0#3", "c.txt", "completed"),
+            ("call_0#4", "a.txt", "failed"),
+        ]
+    );
+    for (card, text) in of_kind(replay, "tool_call").iter().zip([
+        "alpha",
+        "bravo",
+        "charlie",
+        "duplicate tool_use id",
+    ]) {
+        assert!(card["content"].to_string().contains(text), "{card}");
+    }
+    // The model was sent its own ids throughout.
+    let sent = flat(&request_messages(&stub, 3));
+    assert!(
+        sent.contains("\"call_0\"") && !sent.contains("call_0#"),
+        "{sent}"
+    );
+}
+
+/// A model request that is retried (429, 5xx, 529 before any output) shows in the editor
+/// while it waits, as print mode's `api_retry` frame does: as a `notice` for a client that
+/// shows them, else as a thought chunk; the turn then goes on as usual.
+#[test]
+fn acp_model_retries_are_shown_while_they_wait() {
+    for notices in [false, true] {
+        let ws = Workspace::new("acp-retry");
+        let stub = Stub::start(
+            &ws,
+            &script(vec![json!({"text": "Back again.",
+                "faults": [{"status": 529, "retry_after": "0"}, {"status": 503, "retry_after": "0"}]})]),
+        );
+        let caps = if notices {
+            json!({"session": {"notices": {}}})
+        } else {
+            json!({})
+        };
+        let r = drive(
+            &ws,
+            &stub,
+            json!({"scenario": "prompts", "prompts": ["hello"], "caps": caps}),
+        );
+        assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+        let updates = &r["updates"];
+        let shown: Vec<&Value> = updates
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|u| !u["_meta"]["caliban/api_retry"].is_null())
+            .collect();
+        assert_eq!(shown.len(), 2, "{updates:#}");
+        let first = &shown[0];
+        assert_eq!(first["_meta"]["caliban/api_retry"]["error_status"], 529);
+        assert_eq!(first["_meta"]["caliban/api_retry"]["attempt"], 2);
+        assert_eq!(shown[1]["_meta"]["caliban/api_retry"]["error_status"], 503);
+        if notices {
+            assert_eq!(first["sessionUpdate"], "notice", "{first}");
+            assert_eq!(first["severity"], "warning");
+            let title = first["title"].as_str().unwrap_or_default();
+            assert!(
+                title.contains("HTTP 529") && title.contains("retry 1 of 4"),
+                "{title}"
+            );
+            assert!(text_of(updates, "agent_thought_chunk").is_empty());
+        } else {
+            assert_eq!(first["sessionUpdate"], "agent_thought_chunk", "{first}");
+            let thought = text_of(updates, "agent_thought_chunk");
+            assert!(
+                thought.contains("HTTP 529") && thought.contains("retry 1 of 4"),
+                "{thought}"
+            );
+            assert!(thought.contains("retry 2 of 4"), "{thought}");
+        }
+        // The retries come before the answer.
+        let answer_at = updates
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|u| u["sessionUpdate"] == "agent_message_chunk")
+            .expect("the answer");
+        let last_retry_at = updates
+            .as_array()
+            .unwrap()
+            .iter()
+            .rposition(|u| !u["_meta"]["caliban/api_retry"].is_null())
+            .unwrap();
+        assert!(last_retry_at < answer_at);
+        assert_eq!(text_of(updates, "agent_message_chunk"), "Back again.");
+    }
+}
+
 #[test]
 fn acp_sessions_are_listed_resumed_and_closed() {
     let ws = Workspace::new("acp-sessions");
@@ -919,6 +1091,11 @@ impl Raw {
     fn start(ws: &Workspace, stub: &Stub, flags: &[&str]) -> Raw {
         let mut cmd = caliban(ws);
         anthropic(&mut cmd, stub);
+        Raw::spawn(cmd, flags)
+    }
+
+    /// `caliban acp serve` from a command with its environment already set.
+    fn spawn(mut cmd: Command, flags: &[&str]) -> Raw {
         let mut child = cmd
             .args(["acp", "serve"])
             .args(flags)
@@ -1042,6 +1219,73 @@ fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
     assert_eq!(code, Some(0));
 }
 
+/// With no model provider configured the agent still starts and answers `initialize` (an
+/// editor shows a bare "agent crashed" for one that exits first); `session/new` and prompts
+/// are refused with the message print mode gives, and the agent keeps serving.
+#[test]
+fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
+    let ws = Workspace::new("acp-noprovider");
+    let mut raw = Raw::spawn(caliban(&ws), &[]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    let init = raw.recv();
+    assert_eq!(init["id"], 1, "{init}");
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let cwd = path_str(&ws.root);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                     "params": {"cwd": cwd, "mcpServers": []}})
+        .to_string(),
+    );
+    let refused = raw.recv();
+    assert_eq!(refused["id"], 2, "{refused}");
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    for what in [
+        "no model provider is configured",
+        "ANTHROPIC_API_KEY",
+        "OPENAI_BASE_URL",
+    ] {
+        assert!(message.contains(what), "{what:?} missing: {message}");
+    }
+    raw.send(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"hi"}]}}"#);
+    assert_eq!(raw.recv()["error"]["code"], -32000);
+    // Still serving: sessions can be listed.
+    raw.send(r#"{"jsonrpc":"2.0","id":4,"method":"session/list","params":{}}"#);
+    assert_eq!(raw.recv()["result"], json!({"sessions": []}));
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
+
+/// JSON-RPC 2.0 request ids are strings, any number, or null, and the answer carries the
+/// id exactly as sent (`mcp serve` answers them the same way).
+#[test]
+fn acp_any_json_rpc_id_is_answered_as_sent() {
+    let ws = Workspace::new("acp-ids");
+    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    let init = r#""method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}"#;
+    for id in [
+        "1.5",
+        "1e23",
+        "1.50",
+        "-7.25",
+        "18446744073709551616",
+        "null",
+    ] {
+        raw.send(&format!(r#"{{"jsonrpc":"2.0","id":{id},{init}}}"#));
+        let line = raw
+            .lines
+            .recv_timeout(RECV_TIMEOUT)
+            .expect("an answer within the deadline");
+        assert!(
+            line.starts_with(&format!(r#"{{"id":{id},"jsonrpc":"2.0","result":{{"#)),
+            "{id}: {line}"
+        );
+    }
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}
+
 #[test]
 fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
     let ws = Workspace::new("acp-eof");
@@ -1076,6 +1320,63 @@ fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
         !process_with_marker_exists(&marker),
         "the command outlived caliban"
     );
+}
+
+#[test]
+fn acp_closing_a_session_answers_the_prompt_queued_behind_a_cancel() {
+    let ws = Workspace::new("acp-close-queued");
+    let marker = format!("acp-close-queued-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![tool_turn(
+            "Bash",
+            "toolu_c",
+            json!({"command": format!("sleep 30; echo {marker}")}),
+        )]),
+    );
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        json!(path_str(&ws.root))
+    ));
+    let session = raw.recv()["result"]["sessionId"].clone();
+    raw.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
+    ));
+    raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
+    // One write: the cancel, the next prompt (queued behind it) and the close.
+    raw.send(&format!(
+        "{}\n{}\n{}",
+        format_args!(
+            r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
+        ),
+        format_args!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
+        ),
+        format_args!(
+            r#"{{"jsonrpc":"2.0","id":5,"method":"session/close","params":{{"sessionId":{session}}}}}"#
+        )
+    ));
+    let mut answered = std::collections::BTreeMap::new();
+    while answered.len() < 3 {
+        let (frame, _) = raw.recv_until(|f| f.get("id").is_some_and(|id| id.is_number()));
+        answered.insert(frame["id"].as_i64().unwrap_or(-1), frame);
+    }
+    assert_eq!(
+        answered[&3]["result"]["stopReason"], "cancelled",
+        "{}",
+        answered[&3]
+    );
+    assert_eq!(
+        answered[&4]["result"]["stopReason"], "cancelled",
+        "{}",
+        answered[&4]
+    );
+    assert_eq!(answered[&5]["result"], json!({}), "{}", answered[&5]);
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
 }
 
 #[test]

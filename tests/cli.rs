@@ -84,3 +84,17 @@ fn empty_prompt_exits_66() {
     let out = run(cmd, "");
     assert_eq!(out.code, Some(66), "{out:?}");
 }
+
+/// A prompt too big for stdin is malformed input (64), not a configuration problem (78).
+#[test]
+fn oversized_stdin_prompt_exits_64() {
+    let ws = Workspace::new("bigprompt");
+    let mut cmd = caliban(&ws);
+    cmd.env("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+        .arg("-p");
+    let prompt = "x".repeat(10 * 1024 * 1024 + 1);
+    let out = run(cmd, &prompt);
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("exceeds"), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+}

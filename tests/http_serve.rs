@@ -208,7 +208,9 @@ fn check_stream(lines: &[Value], start: u64, complete: bool) -> Vec<Value> {
             .filter(|k| obj.contains_key(*k))
             .collect();
         assert_eq!(kinds.len(), 1, "exactly one payload per line: {line}");
-        assert_eq!(obj.len(), 3, "{line}");
+        // The opening status of a stream that starts behind the end of the log says so.
+        let replay = i == 0 && obj.get("replay") == Some(&json!(true));
+        assert_eq!(obj.len(), 3 + usize::from(replay), "{line}");
         match kinds[0] {
             "event" => {
                 assert_eq!(cursor, at + 1, "event cursors must be contiguous: {line}");
@@ -1139,8 +1141,13 @@ fn sse_stream_resumes_with_last_event_id() {
                 break;
             };
             let data = event.json();
-            let id = event.id.clone().expect("every SSE event has an id");
-            assert_eq!(id, data["cursor"].to_string(), "id must be the cursor");
+            // Event lines carry their cursor as the SSE id; status and prompt lines none.
+            if data.get("event").is_some() {
+                let id = event.id.clone().expect("every event line has an id");
+                assert_eq!(id, data["cursor"].to_string(), "id must be the cursor");
+            } else {
+                assert_eq!(event.id, None, "{data}");
+            }
             lines.push(data);
         }
         lines
@@ -1204,6 +1211,119 @@ fn follow_of_a_finished_run_ends_with_its_terminal_status() {
         let events = check_stream(&lines, start, true);
         assert_eq!(events, full[start as usize..].to_vec());
     }
+}
+
+/// A stream that starts behind the end of the log opens with the status the run had at
+/// that point, so its terminal status can still come last; that line says it is history
+/// (`"replay":true`), rather than claim a finished run is `running`.
+#[test]
+fn a_replay_says_its_opening_status_is_history() {
+    let ws = Workspace::new("http-replay-status");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("one two three")]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "finish first"}));
+    wait_terminal(addr, &run);
+    let total = all_events(addr, &run).len() as u64;
+
+    let lines = Follow::open(addr, &follow_path(&run, 0), &[]).rest();
+    assert_eq!(
+        lines[0],
+        json!({"v": 1, "cursor": 0, "status": {"state": "running"}, "replay": true})
+    );
+    check_stream(&lines, 0, true);
+    assert_eq!(
+        lines.last().expect("lines")["status"],
+        json!({"state": "done"})
+    );
+    // The same over SSE.
+    let mut sse = Follow::open(
+        addr,
+        &follow_path(&run, 1),
+        &[("accept", "text/event-stream")],
+    );
+    let opening = sse.next_sse().expect("an opening line");
+    assert_eq!(opening.id, None);
+    assert_eq!(
+        opening.json(),
+        json!({"v": 1, "cursor": 1, "status": {"state": "running"}, "replay": true})
+    );
+    drop(sse);
+    // Caught up, the status is the present one: no flag.
+    let lines = Follow::open(addr, &follow_path(&run, total), &[]).rest();
+    assert_eq!(
+        lines,
+        vec![json!({"v": 1, "cursor": total, "status": {"state": "done"}})]
+    );
+}
+
+/// SSE ids are event cursors and nothing else: status and prompt lines carry none, so no
+/// id is ever sent twice (a status used to repeat the previous event's), and a reconnect
+/// with the last id seen resumes right after the last event, nothing lost or repeated.
+#[test]
+fn sse_ids_belong_to_events_only() {
+    let ws = Workspace::new("http-sse-ids");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [bash("toolu_s", "echo sse"), text_turn("all done, thanks")]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "stream it"}));
+    let accept = ("accept", "text/event-stream");
+    let mut follow = Follow::open(addr, &follow_path(&run, 0), &[accept]);
+    let mut seen: Vec<(Option<String>, Value)> = Vec::new();
+    let mut last_id_at_prompt = None;
+    while let Some(event) = follow.next_sse() {
+        let data = event.json();
+        if data.get("permission_request").is_some_and(|p| !p.is_null()) {
+            last_id_at_prompt = seen.iter().rev().find_map(|(id, _)| id.clone());
+            let resp = post_json(
+                addr,
+                &format!("/runs/{run}/permit"),
+                &json!({"tool_use_id": "toolu_s", "allow": true}),
+            );
+            assert_json(&resp, 200, json!({"ok": true}));
+        }
+        seen.push((event.id, data));
+    }
+    let lines: Vec<Value> = seen.iter().map(|(_, d)| d.clone()).collect();
+    let events = check_stream(&lines, 0, true);
+    let mut ids = Vec::new();
+    for (id, data) in &seen {
+        match data.get("event") {
+            Some(_) => {
+                let id = id.clone().unwrap_or_else(|| panic!("no id on {data}"));
+                assert_eq!(id, data["cursor"].to_string(), "{data}");
+                ids.push(id.parse::<u64>().expect("numeric id"));
+            }
+            None => assert_eq!(*id, None, "a status or prompt line with an id: {data}"),
+        }
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids repeat: {ids:?}");
+    assert!(
+        lines.iter().any(|l| l.get("permission_request").is_some()),
+        "{lines:#?}"
+    );
+
+    // Reconnecting with the id last seen when the prompt came resumes after that event.
+    let last_id = last_id_at_prompt.expect("an event before the prompt");
+    let resumed = request(
+        addr,
+        "GET",
+        &follow_path(&run, 0),
+        &[accept, ("last-event-id", &last_id)],
+        b"",
+    );
+    let after: u64 = last_id.parse().expect("numeric id");
+    let body = String::from_utf8_lossy(&resumed.body).into_owned();
+    let resumed_events: Vec<Value> = body
+        .split("\n\n")
+        .filter_map(|block| block.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|data| serde_json::from_str::<Value>(data).expect("json"))
+        .filter_map(|line| line.get("event").cloned())
+        .collect();
+    assert_eq!(resumed_events, events[after as usize..].to_vec());
 }
 
 /// Upstream's poll clamps an over-large cursor (`next_cursor = len`); a stream started
@@ -2090,6 +2210,18 @@ fn last_event_id_wins_over_the_urls_cursor() {
     let body = String::from_utf8_lossy(&resumed.body).into_owned();
     let events = body.matches("\"event\":").count();
     assert_eq!(events, 1, "only the one event after Last-Event-ID: {body}");
+    // The header replaces a cursor, not the need for a well-formed one.
+    let malformed = request(
+        addr,
+        "GET",
+        &format!("/runs/{run}/events?cursor=-1&follow=1"),
+        &[
+            ("accept", "text/event-stream"),
+            ("last-event-id", &(total - 1).to_string()),
+        ],
+        b"",
+    );
+    assert_eq!(malformed.status, 400, "{malformed:?}");
 }
 
 #[test]
@@ -2192,10 +2324,8 @@ fn a_quiet_follow_stream_gets_heartbeats() {
         .next_raw_within(b"\n\n", RECV_TIMEOUT)
         .expect("the SSE status event")
         .expect("an open SSE stream");
-    assert!(
-        opening.starts_with(&format!("id: {cursor}\ndata: ")),
-        "{opening:?}"
-    );
+    // A status line is no place in the log: it carries no `id:` (only events do).
+    assert!(opening.starts_with("data: "), "{opening:?}");
 
     // A line a client can skip, with the cursor to resume from; an SSE comment.
     let beat = ndjson
@@ -2406,4 +2536,102 @@ fn unauthenticated_peers_cannot_hold_every_slot() {
         "{open} connections open with a cap of {SLOTS}"
     );
     drop((first, second));
+}
+
+/// `GET /runs` pages through every run on disk, not only the newest 1,000 the server holds:
+/// the newest page first (oldest first within it), `next_cursor` to the page before, pages
+/// that neither overlap nor skip, bounded `limit`s, and a table that does not grow for it.
+#[test]
+fn every_run_on_disk_is_listed_page_by_page() {
+    const RUNS: u64 = 1205;
+    let ws = Workspace::new("hs-runs-pages");
+    let dir = ws.path("home/.state/caliban/sessions");
+    std::fs::create_dir_all(&dir).expect("sessions dir");
+    for n in 1..=RUNS {
+        let header = json!({"kind": "header", "v": 1, "run_id": format!("run-{n}"),
+                            "created_ms": 1_767_225_600_000u64 + n, "interactive": false,
+                            "prompt": format!("prompt {n}")});
+        // run-5 was still running when its server died.
+        let state = if n == 5 { "running" } else { "done" };
+        let status = json!({"kind": "status", "cursor": 0, "status": {"state": state}});
+        std::fs::write(
+            dir.join(format!("run-{n}.jsonl")),
+            format!("{header}\n{status}\n"),
+        )
+        .expect("write session");
+    }
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let numbers = |page: &Value| -> Vec<u64> {
+        page["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| {
+                let id = r["run_id"].as_str().expect("run_id");
+                id.trim_start_matches("run-").parse().expect("number")
+            })
+            .collect()
+    };
+
+    // Without parameters: the newest 1,000, oldest first, and where to go on.
+    let first = get(addr, "/runs");
+    assert_eq!(first.status, 200, "{first:?}");
+    let first = first.json();
+    assert_eq!(numbers(&first), (RUNS - 999..=RUNS).collect::<Vec<_>>());
+    assert_eq!(first["runs"][0]["prompt"], format!("prompt {}", RUNS - 999));
+    assert_eq!(first["next_cursor"], RUNS - 999);
+    let rest = get(addr, &format!("/runs?cursor={}", RUNS - 999)).json();
+    assert_eq!(numbers(&rest), (1..=RUNS - 1000).collect::<Vec<_>>());
+    assert_eq!(rest["runs"][0]["status"], json!({"state": "done"}));
+    let interrupted = &rest["runs"][4]["status"];
+    assert_eq!(interrupted["state"], "failed", "{interrupted}");
+    assert!(
+        interrupted["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("interrupted"))
+    );
+    assert!(rest.get("next_cursor").is_none(), "{}", rest["next_cursor"]);
+
+    // Small pages walk back through everything exactly once.
+    let mut seen = Vec::new();
+    let mut path = "/runs?limit=300".to_owned();
+    for _ in 0..10 {
+        let page = get(addr, &path).json();
+        let mut got = numbers(&page);
+        assert!(got.len() <= 300, "{}", got.len());
+        got.append(&mut seen);
+        seen = got;
+        match page.get("next_cursor").and_then(Value::as_u64) {
+            Some(next) => path = format!("/runs?limit=300&cursor={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=RUNS).collect::<Vec<_>>());
+
+    // A run started now is on the first page; bad parameters are refused.
+    let run = start_run(addr, json!({"prompt": "newest"}));
+    wait_terminal(addr, &run);
+    let newest = get(addr, "/runs?limit=1").json();
+    assert_eq!(run, format!("run-{}", RUNS + 1));
+    assert_eq!(newest["runs"][0]["run_id"], run);
+    assert_eq!(newest["next_cursor"], RUNS + 1);
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "cursor=-1",
+        "cursor=18446744073709551616",
+    ] {
+        let resp = get(addr, &format!("/runs?{bad}"));
+        assert_eq!(resp.status, 400, "{bad}: {resp:?}");
+    }
+    // Listing read the older runs without keeping them: the table holds at most 1,000
+    // finished runs (and the live ones).
+    let held: f64 = ["starting", "running", "awaiting_input", "done", "failed"]
+        .iter()
+        .filter_map(|state| metric(addr, &format!("caliban_runs{{state=\"{state}\"}}")))
+        .sum();
+    assert!(held <= 1001.0, "{held} runs in memory");
 }

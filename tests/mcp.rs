@@ -400,6 +400,13 @@ impl Raw {
         Some(value)
     }
 
+    /// The next line on stdout as it was written.
+    fn recv_line(&mut self) -> String {
+        self.lines
+            .recv_timeout(RECV)
+            .unwrap_or_else(|_| panic!("no line within {RECV:?}; stderr:\n{}", self.stderr()))
+    }
+
     fn recv(&mut self) -> Value {
         self.recv_within(RECV)
             .unwrap_or_else(|| panic!("no message within {RECV:?}; stderr:\n{}", self.stderr()))
@@ -555,8 +562,22 @@ fn mcp_stdio_protocol_errors_and_clean_stdout() {
     );
     raw.send_line(r#"[{"jsonrpc":"2.0","id":9,"method":"ping"}]"#);
     assert_eq!(raw.recv()["error"]["code"], -32600);
+    // JSON-RPC 2.0 ids: null and any number are ids, answered with the id exactly as sent
+    // (as `acp serve` answers them).
     raw.send_line(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#);
-    assert_eq!(raw.recv()["error"]["code"], -32600);
+    let null = raw.recv();
+    assert_eq!(
+        (null["id"].clone(), null["result"].clone()),
+        (Value::Null, json!({}))
+    );
+    for id in ["1.5", "1e23", "1.50", "18446744073709551616"] {
+        raw.send_line(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+        let line = raw.recv_line();
+        assert_eq!(
+            line,
+            format!(r#"{{"id":{id},"jsonrpc":"2.0","result":{{}}}}"#)
+        );
+    }
     // Notifications are never answered, known or not.
     raw.send(json!({"jsonrpc": "2.0", "method": "notifications/whatever"}));
     raw.send(

@@ -297,3 +297,74 @@ fn real_responses_validate_against_the_served_document() {
 
     assert!(cap.checked.len() >= 25, "checked {:?}", cap.checked);
 }
+
+/// The document and the server agree on what they accept: `tests/openapi_props.py`
+/// generates requests from the served `/openapi.json` (ones its schemas allow and ones they
+/// refuse, with a fixed seed and a bounded count), sends them to this server on loopback, and
+/// fails on any answer the document does not describe: an undocumented status or body, an
+/// allowed request refused as malformed, or a refused one accepted.
+#[test]
+fn generated_requests_agree_with_the_document() {
+    let ws = Workspace::new("openapi-props");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "Done."}], "repeat_last": true}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    // A finished, non-interactive run for the `{id}` routes.
+    let started = post_json(addr, "/runs", &json!({"prompt": "the run the routes name"}));
+    assert_eq!(started.status, 200, "{started:?}");
+    let run: Value = serde_json::from_slice(&started.body).expect("run json");
+    let run = run["run_id"].as_str().expect("run_id").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = request(addr, "GET", &format!("/runs/{run}/status"), &[], b"");
+        let body: Value = serde_json::from_slice(&status.body).expect("status json");
+        if body["status"]["state"] == "done" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run did not finish: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cmd = Command::new(python());
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/openapi_props.py"
+    ))
+    .args(["--base", &format!("http://{addr}"), "--run", &run])
+    .args(["--seed", "20261201", "--cases", "20"])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let out = wait_output(
+        cmd.spawn().expect("run openapi_props.py"),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.code == Some(0) && out.stdout.starts_with("ok:"),
+        "the document and the server disagree:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// Beyond 64 runs at work, `POST /runs` answers 503, which the document lists.
+#[test]
+fn a_busy_server_answers_a_documented_503() {
+    let ws = Workspace::new("openapi-busy");
+    // Every model request waits long before its first byte: each run stays at work.
+    let late = json!({"text": "late", "faults": [{"delay_ms": 60000}]});
+    let stub = Stub::start(&ws, &json!({"turns": vec![late; 70]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    for n in 0..64 {
+        let r = post_json(addr, "/runs", &json!({"prompt": format!("busy {n}")}));
+        assert_eq!(r.status, 200, "run {n}: {r:?}");
+    }
+    let r = post_json(addr, "/runs", &json!({"prompt": "one too many"}));
+    assert_eq!(r.status, 503, "{r:?}");
+    let file = ws.path("busy.json");
+    std::fs::write(&file, &r.body).expect("write body");
+    check(&["--response", "POST /runs", "503", file.to_str().unwrap()]);
+}

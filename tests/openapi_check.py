@@ -20,7 +20,7 @@ Usage (from anywhere; needs the packages in tests/requirements-openapi.txt):
       response has several; without it a body that parses as one JSON document is
       application/json, one starting with an SSE field is text/event-stream, and anything else
       is application/x-ndjson. Streams are checked item by item, and their cursors must never
-      go backwards (and an SSE `id:` must equal its item's cursor). With --stream-complete the
+      go backwards (and in SSE an event, and only an event, has an `id:`, equal to its cursor). With --stream-complete the
       stream must also start with a status item and end with its only terminal status.
 
 Exit status: 0 valid, 1 invalid (the first line of output says why), 2 usage error.
@@ -62,12 +62,16 @@ def pointer(*parts):
 
 
 class Doc:
-    def __init__(self, path):
+    def __init__(self, path, data=None):
+        """The document at `path`, or `data` already parsed (`path` then only names it)."""
         self.path = Path(path)
-        try:
-            self.data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise CheckFailed(f"{self.path}: cannot read the document: {err}") from err
+        if data is not None:
+            self.data = data
+        else:
+            try:
+                self.data = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:
+                raise CheckFailed(f"{self.path}: cannot read the document: {err}") from err
         resource = Resource.from_contents(self.data, default_specification=DRAFT202012)
         self.registry = Registry().with_resource(DOC_URI, resource)
 
@@ -213,6 +217,9 @@ def check_body(doc, parts, content, media, body, label):
                 raise CheckFailed(f"{label}: item {n}'s cursor {cursor} goes back from {last_cursor}")
             if sse_id is not None and sse_id != str(cursor):
                 raise CheckFailed(f"{label}: item {n}'s SSE id {sse_id!r} is not its cursor {cursor}")
+            if media == "text/event-stream" and ("event" in item) != (sse_id is not None):
+                what = "an event without" if "event" in item else "a status or permission line with"
+                raise CheckFailed(f"{label}: item {n} is {what} an SSE id (ids name events only)")
             last_cursor = cursor
         return len(items)
     problem = first_error(doc.validator_at(*parts, "schema"), body)

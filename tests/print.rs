@@ -774,3 +774,78 @@ fn a_stalled_stdout_reader_does_not_block_tools_or_sigterm() {
         "the Bash child survived"
     );
 }
+
+/// A loopback "model server" that answers every request with `response` and closes, for
+/// replies the stub model does not make; it stops accepting once dropped.
+struct Canned {
+    url: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    addr: std::net::SocketAddr,
+}
+
+impl Canned {
+    fn start(response: String) -> Canned {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                // Read the request head and body (whatever arrives first is enough here).
+                let mut buf = [0u8; 65536];
+                let _ = conn.read(&mut buf);
+                let _ = conn.write_all(response.as_bytes());
+            }
+        });
+        Canned {
+            url: format!("http://{addr}"),
+            stop,
+            addr,
+        }
+    }
+}
+
+impl Drop for Canned {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, std::time::Duration::from_secs(1));
+    }
+}
+
+/// A `200 text/html` reply (a proxy's page, a web UI at the wrong base URL) is reported as
+/// what it is, naming its content type and quoting it, not as a stream that ended early.
+#[test]
+fn a_200_html_reply_names_its_content_type() {
+    let ws = Workspace::new("html200");
+    let page = "<html><body><h1>Welcome to nginx!</h1></body></html>\n";
+    let server = Canned::start(format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{page}",
+        page.len()
+    ));
+    let mut cmd = caliban(&ws);
+    cmd.env("ANTHROPIC_BASE_URL", &server.url).args([
+        "-p",
+        "--output-format",
+        "json",
+        "--max-retries",
+        "0",
+        "hi",
+    ]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let error = out.result()["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(error.contains("text/html"), "{error}");
+    assert!(error.contains("Welcome to nginx!"), "{error}");
+    assert!(!error.contains("ended before"), "{error}");
+}

@@ -4,6 +4,7 @@
 mod util;
 
 mod acp;
+mod agent;
 mod cli;
 mod http_serve;
 mod http_util;

@@ -358,6 +358,8 @@ impl Run {
         let mut calls = Vec::new();
         // Per call (same index): why it must not run, decided before permissions.
         let mut refusals: Vec<Option<String>> = Vec::new();
+        // Per call: it repeats an earlier call's id in this turn.
+        let mut repeats: Vec<bool> = Vec::new();
         for block in std::mem::take(&mut acc.blocks).into_values() {
             match block.kind {
                 BlockKind::Text if !block.text.is_empty() => {
@@ -375,12 +377,14 @@ impl Run {
                     };
                     // Results are matched to calls by id, so a repeated id (a confused model
                     // or server) could only ever be answered once: refuse the repeats.
-                    if calls.iter().any(|c: &ToolCall| c.id == block.tool_id) {
+                    let repeat = calls.iter().any(|c: &ToolCall| c.id == block.tool_id);
+                    if repeat {
                         error = Some(format!(
                             "duplicate tool_use id `{}` in one turn; the call was not executed",
                             block.tool_id
                         ));
                     }
+                    repeats.push(repeat);
                     content.push(ContentBlock::ToolUse {
                         id: block.tool_id.clone(),
                         name: block.tool_name.clone(),
@@ -481,17 +485,22 @@ impl Run {
         }
         out.extend(asks.into_iter().map(Effect::Ask));
         self.phase = Phase::Tools(tools);
-        // Denied calls are answered at once; emit their ToolCallEnds now.
-        let decided: Vec<(String, ToolOutput)> = match &self.phase {
+        // Denied calls are answered at once; emit their ToolCallEnds now. The refused
+        // repeats of an id go first, so every end of an id but its last is a repeat's and
+        // the last is the call that counts, whenever that one is decided: a reader that
+        // pairs ends with starts by id (ACP's cards) can tell them apart.
+        let mut decided: Vec<(bool, String, ToolOutput)> = match &self.phase {
             Phase::Tools(t) => t
                 .calls
                 .iter()
                 .zip(&t.results)
-                .filter_map(|(c, r)| r.clone().map(|r| (c.id.clone(), r)))
+                .zip(&repeats)
+                .filter_map(|((c, r), repeat)| r.clone().map(|r| (*repeat, c.id.clone(), r)))
                 .collect(),
             _ => Vec::new(),
         };
-        for (id, result) in decided {
+        decided.sort_by_key(|(repeat, ..)| !repeat);
+        for (_, id, result) in decided {
             out.push(Effect::Emit(tool_call_end(turn_index, &id, &result)));
         }
         out.extend(self.maybe_close_tools(now));
@@ -768,6 +777,36 @@ mod tests {
             out.contains(&Effect::RequestModel),
             "the turn closes: {out:?}"
         );
+    }
+
+    #[test]
+    fn a_repeated_ids_refusals_come_before_the_end_of_the_call_that_counts() {
+        let mut r = run();
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        // The first t1 is decided at once (an unknown tool), and so are its two repeats.
+        for (i, name) in [(1, "Nope"), (2, "Read"), (3, "Read")] {
+            r.on_model_event(tool_start(i, "t1", name), now);
+            r.on_model_event(input(i, "{\"path\":\"a\"}"), now);
+        }
+        let out = r.on_model_complete(now);
+        let ends: Vec<&str> = emitted(&out)
+            .into_iter()
+            .filter_map(|e| match e {
+                TurnEvent::ToolCallEnd { result_text, .. } => Some(result_text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ends.len(), 3, "{out:?}");
+        assert!(
+            ends[0].starts_with("duplicate tool_use id `t1`"),
+            "{ends:?}"
+        );
+        assert!(
+            ends[1].starts_with("duplicate tool_use id `t1`"),
+            "{ends:?}"
+        );
+        assert!(ends[2].starts_with("unknown tool 'Nope'"), "{ends:?}");
     }
 
     #[test]

@@ -316,6 +316,55 @@ impl SessionStore {
             .collect())
     }
 
+    /// The numbers of the newest `limit` runs numbered below `below` (every number when
+    /// `None`), oldest first, and whether older ones remain. One pass over the directory's
+    /// names, holding no more than `limit` numbers, so a page of a huge directory stays small.
+    pub fn run_numbers_below(
+        &self,
+        below: Option<u64>,
+        limit: usize,
+    ) -> io::Result<(Vec<u64>, bool)> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        // The `limit` largest so far, smallest on top.
+        let mut kept: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(limit + 1);
+        let mut more = false;
+        for entry in fs::read_dir(&self.dir)? {
+            let Ok(entry) = entry else {
+                continue;
+            };
+            let file_name = entry.file_name();
+            let Some(number) = file_name
+                .to_str()
+                .and_then(|name| name.strip_suffix(".jsonl"))
+                .and_then(run_number)
+            else {
+                continue;
+            };
+            if below.is_some_and(|below| number >= below) {
+                continue;
+            }
+            kept.push(Reverse(number));
+            if kept.len() > limit {
+                kept.pop();
+                more = true;
+            }
+        }
+        let mut numbers: Vec<u64> = kept.into_iter().map(|Reverse(n)| n).collect();
+        numbers.sort_unstable();
+        Ok((numbers, more))
+    }
+
+    /// Whether another process holds `run_id`'s file for appending (it is still running
+    /// there); false when nobody does or the file cannot be opened.
+    pub fn written_elsewhere(&self, run_id: &str) -> bool {
+        if check_run_id(run_id).is_err() {
+            return false;
+        }
+        File::open(self.path_of(run_id))
+            .is_ok_and(|file| matches!(file.try_lock(), Err(TryLockError::WouldBlock)))
+    }
+
     /// The log of a past (or concurrently written) run: its readable prefix, indexed. It holds
     /// no file descriptor until something is appended to it; `EventLog::refresh` picks up lines
     /// another process appended since.
@@ -1405,6 +1454,24 @@ mod tests {
 
     fn owned(batch: Vec<(u64, Arc<str>)>) -> Vec<(u64, String)> {
         batch.into_iter().map(|(c, t)| (c, t.to_string())).collect()
+    }
+
+    #[test]
+    fn run_numbers_below_keeps_only_a_page() {
+        let tmp = TempDir::new("numbers-below");
+        let store = tmp.store("s");
+        let dir = tmp.0.join("s");
+        for n in [3u64, 10, 1, 7, 12, 5] {
+            fs::write(dir.join(format!("run-{n}.jsonl")), "").unwrap();
+        }
+        fs::write(dir.join("run-07.jsonl"), "").unwrap();
+        fs::write(dir.join("notes.txt"), "").unwrap();
+        let page = |below, limit| store.run_numbers_below(below, limit).unwrap();
+        assert_eq!(page(None, 10), (vec![1, 3, 5, 7, 10, 12], false));
+        assert_eq!(page(None, 2), (vec![10, 12], true));
+        assert_eq!(page(Some(10), 2), (vec![5, 7], true));
+        assert_eq!(page(Some(3), 2), (vec![1], false));
+        assert_eq!(page(Some(1), 2), (vec![], false));
     }
 
     #[test]

@@ -295,6 +295,12 @@ pub struct DriveCore {
     next_use: u64,
 }
 
+/// The status of a run found unfinished in its file with no process writing it.
+const INTERRUPTED: &str = "interrupted: the server stopped before the run ended";
+
+/// The most runs one page of `DriveCore::list_page` holds.
+pub const MAX_RUNS_PAGE: usize = 1000;
+
 /// How many runs a conversation may span before older ones are no longer replayed.
 const MAX_CONTINUATION_CHAIN: usize = 10_000;
 
@@ -408,8 +414,7 @@ impl DriveCore {
             .and_then(DriveStatus::from_json)
             .unwrap_or(DriveStatus::Starting);
         if !status.is_terminal() {
-            let interrupted =
-                DriveStatus::Failed("interrupted: the server stopped before the run ended".into());
+            let interrupted = DriveStatus::Failed(INTERRUPTED.into());
             match log.append_status(&interrupted.to_json()) {
                 Ok(()) => status = interrupted,
                 // Another caliban process owns the file: its run is not ours to end.
@@ -708,22 +713,89 @@ impl DriveCore {
         Ok(())
     }
 
+    /// Live runs streaming or running tools (not waiting for input): work in progress.
+    pub fn working(&self) -> usize {
+        self.runs
+            .values()
+            .filter(|r| r.live && r.status != DriveStatus::AwaitingInput)
+            .count()
+    }
+
+    /// Offers runs started from now on only the built-in tools named in `names` (a
+    /// networked agent's `tool_allowlist`); a call to any other is refused by the run.
+    pub fn retain_tools(&mut self, names: &[String]) {
+        self.config
+            .run
+            .tools
+            .retain(|tool| names.iter().any(|n| *n == tool.name));
+    }
+
     pub fn surfaced_prompt(&self, id: RunId) -> Result<Option<Prompt>, DriveError> {
         Ok(self.record(id)?.surfaced.as_ref().map(|(p, _)| p.clone()))
     }
 
+    /// The runs in memory (live ones, and the finished ones kept or read back).
     pub fn list(&self) -> Vec<RunSummary> {
-        self.runs
-            .values()
-            .map(|rec| RunSummary {
-                run_id: rec.id,
-                status: rec.status.clone(),
-                interactive: rec.interactive,
-                created_ms: rec.created_ms,
-                events: rec.log.len(),
-                prompt: rec.prompt.clone(),
-            })
-            .collect()
+        self.runs.values().map(Self::summary).collect()
+    }
+
+    /// One page of every run in the sessions directory, not just those in memory: the newest
+    /// `limit` runs numbered below `below` (the newest of all without it), oldest first, and
+    /// the number to pass as `below` for the page before, if older runs remain. Runs in the
+    /// table are shown as the table has them; the others are read from their files for the
+    /// page and let go again, so listing never grows the table. A file found unfinished that
+    /// no process writes is shown `failed` (interrupted), as it will be once read back.
+    pub fn list_page(
+        &self,
+        below: Option<u64>,
+        limit: usize,
+    ) -> Result<(Vec<RunSummary>, Option<u64>), DriveError> {
+        let limit = limit.clamp(1, MAX_RUNS_PAGE);
+        let (numbers, more) = self
+            .store
+            .run_numbers_below(below, limit)
+            .map_err(|e| DriveError::Build(format!("cannot list the session files: {e}")))?;
+        let next = if more { numbers.first().copied() } else { None };
+        let mut page = Vec::with_capacity(numbers.len());
+        for number in numbers {
+            let run = RunId(number);
+            if let Some(rec) = self.runs.get(&run) {
+                page.push(Self::summary(rec));
+                continue;
+            }
+            let id = run.to_string();
+            let Ok(log) = self.store.load(&id) else {
+                continue;
+            };
+            let header = log.header();
+            let mut status = log
+                .last_status()
+                .and_then(DriveStatus::from_json)
+                .unwrap_or(DriveStatus::Starting);
+            if !status.is_terminal() && !self.store.written_elsewhere(&id) {
+                status = DriveStatus::Failed(INTERRUPTED.into());
+            }
+            page.push(RunSummary {
+                run_id: run,
+                status,
+                interactive: header["interactive"].as_bool().unwrap_or(false),
+                created_ms: header["created_ms"].as_u64().unwrap_or(0),
+                events: log.len(),
+                prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
+            });
+        }
+        Ok((page, next))
+    }
+
+    fn summary(rec: &RunRecord) -> RunSummary {
+        RunSummary {
+            run_id: rec.id,
+            status: rec.status.clone(),
+            interactive: rec.interactive,
+            created_ms: rec.created_ms,
+            events: rec.log.len(),
+            prompt: rec.prompt.clone(),
+        }
     }
 
     /// Counts by state label, and events appended by this process, for `/metrics`.

@@ -53,6 +53,36 @@ OPENAI_BASE_URL=http://127.0.0.1:8080/v1   a local OpenAI-compatible server (lla
 or pass --provider anthropic|openai with the matching variables. For an offline demo, start \
 `caliban stub-model --script FILE` and point ANTHROPIC_BASE_URL at it.";
 
+/// How much of a successful reply that is not an event stream is quoted in its error.
+pub const MAX_NOT_A_STREAM_QUOTE: usize = 200;
+
+/// Whether a `content-type` says Server-Sent Events. A reply without one gets the benefit of
+/// the doubt (its body decides), so a server that forgets the header still works.
+pub fn is_event_stream(content_type: Option<&str>) -> bool {
+    content_type.is_none_or(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+    })
+}
+
+/// The error for a 2xx reply whose body is not the event stream asked for (a proxy's or a
+/// web UI's HTML page, a JSON body from a server that ignored `stream: true`): what was
+/// received, quoted, rather than "the stream ended early".
+pub fn not_an_event_stream(status: u16, content_type: &str, body_head: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body_head);
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let quote = crate::text::cap_chars(&text, MAX_NOT_A_STREAM_QUOTE);
+    let mut message = format!(
+        "the model server answered {status} with content-type `{content_type}`, not an event \
+         stream (text/event-stream); is the base URL right?"
+    );
+    if !quote.is_empty() {
+        message.push_str(&format!(" It sent: {quote}"));
+    }
+    message
+}
+
 #[derive(Clone)]
 pub struct Provider {
     pub kind: ProviderKind,
@@ -196,5 +226,46 @@ impl StreamDecoder {
             StreamDecoder::Anthropic(d) => d.is_done(),
             StreamDecoder::OpenAi(d) => d.is_done(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_stream_content_types() {
+        for yes in [
+            None,
+            Some("text/event-stream"),
+            Some("Text/Event-Stream; charset=utf-8"),
+            Some(" text/event-stream "),
+        ] {
+            assert!(is_event_stream(yes), "{yes:?}");
+        }
+        for no in [
+            Some("text/html"),
+            Some("application/json"),
+            Some(""),
+            Some("text/event-streams"),
+        ] {
+            assert!(!is_event_stream(no), "{no:?}");
+        }
+    }
+
+    #[test]
+    fn a_reply_that_is_not_a_stream_is_quoted() {
+        let message = not_an_event_stream(200, "text/html", b"<html>\n  <p>Hi</p>\n</html>");
+        assert!(message.contains("200"), "{message}");
+        assert!(message.contains("`text/html`"), "{message}");
+        assert!(
+            message.ends_with("It sent: <html> <p>Hi</p> </html>"),
+            "{message}"
+        );
+        let long = "é".repeat(MAX_NOT_A_STREAM_QUOTE * 2);
+        let message = not_an_event_stream(200, "text/plain", long.as_bytes());
+        assert!(message.ends_with('…'), "{message}");
+        let message = not_an_event_stream(204, "application/json", b"");
+        assert!(!message.contains("It sent"), "{message}");
     }
 }

@@ -1,55 +1,74 @@
-//! The network front: what every listening drive surface (`http serve`, MCP's `--listen`)
-//! stands behind. It owns the listener and its registration; the connections, in one map
-//! keyed by `ConnId` with the surface's per-connection state as a payload; the connection
-//! cap (accept pauses, the kernel backlog holds the rest, a close resumes it) and who may
-//! take a slot (see ADMISSION); socket setup; the idle timer with each surface's keepalive
-//! choice; the head deadline; the write-stall deadline (a peer that acknowledges none of
-//! our output for that long is gone); the auth gate (bearer token for remote peers, the
-//! browser rule for loopback ones, DESIGN §4.6); and close. TLS is inside
-//! `http::server::Connection`.
+//! The network front: what every listening drive surface (`http serve`, MCP's `--listen`,
+//! `agent serve`) stands behind. It owns the listener and its registration; the
+//! connections, in one map keyed by `ConnId` with the surface's per-connection state as a
+//! payload; the connection cap (accept pauses, the kernel backlog holds the rest, a close
+//! resumes it) and who may take a slot (see ADMISSION); socket setup; the idle timer with
+//! each surface's keepalive choice; the head deadline; the write-stall deadline (a peer that
+//! acknowledges none of our output for that long is gone); the auth gate (for HTTP: bearer
+//! token for remote peers, the browser rule for loopback ones, DESIGN §4.6; for the agent's
+//! lines: the bearer preamble, in `line`); and close. TLS is inside the connection type
+//! (`http::server::Connection`, `line::LineConn`).
 //!
-//! A surface answers with values: it takes `Event`s from `next_event`, answers each
+//! An HTTP surface answers with values: it takes `Event`s from `next_event`, answers each
 //! `Event::Request` with a `Reply` through `reply`, and writes what comes later (a live
 //! stream, a deferred answer) through `conn_mut`. It never registers, times or closes a
-//! socket itself except through `close`.
+//! socket itself except through `close`. (The agent's surface takes `line::LineEvent`s
+//! the same way.)
 //!
-//! ADMISSION. The auth gate decides on each request's head, before a byte of its body is
-//! read (`Connection::require_admission`): a refused peer's 401 neither waits for nor
-//! buffers a body. A connection is *unadmitted* until one of its requests passes the gate.
+//! ADMISSION. A connection is *unadmitted* until its peer has proved itself: for HTTP, until
+//! one of its requests passes the gate, which decides on each request's head before a byte
+//! of its body is read (`Connection::require_admission`), so a refused peer's 401 neither
+//! waits for nor buffers a body; for the agent's lines, until its bearer preamble was right
+//! (a Unix socket connection, whose file mode is its gate, is admitted as it is accepted).
 //! Unadmitted connections are what a peer without the token (or a loopback slowloris) can
-//! hold, so: a remote address may hold at most `MAX_UNADMITTED_PER_PEER` of them (more are
-//! closed as soon as they are accepted), and when every slot is taken, a new connection
-//! takes the place of the oldest unadmitted one. Admitted connections are never displaced,
-//! so an authorised client is served however many connections others hold open, as long
-//! as authorised ones do not fill every slot themselves.
+//! hold, so, the same way for every connection type (`Caps`): a remote address (an IPv6 /64,
+//! `peer_key`) may hold at most `max_unadmitted_per_peer` of them (more are closed as soon as
+//! they are accepted; loopback peers are not capped, since they share one address that may
+//! be a proxy speaking for everyone), and a new connection takes the place of the oldest
+//! unadmitted one when every slot is taken or when `max_unadmitted` are unadmitted already
+//! (`at_the_door`; HTTP: only the slots bound them, 16 per peer; the agent: at most 16 of
+//! its 32 slots, 8 per peer, see `line`). Admitted connections are never displaced, so an
+//! authorised client is served however many connections others hold open, as long as
+//! authorised ones do not fill every slot themselves.
 //!
-//! LIFECYCLE of a connection: accepted (or refused by the per-peer cap) → registered (idle
-//! timer armed) → requests, each gated at its head then handed out once the previous one is
-//! answered (`Connection` enforces one at a time) → closed by the peer, a protocol error,
-//! the idle timer, the head deadline, the write-stall deadline, a newcomer taking its slot
-//! (unadmitted only) or the surface → deregistered, timers cancelled, `Event::Closed` hands
-//! the payload back.
+//! LIFECYCLE of a connection: accepted and set up by its type (`Wire::accept`), or refused
+//! by the per-peer cap → registered (socket options for TCP, idle timer armed) → what its
+//! peer sends, read by its type's half: HTTP requests, each gated at its head then handed
+//! out once the previous one is answered (`Connection` enforces one at a time); the agent's
+//! preamble, then lines → closed by the peer, a protocol error, the idle timer, the head
+//! deadline, the write-stall deadline, a newcomer taking its slot (unadmitted only) or the
+//! surface → deregistered, timers cancelled, `Event::Closed` hands the payload back.
 //!
-//! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `add`,
-//! `close`, `on_idle`, `on_head_timer`, `watch_head`, `on_stall_timer`, `watch_stall`)
-//! never looks inside a request; only `on_ready`, `service`, `admit` and `reply` speak
-//! HTTP. The networked agent's listener (NDJSON over TLS after a bearer preamble line) is
-//! meant to reuse the first half with its own connection type in `Slot::conn`.
+//! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `take_in`,
+//! `add`, `close`, `admitted`, `on_idle`, `watch` with `watch_head` and `watch_stall`,
+//! `on_head_timer`, `on_stall_timer`) never looks inside what a peer sends; only each
+//! connection type's half reads it (`on_ready`, `service`, `admit` and `reply` here speak
+//! HTTP; `line` reads the agent's lines). The shared half is written once over the
+//! connection type (`Wire`): HTTP's `Connection` here, and the networked agent's lines (TLS
+//! or a Unix socket, a bearer preamble first) in `line`, whose preamble runs on the same
+//! head deadline. It learns what it needs through `Wire` (when a head began, whether output
+//! waits, the peer's key, the TCP socket) and learns of an admission from the type's half
+//! (`admitted`).
+
+pub(crate) mod line;
+mod wire;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Interest, Token};
 
-use crate::auth::{Decision, Gate, Peer};
+use crate::auth::{Decision, Gate};
 use crate::engine::HostKey;
 use crate::http::server::{ConnEvent, Connection, Limits, Request};
 use crate::log;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;
+use wire::HttpSetup;
+pub(crate) use wire::Wire;
 
 /// Open connections beyond this wait in the kernel's backlog until one closes (or, when
 /// some are unadmitted, take the place of the oldest of those; see ADMISSION).
@@ -61,7 +80,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// even a busy one behind a NAT seldom has more than a few waiting at once; without a cap,
 /// one peer without the token could take every slot (the oldest-unadmitted rule alone would
 /// let it churn them). Loopback peers are not capped: they all share one address, which
-/// may be a reverse proxy speaking for everyone.
+/// may be a reverse proxy speaking for everyone. HTTP's cap; the agent has its own
+/// (`line::MAX_PENDING_PER_PEER`), under its smaller bound on unadmitted connections.
 pub(crate) const MAX_UNADMITTED_PER_PEER: usize = 16;
 
 /// How long a client has from the first byte of a request head to its last. Any byte
@@ -77,9 +97,10 @@ pub(crate) const HEAD_DEADLINE: Duration = Duration::from_secs(20);
 /// happens on it, and the idle timer cannot tell since the peer may still send. Output
 /// waits in our queue or in the kernel's; progress is the peer's TCP acknowledging bytes
 /// (`sys::tcp_send_state`), not our writes, since the kernel keeps taking a little from a
-/// stalled queue of ours now and then. A reading client acknowledges within milliseconds;
-/// 30 s leaves room for a congested link and a client paused in a debugger, and one cut
-/// off resumes from its cursor.
+/// stalled queue of ours now and then (without a TCP socket, a Unix one, our queue's
+/// progress decides). A reading client acknowledges within milliseconds; 30 s leaves room
+/// for a congested link and a client paused in a debugger, and one cut off resumes from its
+/// cursor.
 pub(crate) const WRITE_STALL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How often a connection whose output waits is looked at for the write-stall deadline, so
@@ -125,6 +146,21 @@ pub enum FrontKey {
     Stall(ConnId),
 }
 
+/// How many connections a front holds, and how many of them may be unadmitted (see
+/// ADMISSION).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// Open connections. Beyond this a newcomer takes the place of the oldest unadmitted
+    /// one, or waits in the kernel's backlog while none is.
+    pub max_connections: usize,
+    /// Unadmitted connections. A newcomer that has yet to prove itself beyond this takes
+    /// the place of the oldest of them (`max_connections`: only the slots bound them).
+    pub max_unadmitted: usize,
+    /// Unadmitted connections one remote peer (`peer_key`) may hold; more are closed as
+    /// soon as they are accepted.
+    pub max_unadmitted_per_peer: usize,
+}
+
 /// What a quiet stream gets once an idle period passes: each surface's explicit choice.
 /// Request-response connections are closed once idle either way, unless a request is with
 /// the surface (a deferred answer is on its way).
@@ -132,8 +168,8 @@ pub enum FrontKey {
 pub(crate) enum Keepalive {
     /// Nothing: the stream is left open and looked at again a period later. For surfaces
     /// that send heartbeats of their own (`http serve`'s follow streams, whose NDJSON
-    /// heartbeat carries a cursor), or streams that may rightly be quiet for hours; TCP
-    /// keepalive probes still find a vanished peer.
+    /// heartbeat carries a cursor), or streams that may rightly be quiet for hours (the
+    /// agent's lines); TCP keepalive probes still find a vanished peer.
     Silent,
     /// An SSE comment (`: keepalive`), which keeps proxies from timing the stream out and
     /// turns a vanished peer into a write error.
@@ -194,6 +230,49 @@ pub(crate) fn peer_gone(
     waited.is_some_and(|waited| waited >= WRITE_STALL_DEADLINE)
 }
 
+/// What becomes of a connection just accepted (see ADMISSION).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Door {
+    /// Its peer already holds its share of unadmitted connections: closed at once.
+    Refuse,
+    /// It takes the place of the oldest unadmitted connection.
+    TakeOldest,
+    /// It takes a free slot.
+    In,
+}
+
+/// The door's decision for a newcomer, given whether every slot is taken (`full`; then
+/// some connection is unadmitted, or nobody would have been accepted), whether it has yet to
+/// prove itself (`unadmitted_newcomer`), how many connections are unadmitted, and how many of
+/// those its peer holds (`None`: an uncapped peer, or a newcomer admitted at once).
+pub(crate) fn at_the_door(
+    caps: &Caps,
+    full: bool,
+    unadmitted_newcomer: bool,
+    unadmitted: usize,
+    of_its_peer: Option<usize>,
+) -> Door {
+    if of_its_peer.is_some_and(|n| n >= caps.max_unadmitted_per_peer) {
+        Door::Refuse
+    } else if full || (unadmitted_newcomer && unadmitted >= caps.max_unadmitted) {
+        Door::TakeOldest
+    } else {
+        Door::In
+    }
+}
+
+/// What connections count against the per-peer cap of unadmitted ones under: the address,
+/// with an IPv4-mapped IPv6 one as its IPv4 self, and an IPv6 one as its /64 (one host's
+/// share).
+pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & (u128::MAX << 64))),
+        },
+    }
+}
 /// A complete HTTP response, as a surface's handler returns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Response {
@@ -286,9 +365,9 @@ pub(crate) enum Event<P> {
     Closed(ConnId, P),
 }
 
-/// One open connection: the HTTP machine and the surface's state for it.
-pub(crate) struct Slot<P> {
-    pub conn: Connection,
+/// One open connection: its machine (HTTP's by default) and the surface's state for it.
+pub(crate) struct Slot<P, C = Connection> {
+    pub conn: C,
     pub state: P,
     token: Token,
     idle_timer: TimerId,
@@ -299,38 +378,28 @@ pub(crate) struct Slot<P> {
     stall_acked: (Option<u64>, Instant),
     /// `Event::HungUp` went out for the stream now open.
     told_hung_up: bool,
-    /// A request of this connection passed the gate (see ADMISSION).
+    /// The peer proved itself (see ADMISSION).
     admitted: bool,
-    /// The per-peer key of a remote peer (`peer_key`), `None` for a loopback one.
+    /// The per-peer key of a capped peer (`Wire::peer_key`), `None` for an uncapped one.
     remote: Option<IpAddr>,
 }
 
-/// What connections count against `MAX_UNADMITTED_PER_PEER` under: the address, with an
-/// IPv4-mapped IPv6 one as its IPv4 self, and an IPv6 one as its /64 (one host's share).
-pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & (u128::MAX << 64))),
-        },
-    }
-}
-
 /// See the module docs. `P` is a surface's per-connection state, `P::default()` when a
-/// connection is accepted.
-pub(crate) struct Front<P> {
-    config: ListenConfig,
-    policy: Policy,
-    listener: TcpListener,
-    slots: HashMap<ConnId, Slot<P>>,
+/// connection is accepted; `C` the kind of connection.
+pub(crate) struct Front<P, C: Wire = Connection> {
+    setup: C::Setup,
+    caps: Caps,
+    idle_timeout: Duration,
+    keepalive: Keepalive,
+    listener: C::Listener,
+    slots: HashMap<ConnId, Slot<P, C>>,
     next_id: u64,
     /// At the cap (or after an accept error): `close` retries accepting. Edge-triggered
     /// readiness will not fire again for connections already waiting in the backlog.
     accept_paused: bool,
-    /// Connections none of whose requests passed the gate yet, oldest first.
+    /// Connections whose peer has not proved itself yet, oldest first.
     unadmitted: BTreeSet<ConnId>,
-    /// How many of those each remote peer (`peer_key`) holds.
+    /// How many of those each capped peer (`peer_key`) holds.
     unadmitted_by_peer: HashMap<IpAddr, usize>,
     events: VecDeque<Event<P>>,
     /// Connections to look at again: a response completed or the surface wrote, so a
@@ -341,9 +410,41 @@ pub(crate) struct Front<P> {
 impl<P: Default> Front<P> {
     pub(crate) fn bind(config: ListenConfig, policy: Policy) -> std::io::Result<Front<P>> {
         let listener = TcpListener::bind(config.addr)?;
-        Ok(Front {
-            config,
-            policy,
+        let caps = Caps {
+            max_connections: config.max_connections,
+            // Only the slots bound them: a newcomer displaces one once every slot is taken.
+            max_unadmitted: config.max_connections,
+            max_unadmitted_per_peer: MAX_UNADMITTED_PER_PEER,
+        };
+        let idle_timeout = config.limits.idle_timeout;
+        Ok(Front::with_listener(
+            listener,
+            HttpSetup { config, policy },
+            caps,
+            idle_timeout,
+            policy.keepalive,
+        ))
+    }
+
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+impl<P: Default, C: Wire> Front<P, C> {
+    /// A front over a bound listener of any kind.
+    fn with_listener(
+        listener: C::Listener,
+        setup: C::Setup,
+        caps: Caps,
+        idle_timeout: Duration,
+        keepalive: Keepalive,
+    ) -> Front<P, C> {
+        Front {
+            setup,
+            caps,
+            idle_timeout,
+            keepalive,
             listener,
             slots: HashMap::new(),
             next_id: 0,
@@ -352,11 +453,7 @@ impl<P: Default> Front<P> {
             unadmitted_by_peer: HashMap::new(),
             events: VecDeque::new(),
             dirty: VecDeque::new(),
-        })
-    }
-
-    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        }
     }
 
     /// Registers the listener on the engine's loop.
@@ -369,15 +466,6 @@ impl<P: Default> Front<P> {
             .register(&mut self.listener, token, Interest::READABLE)
     }
 
-    /// Readiness of one of the front's sources.
-    pub(crate) fn on_io<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
-        match key {
-            FrontKey::Listener => self.accept(cx),
-            FrontKey::Conn(id) => self.on_ready(cx, id),
-            FrontKey::Idle(_) | FrontKey::Head(_) | FrontKey::Stall(_) => {}
-        }
-    }
-
     /// Expiry of one of the front's timers.
     pub(crate) fn on_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
         match key {
@@ -385,6 +473,347 @@ impl<P: Default> Front<P> {
             FrontKey::Head(id) => self.on_head_timer(cx, id),
             FrontKey::Stall(id) => self.on_stall_timer(cx, id),
             FrontKey::Listener | FrontKey::Conn(_) => {}
+        }
+    }
+
+    /// A connection to write to later (a stream, a deferred answer) or to update the
+    /// surface's state of. It is looked at again afterwards, so ending a response there
+    /// serves the next request.
+    pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Slot<P, C>> {
+        if !self.slots.contains_key(&id) {
+            return None;
+        }
+        self.look_again(id);
+        self.slots.get_mut(&id)
+    }
+
+    pub(crate) fn get(&self, id: ConnId) -> Option<&Slot<P, C>> {
+        self.slots.get(&id)
+    }
+
+    /// The open connections' surface states.
+    pub(crate) fn states(&self) -> impl Iterator<Item = (ConnId, &P)> {
+        self.slots.iter().map(|(id, slot)| (*id, &slot.state))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    // ---- accept, map, cap, deadlines, close: nothing here reads what a peer sends -------
+
+    fn accept<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>) {
+        // Closing a connection to make room below must not re-enter.
+        self.accept_paused = false;
+        loop {
+            let full = self.slots.len() >= self.caps.max_connections;
+            if full && self.unadmitted.is_empty() {
+                self.accept_paused = true;
+                return;
+            }
+            match C::accept(&self.listener, &self.setup) {
+                Ok(Ok(conn)) => self.take_in(cx, conn, full),
+                Ok(Err(e)) => log::warn(&e),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: retry when a connection closes.
+                    log::warn(&format!("accept failed: {e}"));
+                    self.accept_paused = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Admission at the door (see ADMISSION): a newcomer whose peer already holds its share
+    /// of unadmitted connections is closed; otherwise it takes the place of the oldest
+    /// unadmitted connection when every slot is taken (`full`), or when it has yet to prove
+    /// itself and `max_unadmitted` have not either.
+    fn take_in<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, conn: C, full: bool) {
+        let unadmitted = conn.needs_admission();
+        let remote = if unadmitted {
+            conn.peer_key(&self.setup)
+        } else {
+            None
+        };
+        let of_its_peer = remote.map(|key| self.unadmitted_by_peer.get(&key).copied().unwrap_or(0));
+        match at_the_door(
+            &self.caps,
+            full,
+            unadmitted,
+            self.unadmitted.len(),
+            of_its_peer,
+        ) {
+            Door::Refuse => {
+                log::debug(&format!(
+                    "refused a connection from {}: {} of its connections are not admitted yet",
+                    conn.peer_name(),
+                    self.caps.max_unadmitted_per_peer
+                ));
+                return;
+            }
+            Door::TakeOldest => {
+                if let Some(&oldest) = self.unadmitted.first() {
+                    log::debug(&format!(
+                        "{} connections open, {} not admitted yet: closing the oldest of those",
+                        self.slots.len(),
+                        self.unadmitted.len()
+                    ));
+                    self.close(cx, oldest);
+                }
+            }
+            Door::In => {}
+        }
+        self.add(cx, conn, unadmitted, remote);
+    }
+
+    /// Registers an accepted connection: socket options for a TCP one (of any kind: TCP
+    /// keepalive and `TCP_USER_TIMEOUT`, `sys::set_keepalive`), registration, the idle
+    /// timer, and its place among the unadmitted ones. A failing step is logged and the
+    /// socket dropped.
+    fn add<K: HostKey + From<FrontKey>>(
+        &mut self,
+        cx: &mut Cx<K>,
+        mut conn: C,
+        unadmitted: bool,
+        remote: Option<IpAddr>,
+    ) {
+        if let Some(tcp) = conn.tcp() {
+            let _ = crate::sys::set_keepalive(crate::sys::raw_fd(tcp), TCP_KEEPALIVE_IDLE);
+        }
+        let id = ConnId(self.next_id);
+        self.next_id += 1;
+        let token = cx.host_token(FrontKey::Conn(id).into());
+        if let Err(e) = cx.registry().register(
+            conn.source(),
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::warn(&format!("cannot register a connection: {e}"));
+            cx.forget_token(token);
+            return;
+        }
+        let idle_timer = cx.add_timer(self.idle_timeout, FrontKey::Idle(id).into());
+        self.slots.insert(
+            id,
+            Slot {
+                conn,
+                state: P::default(),
+                token,
+                idle_timer,
+                head_timer: None,
+                stall_timer: None,
+                stall_acked: (None, Instant::now()),
+                told_hung_up: false,
+                admitted: !unadmitted,
+                remote,
+            },
+        );
+        if unadmitted {
+            self.unadmitted.insert(id);
+            if let Some(key) = remote {
+                *self.unadmitted_by_peer.entry(key).or_insert(0) += 1;
+            }
+        }
+        // Bytes may already be waiting (a fast client); readiness was edge-triggered
+        // before we registered, so the type's half looks now (`next_event`).
+        self.look_again(id);
+    }
+
+    /// Ends a connection at once (queued output is dropped); `Event::Closed` follows.
+    pub(crate) fn close<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(mut slot) = self.slots.remove(&id) else {
+            return;
+        };
+        let _ = cx.registry().deregister(slot.conn.source());
+        cx.forget_token(slot.token);
+        cx.cancel_timer(slot.idle_timer);
+        for timer in [slot.head_timer, slot.stall_timer].into_iter().flatten() {
+            cx.cancel_timer(timer);
+        }
+        if !slot.admitted {
+            self.forget_unadmitted(id, slot.remote);
+        }
+        slot.conn.close();
+        self.events.push_back(Event::Closed(id, slot.state));
+        if self.accept_paused {
+            self.accept(cx);
+        }
+    }
+
+    /// The peer of `id` proved itself (an HTTP request passed the gate, the agent's
+    /// preamble was right): it leaves the unadmitted connections for good, and is never
+    /// displaced. Told by the connection type's half.
+    fn admitted(&mut self, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        if !slot.admitted {
+            slot.admitted = true;
+            let remote = slot.remote;
+            self.forget_unadmitted(id, remote);
+        }
+    }
+
+    /// A connection leaves the unadmitted ones (admitted, or closed before).
+    fn forget_unadmitted(&mut self, id: ConnId, remote: Option<IpAddr>) {
+        self.unadmitted.remove(&id);
+        if let Some(key) = remote
+            && let Some(n) = self.unadmitted_by_peer.get_mut(&key)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.unadmitted_by_peer.remove(&key);
+            }
+        }
+    }
+
+    fn on_idle<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let idle = self.idle_timeout;
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let step = idle_step(
+            self.keepalive,
+            idle,
+            slot.conn.last_activity().elapsed(),
+            slot.conn.is_streaming(),
+            slot.conn.awaiting_response(),
+        );
+        let wait = match step {
+            IdleStep::Close => {
+                self.close(cx, id);
+                return;
+            }
+            IdleStep::Ping(wait) => {
+                slot.conn.stream_chunk(KEEPALIVE_COMMENT);
+                // A failed write closes the connection; have it noticed.
+                self.look_again(id);
+                wait
+            }
+            IdleStep::Wait(wait) => wait,
+        };
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.idle_timer = cx.add_timer(wait, FrontKey::Idle(id).into());
+        }
+    }
+
+    /// After the type's half read, wrote or served a connection: its deadlines follow what
+    /// it is doing now (`watch_head`, `watch_stall`).
+    fn watch<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        self.watch_head(cx, id);
+        self.watch_stall(cx, id);
+    }
+
+    /// Arms the head deadline when a head has begun, and drops it once none is under way.
+    fn watch_head<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        match (slot.conn.head_started(), slot.head_timer) {
+            (Some(started), None) => {
+                let left = head_time_left(started.elapsed()).unwrap_or(MIN_REARM);
+                slot.head_timer =
+                    Some(cx.add_timer(left.max(MIN_REARM), FrontKey::Head(id).into()));
+            }
+            (None, Some(timer)) => {
+                cx.cancel_timer(timer);
+                slot.head_timer = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn on_head_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.head_timer = None;
+        let Some(started) = slot.conn.head_started() else {
+            return;
+        };
+        if head_time_left(started.elapsed()).is_none() {
+            log::debug(&format!(
+                "closing the connection from {}: no complete request head within {}s",
+                slot.conn.peer_name(),
+                HEAD_DEADLINE.as_secs()
+            ));
+            self.close(cx, id);
+            return;
+        }
+        // This head began after the one the timer was armed for.
+        self.watch_head(cx, id);
+    }
+
+    /// Starts looking (every `STALL_CHECK`) at a connection whose output may wait on the
+    /// peer: queued here, or anything on an open stream (the kernel may hold it while our
+    /// queue is empty, and only asking it tells), noting what the peer has acknowledged so
+    /// far. The looks go on while output waits here or in the kernel. The timer is left
+    /// armed when the output drains (it then finds nothing waiting and stops): a fast
+    /// stream's queue fills and drains many times a second, and every cancelled timer would
+    /// stay in the reactor's heap until its deadline.
+    fn watch_stall<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let may_wait = slot.conn.write_stalled_for().is_some() || slot.conn.is_streaming();
+        if slot.stall_timer.is_none() && may_wait {
+            let kernel = slot
+                .conn
+                .tcp()
+                .and_then(|tcp| crate::sys::tcp_send_state(crate::sys::raw_fd(tcp)));
+            slot.stall_acked = (kernel.map(|k| k.acked), Instant::now());
+            slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
+        }
+    }
+
+    fn on_stall_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.stall_timer = None;
+        let stalled = slot.conn.write_stalled_for();
+        let kernel = slot
+            .conn
+            .tcp()
+            .and_then(|tcp| crate::sys::tcp_send_state(crate::sys::raw_fd(tcp)));
+        if stalled.is_none() && !kernel.is_some_and(|k| k.queued) {
+            // Everything went out and was acknowledged.
+            return;
+        }
+        let acked = kernel.map(|k| k.acked);
+        if acked != slot.stall_acked.0 {
+            slot.stall_acked = (acked, Instant::now());
+        }
+        if peer_gone(acked, slot.stall_acked.1.elapsed(), stalled) {
+            log::debug(&format!(
+                "closing the connection from {}: output waited {}s with nothing taken",
+                slot.conn.peer_name(),
+                WRITE_STALL_DEADLINE.as_secs()
+            ));
+            self.close(cx, id);
+            return;
+        }
+        slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
+    }
+
+    fn look_again(&mut self, id: ConnId) {
+        if !self.dirty.contains(&id) {
+            self.dirty.push_back(id);
+        }
+    }
+}
+
+impl<P: Default> Front<P> {
+    // ---- HTTP: requests in, through the gate --------------------------------------------
+
+    /// Readiness of one of the front's sources.
+    pub(crate) fn on_io<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
+        match key {
+            FrontKey::Listener => self.accept(cx),
+            FrontKey::Conn(id) => self.on_ready(cx, id),
+            FrontKey::Idle(_) | FrontKey::Head(_) | FrontKey::Stall(_) => {}
         }
     }
 
@@ -436,301 +865,6 @@ impl<P: Default> Front<P> {
         self.look_again(id);
     }
 
-    /// A connection to write to later (a stream, a deferred answer) or to update the
-    /// surface's state of. It is looked at again afterwards, so ending a response there
-    /// serves the next request.
-    pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Slot<P>> {
-        if !self.slots.contains_key(&id) {
-            return None;
-        }
-        self.look_again(id);
-        self.slots.get_mut(&id)
-    }
-
-    pub(crate) fn get(&self, id: ConnId) -> Option<&Slot<P>> {
-        self.slots.get(&id)
-    }
-
-    /// The open connections' surface states.
-    pub(crate) fn states(&self) -> impl Iterator<Item = (ConnId, &P)> {
-        self.slots.iter().map(|(id, slot)| (*id, &slot.state))
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    // ---- accept, map, cap, deadlines, close: nothing here reads a request ---------------
-
-    fn accept<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>) {
-        // Closing a connection to make room below must not re-enter.
-        self.accept_paused = false;
-        loop {
-            let full = self.slots.len() >= self.config.max_connections;
-            if full && self.unadmitted.is_empty() {
-                self.accept_paused = true;
-                return;
-            }
-            match self.listener.accept() {
-                Ok((tcp, peer)) => {
-                    let key = self.remote_key(&peer);
-                    if let Some(key) = key
-                        && self.unadmitted_by_peer.get(&key).copied().unwrap_or(0)
-                            >= MAX_UNADMITTED_PER_PEER
-                    {
-                        log::debug(&format!(
-                            "refused a connection from {peer}: {MAX_UNADMITTED_PER_PEER} of \
-                             its connections are not admitted yet"
-                        ));
-                        continue;
-                    }
-                    if full && let Some(&oldest) = self.unadmitted.first() {
-                        log::debug(&format!(
-                            "all {} connections taken: closing the oldest not admitted yet",
-                            self.config.max_connections
-                        ));
-                        self.close(cx, oldest);
-                    }
-                    self.add(cx, tcp, peer, key);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.accept_paused = false;
-                    return;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE and friends: retry when a connection closes.
-                    log::warn(&format!("accept failed: {e}"));
-                    self.accept_paused = true;
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Sets up an accepted socket: TCP keepalive (`Connection::new` turns Nagle off), the
-    /// HTTP connection (TLS when configured), registration and the idle timer. A failing
-    /// step is logged and the socket dropped.
-    fn add<K: HostKey + From<FrontKey>>(
-        &mut self,
-        cx: &mut Cx<K>,
-        tcp: TcpStream,
-        peer: SocketAddr,
-        remote: Option<IpAddr>,
-    ) {
-        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
-        let mut conn = match Connection::new(
-            tcp,
-            peer,
-            self.config.tls.clone(),
-            self.config.limits.clone(),
-        ) {
-            Ok(conn) => conn,
-            Err(e) => {
-                log::warn(&format!("cannot set up a connection from {peer}: {e}"));
-                return;
-            }
-        };
-        conn.require_admission();
-        let id = ConnId(self.next_id);
-        self.next_id += 1;
-        let token = cx.host_token(FrontKey::Conn(id).into());
-        if let Err(e) =
-            cx.registry()
-                .register(conn.tcp(), token, Interest::READABLE | Interest::WRITABLE)
-        {
-            log::warn(&format!("cannot register a connection: {e}"));
-            cx.forget_token(token);
-            return;
-        }
-        let idle_timer = cx.add_timer(self.config.limits.idle_timeout, FrontKey::Idle(id).into());
-        self.slots.insert(
-            id,
-            Slot {
-                conn,
-                state: P::default(),
-                token,
-                idle_timer,
-                head_timer: None,
-                stall_timer: None,
-                stall_acked: (None, Instant::now()),
-                told_hung_up: false,
-                admitted: false,
-                remote,
-            },
-        );
-        self.unadmitted.insert(id);
-        if let Some(key) = remote {
-            *self.unadmitted_by_peer.entry(key).or_insert(0) += 1;
-        }
-        // Bytes may already be waiting (a fast client); readiness was edge-triggered
-        // before we registered, so look now.
-        self.on_ready(cx, id);
-    }
-
-    /// Ends a connection at once (queued output is dropped); `Event::Closed` follows.
-    pub(crate) fn close<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let Some(mut slot) = self.slots.remove(&id) else {
-            return;
-        };
-        let _ = cx.registry().deregister(slot.conn.tcp());
-        cx.forget_token(slot.token);
-        cx.cancel_timer(slot.idle_timer);
-        for timer in [slot.head_timer, slot.stall_timer].into_iter().flatten() {
-            cx.cancel_timer(timer);
-        }
-        if !slot.admitted {
-            self.forget_unadmitted(id, slot.remote);
-        }
-        slot.conn.close();
-        self.events.push_back(Event::Closed(id, slot.state));
-        if self.accept_paused {
-            self.accept(cx);
-        }
-    }
-
-    fn on_idle<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let idle = self.config.limits.idle_timeout;
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return;
-        };
-        let step = idle_step(
-            self.policy.keepalive,
-            idle,
-            slot.conn.last_activity().elapsed(),
-            slot.conn.is_streaming(),
-            slot.conn.awaiting_response(),
-        );
-        let wait = match step {
-            IdleStep::Close => {
-                self.close(cx, id);
-                return;
-            }
-            IdleStep::Ping(wait) => {
-                slot.conn.stream_chunk(KEEPALIVE_COMMENT);
-                // A failed write closes the connection; have it noticed.
-                self.look_again(id);
-                wait
-            }
-            IdleStep::Wait(wait) => wait,
-        };
-        if let Some(slot) = self.slots.get_mut(&id) {
-            slot.idle_timer = cx.add_timer(wait, FrontKey::Idle(id).into());
-        }
-    }
-
-    /// Arms the head deadline when a head has begun, and drops it once none is under way.
-    fn watch_head<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return;
-        };
-        match (slot.conn.head_started(), slot.head_timer) {
-            (Some(started), None) => {
-                let left = head_time_left(started.elapsed()).unwrap_or(MIN_REARM);
-                slot.head_timer =
-                    Some(cx.add_timer(left.max(MIN_REARM), FrontKey::Head(id).into()));
-            }
-            (None, Some(timer)) => {
-                cx.cancel_timer(timer);
-                slot.head_timer = None;
-            }
-            _ => {}
-        }
-    }
-
-    fn on_head_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return;
-        };
-        slot.head_timer = None;
-        let Some(started) = slot.conn.head_started() else {
-            return;
-        };
-        if head_time_left(started.elapsed()).is_none() {
-            log::debug(&format!(
-                "closing the connection from {}: no complete request head within {}s",
-                slot.conn.peer(),
-                HEAD_DEADLINE.as_secs()
-            ));
-            self.close(cx, id);
-            return;
-        }
-        // This head began after the one the timer was armed for.
-        self.watch_head(cx, id);
-    }
-
-    /// Starts looking (every `STALL_CHECK`) at a connection whose output may wait on the
-    /// peer: queued here, or anything on an open stream (the kernel may hold it while our
-    /// queue is empty, and only asking it tells), noting what the peer has acknowledged so
-    /// far. The looks go on while output waits here or in the kernel. The timer is left
-    /// armed when the output drains (it then finds nothing waiting and stops): a fast
-    /// stream's queue fills and drains many times a second, and every cancelled timer would
-    /// stay in the reactor's heap until its deadline.
-    fn watch_stall<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return;
-        };
-        let may_wait = slot.conn.write_stalled_for().is_some() || slot.conn.is_streaming();
-        if slot.stall_timer.is_none() && may_wait {
-            let kernel = crate::sys::tcp_send_state(crate::sys::raw_fd(slot.conn.tcp()));
-            slot.stall_acked = (kernel.map(|k| k.acked), Instant::now());
-            slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
-        }
-    }
-
-    fn on_stall_timer<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return;
-        };
-        slot.stall_timer = None;
-        let stalled = slot.conn.write_stalled_for();
-        let kernel = crate::sys::tcp_send_state(crate::sys::raw_fd(slot.conn.tcp()));
-        if stalled.is_none() && !kernel.is_some_and(|k| k.queued) {
-            // Everything went out and was acknowledged.
-            return;
-        }
-        let acked = kernel.map(|k| k.acked);
-        if acked != slot.stall_acked.0 {
-            slot.stall_acked = (acked, Instant::now());
-        }
-        if peer_gone(acked, slot.stall_acked.1.elapsed(), stalled) {
-            log::debug(&format!(
-                "closing the connection from {}: output waited {}s with nothing taken",
-                slot.conn.peer(),
-                WRITE_STALL_DEADLINE.as_secs()
-            ));
-            self.close(cx, id);
-            return;
-        }
-        slot.stall_timer = Some(cx.add_timer(STALL_CHECK, FrontKey::Stall(id).into()));
-    }
-
-    /// The per-peer key of a peer the gate counts as remote; `None` for loopback.
-    fn remote_key(&self, peer: &SocketAddr) -> Option<IpAddr> {
-        (self.config.gate.classify(&peer.ip()) == Peer::Remote).then(|| peer_key(peer.ip()))
-    }
-
-    /// A connection leaves the unadmitted ones (admitted, or closed before).
-    fn forget_unadmitted(&mut self, id: ConnId, remote: Option<IpAddr>) {
-        self.unadmitted.remove(&id);
-        if let Some(key) = remote
-            && let Some(n) = self.unadmitted_by_peer.get_mut(&key)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.unadmitted_by_peer.remove(&key);
-            }
-        }
-    }
-
-    fn look_again(&mut self, id: ConnId) {
-        if !self.dirty.contains(&id) {
-            self.dirty.push_back(id);
-        }
-    }
-
-    // ---- HTTP: requests in, through the gate --------------------------------------------
-
     fn on_ready<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
@@ -747,8 +881,7 @@ impl<P: Default> Front<P> {
                 }
             }
         }
-        self.watch_head(cx, id);
-        self.watch_stall(cx, id);
+        self.watch(cx, id);
         self.look_again(id);
     }
 
@@ -789,26 +922,25 @@ impl<P: Default> Front<P> {
             self.close(cx, id);
             return;
         }
-        self.watch_head(cx, id);
-        self.watch_stall(cx, id);
+        self.watch(cx, id);
     }
 
     /// The gate, on a request's head before any of its body is read and before any surface
     /// sees it: the browser rule, then the bearer token. (They never both apply: the first
     /// concerns loopback peers, the second remote ones.) A refused request is answered here
     /// and the connection looked at again; an admitted one reads its body and comes out of
-    /// `Connection` as a request for the surface.
+    /// `Connection` as a request for the surface, and its connection is admitted.
     fn admit(&mut self, id: ConnId, request: Request) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let gate = &self.config.gate;
+        let gate = &self.setup.config.gate;
         let peer = gate.classify(&slot.conn.peer().ip());
         if let Err(reason) =
             gate.check_browser_headers(peer, request.header("host"), request.header("origin"))
         {
             log::debug(&format!("refused {}: {reason}", slot.conn.peer()));
-            let response = (self.policy.forbidden)(reason);
+            let response = (self.setup.policy.forbidden)(reason);
             slot.conn
                 .respond(response.status, &response.header_refs(), &response.body);
             self.look_again(id);
@@ -830,11 +962,7 @@ impl<P: Default> Front<P> {
             return;
         }
         slot.conn.admit(request);
-        if !slot.admitted {
-            slot.admitted = true;
-            let remote = slot.remote;
-            self.forget_unadmitted(id, remote);
-        }
+        self.admitted(id);
         self.look_again(id);
     }
 }
@@ -963,6 +1091,44 @@ mod tests {
         assert_ne!(peer_key(ip("2001:db8:1:3::1")), ip("2001:db8:1:2::"));
         // Far more than an honest client has waiting at once, far less than the slots.
         assert!((4..=DEFAULT_MAX_CONNECTIONS / 8).contains(&MAX_UNADMITTED_PER_PEER));
+    }
+
+    #[test]
+    fn a_newcomer_is_refused_past_its_peers_share_and_displaces_the_oldest_unadmitted() {
+        // HTTP: only the slots bound unadmitted connections.
+        let http = Caps {
+            max_connections: 24,
+            max_unadmitted: 24,
+            max_unadmitted_per_peer: MAX_UNADMITTED_PER_PEER,
+        };
+        assert_eq!(at_the_door(&http, false, true, 3, Some(2)), Door::In);
+        assert_eq!(
+            at_the_door(&http, false, true, 20, Some(MAX_UNADMITTED_PER_PEER)),
+            Door::Refuse
+        );
+        // Refused even when the slots are full: a capped peer displaces nobody.
+        assert_eq!(
+            at_the_door(&http, true, true, 24, Some(MAX_UNADMITTED_PER_PEER)),
+            Door::Refuse
+        );
+        assert_eq!(at_the_door(&http, true, true, 5, Some(0)), Door::TakeOldest);
+        // A loopback peer is not counted, so never refused.
+        assert_eq!(at_the_door(&http, true, true, 24, None), Door::TakeOldest);
+        assert_eq!(at_the_door(&http, false, true, 23, None), Door::In);
+
+        // The agent: at most 16 in their preamble, 8 of them from one address, in 32 slots.
+        let agent = Caps {
+            max_connections: 32,
+            max_unadmitted: 16,
+            max_unadmitted_per_peer: 8,
+        };
+        assert_eq!(at_the_door(&agent, false, true, 15, Some(7)), Door::In);
+        assert_eq!(at_the_door(&agent, false, true, 16, None), Door::TakeOldest);
+        assert_eq!(at_the_door(&agent, false, true, 16, Some(8)), Door::Refuse);
+        // One admitted as it is accepted (the Unix socket) takes a free slot however many
+        // others are still proving themselves, and the oldest of them only when none is free.
+        assert_eq!(at_the_door(&agent, false, false, 16, None), Door::In);
+        assert_eq!(at_the_door(&agent, true, false, 16, None), Door::TakeOldest);
     }
 
     #[test]

@@ -16,7 +16,9 @@ use mio::Token;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::{CoreAction, CoreTimer, DriveCore};
-use crate::engine::{AskReply, Ctx, Host, HostAction, HostKey, RunId, Stats, ToolPlacement};
+use crate::engine::{
+    AskReply, Ctx, Host, HostAction, HostKey, RetryNotice, RunId, Stats, ToolPlacement,
+};
 use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 
@@ -77,6 +79,9 @@ pub trait Surface {
     fn on_event(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _event: &TurnEvent) {}
     /// A tool call needs permission; the core queues the prompt right after this.
     fn on_ask(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _call: &ToolCall) {}
+    /// The run's model request failed before any output and is retried after
+    /// `notice.delay` (print mode's `api_retry` frame). Not an event: nothing is recorded.
+    fn on_retry(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _notice: &RetryNotice) {}
     /// See `engine::Host::on_tool_start`.
     fn on_tool_start(
         &mut self,
@@ -153,6 +158,10 @@ impl<S: Surface> Host for DriveHost<S> {
         let reply = self.core.on_ask(run, call);
         self.perform(ctx);
         reply
+    }
+
+    fn on_retry(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, notice: &RetryNotice) {
+        self.with(ctx, |s, cx| s.on_retry(cx, run, notice));
     }
 
     fn on_tool_start(

@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::drive::ops::{self, Dialect, OpError, Problem};
-use crate::drive::table::{DriveCore, DriveError, DriveStatus};
+use crate::drive::table::{DriveCore, DriveError, DriveStatus, MAX_RUNS_PAGE};
 use crate::engine::{Engine, HostAction, RunId};
 use crate::http::server::Request;
 use crate::log;
@@ -240,19 +240,7 @@ impl HttpServe {
                     Err((status, message)) => error_reply(status, &message),
                 }
             }
-            ("GET", ["runs"]) => {
-                let runs: Vec<Value> = ctx
-                    .core
-                    .list()
-                    .into_iter()
-                    .map(|r| {
-                        json!({"run_id": r.run_id.to_string(), "status": r.status.to_json(),
-                               "interactive": r.interactive, "created_ms": r.created_ms,
-                               "events": r.events, "prompt": preview(&r.prompt)})
-                    })
-                    .collect();
-                json_reply(200, &json!({"runs": runs}))
-            }
+            ("GET", ["runs"]) => list_runs(ctx.core, &request),
             ("GET", ["runs", _, "events"]) => self.events(ctx, conn, run, &request),
             ("GET", ["runs", _, "status"]) => match run.and_then(|r| ctx.core.status(r)) {
                 Ok(status) => json_reply(200, &json!({"status": status.to_json()})),
@@ -329,8 +317,9 @@ impl HttpServe {
         let last_event_id = request
             .header("last-event-id")
             .and_then(|v| v.trim().parse::<u64>().ok());
+        // A malformed `cursor` is refused even when the header overrides it, as the
+        // document's schema for it says.
         let cursor = match request.query_param("cursor") {
-            _ if last_event_id.is_some() => last_event_id.unwrap_or(0),
             Some(raw) => match raw.parse::<u64>() {
                 Ok(c) => c,
                 Err(_) => {
@@ -342,6 +331,7 @@ impl HttpServe {
             },
             None => 0,
         };
+        let cursor = last_event_id.unwrap_or(cursor);
         let id = match run {
             Ok(id) => id,
             Err(e) => return error_reply(drive_error_status(&e), &e.to_string()),
@@ -390,16 +380,22 @@ impl HttpServe {
         let Some(follow) = slot.state.as_mut() else {
             return;
         };
-        let line = |follow: &Follow, cursor: u64, body: String| -> String {
-            if follow.sse {
-                format!("id: {cursor}\ndata: {body}\n\n")
-            } else {
-                format!("{body}\n")
+        // An SSE `id:` names a place in the event log, so only event lines carry one (their
+        // cursor). A status or prompt line has no place of its own: it carries none, and an
+        // SSE client keeps the last event's id, which is where a reconnect must resume; an
+        // id of its own would repeat the event's, and look like that event sent again.
+        let line = |follow: &Follow, id: Option<u64>, body: String| -> String {
+            match (follow.sse, id) {
+                (true, Some(id)) => format!("id: {id}\ndata: {body}\n\n"),
+                (true, None) => format!("data: {body}\n\n"),
+                (false, _) => format!("{body}\n"),
             }
         };
-        // The first line is the status (DESIGN §4.5) as of the starting cursor: for a live
-        // run that is its current status; a replay of a finished run opens with the status
-        // it had back then, so its terminal status still comes last, after every event.
+        // The first line is the status (DESIGN §4.5) as of the starting cursor, so that a
+        // terminal status still comes last, after every event. A stream that starts behind
+        // the end of the log (a replay, of a finished run say) opens with the status the run
+        // had at that point, which is no longer its status: the line says so with
+        // `"replay":true`, and the status lines after the events bring it up to date.
         if !follow.started {
             follow.started = true;
             let (Ok(status), Ok(total)) = (
@@ -412,13 +408,17 @@ impl HttpServe {
             };
             // A cursor past the end resumes from the end, as a poll does.
             follow.next_cursor = follow.next_cursor.min(total);
+            let replay = if follow.next_cursor < total {
+                ",\"replay\":true"
+            } else {
+                ""
+            };
             let body = format!(
-                "{{\"v\":1,\"cursor\":{},\"status\":{}}}",
+                "{{\"v\":1,\"cursor\":{},\"status\":{}{replay}}}",
                 follow.next_cursor,
                 status.to_json()
             );
-            slot.conn
-                .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+            slot.conn.stream_chunk(line(follow, None, body).as_bytes());
             follow.sent_status = Some(status);
         }
         loop {
@@ -443,7 +443,7 @@ impl HttpServe {
                 let mut chunk = String::new();
                 for (cursor, raw) in &view.events {
                     let body = format!("{{\"v\":1,\"cursor\":{},\"event\":{raw}}}", cursor + 1);
-                    chunk.push_str(&line(follow, cursor + 1, body));
+                    chunk.push_str(&line(follow, Some(cursor + 1), body));
                 }
                 follow.next_cursor = view.next_cursor;
                 slot.conn.stream_chunk(chunk.as_bytes());
@@ -462,8 +462,7 @@ impl HttpServe {
                     "{{\"v\":1,\"cursor\":{},\"permission_request\":{prompt}}}",
                     follow.next_cursor
                 );
-                slot.conn
-                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                slot.conn.stream_chunk(line(follow, None, body).as_bytes());
                 follow.sent_prompt = Some(prompt);
             }
             if follow.sent_status.as_ref() != Some(&view.status) {
@@ -472,8 +471,7 @@ impl HttpServe {
                     follow.next_cursor,
                     view.status.to_json()
                 );
-                slot.conn
-                    .stream_chunk(line(follow, follow.next_cursor, body).as_bytes());
+                slot.conn.stream_chunk(line(follow, None, body).as_bytes());
                 follow.sent_status = Some(view.status.clone());
             }
             if view.status.is_terminal() {
@@ -588,6 +586,55 @@ fn end_follow(ctx: &mut Cx<HttpKey>, state: &mut Option<Follow>) {
     if let Some(follow) = state.take() {
         ctx.cancel_timer(follow.heartbeat);
     }
+}
+
+/// `GET /runs`: one page of every run on disk (`DriveCore::list_page`), the newest `limit`
+/// (at most and by default `MAX_RUNS_PAGE`) below `cursor`, oldest first, with
+/// `next_cursor` for the page before when older runs remain.
+fn list_runs(core: &DriveCore, request: &Request) -> Reply {
+    let limit = match request.query_param("limit") {
+        None => MAX_RUNS_PAGE,
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_RUNS_PAGE).contains(&n) => n,
+            _ => {
+                return error_reply(
+                    400,
+                    &format!(
+                        "invalid limit `{raw}`: expected an integer from 1 to {MAX_RUNS_PAGE}"
+                    ),
+                );
+            }
+        },
+    };
+    let below = match request.query_param("cursor") {
+        None => None,
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return error_reply(
+                    400,
+                    &format!("invalid cursor `{raw}`: expected a non-negative integer"),
+                );
+            }
+        },
+    };
+    let (runs, next) = match core.list_page(below, limit) {
+        Ok(page) => page,
+        Err(e) => return error_reply(drive_error_status(&e), &e.to_string()),
+    };
+    let runs: Vec<Value> = runs
+        .into_iter()
+        .map(|r| {
+            json!({"run_id": r.run_id.to_string(), "status": r.status.to_json(),
+                   "interactive": r.interactive, "created_ms": r.created_ms,
+                   "events": r.events, "prompt": preview(&r.prompt)})
+        })
+        .collect();
+    let mut body = json!({"runs": runs});
+    if let Some(next) = next {
+        body["next_cursor"] = json!(next);
+    }
+    json_reply(200, &body)
 }
 
 /// The listing shows the start of each prompt; the full text is in the run's session.

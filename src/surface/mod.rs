@@ -3,6 +3,7 @@
 //! stand behind the one network front (`front`).
 
 pub mod acp;
+pub(crate) mod agent;
 pub(crate) mod front;
 pub mod host;
 pub mod http_api;

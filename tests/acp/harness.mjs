@@ -167,7 +167,7 @@ export function validate(frames) {
 // ---- the client ----------------------------------------------------------------------------
 
 /** A frame tap: records each line that passes, in order, with its direction. */
-function tap(dir, frames, onFrame) {
+export function tap(dir, frames, onFrame) {
   let buf = "";
   const dec = new TextDecoder();
   return new TransformStream({

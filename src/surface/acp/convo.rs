@@ -2,13 +2,14 @@
 //! user text a run takes, a session file's messages turned back into model messages (the
 //! history a new run continues) and into `session/update`s (what `session/load` replays).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use crate::log;
 use crate::model::types::{ContentBlock, Message, Role};
+use crate::surface::acp::call_ids::CallIds;
 use crate::surface::acp::card::{self, OldText};
 
 /// The user text of a `session/prompt`: text blocks as they are, mentions (`resource_link`,
@@ -110,31 +111,18 @@ fn text_content(text: &str) -> Value {
 }
 
 /// The `session/update`s that replay a conversation: user and agent text, thoughts, and one
-/// `tool_call` per call carrying its input and final status and result.
-pub fn replay(messages: &[Value], workspace: &Path) -> Vec<Value> {
-    let mut results: HashMap<&str, (bool, String)> = HashMap::new();
-    for message in messages {
-        for block in message
-            .get("content")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if block.get("type").and_then(Value::as_str) == Some("tool_result")
-                && let Some(id) = block.get("tool_use_id").and_then(Value::as_str)
-            {
-                let is_error = block
-                    .get("is_error")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                let text = result_text(block.get("content").unwrap_or(&Value::Null));
-                results.insert(id, (is_error, text));
-            }
-        }
-    }
+/// `tool_call` per call carrying its input and final status and result. A call's result is
+/// the one answering it in the message that follows its own (by id, and among calls that
+/// share an id, in order), and its card gets a session-unique id from `ids`.
+pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Value> {
     let mut updates = Vec::new();
+    // The cards of the last assistant message's calls not answered yet, by the model's id.
+    let mut unanswered: HashMap<String, VecDeque<usize>> = HashMap::new();
     for message in messages {
         let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+        if role == "assistant" {
+            unanswered.clear();
+        }
         for block in message
             .get("content")
             .and_then(Value::as_array)
@@ -146,6 +134,25 @@ pub fn replay(messages: &[Value], workspace: &Path) -> Vec<Value> {
                 ("user", Some("text")) => updates.push(json!({
                     "sessionUpdate": "user_message_chunk",
                     "content": {"type": "text", "text": text.unwrap_or_default()}})),
+                ("user", Some("tool_result")) => {
+                    let id = block.get("tool_use_id").and_then(Value::as_str);
+                    let Some(at) = id
+                        .and_then(|id| unanswered.get_mut(id))
+                        .and_then(VecDeque::pop_front)
+                    else {
+                        continue;
+                    };
+                    let is_error = block
+                        .get("is_error")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false);
+                    let text = result_text(block.get("content").unwrap_or(&Value::Null));
+                    let card = &mut updates[at];
+                    card["status"] = json!(if is_error { "failed" } else { "completed" });
+                    if let Some(content) = card["content"].as_array_mut() {
+                        content.push(text_content(&text));
+                    }
+                }
                 ("assistant", Some("text")) => updates.push(json!({
                     "sessionUpdate": "agent_message_chunk",
                     "content": {"type": "text", "text": text.unwrap_or_default()}})),
@@ -158,25 +165,23 @@ pub fn replay(messages: &[Value], workspace: &Path) -> Vec<Value> {
                     let name = block.get("name").and_then(Value::as_str).unwrap_or_default();
                     let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
                     let described = card::describe(name, &input, workspace, OldText::Unknown);
-                    let (status, mut content) = match results.get(id) {
-                        Some((is_error, text)) => (
-                            if *is_error { "failed" } else { "completed" },
-                            vec![text_content(text)],
-                        ),
-                        None => ("failed", Vec::new()),
-                    };
-                    let mut all = described.content;
-                    all.append(&mut content);
+                    let wire = ids.open(id);
+                    ids.close(id);
+                    unanswered
+                        .entry(id.to_owned())
+                        .or_default()
+                        .push_back(updates.len());
+                    // Failed unless a result answers it.
                     updates.push(json!({
                         "sessionUpdate": "tool_call",
-                        "toolCallId": id,
+                        "toolCallId": wire,
                         "title": described.title,
                         "name": name,
                         "kind": card::kind(name),
-                        "status": status,
+                        "status": "failed",
                         "rawInput": input,
                         "locations": described.locations,
-                        "content": all,
+                        "content": described.content,
                     }));
                 }
                 _ => {}
@@ -236,7 +241,7 @@ mod tests {
             json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                    "content": [{"type": "text", "text": "a.txt"}], "is_error": true}]}),
         ];
-        let updates = replay(&messages, Path::new("/"));
+        let updates = replay(&messages, Path::new("/"), &mut CallIds::default());
         let kinds: Vec<&str> = updates
             .iter()
             .map(|u| u["sessionUpdate"].as_str().unwrap())
@@ -253,5 +258,49 @@ mod tests {
         assert_eq!(updates[3]["status"], "failed");
         assert_eq!(updates[3]["title"], "ls");
         assert_eq!(updates[3]["content"][0]["content"]["text"], "a.txt");
+    }
+
+    /// A model that repeats ids (local servers do): each call keeps its own result, and
+    /// every card has its own id.
+    #[test]
+    fn replay_keeps_calls_with_repeated_ids_apart() {
+        let call = |id: &str, cmd: &str| json!({"type": "tool_use", "id": id, "name": "Bash", "input": {"command": cmd}});
+        let result = |id: &str, text: &str, is_error: bool| {
+            json!({"type": "tool_result", "tool_use_id": id,
+                   "content": [{"type": "text", "text": text}], "is_error": is_error})
+        };
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "go"}]}),
+            json!({"role": "assistant", "content": [call("call_0", "echo one")]}),
+            json!({"role": "user", "content": [result("call_0", "one", false)]}),
+            json!({"role": "assistant", "content": [call("call_0", "echo two"), call("call_0", "echo three")]}),
+            json!({"role": "user", "content": [result("call_0", "two", false), result("call_0", "duplicate", true)]}),
+            json!({"role": "assistant", "content": [call("call_0", "echo four")]}),
+        ];
+        let mut ids = CallIds::default();
+        let updates = replay(&messages, Path::new("/"), &mut ids);
+        let cards: Vec<(&str, &str, &str, &str)> = updates
+            .iter()
+            .filter(|u| u["sessionUpdate"] == "tool_call")
+            .map(|u| {
+                (
+                    u["toolCallId"].as_str().unwrap(),
+                    u["title"].as_str().unwrap(),
+                    u["status"].as_str().unwrap(),
+                    u["content"][0]["content"]["text"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert_eq!(
+            cards,
+            [
+                ("call_0", "echo one", "completed", "one"),
+                ("call_0#2", "echo two", "completed", "two"),
+                ("call_0#3", "echo three", "failed", "duplicate"),
+                ("call_0#4", "echo four", "failed", ""),
+            ]
+        );
+        // A live card after the replay gets a fresh id too.
+        assert_eq!(ids.open("call_0"), "call_0#5");
     }
 }

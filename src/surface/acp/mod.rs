@@ -1,4 +1,6 @@
-//! `caliban acp serve`: caliban as an Agent Client Protocol agent on stdio, for editors.
+//! `caliban acp serve`: caliban as an Agent Client Protocol agent on stdio, for editors;
+//! the networked agent (`surface::agent`) serves the same surface over its connection,
+//! handing it lines through `on_stdin` and writing what `take_output` gives.
 //!
 //! Newline-delimited JSON-RPC 2.0, protocol version 1 (`reference/acp.md`). It translates
 //! ACP to drive-core calls and drive-core state to ACP and holds no agent logic: a session is
@@ -19,10 +21,12 @@
 //! (the prompt lifecycle), `permission` (permission prompts and "always" rules), `updates`
 //! (events as `session/update`s and tool-call cards), `tasks` (where a tool call runs, and
 //! the calls the editor carries out), `mcp` (the session's MCP servers), `outbox` (the
-//! ordered frames). This file holds the server's state, the dispatch of the client's
+//! ordered frames), `client` (a client that goes away and comes back). This file holds the server's state, the dispatch of the client's
 //! messages and the `Surface` callbacks.
 
+mod call_ids;
 mod card;
+mod client;
 mod convo;
 mod delegate;
 mod mcp;
@@ -41,7 +45,7 @@ use serde_json::{Value, json};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
-use crate::engine::{Engine, HostAction, RunId, ToolPlacement};
+use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
 use crate::jsonrpc::{self, Id, Message, RpcError, notification};
 use crate::log;
 use crate::reactor::{Signal, TimerId};
@@ -57,23 +61,37 @@ use session::Session;
 pub const PROTOCOL_VERSION: u64 = 1;
 /// ACP's "resource not found" (an unknown session).
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
+/// ACP's "authentication required": what `session/new` and prompts answer while no model
+/// provider is configured (Zed shows the message on its sign-in view).
+pub const AUTH_REQUIRED: i64 = -32000;
 /// The session-header field that ties a run to its ACP session.
 pub const SESSION_FIELD: &str = "acp_session";
 /// What this surface registers on the loop: deadlines of delegated calls and of prompts
 /// waiting for MCP servers (numbered by `AcpServe::next_timer`), and the pipes of MCP
-/// server `n`.
+/// server `n`; and the networked agent's connections (`Net`, handled there).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AcpKey {
     Task(u64),
     McpWait(u64),
     McpOut(u64),
     McpIn(u64),
+    Net(crate::surface::agent::NetKey),
 }
 
 /// Serves ACP on stdin/stdout until stdin closes or a signal arrives. Runs still going are
 /// cancelled on the way out, which kills their tool processes.
-pub fn run(mut engine: Engine<Key<AcpKey>>, core: DriveCore) -> u8 {
-    let mut server = DriveHost::new(core, AcpServe::new());
+///
+/// `provider_problem` says why no model can be reached (none configured): the agent still
+/// answers `initialize`, lists and loads sessions, and refuses `session/new` and prompts
+/// with that message, so the editor shows it instead of a crashed agent.
+pub fn run(
+    mut engine: Engine<Key<AcpKey>>,
+    core: DriveCore,
+    provider_problem: Option<String>,
+) -> u8 {
+    let mut serve = AcpServe::new();
+    serve.provider_problem = provider_problem;
+    let mut server = DriveHost::new(core, serve);
     match engine.run_loop(&mut server) {
         Ok(()) => crate::exit::OK,
         Err(e) => {
@@ -102,6 +120,8 @@ enum Pending {
 
 pub struct AcpServe {
     caps: ClientCaps,
+    /// The client shows `notice` updates (`clientCapabilities.session.notices`).
+    notices: bool,
     sessions: HashMap<String, Session>,
     /// The session of each run this process started and still runs.
     runs: HashMap<RunId, String>,
@@ -116,6 +136,8 @@ pub struct AcpServe {
     next_mcp: u64,
     /// Deadlines of prompts waiting for MCP servers: timer key → (session, timer).
     mcp_timers: HashMap<u64, (String, TimerId)>,
+    /// Why no model can be reached, if so: no session is started and no prompt taken.
+    provider_problem: Option<String>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -134,9 +156,10 @@ fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
 }
 
 impl AcpServe {
-    fn new() -> AcpServe {
+    pub(crate) fn new() -> AcpServe {
         AcpServe {
             caps: ClientCaps::default(),
+            notices: false,
             sessions: HashMap::new(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
@@ -148,6 +171,16 @@ impl AcpServe {
             mcp: HashMap::new(),
             next_mcp: 0,
             mcp_timers: HashMap::new(),
+            provider_problem: None,
+        }
+    }
+
+    /// Refuses what needs a model while none can be reached, with the message print mode
+    /// gives.
+    fn needs_model(&self) -> Result<(), RpcError> {
+        match &self.provider_problem {
+            Some(problem) => Err(RpcError::new(AUTH_REQUIRED, problem.clone())),
+            None => Ok(()),
         }
     }
 
@@ -195,14 +228,19 @@ impl AcpServe {
         let result = match method {
             "initialize" => self.initialize(params),
             "authenticate" => Ok(json!({})),
-            "session/new" => self.new_session(ctx, params),
+            "session/new" => self
+                .needs_model()
+                .and_then(|()| self.new_session(ctx, params)),
             "session/load" => self.open_session(ctx, params, true),
             "session/resume" => self.open_session(ctx, params, false),
             "session/list" => self.list_sessions(ctx.core, params),
             "session/close" => self.close_session(ctx, params),
             "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
             "session/set_config_option" => self.set_config_option(ctx, params),
-            "session/prompt" => match self.prompt(ctx, &id, params) {
+            "session/prompt" => match self
+                .needs_model()
+                .and_then(|()| self.prompt(ctx, &id, params))
+            {
                 // Answered when the turn ends.
                 Ok(()) => return,
                 Err(e) => Err(e),
@@ -274,6 +312,7 @@ impl AcpServe {
             write: caps["fs"]["writeTextFile"] == true,
             terminal: caps["terminal"] == true,
         };
+        self.notices = caps["session"]["notices"].is_object();
         Ok(json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -289,7 +328,7 @@ impl AcpServe {
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
-    fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
         if self.quitting {
             return;
         }
@@ -326,7 +365,14 @@ impl Surface for AcpServe {
 
     fn on_ask(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
         if let Some(sid) = self.runs.get(&run).cloned() {
-            self.show_input(&sid, &call.id, &call.input);
+            let wire = self.wire_id(&sid, &call.id);
+            self.show_input(&sid, &wire, &call.input);
+        }
+    }
+
+    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
+            self.show_retry(&sid, notice);
         }
     }
 
@@ -374,7 +420,7 @@ impl Surface for AcpServe {
                 }
             }
             AcpKey::Task(key) => self.on_task_deadline(ctx, key),
-            AcpKey::McpOut(_) | AcpKey::McpIn(_) => {}
+            AcpKey::McpOut(_) | AcpKey::McpIn(_) | AcpKey::Net(_) => {}
         }
     }
 
@@ -382,7 +428,7 @@ impl Surface for AcpServe {
         match key {
             AcpKey::McpOut(n) => self.on_server_io(ctx, n, true),
             AcpKey::McpIn(n) => self.on_server_io(ctx, n, false),
-            AcpKey::Task(_) | AcpKey::McpWait(_) => {}
+            AcpKey::Task(_) | AcpKey::McpWait(_) | AcpKey::Net(_) => {}
         }
     }
 

@@ -101,7 +101,7 @@ impl AcpServe {
             OldText::ReadFile,
         );
         let mut tool_call = json!({
-            "toolCallId": prompt.tool_use_id,
+            "toolCallId": self.wire_id(sid, &prompt.tool_use_id),
             "title": described.title,
             "kind": card::kind(&prompt.tool_name),
             "status": "pending",

@@ -226,45 +226,33 @@ impl PromptState {
             }
         };
         let stop = match why {
-            _ if cancelling => "cancelled",
-            StopCondition::Cancelled => "cancelled",
-            StopCondition::EndOfTurn => "end_turn",
-            StopCondition::MaxTokensExhausted => "max_tokens",
-            StopCondition::MaxTurnsReached(_) => "max_turn_requests",
-            StopCondition::Refusal(_) | StopCondition::ContentFilter(_) => "refusal",
-            StopCondition::ProviderError(e) => {
-                let result = Err(RpcError::new(INTERNAL_ERROR, e.clone()));
-                return (
-                    PromptState::Idle,
-                    Some(Answer {
-                        request,
-                        result,
-                        next,
-                    }),
-                );
-            }
-            StopCondition::StreamIdle(d) => {
-                let message = format!("the model stream was idle for {} s", d.as_secs_f64());
-                let result = Err(RpcError::new(INTERNAL_ERROR, message));
-                return (
-                    PromptState::Idle,
-                    Some(Answer {
-                        request,
-                        result,
-                        next,
-                    }),
-                );
-            }
+            _ if cancelling => Ok("cancelled"),
+            StopCondition::Cancelled => Ok("cancelled"),
+            StopCondition::EndOfTurn => Ok("end_turn"),
+            StopCondition::MaxTokensExhausted => Ok("max_tokens"),
+            StopCondition::MaxTurnsReached(_) => Ok("max_turn_requests"),
+            StopCondition::Refusal(_) | StopCondition::ContentFilter(_) => Ok("refusal"),
+            StopCondition::ProviderError(e) => Err(e.clone()),
+            StopCondition::StreamIdle(d) => Err(format!(
+                "the model stream was idle for {} s",
+                d.as_secs_f64()
+            )),
         };
-        let mut result = stop_reason(stop);
-        if let Some(meta) = meta {
-            result["_meta"] = meta;
-        }
+        let result = match stop {
+            Ok(stop) => {
+                let mut result = stop_reason(stop);
+                if let Some(meta) = meta {
+                    result["_meta"] = meta;
+                }
+                Ok(result)
+            }
+            Err(message) => Err(RpcError::new(INTERNAL_ERROR, message)),
+        };
         (
             PromptState::Idle,
             Some(Answer {
                 request,
-                result: Ok(result),
+                result,
                 next,
             }),
         )
@@ -306,6 +294,8 @@ impl AcpServe {
                 ctx.core
                     .send_input(run, Inbound::UserMessage(text))
                     .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+                // A client that came back may prompt without loading the session first.
+                self.runs.insert(run, sid.clone());
             }
             Some(_) => {
                 return Err(RpcError::new(
@@ -382,6 +372,7 @@ impl AcpServe {
                 session.run = Some(run);
                 session.drop_last_prompt = false;
                 session.cards.clear();
+                session.ids.close_all();
                 session.run_end = None;
             }
         }

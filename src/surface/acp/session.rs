@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::call_ids::CallIds;
 use super::permission::Asked;
 use super::prompt::PromptState;
 use super::tasks::Task;
@@ -17,6 +18,7 @@ use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, u
 use crate::drive::table::DriveCore;
 use crate::engine::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
+use crate::log;
 use crate::permissions::{Mode, Rule};
 use crate::surface::host::Cx;
 
@@ -65,7 +67,10 @@ pub(super) struct Session {
     pub(super) drop_last_prompt: bool,
     /// Where the session's `session/prompt` is: none, waiting, running, being cancelled.
     pub(super) prompt: PromptState,
+    /// Open tool-call cards, by their wire id (`ids`).
     pub(super) cards: HashMap<String, Card>,
+    /// The session's tool-call ids on the wire, unique whatever ids the model repeats.
+    pub(super) ids: CallIds,
     pub(super) asked: Option<Asked>,
     pub(super) tasks: HashMap<String, Task>,
     /// `_meta` from the run's `RunEnd`, for the prompt answer. Not part of `prompt`: it
@@ -90,6 +95,7 @@ impl Session {
             drop_last_prompt: false,
             prompt: PromptState::Idle,
             cards: HashMap::new(),
+            ids: CallIds::default(),
             asked: None,
             tasks: HashMap::new(),
             run_end: None,
@@ -192,13 +198,23 @@ impl AcpServe {
                 }
             }
         };
-        if replay && let Some(run) = newest {
-            let messages = ctx
-                .core
-                .messages(run)
-                .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
-            for update in convo::replay(&messages, &cwd) {
-                self.outbox.update(&id, update);
+        // The tool-call ids the editor has seen in this session (replayed now, or shown by
+        // an earlier process before a resume), so no later card reuses one.
+        let mut shown = CallIds::default();
+        if let Some(run) = newest
+            && (replay || !self.sessions.contains_key(&id))
+        {
+            match ctx.core.messages(run) {
+                Ok(messages) => {
+                    let updates = convo::replay(&messages, &cwd, &mut shown);
+                    if replay {
+                        for update in updates {
+                            self.outbox.update(&id, update);
+                        }
+                    }
+                }
+                Err(e) if replay => return Err(RpcError::new(INTERNAL_ERROR, e.to_string())),
+                Err(e) => log::warn(&format!("session {id}: cannot read its history: {e}")),
             }
         }
         let default_mode = ctx.core.config().policy.mode();
@@ -207,6 +223,7 @@ impl AcpServe {
             .entry(id.clone())
             .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest));
         session.cwd = cwd;
+        session.ids.absorb(shown);
         if let Some(run) = newest
             && ctx.core.is_live(run)
         {
@@ -281,12 +298,19 @@ impl AcpServe {
         {
             let _ = ctx.core.cancel(run);
         }
-        // A prompt in flight is answered now, one waiting for servers once the session's
-        // requests are withdrawn. A prompt queued behind a cancelled one goes with the
-        // session, unanswered.
+        // A prompt in flight is answered now, and so is one queued behind a cancelled one
+        // (every request gets its answer, or the editor waits forever); one waiting for
+        // servers once the session's requests are withdrawn.
         let waiting = match std::mem::take(&mut session.prompt) {
-            PromptState::Running { request } | PromptState::Cancelling { request, .. } => {
+            PromptState::Running { request } => {
                 self.answer_cancelled(ctx, request, None);
+                None
+            }
+            PromptState::Cancelling { request, queued } => {
+                self.answer_cancelled(ctx, request, None);
+                if let Some(queued) = queued {
+                    self.answer_cancelled(ctx, queued.request, None);
+                }
                 None
             }
             PromptState::WaitingForServers { prompt, key } => Some((prompt.request, key)),

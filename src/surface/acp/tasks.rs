@@ -14,9 +14,11 @@ use crate::jsonrpc::RpcError;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;
 
-/// A tool call the editor carries out.
+/// A tool call the editor carries out (kept by its card's wire id).
 pub(super) struct Task {
     run: RunId,
+    /// The model's id, which the run knows the call by.
+    tool_use_id: String,
     step: Step,
     /// The request whose answer moves the call on; answers to others are stale.
     waiting_on: Option<i64>,
@@ -35,10 +37,11 @@ impl AcpServe {
         let Some(sid) = self.runs.get(&run).cloned() else {
             return ToolPlacement::Local;
         };
-        self.show_input(&sid, &call.id, &call.input);
+        let wire = self.wire_id(&sid, &call.id);
+        self.show_input(&sid, &wire, &call.input);
         self.outbox.update(
             &sid,
-            json!({"sessionUpdate": "tool_call_update", "toolCallId": call.id,
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": wire,
                    "status": "in_progress"}),
         );
         if call.name.starts_with(mcp_client::TOOL_PREFIX) {
@@ -60,15 +63,16 @@ impl AcpServe {
             }
             Some(Ok((step, request))) => {
                 session.tasks.insert(
-                    call.id.clone(),
+                    wire.clone(),
                     Task {
                         run,
+                        tool_use_id: call.id.clone(),
                         step,
                         waiting_on: None,
                         timer: None,
                     },
                 );
-                self.send_task_request(ctx, &sid, &call.id, request);
+                self.send_task_request(ctx, &sid, &wire, request);
                 ToolPlacement::Delegated
             }
         }
@@ -148,7 +152,7 @@ impl AcpServe {
             }
             ctx.act(HostAction::ToolResult {
                 run: task.run,
-                tool_use_id: tool.to_owned(),
+                tool_use_id: task.tool_use_id,
                 output,
             });
         }

@@ -8,6 +8,7 @@ use super::card::{self, Described, JsonEnd, OldText};
 use super::{AcpKey, AcpServe};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
+use crate::engine::RetryNotice;
 use crate::surface::host::Cx;
 
 /// A tool call's card while the call is open.
@@ -46,8 +47,9 @@ impl AcpServe {
             TurnEvent::ToolCallStart {
                 tool_use_id, name, ..
             } => {
+                let wire = session.ids.open(tool_use_id);
                 session.cards.insert(
-                    tool_use_id.clone(),
+                    wire.clone(),
                     Card {
                         name: name.clone(),
                         input: ToolInput::default(),
@@ -58,8 +60,8 @@ impl AcpServe {
                 );
                 self.outbox.open_card(
                     sid,
-                    tool_use_id,
-                    json!({"sessionUpdate": "tool_call", "toolCallId": tool_use_id,
+                    &wire,
+                    json!({"sessionUpdate": "tool_call", "toolCallId": wire,
                            "title": name, "name": name, "kind": card::kind(name),
                            "status": "pending"}),
                 );
@@ -69,7 +71,10 @@ impl AcpServe {
                 partial_json,
                 ..
             } => {
-                let Some(card) = session.cards.get_mut(tool_use_id) else {
+                let Some(wire) = session.ids.streaming(tool_use_id).map(str::to_owned) else {
+                    return;
+                };
+                let Some(card) = session.cards.get_mut(&wire) else {
                     return;
                 };
                 card.input.push(partial_json);
@@ -78,7 +83,7 @@ impl AcpServe {
                     if let Ok(input @ Value::Object(_)) =
                         serde_json::from_str::<Value>(card.input.text())
                     {
-                        self.show_input(sid, tool_use_id, &input);
+                        self.show_input(sid, &wire, &input);
                     }
                 }
             }
@@ -88,8 +93,13 @@ impl AcpServe {
                 result_text,
                 ..
             } => {
-                let card = session.cards.remove(tool_use_id);
-                let task = session.tasks.remove(tool_use_id);
+                // A call whose opening this session never saw keeps the model's id.
+                let wire = session
+                    .ids
+                    .close(tool_use_id)
+                    .unwrap_or_else(|| tool_use_id.clone());
+                let card = session.cards.remove(&wire);
+                let task = session.tasks.remove(&wire);
                 let raw = card.as_ref().and_then(|c| card::raw_input(c.input.text()));
                 let mut content = card.map(|c| c.content).unwrap_or_default();
                 if !result_text.is_empty() {
@@ -97,7 +107,7 @@ impl AcpServe {
                 }
                 let mut update = json!({
                     "sessionUpdate": "tool_call_update",
-                    "toolCallId": tool_use_id,
+                    "toolCallId": wire,
                     "status": if *is_error { "failed" } else { "completed" },
                     "content": content,
                 });
@@ -123,6 +133,7 @@ impl AcpServe {
                     StopCondition::Cancelled => "cancelled".to_owned(),
                     other => format!("not run: the run ended ({})", other.to_json()),
                 };
+                session.ids.close_all();
                 let mut open: Vec<(String, Card)> = session.cards.drain().collect();
                 open.sort_by(|a, b| a.0.cmp(&b.0));
                 for (id, card) in open {
@@ -144,8 +155,56 @@ impl AcpServe {
         }
     }
 
+    /// A retry of the model request, which would otherwise be seconds of nothing: a
+    /// `notice` for a client that shows them (`session.notices`), else a thought chunk,
+    /// which every editor renders in the turn's reasoning rather than in the answer (an
+    /// agent message would read as the model's words, and merge with them). Print mode's
+    /// `api_retry` fields ride along in `_meta`.
+    pub(super) fn show_retry(&mut self, sid: &str, notice: &RetryNotice) {
+        let why = match notice.status {
+            Some(status) => format!("HTTP {status}, {}", notice.category),
+            None => notice.category.to_owned(),
+        };
+        let retry = notice.attempt.saturating_sub(1);
+        let title = format!(
+            "The model request failed ({why}); retry {retry} of {} in {:.1} s",
+            notice.max_retries,
+            notice.delay.as_secs_f64()
+        );
+        let mut meta = json!({
+            "attempt": notice.attempt, "max_retries": notice.max_retries,
+            "retry_delay_ms": notice.delay.as_millis() as u64,
+            "error_category": notice.category,
+        });
+        if let Some(status) = notice.status {
+            meta["error_status"] = json!(status);
+        }
+        let meta = json!({"caliban/api_retry": meta});
+        let update = if self.notices {
+            json!({"sessionUpdate": "notice", "severity": "warning", "title": title,
+                   "description": notice.message, "_meta": meta})
+        } else {
+            // Blank lines keep it apart from the model's own thinking in the same block.
+            let text = format!("{title}: {}\n\n", notice.message);
+            json!({"sessionUpdate": "agent_thought_chunk",
+                   "content": {"type": "text", "text": text}, "_meta": meta})
+        };
+        self.outbox.update(sid, update);
+    }
+
+    /// The wire id of the call the model's `tool_use_id` names now (the one that runs, asks
+    /// or is placed); the model's id for a call this session has no card of.
+    pub(super) fn wire_id(&self, sid: &str, tool_use_id: &str) -> String {
+        self.sessions
+            .get(sid)
+            .and_then(|s| s.ids.current(tool_use_id))
+            .unwrap_or(tool_use_id)
+            .to_owned()
+    }
+
     /// Sends a card's title, input, locations and content once the input is known: joined
-    /// to the opening `tool_call` if that is not written yet, else as an update.
+    /// to the opening `tool_call` if that is not written yet, else as an update. `tool` is
+    /// the card's wire id.
     pub(super) fn show_input(&mut self, sid: &str, tool: &str, input: &Value) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;

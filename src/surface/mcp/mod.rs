@@ -288,13 +288,10 @@ impl McpHost {
         message: Message,
     ) -> Option<Outcome> {
         match message {
+            // Any id JSON-RPC 2.0 allows, null included, is answered with that id: MCP asks
+            // clients not to send null, and a server that answers one anyway behaves as
+            // JSON-RPC (and the ACP surface) does.
             Message::Request { id, method, params } => {
-                if id == Id::Null {
-                    return Some(Outcome::Reply(Err(RpcError::new(
-                        jsonrpc::INVALID_REQUEST,
-                        "a request id must be a string or a number, not null",
-                    ))));
-                }
                 Some(self.on_request(ctx, session, id, &method, params))
             }
             Message::Notification { method, params } => {
@@ -402,13 +399,8 @@ impl McpHost {
             // notifications/initialized, roots/list_changed, …: nothing to do.
             return;
         }
-        let id = match params.get("requestId") {
-            Some(Value::String(s)) => Id::Str(s.clone()),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(n) => Id::Num(n),
-                None => return,
-            },
-            _ => return,
+        let Some(id) = params.get("requestId").and_then(Id::from_json) else {
+            return;
         };
         // Only a waiting call is still ours to stop; anything else already got its answer.
         let Some(wait_id) = self.wait_index.get(&(session, id)).copied() else {

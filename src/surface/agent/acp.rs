@@ -1,0 +1,157 @@
+//! ACP over the network: the very `AcpServe` of `caliban acp serve`, fed the client's lines
+//! through its `on_stdin` and writing what `take_output` gives to the connection instead of
+//! stdout. Nothing here speaks ACP. The ACP-level auth gate is off: the peer proved itself
+//! one layer down (TLS and the preamble, or the Unix socket's mode).
+//!
+//! When the client goes away its sessions stay (`AcpServe::client_gone`); a client that
+//! reconnects with the same token `session/load`s them. A connection closing is not stdin's
+//! EOF: only SIGTERM/SIGINT or the idle exit end the agent.
+
+use std::collections::BTreeSet;
+
+use super::{Link, LinkEvent, NetKey, announce, cancel_live_runs};
+use crate::agent::event::{StopCondition, TurnEvent};
+use crate::agent::run::ToolCall;
+use crate::drive::table::DriveCore;
+use crate::engine::{Engine, EngineConfig, RetryNotice, RunId, ToolPlacement};
+use crate::log;
+use crate::reactor::Signal;
+use crate::stdio::StdinItem;
+use crate::surface::acp::{AcpKey, AcpServe};
+use crate::surface::front::FrontKey;
+use crate::surface::host::{Cx, DriveHost, Surface};
+
+impl From<NetKey> for AcpKey {
+    fn from(key: NetKey) -> AcpKey {
+        AcpKey::Net(key)
+    }
+}
+
+impl From<FrontKey> for AcpKey {
+    fn from(key: FrontKey) -> AcpKey {
+        AcpKey::Net(NetKey::Front(key))
+    }
+}
+
+pub(crate) struct NetAcp {
+    acp: AcpServe,
+    link: Link,
+}
+
+pub(crate) fn run(engine_config: EngineConfig, core: DriveCore, link: Link) -> u8 {
+    let mut engine: Engine<crate::surface::host::Key<AcpKey>> = match Engine::new(engine_config) {
+        Ok(e) => e,
+        Err(e) => {
+            log::error(&format!("cannot start the event loop: {e}"));
+            return crate::exit::RUNTIME;
+        }
+    };
+    let mut host = DriveHost::new(
+        core,
+        NetAcp {
+            acp: AcpServe::new(),
+            link,
+        },
+    );
+    if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |s, cx| s.link.start(cx))) {
+        log::error(&format!("cannot listen: {e}"));
+        return crate::exit::RUNTIME;
+    }
+    announce(&host.surface.link, "acp");
+    let result = engine.run_loop(&mut host);
+    host.surface.link.shut();
+    match result {
+        Ok(()) => crate::exit::OK,
+        Err(e) => {
+            log::error(&format!("event loop failed: {e}"));
+            crate::exit::RUNTIME
+        }
+    }
+}
+
+impl NetAcp {
+    fn serve(&mut self, cx: &mut Cx<AcpKey>) {
+        while let Some(event) = self.link.next_event(cx) {
+            match event {
+                LinkEvent::Attached(_) | LinkEvent::Writable => {}
+                LinkEvent::Detached(_) => self.acp.client_gone(cx),
+                LinkEvent::Line(line) => self.acp.on_stdin(cx, StdinItem::Line(line)),
+                LinkEvent::Oversized => self.acp.on_stdin(cx, StdinItem::Oversized),
+            }
+        }
+    }
+}
+
+impl Surface for NetAcp {
+    type Key = AcpKey;
+
+    fn on_event(&mut self, cx: &mut Cx<AcpKey>, run: RunId, event: &TurnEvent) {
+        self.acp.on_event(cx, run, event);
+    }
+
+    fn on_ask(&mut self, cx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
+        self.acp.on_ask(cx, run, call);
+    }
+
+    fn on_retry(&mut self, cx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+        self.acp.on_retry(cx, run, notice);
+    }
+
+    fn on_tool_start(&mut self, cx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) -> ToolPlacement {
+        self.acp.on_tool_start(cx, run, call)
+    }
+
+    fn on_await_input(&mut self, cx: &mut Cx<AcpKey>, run: RunId) {
+        self.acp.on_await_input(cx, run);
+    }
+
+    fn on_finished(&mut self, cx: &mut Cx<AcpKey>, run: RunId, why: &StopCondition) {
+        self.acp.on_finished(cx, run, why);
+    }
+
+    fn on_signal(&mut self, cx: &mut Cx<AcpKey>, signal: Signal) {
+        // Runs a client left behind are not the surface's any more; the core knows them.
+        cancel_live_runs(cx.core);
+        self.acp.on_signal(cx, signal);
+    }
+
+    fn on_io(&mut self, cx: &mut Cx<AcpKey>, key: AcpKey) {
+        match key {
+            AcpKey::Net(NetKey::Front(key)) => {
+                self.link.on_io(cx, key);
+                self.serve(cx);
+            }
+            AcpKey::Net(NetKey::Idle) => {}
+            other => self.acp.on_io(cx, other),
+        }
+    }
+
+    fn on_timer(&mut self, cx: &mut Cx<AcpKey>, key: AcpKey) {
+        match key {
+            AcpKey::Net(NetKey::Front(key)) => {
+                self.link.on_timer(cx, key);
+                self.serve(cx);
+            }
+            AcpKey::Net(NetKey::Idle) => {
+                if self.link.idle_expired(cx.core) {
+                    // As for a signal: the sessions' MCP servers go with the runs.
+                    cancel_live_runs(cx.core);
+                    self.acp.shutdown(cx);
+                }
+            }
+            other => self.acp.on_timer(cx, other),
+        }
+    }
+
+    fn after_batch(&mut self, cx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+        self.serve(cx);
+        self.acp.after_batch(cx, changed);
+        self.acp.ask_pending(cx);
+        // The engine calls this last before it would write stdout: the ordered outbox goes
+        // to the client instead, whole.
+        let out = self.acp.take_output();
+        self.link.send(&out);
+        self.serve(cx);
+        self.link.watch_idle(cx);
+    }
+}

@@ -1,0 +1,1190 @@
+//! `caliban agent serve` end to end, all on loopback: the NDJSON session plane and ACP over
+//! TLS with a bearer preamble (ACP driven by the official ACP TypeScript SDK,
+//! `tests/acp/net.mjs`), the peers it refuses, every fail-closed start, the Unix socket, the
+//! idle exit and SIGTERM. The CA and the certificates are made by `openssl` at test time in
+//! each test's workspace; the client side of the NDJSON tests is rustls trusting only that
+//! CA. Every receive has a deadline.
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+/// The longest any single line may take to arrive.
+const RECV: Duration = Duration::from_secs(20);
+/// The front's head deadline (`HEAD_DEADLINE`, src/surface/front.rs), which the preamble
+/// runs on from accept.
+const PREAMBLE_DEADLINE: Duration = Duration::from_secs(20);
+const TOKEN: &str = "agent-test-token";
+/// The longest one SDK scenario may take.
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(90);
+
+// ---- a test CA, made by openssl ---------------------------------------------------------------
+
+struct Pki {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    /// A CA that signed nothing here.
+    other_ca: PathBuf,
+    /// A key that does not belong to `cert`.
+    other_key: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let child = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl is needed to make the test CA");
+    let out = wait_output(child, Duration::from_secs(30));
+    assert_eq!(out.code, Some(0), "openssl {args:?}: {out:?}");
+}
+
+/// A CA, a server certificate for `localhost` and 127.0.0.1 signed by it, an unrelated CA
+/// and a stray key, in `ws/pki`.
+fn pki(ws: &Workspace) -> Pki {
+    let dir = ws.path("pki");
+    std::fs::create_dir_all(&dir).expect("mkdir pki");
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let ca_ext = [
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ];
+    for (name, cn) in [("ca", "agent test CA"), ("other-ca", "unrelated CA")] {
+        let (key, cert, subj) = (
+            format!("{name}-key.pem"),
+            format!("{name}.pem"),
+            format!("/CN={cn}"),
+        );
+        let mut args = vec!["req", "-x509"];
+        args.extend(ec);
+        args.extend(["-keyout", &key, "-out", &cert, "-days", "2", "-subj", &subj]);
+        args.extend(ca_ext);
+        openssl(&dir, &args);
+    }
+    let mut args = vec!["req", "-new"];
+    args.extend(ec);
+    args.extend([
+        "-keyout",
+        "key.pem",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    openssl(&dir, &args);
+    std::fs::write(
+        dir.join("server.ext"),
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("write ext");
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            "other-key.pem",
+        ],
+    );
+    Pki {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+        other_ca: dir.join("other-ca.pem"),
+        other_key: dir.join("other-key.pem"),
+    }
+}
+
+// ---- the agent --------------------------------------------------------------------------------
+
+struct Agent {
+    child: Child,
+    /// `tls://ADDR` or `unix:PATH`, from the start-up line.
+    endpoint: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Agent {
+    /// Starts `caliban agent serve` with `flags`, the stub as its model and `env`, and waits
+    /// for its start-up line.
+    fn start(ws: &Workspace, stub: &Stub, flags: &[&str], env: &[(&str, &str)]) -> Agent {
+        let mut cmd = caliban(ws);
+        anthropic(&mut cmd, stub);
+        cmd.args(["agent", "serve"]).args(flags);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn caliban agent serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = channel();
+        let lines = BufReader::new(child.stderr.take().expect("stderr"));
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                if let Some(at) = line.find("listening on ") {
+                    let _ = tx.send(line[at + "listening on ".len()..].to_owned());
+                }
+                let mut all = sink.lock().unwrap_or_else(|e| e.into_inner());
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        let endpoint = match rx.recv_timeout(RECV) {
+            Ok(endpoint) => endpoint,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "no start-up line within {RECV:?}:\n{}",
+                    stderr.lock().unwrap_or_else(|e| e.into_inner())
+                );
+            }
+        };
+        Agent {
+            child,
+            endpoint,
+            stderr,
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.endpoint
+            .strip_prefix("tls://")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("not a TLS endpoint: {}", self.endpoint))
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits for the agent to exit on its own; its exit code.
+    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not exit within {within:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_env(pki: &Pki) -> Vec<(&'static str, String)> {
+    vec![
+        ("CALIBAN_AGENT_TOKEN", TOKEN.to_owned()),
+        ("CALIBAN_AGENT_TLS_CERT", path_str(&pki.cert)),
+        ("CALIBAN_AGENT_TLS_KEY", path_str(&pki.key)),
+    ]
+}
+
+fn with_spec(mut env: Vec<(&'static str, String)>, spec: &Value) -> Vec<(&'static str, String)> {
+    env.push(("CALIBAN_AGENT_SPEC", spec.to_string()));
+    env
+}
+
+fn borrow<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+fn start_tls(ws: &Workspace, stub: &Stub, pki: &Pki, spec: &Value, flags: &[&str]) -> Agent {
+    let env = with_spec(tls_env(pki), spec);
+    let mut all = vec!["--listen", "127.0.0.1:0"];
+    all.extend_from_slice(flags);
+    Agent::start(ws, stub, &all, &borrow(&env))
+}
+
+// ---- a line client ----------------------------------------------------------------------------
+
+/// A client of the agent's lines over TLS (rustls, trusting only `ca`) or a Unix socket.
+struct Client {
+    stream: Box<dyn ReadWrite>,
+    buf: Vec<u8>,
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+fn client_config(ca: &Path) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("read CA") {
+        roots.add(cert.expect("CA cert")).expect("add CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("tls versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// Connects and completes the TLS handshake as `name`, or says why it failed.
+fn tls_connect(addr: SocketAddr, ca: &Path, name: &str) -> Result<Client, String> {
+    let tcp = TcpStream::connect(addr).expect("connect");
+    tcp.set_read_timeout(Some(RECV)).expect("timeout");
+    let server = ServerName::try_from(name.to_owned()).expect("server name");
+    let conn = ClientConnection::new(client_config(ca), server).expect("client");
+    let mut stream = StreamOwned::new(conn, tcp);
+    while stream.conn.is_handshaking() {
+        stream
+            .conn
+            .complete_io(&mut stream.sock)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(Client {
+        stream: Box::new(stream),
+        buf: Vec::new(),
+    })
+}
+
+impl Client {
+    fn tls(agent: &Agent, pki: &Pki) -> Client {
+        tls_connect(agent.addr(), &pki.ca, "localhost").expect("handshake")
+    }
+
+    /// A TLS client that has sent the preamble (and `then`, in the same write).
+    fn attached(agent: &Agent, pki: &Pki, then: &str) -> Client {
+        let mut client = Client::tls(agent, pki);
+        client.send(&format!("{{\"bearer\":\"{TOKEN}\"}}\n{then}"));
+        client
+    }
+
+    fn unix(path: &Path) -> Client {
+        let stream = std::os::unix::net::UnixStream::connect(path).expect("connect unix");
+        stream.set_read_timeout(Some(RECV)).expect("timeout");
+        Client {
+            stream: Box::new(stream),
+            buf: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, text: &str) {
+        self.stream.write_all(text.as_bytes()).expect("send");
+        self.stream.flush().expect("flush");
+    }
+
+    fn send_json(&mut self, value: &Value) {
+        self.send(&format!("{value}\n"));
+    }
+
+    /// The next line, or `None` at EOF. Panics after `RECV` without one.
+    fn recv(&mut self) -> Option<Value> {
+        let deadline = Instant::now() + RECV;
+        loop {
+            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=nl).collect();
+                let text = String::from_utf8_lossy(&line);
+                return Some(
+                    serde_json::from_str(text.trim())
+                        .unwrap_or_else(|e| panic!("not a JSON line ({e}): {text:?}")),
+                );
+            }
+            assert!(Instant::now() < deadline, "no line within {RECV:?}");
+            let mut chunk = [0u8; 16 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    panic!("no line within {RECV:?}")
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // A TLS close without close_notify, or a reset: the end all the same.
+                Err(_) => return None,
+            }
+        }
+    }
+
+    fn recv_line(&mut self) -> Value {
+        self.recv()
+            .expect("the connection closed before a line came")
+    }
+
+    /// Lines up to and including the first that `done` accepts.
+    fn recv_until(&mut self, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut lines = Vec::new();
+        loop {
+            let line = self.recv_line();
+            let stop = done(&line);
+            lines.push(line);
+            if stop {
+                return lines;
+            }
+        }
+    }
+
+    /// Everything until the agent closes the connection.
+    fn recv_to_end(&mut self) -> Vec<Value> {
+        std::iter::from_fn(|| self.recv()).collect()
+    }
+}
+
+fn is(ty: &'static str) -> impl Fn(&Value) -> bool {
+    move |v| v["type"] == ty
+}
+
+/// The lines that are `TurnEvent`s (the ones the cursor counts).
+fn events(lines: &[Value]) -> Vec<Value> {
+    const TYPES: [&str; 8] = [
+        "TurnStart",
+        "AssistantTextDelta",
+        "AssistantThinkingDelta",
+        "ToolCallStart",
+        "ToolCallInputDelta",
+        "ToolCallEnd",
+        "TurnEnd",
+        "RunEnd",
+    ];
+    lines
+        .iter()
+        .filter(|l| TYPES.iter().any(|t| l["type"] == *t))
+        .cloned()
+        .collect()
+}
+
+fn text_of(lines: &[Value]) -> String {
+    lines
+        .iter()
+        .filter(|l| l["type"] == "AssistantTextDelta")
+        .filter_map(|l| l["text"].as_str())
+        .collect()
+}
+
+fn text_turn(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+}
+
+fn tool_turn(id: &str, command: &str) -> Value {
+    json!({"tool_calls": [{"id": id, "name": "Bash", "input": {"command": command}}],
+           "usage": {"input_tokens": 20, "output_tokens": 8}})
+}
+
+// ---- the NDJSON plane -------------------------------------------------------------------------
+
+#[test]
+fn ndjson_plane_replays_streams_takes_input_and_permits_and_resumes_from_a_cursor() {
+    let ws = Workspace::new("agent-ndjson");
+    let pki = pki(&ws);
+    let mut slow = text_turn("words arriving slowly over the network");
+    slow["faults"] = json!([{"drip_ms": 150}]);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            text_turn("The first answer."),
+            tool_turn("toolu_echo", "echo permitted-ran"),
+            slow,
+        ]}),
+    );
+    let spec = json!({"initial_prompt": "start", "interactive": true, "label": "worker-1"});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &[]);
+
+    // A: from the start, through the first turn (live or replayed: the cursor says).
+    let mut a = Client::attached(&agent, &pki, "{\"type\":\"Resume\",\"cursor\":0}\n");
+    let mut seen = a.recv_until(is("TurnEnd"));
+    assert_eq!(text_of(&seen), "The first answer.");
+    assert_eq!(seen[0]["type"], "TurnStart");
+
+    // Malformed and refused lines get an Error line; the connection goes on.
+    a.send("not json\n{\"type\":\"Shout\"}\n{\"type\":\"UserMessage\"}\n");
+    for needle in [
+        "invalid JSON",
+        "unknown type `Shout`",
+        "`text` must be a string",
+    ] {
+        let line = a.recv_line();
+        assert_eq!(line["type"], "Error", "{line}");
+        assert!(
+            line["error"].as_str().unwrap().contains(needle),
+            "{line} lacks {needle}"
+        );
+    }
+
+    // Input: a second turn whose Bash call asks; the client answers on the plane.
+    a.send_json(&json!({"type": "UserMessage", "text": "run the command"}));
+    let asked = a.recv_until(is("PermissionRequest"));
+    seen.extend(events(&asked));
+    let prompt = asked.last().unwrap();
+    assert_eq!(prompt["tool_use_id"], "toolu_echo");
+    assert_eq!(prompt["tool_name"], "Bash");
+    assert_eq!(prompt["input"]["command"], "echo permitted-ran");
+    a.send_json(&json!({"type": "Permit", "tool_use_id": "wrong", "allow": true}));
+    let refused = a.recv_line();
+    assert_eq!(refused["type"], "Error");
+    assert!(
+        refused["error"].as_str().unwrap().contains("toolu_echo"),
+        "{refused}"
+    );
+    a.send_json(&json!({"type": "Permit", "tool_use_id": "toolu_echo", "allow": true}));
+    let ran = a.recv_until(is("ToolCallEnd"));
+    assert_eq!(ran.last().unwrap()["is_error"], false, "{ran:?}");
+    assert!(
+        ran.last().unwrap()["result_text"]
+            .as_str()
+            .unwrap()
+            .contains("permitted-ran")
+    );
+    seen.extend(ran);
+    // The third turn drips: leave in the middle of it.
+    seen.extend(a.recv_until(is("AssistantTextDelta")));
+    drop(a);
+    let cursor = seen.len();
+
+    // B resumes where A left off, while the turn goes on.
+    let mut b = Client::attached(
+        &agent,
+        &pki,
+        &format!("{{\"type\":\"Resume\",\"cursor\":{cursor}}}\n"),
+    );
+    let rest = b.recv_until(is("TurnEnd"));
+    assert!(
+        rest.iter().all(|l| l["type"] != "PermissionRequest"),
+        "an answered prompt is not shown again: {rest:?}"
+    );
+    seen.extend(rest);
+    // A Resume that is not the first line is refused and ends the connection.
+    b.send("{\"type\":\"Resume\",\"cursor\":0}\n");
+    let late = b.recv_line();
+    assert_eq!(late["type"], "Error");
+    assert!(
+        late["error"].as_str().unwrap().contains("first line"),
+        "{late}"
+    );
+    assert_eq!(b.recv(), None, "the connection ends after a late Resume");
+
+    // C resumes at the end, ends the input: the run ends, and so does the connection.
+    let mut c = Client::attached(
+        &agent,
+        &pki,
+        &format!("{{\"type\":\"Resume\",\"cursor\":{}}}\n", seen.len()),
+    );
+    c.send("{\"type\":\"EndInput\"}\n");
+    let end = c.recv_to_end();
+    assert_eq!(end.last().unwrap()["type"], "RunEnd", "{end:?}");
+    seen.extend(end);
+
+    // D connects without a Resume: the whole history (under the replay cap), then EOF. The
+    // pieces A, B and C saw are exactly it: nothing lost, nothing twice.
+    let mut d = Client::attached(&agent, &pki, "");
+    let replay = d.recv_to_end();
+    assert_eq!(replay, seen);
+    assert_eq!(
+        text_of(&replay),
+        "The first answer.words arriving slowly over the network"
+    );
+    assert_eq!(
+        replay.iter().filter(|l| l["type"] == "TurnStart").count(),
+        3
+    );
+    // The session header carries the spec's label.
+    let sessions = std::fs::read_dir(ws.path("home/.state/caliban/sessions")).expect("sessions");
+    let header = sessions
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .find(|t| t.contains("\"agent\":\"ndjson\""))
+        .expect("a session file of the agent's run");
+    assert!(header.contains("\"label\":\"worker-1\""), "{header}");
+}
+
+#[test]
+fn ndjson_unattended_asks_nobody_but_deny_rules_still_deny_and_tools_are_limited() {
+    let ws = Workspace::new("agent-unattended");
+    let pki = pki(&ws);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [
+                {"id": "toolu_ok", "name": "Bash", "input": {"command": "echo unattended-ran"}},
+                {"id": "toolu_rm", "name": "Bash", "input": {"command": "rm -rf nothing-here"}},
+                {"id": "toolu_write", "name": "Write", "input": {"path": "x.txt", "content": "x"}},
+            ]},
+            text_turn("done"),
+        ]}),
+    );
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended",
+                      "tool_allowlist": ["Bash", "Read"]});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &["--deny", "Bash(rm *)"]);
+    let mut client = Client::attached(&agent, &pki, "");
+    let lines = client.recv_to_end();
+    assert_eq!(lines.last().unwrap()["type"], "RunEnd", "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l["type"] != "PermissionRequest"),
+        "{lines:?}"
+    );
+    let end = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["type"] == "ToolCallEnd" && l["tool_use_id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no ToolCallEnd for {id}"))
+    };
+    assert_eq!(end("toolu_ok")["is_error"], false);
+    assert!(
+        end("toolu_ok")["result_text"]
+            .as_str()
+            .unwrap()
+            .contains("unattended-ran")
+    );
+    assert_eq!(end("toolu_rm")["is_error"], true, "the deny rule holds");
+    let write = end("toolu_write");
+    assert_eq!(write["is_error"], true);
+    assert!(
+        write["result_text"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool 'Write'"),
+        "{write}"
+    );
+    assert!(!ws.path("x.txt").exists());
+    // Only the allowed tools were offered to the model.
+    let offered: Vec<String> = stub.requests()[0]["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(offered, ["Bash", "Read"]);
+}
+
+// ---- peers that are refused -------------------------------------------------------------------
+
+#[test]
+fn peers_without_the_token_tls_or_patience_are_refused_and_the_newest_client_wins() {
+    let ws = Workspace::new("agent-refused");
+    let pki = pki(&ws);
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("hello")]}));
+    let spec = json!({"initial_prompt": "hi", "interactive": true});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &["-v"]);
+    let addr = agent.addr();
+
+    // A wrong token: nothing served, the connection closes.
+    let mut wrong = Client::tls(&agent, &pki);
+    wrong.send("{\"bearer\":\"not-the-token\"}\n");
+    assert_eq!(wrong.recv(), None);
+    // A preamble of the wrong shape, and one with the token and more.
+    for preamble in [
+        format!("Bearer {TOKEN}\n"),
+        format!("{{\"bearer\":\"{TOKEN}\",\"cursor\":0}}\n"),
+    ] {
+        let mut odd = Client::tls(&agent, &pki);
+        odd.send(&preamble);
+        assert_eq!(odd.recv(), None, "{preamble}");
+    }
+    // An oversized preamble: closed before a newline ever comes.
+    let mut big = Client::tls(&agent, &pki);
+    big.send(&format!("{{\"bearer\":\"{}", "x".repeat(5000)));
+    assert_eq!(big.recv(), None);
+    // A plaintext client: no JSON line back, only (at most) a TLS alert, then the end.
+    let mut plain = TcpStream::connect(addr).expect("connect");
+    plain.set_read_timeout(Some(RECV)).expect("timeout");
+    plain
+        .write_all(format!("{{\"bearer\":\"{TOKEN}\"}}\n").as_bytes())
+        .expect("send");
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(
+        got.is_empty() || got[0] == 0x15,
+        "a plaintext client got {got:?}"
+    );
+    // A client that does not trust the CA, and one that checks another name.
+    let untrusted = tls_connect(addr, &pki.other_ca, "localhost").err();
+    assert!(
+        untrusted
+            .as_deref()
+            .unwrap_or_default()
+            .contains("UnknownIssuer"),
+        "{untrusted:?}"
+    );
+    let misnamed = tls_connect(addr, &pki.ca, "agent.example.com").err();
+    assert!(
+        misnamed
+            .as_deref()
+            .unwrap_or_default()
+            .contains("not valid for name"),
+        "{misnamed:?}"
+    );
+    // The 127.0.0.1 SAN is good too.
+    assert!(tls_connect(addr, &pki.ca, "127.0.0.1").is_ok());
+
+    // Peers stuck in their preamble: past 16 the oldest goes, the newest stay.
+    let stuck: Vec<TcpStream> = (0..17)
+        .map(|_| {
+            let tcp = TcpStream::connect(addr).expect("connect");
+            tcp.set_read_timeout(Some(Duration::from_millis(300)))
+                .expect("timeout");
+            std::thread::sleep(Duration::from_millis(20));
+            tcp
+        })
+        .collect();
+    // Open: no EOF within the read timeout (a closed one may first send a TLS alert).
+    let open = |mut tcp: &TcpStream| {
+        let mut b = [0u8; 64];
+        loop {
+            match tcp.read(&mut b) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(e) => return matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+            }
+        }
+    };
+    let closed: Vec<usize> = stuck
+        .iter()
+        .enumerate()
+        .filter(|(_, tcp)| !open(tcp))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(closed, [0], "the oldest of 17 goes");
+    drop(stuck);
+
+    // No preamble at all: closed at the deadline, not before, with nothing served (at most
+    // a TLS alert). On its own thread, as it takes the whole deadline.
+    let silent = std::thread::spawn(move || {
+        let mut tcp = TcpStream::connect(addr).expect("connect");
+        tcp.set_read_timeout(Some(PREAMBLE_DEADLINE + Duration::from_secs(10)))
+            .expect("timeout");
+        let start = Instant::now();
+        // Not even a handshake: the deadline runs from accept.
+        let mut got = Vec::new();
+        let _ = tcp.read_to_end(&mut got);
+        (got, start.elapsed())
+    });
+
+    // A real client still gets served; a second one replaces it.
+    let mut first = Client::attached(&agent, &pki, "");
+    assert_eq!(first.recv_line()["type"], "TurnStart");
+    let mut second = Client::attached(&agent, &pki, "");
+    assert_eq!(second.recv_line()["type"], "TurnStart");
+    let rest = first.recv_to_end();
+    assert!(rest.len() < 10, "the older client was closed: {rest:?}");
+
+    let (got, after) = silent.join().expect("silent peer");
+    assert!(
+        got.is_empty() || got[0] == 0x15,
+        "a peer with no preamble was sent {got:?}"
+    );
+    assert!(
+        after >= PREAMBLE_DEADLINE - Duration::from_secs(1),
+        "closed after only {after:?}"
+    );
+    assert!(
+        after < PREAMBLE_DEADLINE + Duration::from_secs(5),
+        "closed only after {after:?}"
+    );
+    let log = agent.stderr();
+    assert!(log.contains("invalid bearer token"), "{log}");
+}
+
+// ---- starts that are refused ------------------------------------------------------------------
+
+#[test]
+fn network_mode_fails_closed_with_exit_78_naming_what_is_missing() {
+    let ws = Workspace::new("agent-fail-closed");
+    let pki = pki(&ws);
+    ws.write("spec.json", r#"{"initial_prompt": "x"}"#);
+    let cert = path_str(&pki.cert);
+    let key = path_str(&pki.key);
+    let other_key = path_str(&pki.other_key);
+    let missing = path_str(&ws.path("no-such.pem"));
+    let no_token = "CALIBAN_AGENT_TOKEN is required for --listen (network) mode; refusing to bind an unauthenticated listener";
+    let no_tls = "agent TLS (CALIBAN_AGENT_TLS_CERT/KEY) is required for --listen mode; refusing to send the bearer token over plaintext";
+    // (environment, what the refusal must say)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        (vec![], vec![no_token]),
+        (
+            vec![("CALIBAN_AGENT_TOKEN", "  ")],
+            vec!["CALIBAN_AGENT_TOKEN is empty"],
+        ),
+        (
+            vec![("CALIBAN_AGENT_TOKEN", TOKEN)],
+            vec!["CALIBAN_AGENT_TLS_CERT is not set", no_tls],
+        ),
+        (
+            vec![
+                ("CALIBAN_AGENT_TOKEN", TOKEN),
+                ("CALIBAN_AGENT_TLS_CERT", &cert),
+            ],
+            vec!["CALIBAN_AGENT_TLS_KEY is not set", no_tls],
+        ),
+        (
+            vec![
+                ("CALIBAN_AGENT_TOKEN", TOKEN),
+                ("CALIBAN_AGENT_TLS_CERT", &cert),
+                ("CALIBAN_AGENT_TLS_KEY", ""),
+            ],
+            vec!["CALIBAN_AGENT_TLS_KEY is empty", no_tls],
+        ),
+        (
+            vec![
+                ("CALIBAN_AGENT_TOKEN", TOKEN),
+                ("CALIBAN_AGENT_TLS_CERT", &missing),
+                ("CALIBAN_AGENT_TLS_KEY", &key),
+            ],
+            vec!["CALIBAN_AGENT_TLS_CERT=", "cannot be read", no_tls],
+        ),
+        (
+            vec![
+                ("CALIBAN_AGENT_TOKEN", TOKEN),
+                ("CALIBAN_AGENT_TLS_CERT", &cert),
+                ("CALIBAN_AGENT_TLS_KEY", &other_key),
+            ],
+            vec!["KeyMismatch", no_tls],
+        ),
+        (
+            vec![
+                ("CALIBAN_AGENT_TOKEN", TOKEN),
+                ("CALIBAN_AGENT_TLS_CERT", &key),
+                ("CALIBAN_AGENT_TLS_KEY", &key),
+            ],
+            vec!["no certificates found", no_tls],
+        ),
+    ];
+    for (env, needles) in cases {
+        let mut cmd = caliban(&ws);
+        cmd.env("ANTHROPIC_BASE_URL", "http://127.0.0.1:9").args([
+            "agent",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--spec",
+            "spec.json",
+        ]);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(78), "{env:?}: {out:?}");
+        for needle in needles {
+            assert!(out.stderr.contains(needle), "{env:?}: {needle}: {out:?}");
+        }
+        assert!(!out.stderr.contains("listening on"), "{out:?}");
+    }
+
+    // The spec is checked as strictly, over either transport.
+    let tls = tls_env(&pki);
+    let tls = borrow(&tls);
+    for (spec, needle) in [
+        (None, "no spawn spec"),
+        (
+            Some(r#"{"initial_prompt": "x", "isolation_worktree": true}"#),
+            "unknown field in the spawn spec: `isolation_worktree`",
+        ),
+        (
+            Some(r#"{"initial_prompt": "x", "drive_protocol": "grpc"}"#),
+            "unknown drive_protocol `grpc`",
+        ),
+        (Some(r#"{"drive_protocol": "ndjson"}"#), "no initial_prompt"),
+        (
+            Some(r#"{"initial_prompt": "x", "tool_allowlist": ["Curl"]}"#),
+            "unknown tool `Curl`",
+        ),
+    ] {
+        let mut cmd = caliban(&ws);
+        cmd.env("ANTHROPIC_BASE_URL", "http://127.0.0.1:9").args([
+            "agent",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        for (k, v) in &tls {
+            cmd.env(k, v);
+        }
+        if let Some(spec) = spec {
+            cmd.env("CALIBAN_AGENT_SPEC", spec);
+        }
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(78), "{spec:?}: {out:?}");
+        assert!(out.stderr.contains(needle), "{needle}: {out:?}");
+    }
+    let mut cmd = caliban(&ws);
+    cmd.env("CALIBAN_AGENT_SPEC", r#"{"initial_prompt": "x"}"#)
+        .env("CALIBAN_AGENT_IDLE_TIMEOUT_SECS", "soon")
+        .args(["agent", "serve", "--socket", "a.sock"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(78), "{out:?}");
+    assert!(
+        out.stderr.contains("CALIBAN_AGENT_IDLE_TIMEOUT_SECS"),
+        "{out:?}"
+    );
+    // Neither or both of --listen and --socket is a usage error.
+    for flags in [&[][..], &["--listen", "127.0.0.1:0", "--socket", "a.sock"]] {
+        let mut cmd = caliban(&ws);
+        cmd.args(["agent", "serve"]).args(flags);
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(64), "{flags:?}: {out:?}");
+    }
+}
+
+// ---- the Unix socket, SIGTERM and the idle exit ----------------------------------------------
+
+#[test]
+fn the_unix_socket_is_0600_sigterm_kills_the_running_tool_and_the_socket_goes() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let ws = Workspace::new("agent-unix");
+    let marker = format!("agent-sigterm-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [tool_turn("toolu_sleep", &format!("sleep 30; echo {marker}")),
+                          text_turn("never")]}),
+    );
+    // Something stale from a process that died is replaced.
+    let stale = std::os::unix::net::UnixListener::bind(ws.path("agent.sock")).expect("bind");
+    drop(stale);
+    let spec = json!({"initial_prompt": "sleep", "permission_posture": "unattended"}).to_string();
+    let socket = path_str(&ws.path("agent.sock"));
+    let mut agent = Agent::start(
+        &ws,
+        &stub,
+        &["--socket", &socket],
+        &[("CALIBAN_AGENT_SPEC", &spec)],
+    );
+    assert_eq!(agent.endpoint, format!("unix:{socket}"));
+    let meta = std::fs::symlink_metadata(&socket).expect("socket");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+
+    // No preamble on the socket: lines flow at once.
+    let mut client = Client::unix(Path::new(&socket));
+    let lines = client.recv_until(|l| l["type"] == "ToolCallInputDelta");
+    assert_eq!(lines[0]["type"], "TurnStart");
+    let deadline = Instant::now() + RECV;
+    while !process_with_marker_exists(&marker) {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let signalled = Instant::now();
+    agent.signal("-TERM");
+    assert_eq!(agent.wait_exit(Duration::from_secs(10)), Some(0));
+    let took = signalled.elapsed();
+    assert!(
+        !process_with_marker_exists(&marker),
+        "the Bash process outlived SIGTERM"
+    );
+    assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
+    assert!(!Path::new(&socket).exists(), "the socket file was left");
+    // The run's end was recorded: its client saw it before the connection went.
+    let rest = client.recv_to_end();
+    let end = rest.iter().find(|l| l["type"] == "RunEnd");
+    assert!(
+        end.is_some_and(|e| e["stopped_for"] == "Cancelled"),
+        "{rest:?}"
+    );
+
+    // A second agent will not take over a path that is not a socket.
+    ws.write("file.sock", "not a socket");
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("CALIBAN_AGENT_SPEC", &spec)
+        .args(["agent", "serve", "--socket", "file.sock"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(78), "{out:?}");
+    assert!(out.stderr.contains("is not a socket"), "{out:?}");
+}
+
+#[test]
+fn with_no_client_and_nothing_running_the_agent_exits_after_the_idle_timeout() {
+    let ws = Workspace::new("agent-idle");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("waiting for you")]}));
+    let spec = json!({"initial_prompt": "hi", "interactive": true}).to_string();
+    let socket = path_str(&ws.path("idle.sock"));
+    let env = [
+        ("CALIBAN_AGENT_SPEC", spec.as_str()),
+        ("CALIBAN_AGENT_IDLE_TIMEOUT_SECS", "1"),
+    ];
+    let mut agent = Agent::start(&ws, &stub, &["--socket", &socket, "-v"], &env);
+    // While a client is connected the agent stays, however idle.
+    let mut client = Client::unix(Path::new(&socket));
+    client.recv_until(is("TurnEnd"));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(agent.child.try_wait().expect("try_wait").is_none());
+    let gone = Instant::now();
+    drop(client);
+    assert_eq!(agent.wait_exit(Duration::from_secs(10)), Some(0));
+    assert!(
+        gone.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        gone.elapsed()
+    );
+    assert!(agent.stderr().contains("no client and nothing running"));
+    assert!(!Path::new(&socket).exists());
+}
+
+// ---- ACP over TLS, driven by the official SDK ------------------------------------------------
+
+#[test]
+fn acp_over_tls_with_the_official_sdk_prompts_permits_cancels_and_loads_after_a_reconnect() {
+    let ws = Workspace::new("agent-acp");
+    let pki = pki(&ws);
+    let marker = format!("agent-acp-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            text_turn("Hello over TLS."),
+            tool_turn("toolu_ok", "echo allowed-ran"),
+            text_turn("the command ran"),
+            tool_turn("toolu_no", "echo rejected-ran > rejected.txt"),
+            text_turn("not run then"),
+            tool_turn("toolu_sleep", &format!("sleep 30; echo {marker}")),
+            text_turn("back again"),
+        ]}),
+    );
+    let agent = start_tls(&ws, &stub, &pki, &json!({"drive_protocol": "acp"}), &[]);
+    let addr = agent.addr();
+    let dir = crate::acp::sdk_dir();
+    let args = json!({
+        "host": "127.0.0.1", "port": addr.port(), "ca": path_str(&pki.ca),
+        "servername": "localhost", "token": TOKEN, "cwd": path_str(&ws.root),
+        "answers": ["allow", "reject", "allow"],
+    });
+    let child = Command::new("node")
+        .arg(dir.join("net.mjs"))
+        .arg(args.to_string())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn node (node 20 is needed)");
+    let out = wait_output(child, SCENARIO_TIMEOUT);
+    let report: Value = serde_json::from_str(out.stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no report ({e}): {out:?}\n{}", agent.stderr()));
+    assert_eq!(
+        report["ok"],
+        true,
+        "{}\n--- agent\n{}",
+        report["error"].as_str().unwrap_or_default(),
+        agent.stderr()
+    );
+    assert_eq!(report["problems"], json!([]), "frames that break ACP");
+    let first = &report["result"]["first"];
+    assert_eq!(first["init"]["protocolVersion"], 1);
+    assert_eq!(first["init"]["agentCapabilities"]["loadSession"], true);
+    assert_eq!(first["init"]["authMethods"], json!([]));
+    let stops: Vec<&str> = first["stops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stopReason"].as_str().unwrap())
+        .collect();
+    assert_eq!(stops, ["end_turn", "end_turn", "end_turn", "cancelled"]);
+    let updates = first["updates"].as_array().unwrap();
+    let said: String = updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect();
+    assert_eq!(said, "Hello over TLS.the command rannot run then");
+    let asked: Vec<&str> = first["permissions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["toolCall"]["toolCallId"].as_str().unwrap())
+        .collect();
+    assert_eq!(asked, ["toolu_ok", "toolu_no", "toolu_sleep"]);
+    let last_of = |id: &str| {
+        updates
+            .iter()
+            .rev()
+            .find(|u| u["toolCallId"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no update for {id}"))
+    };
+    assert_eq!(last_of("toolu_ok")["status"], "completed");
+    assert!(
+        last_of("toolu_ok")["content"][0]["content"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("allowed-ran")
+    );
+    assert_eq!(last_of("toolu_no")["status"], "failed");
+    assert!(
+        !ws.path("rejected.txt").exists(),
+        "the rejected command ran"
+    );
+    assert_eq!(last_of("toolu_sleep")["status"], "failed");
+    assert!(
+        !process_with_marker_exists(&marker),
+        "the Bash process outlived the cancel"
+    );
+
+    let second = &report["result"]["second"];
+    let replayed: String = second["replay"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect();
+    assert!(replayed.contains("Hello over TLS."), "{replayed}");
+    assert!(replayed.contains("not run then"), "{replayed}");
+    assert_eq!(second["stop"]["stopReason"], "end_turn");
+    let after: String = second["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect();
+    assert_eq!(after, "back again");
+    // The prompt after the reconnect continued the same conversation.
+    let last = stub.requests().last().cloned().expect("a request");
+    let sent = last["body"]["messages"].to_string();
+    assert!(
+        sent.contains("Hello over TLS.") && sent.contains("after the reconnect"),
+        "{sent}"
+    );
+}
+
+#[test]
+fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permission() {
+    let ws = Workspace::new("agent-acp-back");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn("toolu_wait", "echo asked-again"),
+            text_turn("ran it"),
+            text_turn("and again"),
+        ]}),
+    );
+    let socket = path_str(&ws.path("acp.sock"));
+    let spec = json!({"drive_protocol": "acp"}).to_string();
+    let _agent = Agent::start(
+        &ws,
+        &stub,
+        &["--socket", &socket],
+        &[("CALIBAN_AGENT_SPEC", &spec)],
+    );
+    let rpc = |id: u64, method: &str, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let cwd = path_str(&ws.root);
+    let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
+
+    let mut a = Client::unix(Path::new(&socket));
+    a.send_json(&rpc(1, "initialize", init.clone()));
+    assert_eq!(a.recv_line()["id"], 1);
+    a.send_json(&rpc(
+        2,
+        "session/new",
+        json!({"cwd": cwd, "mcpServers": []}),
+    ));
+    let session = a.recv_line()["result"]["sessionId"].clone();
+    let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "go"}]});
+    a.send_json(&rpc(3, "session/prompt", prompt.clone()));
+    let asked = a.recv_until(|l| l["method"] == "session/request_permission");
+    let request = asked.last().unwrap();
+    assert_eq!(request["params"]["toolCall"]["toolCallId"], "toolu_wait");
+    // The client goes away without answering.
+    drop(a);
+
+    let mut b = Client::unix(Path::new(&socket));
+    b.send_json(&rpc(1, "initialize", init));
+    assert_eq!(b.recv_line()["id"], 1);
+    b.send_json(&rpc(
+        2,
+        "session/load",
+        json!({"sessionId": session, "cwd": cwd, "mcpServers": []}),
+    ));
+    let loaded = b.recv_until(|l| l["id"] == 2);
+    assert!(loaded.last().unwrap().get("result").is_some(), "{loaded:?}");
+    // The prompt that waited meanwhile is asked of the client that came back.
+    let again = b.recv_until(|l| l["method"] == "session/request_permission");
+    let again = again.last().unwrap();
+    assert_eq!(again["params"]["toolCall"]["toolCallId"], "toolu_wait");
+    b.send_json(&json!({"jsonrpc": "2.0", "id": again["id"],
+        "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}));
+    let ran = b.recv_until(|l| {
+        l["params"]["update"]["toolCallId"] == "toolu_wait"
+            && l["params"]["update"]["status"] == "completed"
+    });
+    let done = ran.last().unwrap().to_string();
+    assert!(done.contains("asked-again"), "{done}");
+    // The first client's prompt is nobody's to answer; once the turn it started is over,
+    // the session takes the next one (until then a prompt is refused as busy).
+    let mut next = prompt;
+    next["prompt"][0]["text"] = json!("and now");
+    let deadline = Instant::now() + RECV;
+    for id in 3.. {
+        b.send_json(&rpc(id, "session/prompt", next.clone()));
+        let answer = b.recv_until(|l| l["id"] == id);
+        let answer = answer.last().unwrap();
+        if answer["error"]["message"] == "the session is still busy with its last turn" {
+            assert!(Instant::now() < deadline, "the turn never ended");
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        break;
+    }
+}
