@@ -227,7 +227,9 @@ fn is_loopback_authority(authority: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| is_loopback(&ip))
 }
 
-fn is_loopback(addr: &IpAddr) -> bool {
+/// 127.0.0.0/8, `::1` and IPv4-mapped `::ffff:127.x.y.z`, with no test seam: the gate's
+/// `classify` for listeners that have no gate (the agent's, which counts peers by it).
+pub(crate) fn is_loopback(addr: &IpAddr) -> bool {
     match addr {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => {

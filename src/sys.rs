@@ -317,14 +317,24 @@ pub fn wait_writable(fd: RawFd, timeout: Option<std::time::Duration>) -> io::Res
 }
 
 /// Turns on TCP keepalive probes after `idle` of silence, so a peer that vanished without a
-/// FIN (a dead laptop, a dropped NAT entry) is noticed even on a quiet, long-lived stream.
+/// FIN (a dead laptop, a dropped NAT entry) is noticed even on a quiet, long-lived stream;
+/// and gives up on data the peer has not acknowledged within the same time (`idle` plus
+/// the probes' 60 s, `TCP_USER_TIMEOUT`). Probes only run while nothing is in flight, so a
+/// stream that sends heartbeats never gets them: without the user timeout the kernel would
+/// retransmit to a vanished peer for about 15 minutes (`tcp_retries2`) before giving up.
 pub fn set_keepalive(fd: RawFd, idle: std::time::Duration) -> io::Result<()> {
+    const PROBE_INTERVAL_SECS: libc::c_int = 10;
+    const PROBES: libc::c_int = 6;
     let secs = libc::c_int::try_from(idle.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
-    let options: [(libc::c_int, libc::c_int, libc::c_int); 4] = [
+    let user_timeout_ms = secs
+        .saturating_add(PROBE_INTERVAL_SECS * PROBES)
+        .saturating_mul(1000);
+    let options: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 6),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, PROBE_INTERVAL_SECS),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, PROBES),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_timeout_ms),
     ];
     for (level, name, value) in options {
         // SAFETY: `value` is a live c_int and the length passed is its size.
@@ -342,6 +352,44 @@ pub fn set_keepalive(fd: RawFd, idle: std::time::Duration) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What the kernel knows of a TCP socket's output (`TCP_INFO`, Linux 4.6 and later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpSendState {
+    /// Bytes the peer has acknowledged so far (`tcpi_bytes_acked`).
+    pub acked: u64,
+    /// Whether any output is still in the kernel: sent and not acknowledged, or not sent.
+    pub queued: bool,
+}
+
+/// The kernel's view of a TCP socket's output; `None` when it does not say. Our own writes
+/// are no sign of life: a kernel with room in its send buffer takes them whether or not the
+/// peer reads, and frees a little room now and then even for a peer that advertises a zero
+/// window. Acknowledgements stop once the peer's receive buffer is full, and start again
+/// only when it reads.
+pub fn tcp_send_state(fd: RawFd) -> Option<TcpSendState> {
+    // SAFETY: tcp_info is plain integers, for which all-zero bytes are a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is a live tcp_info and `len` holds its size; the kernel writes at most
+    // `len` bytes and reports how many it wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // An older kernel fills a shorter struct: the fields are then not there to read.
+    let needed =
+        std::mem::offset_of!(libc::tcp_info, tcpi_notsent_bytes) + std::mem::size_of::<u32>();
+    (rc == 0 && len as usize >= needed).then_some(TcpSendState {
+        acked: info.tcpi_bytes_acked,
+        queued: info.tcpi_unacked > 0 || info.tcpi_notsent_bytes > 0,
+    })
 }
 
 /// Sets the process's file-creation mask and returns the previous one. Process-wide: call
@@ -367,5 +415,63 @@ pub fn raise_fd_limit() {
         unsafe {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp_option(fd: RawFd, name: libc::c_int) -> libc::c_int {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `value` is a live c_int and `len` holds its size; both outlive the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                name,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt: {}", io::Error::last_os_error());
+        value
+    }
+
+    #[test]
+    fn keepalive_also_bounds_how_long_unacknowledged_data_may_wait() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let tcp =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        set_keepalive(raw_fd(&tcp), std::time::Duration::from_secs(60)).expect("keepalive");
+        assert_eq!(tcp_option(raw_fd(&tcp), libc::TCP_KEEPIDLE), 60);
+        // Idle plus six probes ten seconds apart: the same two minutes either way.
+        assert_eq!(tcp_option(raw_fd(&tcp), libc::TCP_USER_TIMEOUT), 120_000);
+    }
+
+    #[test]
+    fn the_kernel_says_what_the_peer_took_and_what_is_still_queued() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let mut tcp =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (mut peer, _) = listener.accept().expect("accept");
+        // (Linux counts the handshake's SYN as one byte.)
+        let before = tcp_send_state(raw_fd(&tcp)).expect("tcp_info");
+        tcp.write_all(b"hello").expect("write");
+        let mut buf = [0u8; 5];
+        peer.read_exact(&mut buf).expect("read");
+        // Loopback acknowledges at once, but not necessarily before the read returns.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let expected = TcpSendState {
+            acked: before.acked + 5,
+            queued: false,
+        };
+        while tcp_send_state(raw_fd(&tcp)) != Some(expected) {
+            assert!(std::time::Instant::now() < deadline, "never acknowledged");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(tcp_send_state(-1), None);
     }
 }

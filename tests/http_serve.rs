@@ -2349,6 +2349,266 @@ fn a_prompt_left_pending_by_a_cancel_is_no_longer_waited_on() {
     );
 }
 
+// ---- hardening: followers that are quiet, slow or gone ------------------------------------
+
+/// `HEARTBEAT_PERIOD` in src/surface/http_api.rs: a follow stream that carried nothing for
+/// this long gets a heartbeat.
+const FOLLOW_HEARTBEAT: Duration = Duration::from_secs(15);
+/// `WRITE_STALL_DEADLINE` in src/surface/front.rs: a connection whose queued output the
+/// peer has not taken a byte of for this long is closed.
+const WRITE_STALL_DEADLINE: Duration = Duration::from_secs(30);
+/// Room for a loaded machine on top of a documented period.
+const SLACK: Duration = Duration::from_secs(10);
+
+fn vm_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+#[test]
+fn a_quiet_follow_stream_gets_heartbeats() {
+    let ws = Workspace::new("hs-heartbeat");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("your turn")]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    // An interactive run waiting for input: nothing happens on it until we say so.
+    let run = start_run(addr, json!({"prompt": "wait", "interactive": true}));
+    wait_state(addr, &run, "awaiting_input");
+    let cursor = events_page(addr, &run, u64::MAX)["next_cursor"]
+        .as_u64()
+        .expect("cursor");
+    let mut ndjson = Follow::open(addr, &follow_path(&run, cursor), &[]);
+    let mut sse = Follow::open(
+        addr,
+        &follow_path(&run, cursor),
+        &[("accept", "text/event-stream")],
+    );
+    assert_eq!(
+        ndjson.next_line(),
+        Some(json!({"v": 1, "cursor": cursor, "status": {"state": "awaiting_input"}}))
+    );
+    let opening = sse
+        .next_raw_within(b"\n\n", RECV_TIMEOUT)
+        .expect("the SSE status event")
+        .expect("an open SSE stream");
+    // A status line is no place in the log: it carries no `id:` (only events do).
+    assert!(opening.starts_with("data: "), "{opening:?}");
+
+    // A line a client can skip, with the cursor to resume from; an SSE comment.
+    let beat = ndjson
+        .next_line_within(FOLLOW_HEARTBEAT + SLACK)
+        .unwrap_or_else(|()| panic!("no heartbeat line within {FOLLOW_HEARTBEAT:?}"));
+    assert_eq!(
+        beat,
+        Some(json!({"v": 1, "cursor": cursor, "heartbeat": true}))
+    );
+    let comment = sse
+        .next_raw_within(b"\n\n", FOLLOW_HEARTBEAT + SLACK)
+        .unwrap_or_else(|()| panic!("no SSE heartbeat within {FOLLOW_HEARTBEAT:?}"));
+    assert_eq!(comment.as_deref(), Some(": heartbeat"));
+
+    // The run goes on as before: both streams carry its end and end.
+    assert_json(
+        &post_json(addr, &format!("/runs/{run}/input"), &json!({"end": true})),
+        200,
+        json!({"ok": true}),
+    );
+    let rest = ndjson.rest();
+    let mut lines = vec![json!({"v": 1, "cursor": cursor, "status": {"state": "awaiting_input"}})];
+    lines.extend(rest);
+    let events = check_stream(&lines, cursor, true);
+    run_end(&events);
+    let mut last = None;
+    while let Some(event) = sse.next_sse() {
+        last = Some(event);
+    }
+    assert_eq!(
+        last.expect("SSE events").json()["status"],
+        json!({"state": "done"})
+    );
+}
+
+#[test]
+fn followers_that_stop_reading_hold_a_small_window_and_are_reaped() {
+    const FOLLOWERS: usize = 60;
+    // Each follower costs the server its connection and a window of queued output
+    // (`http::server::STREAM_WINDOW`, 64 KiB, plus one step of the log): under 10 MiB for
+    // all of them, allocator slack included. They used to take ~45 MiB (up to ~768 KiB of
+    // queued stream each).
+    const MAX_GROWTH_KIB: u64 = 24 * 1024;
+    let ws = Workspace::new("hs-stalled-followers");
+    // ~8 MB of text in 1 KB words, ~2,700 deltas of 3 KB: each follower's stream is far
+    // beyond what the socket buffers of a reader that never reads absorb, and it stalls
+    // long before the turn's end (whose single event carries all of the text).
+    let word = "x".repeat(1000);
+    let text = vec![word.as_str(); 8000].join(" ");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("warm"), {"text": text}]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let warm = start_run(addr, json!({"prompt": "warm up"}));
+    wait_terminal(addr, &warm);
+    let before = vm_rss_kib(server.pid());
+
+    let run = start_run(addr, json!({"prompt": "flood"}));
+    let followers: Vec<Follow> = (0..FOLLOWERS)
+        .map(|_| Follow::open(addr, &follow_path(&run, 0), &[]))
+        .collect();
+    wait_terminal(addr, &run);
+    // Let every follower's stream go as far as it can.
+    std::thread::sleep(Duration::from_secs(1));
+    let after = vm_rss_kib(server.pid());
+    assert!(
+        after.saturating_sub(before) < MAX_GROWTH_KIB,
+        "{FOLLOWERS} followers that never read took RSS from {before} KiB to {after} KiB"
+    );
+    assert_eq!(
+        metric(addr, "caliban_http_connections"),
+        Some(FOLLOWERS as f64 + 1.0)
+    );
+
+    // Nobody reads: each connection is closed once the peer took nothing for the stall
+    // deadline, and its slot is free again.
+    let deadline = Instant::now() + WRITE_STALL_DEADLINE + SLACK;
+    loop {
+        if metric(addr, "caliban_http_connections") == Some(1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stalled followers still hold {:?} connections after {WRITE_STALL_DEADLINE:?}",
+            metric(addr, "caliban_http_connections").map(|n| n - 1.0)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(followers);
+    let resp = get(addr, "/healthz");
+    assert_eq!(resp.status, 200, "{resp:?}");
+}
+
+// ---- hardening: peers without the token ------------------------------------------------------
+
+/// Whether the server has closed `stream` (EOF or reset), reading at most `wait`.
+fn closed_by_server(stream: &mut std::net::TcpStream, wait: Duration) -> bool {
+    use std::io::{ErrorKind, Read};
+    stream.set_read_timeout(Some(wait)).expect("read timeout");
+    let mut buf = [0u8; 512];
+    match stream.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!(
+            "no response was due: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
+        Err(_) => true,
+    }
+}
+
+#[test]
+fn unauthenticated_peers_cannot_hold_every_slot() {
+    use std::io::Write;
+    use std::net::Ipv4Addr;
+    // `MAX_UNADMITTED_PER_PEER` in src/surface/front.rs.
+    const PER_PEER: usize = 16;
+    const SLOTS: usize = 24;
+    let ws = Workspace::new("hs-slots");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("served")]}));
+    let server = Serve::start(
+        &ws,
+        &stub,
+        &["--max-connections", &SLOTS.to_string()],
+        &[
+            ("CALIBAN_TEST_LOOPBACK_IS_REMOTE", "1"),
+            ("CALIBAN_DRIVE_TOKEN", "s3cret"),
+        ],
+    );
+    let addr = server.addr;
+    let auth = [("authorization", "Bearer s3cret")];
+
+    // Without the token, a request is refused at its head: the 401 does not wait for the
+    // body it announced (nor ask for it with 100 Continue), and the connection ends.
+    for expect in [None, Some("100-continue")] {
+        let mut conn = HttpConn::connect(addr);
+        let mut head =
+            "POST /runs HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+                        content-length: 100000\r\n"
+                .to_owned();
+        if let Some(expect) = expect {
+            head.push_str(&format!("expect: {expect}\r\n"));
+        }
+        head.push_str("\r\n");
+        conn.send_raw(head.as_bytes());
+        assert_unauthorized(&conn.read_response());
+        assert!(
+            conn.closed_by_peer(Instant::now() + Duration::from_secs(10)),
+            "an unauthenticated connection was kept open"
+        );
+    }
+
+    // One peer trickles request heads on more connections than a peer may hold before
+    // authenticating: the excess is refused at once.
+    let trickle = |from: Ipv4Addr| {
+        let mut stream = connect_from(from, addr);
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+            .expect("the start of a head");
+        stream
+    };
+    let holding_since = Instant::now();
+    let mut first: Vec<_> = (0..PER_PEER + 4)
+        .map(|_| trickle(Ipv4Addr::new(127, 0, 0, 2)))
+        .collect();
+    let mut closed = vec![false; first.len()];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.iter().filter(|c| **c).count() < 4 && Instant::now() < deadline {
+        for (stream, closed) in first.iter_mut().zip(closed.iter_mut()) {
+            *closed = *closed || closed_by_server(stream, Duration::from_millis(10));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for (stream, closed) in first.iter_mut().zip(closed.iter_mut()) {
+        *closed = *closed || closed_by_server(stream, Duration::from_millis(10));
+    }
+    let refused = closed.iter().filter(|c| **c).count();
+    assert_eq!(
+        refused,
+        4,
+        "{} connections of one peer were let in",
+        PER_PEER + 4 - refused
+    );
+
+    // A second peer does the same: between them they would fill every slot.
+    let second: Vec<_> = (0..PER_PEER)
+        .map(|_| trickle(Ipv4Addr::new(127, 0, 0, 3)))
+        .collect();
+
+    // An authorised client is still served while they hold their slots: before the head
+    // deadline (`HEAD_DEADLINE` in src/surface/front.rs) of any of them frees one.
+    const HEAD_DEADLINE: Duration = Duration::from_secs(20);
+    let resp = request(addr, "GET", "/healthz", &auth, b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert!(
+        holding_since.elapsed() < HEAD_DEADLINE,
+        "the authorised client was only served once a head deadline freed a slot"
+    );
+    let resp = request(addr, "GET", "/metrics", &auth, b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let open = resp
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix("caliban_http_connections "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("caliban_http_connections");
+    assert!(
+        open <= SLOTS as f64,
+        "{open} connections open with a cap of {SLOTS}"
+    );
+    drop((first, second));
+}
+
 /// `GET /runs` pages through every run on disk, not only the newest 1,000 the server holds:
 /// the newest page first (oldest first within it), `next_cursor` to the page before, pages
 /// that neither overlap nor skip, bounded `limit`s, and a table that does not grow for it.

@@ -447,6 +447,48 @@ impl HttpConn {
     }
 }
 
+/// A TCP connection to `addr` from the local address `from` (port chosen by the kernel). All
+/// of 127.0.0.0/8 is loopback, so a test can be several peers without leaving the machine.
+pub fn connect_from(from: std::net::Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(to) = addr else {
+        panic!("connect_from takes an IPv4 address, not {addr}");
+    };
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket(2); the descriptor is owned by the TcpStream made below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is a fresh socket we own; from here on the TcpStream closes it.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let local = sockaddr(from, 0);
+    // SAFETY: `local` is a live sockaddr_in and `len` is its size.
+    let rc = unsafe { libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) };
+    assert_eq!(rc, 0, "bind {from}: {}", std::io::Error::last_os_error());
+    let remote = sockaddr(*to.ip(), to.port());
+    // SAFETY: `remote` is a live sockaddr_in and `len` is its size; a blocking connect to
+    // loopback completes (or fails) at once.
+    let rc = unsafe { libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) };
+    assert_eq!(
+        rc,
+        0,
+        "connect {from} → {addr}: {}",
+        std::io::Error::last_os_error()
+    );
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+        .set_write_timeout(Some(IO_TIMEOUT))
+        .expect("write timeout");
+    stream
+}
+
 /// One request on a fresh connection.
 pub fn request(
     addr: SocketAddr,
@@ -618,6 +660,12 @@ impl Follow {
                 return Err(());
             }
         }
+    }
+
+    /// The next raw item ending in `sep` (an NDJSON line, an SSE block, comments included),
+    /// without the separator; `Ok(None)` at the end, `Err(())` on timeout.
+    pub fn next_raw_within(&mut self, sep: &[u8], timeout: Duration) -> Result<Option<String>, ()> {
+        self.next_item(sep, timeout)
     }
 
     /// The next NDJSON line, or `Ok(None)` at the end; `Err(())` on timeout.

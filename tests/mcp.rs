@@ -1196,6 +1196,64 @@ fn mcp_http_auth_gate_and_listen_checks() {
 }
 
 #[test]
+fn mcp_http_initialize_floods_never_evict_live_sessions() {
+    // `MAX_SESSIONS` in src/surface/mcp/http.rs.
+    const MAX_SESSIONS: usize = 1024;
+    let ws = Workspace::new("mcp-http-sessions");
+    let stub = Stub::start(&ws, &script(vec![]));
+    let raw = Raw::start(&ws, &stub, &["--listen", "127.0.0.1:0"]);
+    let addr = raw.listen_addr();
+    let sid = open_session(addr);
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let in_session = [JSON_BODY, ACCEPT_BOTH, ("mcp-session-id", sid.as_str())];
+
+    // Anyone who can reach the listener sends `initialize` until the table is full, and
+    // then some: the newcomers are refused, the live session stays.
+    let mut conn = HttpConn::connect(addr);
+    let mut refused = None;
+    for n in 1..=MAX_SESSIONS + 8 {
+        let resp = conn.request(
+            "POST",
+            "/mcp",
+            &[JSON_BODY, ACCEPT_BOTH],
+            &init_body("2025-11-25"),
+        );
+        if resp.status != 200 {
+            refused = Some((n, resp));
+            break;
+        }
+    }
+    let (n, resp) = refused.expect("every initialize got a session: live ones were evicted");
+    assert_eq!(
+        n, MAX_SESSIONS,
+        "the session table holds {MAX_SESSIONS} sessions"
+    );
+    assert_eq!(resp.status, 503, "{resp:?}");
+    let body = resp.json();
+    assert_eq!(body["jsonrpc"], "2.0", "{body}");
+    assert_eq!(body["error"]["code"], -32000, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("too many sessions"), "{body}");
+    assert!(resp.header("mcp-session-id").is_none(), "{resp:?}");
+
+    let resp = post(addr, &in_session, &ping);
+    assert_eq!(resp.status, 200, "the first session was evicted: {resp:?}");
+    assert_eq!(resp.json()["id"], 2, "{resp:?}");
+
+    // Ending a session makes room for a new one.
+    let resp = request(addr, "DELETE", "/mcp", &[("mcp-session-id", &sid)], b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let resp = conn.request(
+        "POST",
+        "/mcp",
+        &[JSON_BODY, ACCEPT_BOTH],
+        &init_body("2025-11-25"),
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert!(resp.header("mcp-session-id").is_some(), "{resp:?}");
+}
+
+#[test]
 fn mcp_http_over_tls() {
     let ws = Workspace::new("mcp-tls");
     let stub = Stub::start(&ws, &script(vec![]));

@@ -10,15 +10,20 @@
 //!
 //! LIFECYCLE (`Phase`): `ReadingHead` → `ReadingBody` → `Dispatched` → (`respond`) →
 //! `ReadingHead` again, or `Dispatched` → `start_stream` → `Streaming` → `end_stream` →
-//! `ReadingHead`. When the connection must end (the request said close, a protocol error,
+//! `ReadingHead`. With `require_admission`, a complete head first goes `Admitting` (the
+//! owner's `admit` goes on to `ReadingBody` or `Dispatched`; its `respond` refuses the
+//! request without reading a byte of its body). When the connection must end (the request said close, a protocol error,
 //! the peer's EOF) it goes `Closing` (flush, close_notify, shut down our side) → `Lingering`
 //! (discard what the peer still sends) → `Closed`. `close` jumps straight to `Closed`.
 //!
 //! Backpressure: at most one request is out with the owner at a time, so pipelined requests
 //! wait in `inbuf`, which never grows past `Limits::max_head`; a new request is only parsed
 //! while queued output is under `Limits::max_out_buffer`; a streaming owner paces itself with
-//! `wants_more_stream` and `ConnEvent::Writable`. A client that pipelines forever or never
-//! reads therefore costs at most max_head + max_body + max_out_buffer (plus one response).
+//! `wants_more_stream` and `ConnEvent::Writable`, which keep a stream's queue under
+//! `STREAM_WINDOW`. A client that pipelines forever or never reads therefore costs at most
+//! max_head + max_body + max_out_buffer (plus one response), and a live stream it never reads
+//! about `STREAM_WINDOW` plus what the owner queues at once; `write_stalled_for` tells the
+//! owner how long output has waited on such a peer, so it can give up on it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,6 +46,13 @@ pub const DEFAULT_MAX_BODY: u64 = 1024 * 1024;
 
 /// Default `Limits::max_out_buffer`.
 pub const DEFAULT_MAX_OUT_BUFFER: usize = 1024 * 1024;
+
+/// Most bytes a streamed response queues before `wants_more_stream` turns false (or half of
+/// `Limits::max_out_buffer`, if smaller); `ConnEvent::Writable` comes once it drains below.
+/// The rest of a stream stays with the owner (a run's log, on disk) and is read as the peer
+/// drains, so a peer that stops reading holds this much of it here, not the whole stream,
+/// while the kernel's socket buffers (outside the process) keep a fast reader busy.
+pub const STREAM_WINDOW: usize = 64 * 1024;
 
 /// Default `Limits::idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -121,12 +133,17 @@ impl Request {
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConnEvent {
+    /// With `require_admission`: a complete request head (`body` empty, none of it read
+    /// yet). `admit` it to read its body (a `Request` follows), or refuse it with
+    /// `respond`, which ends the connection if a body was announced.
+    Head(Request),
     /// A complete request; answer it with `respond` or `start_stream`. No other request is
     /// yielded until this one's response is complete.
     Request(Request),
     /// The peer hung up or errored, or the connection finished closing; deregister and drop.
     Closed,
-    /// Queued output drained below half of `max_out_buffer` while streaming: send more.
+    /// Queued output drained below the stream window (`STREAM_WINDOW`) while streaming:
+    /// send more.
     Writable,
 }
 
@@ -144,6 +161,13 @@ struct Exchange {
 enum Phase {
     /// Waiting for a complete request head in `inbuf`.
     ReadingHead,
+    /// A complete head is with the owner (`ConnEvent::Head`), to `admit` or refuse; `body`
+    /// is how its body is delimited and whether it asked for `100 Continue`, when it has
+    /// one.
+    Admitting {
+        exchange: Exchange,
+        body: Option<(BodyKind, bool)>,
+    },
     /// Decoding the body of `request` from `inbuf`.
     ReadingBody {
         request: Request,
@@ -183,6 +207,10 @@ pub struct Connection {
     outbuf: Vec<u8>,
     /// A request parsed by `pump`, waiting for `on_ready` or `next_request` to hand it out.
     ready: Option<Request>,
+    /// Heads go to the owner for admission before their bodies are read.
+    admission: bool,
+    /// A head in `Admitting`, waiting for `on_ready` or `next_head` to hand it out.
+    head_ready: Option<Request>,
     /// Events produced outside `on_ready` (by `respond` and friends) for the next call.
     events: Vec<ConnEvent>,
     last_activity: Instant,
@@ -190,8 +218,11 @@ pub struct Connection {
     /// is under way. Unlike `last_activity`, more bytes do not move it.
     head_started: Option<Instant>,
     peer_eof: bool,
-    /// A stream went over half of `max_out_buffer`; `Writable` is owed when it drains.
+    /// A stream went over its window (`stream_window`); `Writable` is owed when it drains.
     writable_owed: bool,
+    /// Since when queued output has waited with no byte taken by the socket (from when it
+    /// was queued, or the last byte that went out); `None` while nothing waits.
+    write_waiting_since: Option<Instant>,
     closed_reported: bool,
     /// Pipelined input was dropped during a stream: the connection closes after it.
     discarded_behind_stream: bool,
@@ -221,11 +252,14 @@ impl Connection {
             inbuf: Vec::new(),
             outbuf: Vec::new(),
             ready: None,
+            admission: false,
+            head_ready: None,
             events: Vec::new(),
             last_activity: Instant::now(),
             head_started: None,
             peer_eof: false,
             writable_owed: false,
+            write_waiting_since: None,
             closed_reported: false,
             discarded_behind_stream: false,
         })
@@ -240,11 +274,22 @@ impl Connection {
         self.peer
     }
 
+    /// From now on every request head is handed out (`ConnEvent::Head`, `next_head`) for
+    /// the owner to `admit` or refuse before any of its body is read, so a refusal (a peer
+    /// without credentials) neither waits for nor buffers a body.
+    pub fn require_admission(&mut self) {
+        self.admission = true;
+    }
+
     /// Call on any readiness for this connection's token: reads (and handshakes), flushes,
-    /// parses. Yields at most one `Request`, and only when no response is in progress.
+    /// parses. Yields at most one `Head` or `Request`, and only when no response is in
+    /// progress.
     pub fn on_ready(&mut self) -> Vec<ConnEvent> {
         self.pump();
         let mut events = std::mem::take(&mut self.events);
+        if let Some(head) = self.head_ready.take() {
+            events.push(ConnEvent::Head(head));
+        }
         if let Some(request) = self.ready.take() {
             events.push(ConnEvent::Request(request));
         }
@@ -264,15 +309,55 @@ impl Connection {
         self.ready.take()
     }
 
+    /// With `require_admission`, the next request head to admit or refuse, as for
+    /// `next_request` (call both: an admitted head's request follows).
+    pub fn next_head(&mut self) -> Option<Request> {
+        self.pump();
+        self.head_ready.take()
+    }
+
+    /// Lets the head handed out as `ConnEvent::Head` proceed: its body is read (after a
+    /// `100 Continue` if it asked for one), and the complete request comes from `on_ready`
+    /// or `next_request`. Ignored unless a head awaits admission.
+    pub fn admit(&mut self, head: Request) {
+        let Phase::Admitting { exchange, body } = self.phase else {
+            return;
+        };
+        match body {
+            None => self.dispatch(head, exchange),
+            Some((kind, expects_continue)) => {
+                // RFC 9110 §10.1.1: an HTTP/1.0 client cannot read an interim response, and
+                // a client that already started sending the body is not waiting for one.
+                if expects_continue && !exchange.http10 && self.inbuf.is_empty() {
+                    self.outbuf.extend_from_slice(CONTINUE);
+                }
+                self.phase = Phase::ReadingBody {
+                    request: head,
+                    exchange,
+                    decoder: BodyDecoder::new(kind, self.limits.max_body),
+                };
+            }
+        }
+        self.pump();
+    }
+
     /// Answers the pending request with a complete response. `Content-Length`, `Date` and
     /// (when the connection will end) `Connection: close` are added; `Content-Length`,
     /// `Transfer-Encoding` and `Connection` in `headers` are dropped, except that
     /// `Connection: close` there ends the connection after this response. Ignored when no
-    /// request is pending or `status` is informational (1xx).
+    /// request is pending or `status` is informational (1xx). A head awaiting admission is
+    /// refused this way: the body it announced is never read, so the connection ends after
+    /// the response.
     pub fn respond(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
-        let Phase::Dispatched { exchange } = self.phase else {
-            return;
+        let exchange = match self.phase {
+            Phase::Dispatched { exchange } => exchange,
+            Phase::Admitting { exchange, body } => Exchange {
+                keep_alive: exchange.keep_alive && body.is_none(),
+                ..exchange
+            },
+            _ => return,
         };
+        self.head_ready = None;
         if status < 200 {
             return;
         }
@@ -363,7 +448,22 @@ impl Connection {
 
     /// Whether a stream may queue more now; when false, wait for `ConnEvent::Writable`.
     pub fn wants_more_stream(&self) -> bool {
-        self.is_streaming() && self.outbuf.len() < self.limits.max_out_buffer / 2
+        self.is_streaming() && self.outbuf.len() < self.stream_window()
+    }
+
+    /// How long queued output has waited without the socket taking a byte of it; `None`
+    /// while nothing is queued here. A peer that reads nothing while we have something to
+    /// say (a follower that stopped reading, a client that vanished behind a full window) is
+    /// the owner's to give up on, since the idle timer cannot tell (the peer may still
+    /// send). The socket taking bytes is a weak sign of life: a kernel frees a little room
+    /// now and then even for a peer that reads nothing, so the owner asks the kernel what
+    /// the peer acknowledged (`sys::tcp_send_state`) where it can.
+    pub fn write_stalled_for(&self) -> Option<Duration> {
+        self.write_waiting_since.map(|since| since.elapsed())
+    }
+
+    fn stream_window(&self) -> usize {
+        STREAM_WINDOW.min(self.limits.max_out_buffer / 2)
     }
 
     /// Whether a request is with the owner and not yet fully answered; the owner may want
@@ -371,7 +471,7 @@ impl Connection {
     pub fn awaiting_response(&self) -> bool {
         matches!(
             self.phase,
-            Phase::Dispatched { .. } | Phase::Streaming { .. }
+            Phase::Admitting { .. } | Phase::Dispatched { .. } | Phase::Streaming { .. }
         ) || self.ready.is_some()
     }
 
@@ -418,9 +518,11 @@ impl Connection {
         self.phase = Phase::Closed;
         self.head_started = None;
         self.ready = None;
+        self.head_ready = None;
         self.outbuf = Vec::new();
         self.inbuf = Vec::new();
         self.writable_owed = false;
+        self.write_waiting_since = None;
     }
 
     /// The response head: status line, the owner's fields minus the ones we own, then
@@ -475,19 +577,26 @@ impl Connection {
             self.enter_closed();
             return;
         }
-        if self.is_streaming() && self.outbuf.len() >= self.limits.max_out_buffer / 2 {
+        if self.is_streaming() && self.outbuf.len() >= self.stream_window() {
             self.writable_owed = true;
         }
     }
 
     fn flush_out(&mut self) -> io::Result<()> {
         if self.outbuf.is_empty() && !self.conn.wants_write() {
+            self.write_waiting_since = None;
             return Ok(());
         }
         let before = self.outbuf.len();
         self.conn.flush(&mut self.outbuf)?;
-        if self.outbuf.len() < before {
+        let moved = self.outbuf.len() < before;
+        if moved {
             self.last_activity = Instant::now();
+        }
+        if self.outbuf.is_empty() && !self.conn.wants_write() {
+            self.write_waiting_since = None;
+        } else if moved || self.write_waiting_since.is_none() {
+            self.write_waiting_since = Some(Instant::now());
         }
         Ok(())
     }
@@ -525,7 +634,7 @@ impl Connection {
     fn after_flush(&mut self) {
         match self.phase {
             Phase::Streaming { .. }
-                if self.writable_owed && self.outbuf.len() < self.limits.max_out_buffer / 2 =>
+                if self.writable_owed && self.outbuf.len() < self.stream_window() =>
             {
                 self.writable_owed = false;
                 self.events.push(ConnEvent::Writable);
@@ -776,6 +885,14 @@ impl Connection {
             }
         };
         let has_body = !matches!(kind, BodyKind::None | BodyKind::ContentLength(0));
+        if self.admission {
+            self.phase = Phase::Admitting {
+                exchange,
+                body: has_body.then_some((kind, expects_continue)),
+            };
+            self.head_ready = Some(request);
+            return false;
+        }
         if !has_body {
             self.dispatch(request, exchange);
             return false;
@@ -1521,6 +1638,91 @@ mod tests {
         assert_eq!(handled[0].body, b"data");
         let (head, body) = read_response(&mut client, &mut buf, false);
         assert_eq!((head.status, body.as_slice()), (200, &b"POST /up data"[..]));
+    }
+
+    /// Turns until the connection yields a head for admission.
+    fn next_head(server: &mut Server) -> Request {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < deadline, "no head for admission");
+            if let Some(event) = server.turn(Duration::from_millis(20)).into_iter().next() {
+                match event {
+                    ConnEvent::Head(head) => return head,
+                    other => panic!("unexpected {other:?} before the head"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_refused_at_admission_gets_its_answer_without_its_body() {
+        let (mut server, mut client) = plain();
+        server.conn.require_admission();
+        client
+            .write_all(
+                b"POST /runs HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n\
+                  Content-Length: 100000\r\n\r\n",
+            )
+            .unwrap();
+        let head = next_head(&mut server);
+        assert_eq!(
+            (head.method.as_str(), head.path.as_str()),
+            ("POST", "/runs")
+        );
+        assert!(head.body.is_empty());
+        server
+            .conn
+            .respond(401, &[("WWW-Authenticate", "Bearer")], b"unauthorized");
+        server.run_until_shut();
+        // No `100 Continue` asked for a body nobody will read; the connection ends.
+        let all = read_to_end(&mut client);
+        assert!(all.starts_with(b"HTTP/1.1 401 "), "{}", lossy(&all));
+        assert!(lossy(&all).contains("Connection: close"), "{}", lossy(&all));
+        assert!(all.ends_with(b"unauthorized"), "{}", lossy(&all));
+        drop(client);
+        server.run_until_closed();
+    }
+
+    #[test]
+    fn an_admitted_head_goes_on_to_its_body_and_its_request() {
+        let (mut server, mut client) = plain();
+        server.conn.require_admission();
+        client
+            .write_all(
+                b"POST /up HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n",
+            )
+            .unwrap();
+        let head = next_head(&mut server);
+        server.conn.admit(head);
+        // Only now is the body asked for.
+        let mut buf = Vec::new();
+        let (interim, _) = read_response(&mut client, &mut buf, false);
+        assert_eq!(interim.status, 100);
+        client.write_all(b"data").unwrap();
+        let handled = server.serve(1, echo);
+        assert_eq!(handled[0].body, b"data");
+        let (head, body) = read_response(&mut client, &mut buf, false);
+        assert_eq!((head.status, body.as_slice()), (200, &b"POST /up data"[..]));
+
+        // A request without a body: admitted, it is the request; refused, the connection
+        // stays open for the next one.
+        client
+            .write_all(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+            .unwrap();
+        let head = next_head(&mut server);
+        assert_eq!(head.path, "/a");
+        server.conn.respond(403, &[], b"no");
+        let (refused, body) = read_response(&mut client, &mut buf, false);
+        assert_eq!((refused.status, body.as_slice()), (403, &b"no"[..]));
+        let head = server.conn.next_head().expect("the pipelined head");
+        assert_eq!(head.path, "/b");
+        server.conn.admit(head);
+        let request = server.conn.next_request().expect("the admitted request");
+        assert_eq!(request.path, "/b");
+        echo(&mut server.conn, &request);
+        let (head, body) = read_response(&mut client, &mut buf, false);
+        assert_eq!((head.status, body.as_slice()), (200, &b"GET /b"[..]));
+        assert!(!server.conn.is_closed());
     }
 
     #[test]

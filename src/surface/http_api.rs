@@ -3,12 +3,19 @@
 //! HTTPS) on the engine's loop.
 //!
 //! It translates HTTP to drive-core calls and drive-core state to HTTP; it holds no agent
-//! logic. It owns each live stream's position; the listener, the connections, their
-//! deadlines and the auth gate are the network front's (`surface::front`).
+//! logic. It owns each live stream's position and heartbeat; the listener, the connections,
+//! their deadlines and the auth gate are the network front's (`surface::front`).
+//!
+//! Backpressure: a live stream reads the run's log only as its peer drains the connection
+//! (`pump_follow` on `Event::Writable`), one step at a time, so what waits for a follower
+//! that stopped reading is its connection's window (`http::server::STREAM_WINDOW`) plus one
+//! step, never the rest of the run; the front closes the connection once such a peer has
+//! taken nothing for its write-stall deadline.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -17,7 +24,7 @@ use crate::drive::table::{DriveCore, DriveError, DriveStatus, MAX_RUNS_PAGE};
 use crate::engine::{Engine, HostAction, RunId};
 use crate::http::server::Request;
 use crate::log;
-use crate::reactor::Signal;
+use crate::reactor::{Signal, TimerId};
 use crate::surface::front::{Event, Front, Keepalive, Policy, Reply, Response};
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
 use crate::surface::{ConnId, FrontKey, ListenConfig};
@@ -26,17 +33,32 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
 /// One poll response carries at most this many events / bytes; `next_cursor` continues.
 const POLL_MAX_EVENTS: usize = 1000;
 const POLL_MAX_BYTES: usize = 4 * 1024 * 1024;
-/// A live stream takes this much from the log per step, so one follower cannot hog the loop.
+/// A live stream takes this much from the log per step, so one follower cannot hog the loop,
+/// and steps only while its connection's window has room: a follower's queued output stays
+/// under `http::server::STREAM_WINDOW` plus one step (about 100 KiB with the line framing),
+/// or one event when a single event is larger than a step.
 const STREAM_STEP_EVENTS: usize = 256;
-const STREAM_STEP_BYTES: usize = 256 * 1024;
+const STREAM_STEP_BYTES: usize = 32 * 1024;
+/// A live stream that carried nothing for this long gets a heartbeat: on NDJSON the line
+/// `{"v":1,"cursor":N,"heartbeat":true}` (N is the cursor reached so far), on SSE the
+/// comment `: heartbeat`. A run may rightly be quiet for hours (a prompt nobody answered
+/// yet); the heartbeat keeps proxies, which commonly cut a connection silent for 60 s, from
+/// ending the stream, lets a client tell a quiet run from a dead connection, and makes a
+/// vanished peer a failed write (the kernel's `TCP_USER_TIMEOUT`, see `sys::set_keepalive`).
+const HEARTBEAT_PERIOD: Duration = Duration::from_secs(15);
+/// A heartbeat timer never re-arms sooner than this, so one that fires a hair early cannot
+/// spin the loop.
+const HEARTBEAT_MIN_REARM: Duration = Duration::from_millis(10);
+const SSE_HEARTBEAT: &[u8] = b": heartbeat\n\n";
 
 const OPENAPI: &str = include_str!("openapi.json");
 
-/// What this surface registers on the loop: only the front's listener, connections and
-/// their timers.
+/// What this surface registers on the loop: the front's listener, connections and their
+/// timers, and each live stream's heartbeat timer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HttpKey {
     Front(FrontKey),
+    Heartbeat(ConnId),
 }
 
 impl From<FrontKey> for HttpKey {
@@ -45,9 +67,10 @@ impl From<FrontKey> for HttpKey {
     }
 }
 
-/// This surface's choices for the front. A quiet follow stream is left alone: NDJSON has
-/// no comment line to send, and a run may rightly wait on a prompt for hours. A request the
-/// browser rule refuses gets the API's JSON error, and the connection ends with it.
+/// This surface's choices for the front. The front leaves a quiet follow stream alone: the
+/// surface sends its heartbeats itself (`HEARTBEAT_PERIOD`), since the NDJSON one carries
+/// the stream's cursor. A request the browser rule refuses gets the API's JSON error, and
+/// the connection ends with it.
 const POLICY: Policy = Policy {
     keepalive: Keepalive::Silent,
     forbidden,
@@ -67,6 +90,20 @@ struct Follow {
     /// `None`: nothing sent yet; `Some(x)`: the last prompt state sent (x may be null).
     sent_prompt: Option<Value>,
     sse: bool,
+    /// The stream's heartbeat timer (`HttpKey::Heartbeat`), cancelled when it ends.
+    heartbeat: TimerId,
+}
+
+/// What a live stream's heartbeat timer does when it fires, the connection having been
+/// `quiet` (no byte either way) for that long, with or without output still waiting for
+/// the peer: whether to write a heartbeat now, and when to look again.
+fn heartbeat_step(quiet: Duration, output_waiting: bool) -> (bool, Duration) {
+    if quiet < HEARTBEAT_PERIOD {
+        return (false, (HEARTBEAT_PERIOD - quiet).max(HEARTBEAT_MIN_REARM));
+    }
+    // Bytes that wait for the peer are news enough; it is the front's to give up on a
+    // peer that never takes them.
+    (!output_waiting, HEARTBEAT_PERIOD)
 }
 
 pub struct HttpServe {
@@ -146,12 +183,16 @@ impl HttpServe {
                     let reply = self.handle(ctx, conn, request);
                     self.front.reply(conn, reply);
                     // A follow stream that just opened gets what there is to see.
-                    self.pump_follow(ctx.core, conn);
+                    self.pump_follow(ctx, conn);
                 }
-                Event::Writable(conn) => self.pump_follow(ctx.core, conn),
+                Event::Writable(conn) => self.pump_follow(ctx, conn),
                 // A follower that hung up will never read the rest of its stream.
                 Event::HungUp(conn) => self.front.close(ctx, conn),
-                Event::Closed(..) => {}
+                Event::Closed(_, follow) => {
+                    if let Some(follow) = follow {
+                        ctx.cancel_timer(follow.heartbeat);
+                    }
+                }
             }
         }
     }
@@ -303,14 +344,19 @@ impl HttpServe {
             };
             // `serve` pumps the stream once its head is out.
             if let Some(slot) = self.front.conn_mut(conn) {
-                slot.state = Some(Follow {
+                let heartbeat = ctx.add_timer(HEARTBEAT_PERIOD, HttpKey::Heartbeat(conn));
+                let previous = slot.state.replace(Follow {
                     run: id,
                     started: false,
                     next_cursor: cursor,
                     sent_status: None,
                     sent_prompt: None,
                     sse,
+                    heartbeat,
                 });
+                if let Some(previous) = previous {
+                    ctx.cancel_timer(previous.heartbeat);
+                }
             }
             return Reply::Stream {
                 response: Response::with(200, content_type, Vec::new())
@@ -327,7 +373,7 @@ impl HttpServe {
     /// Writes what a live stream has not seen yet, as far as the client keeps up: events in
     /// order, then (once caught up) the prompt and status if they changed. The stream ends
     /// after the line carrying a terminal status, which is only sent once every event was.
-    fn pump_follow(&mut self, core: &DriveCore, conn: ConnId) {
+    fn pump_follow(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId) {
         let Some(slot) = self.front.conn_mut(conn) else {
             return;
         };
@@ -353,11 +399,11 @@ impl HttpServe {
         if !follow.started {
             follow.started = true;
             let (Ok(status), Ok(total)) = (
-                core.status_at(follow.run, follow.next_cursor),
-                core.event_count(follow.run),
+                ctx.core.status_at(follow.run, follow.next_cursor),
+                ctx.core.event_count(follow.run),
             ) else {
                 slot.conn.end_stream();
-                slot.state = None;
+                end_follow(ctx, &mut slot.state);
                 return;
             };
             // A cursor past the end resumes from the end, as a poll does.
@@ -379,7 +425,7 @@ impl HttpServe {
             if !slot.conn.wants_more_stream() {
                 return;
             }
-            let view = match core.poll(
+            let view = match ctx.core.poll(
                 follow.run,
                 follow.next_cursor,
                 STREAM_STEP_EVENTS,
@@ -389,7 +435,7 @@ impl HttpServe {
                 Err(_) => {
                     // Deleted while followed: nothing more will come.
                     slot.conn.end_stream();
-                    slot.state = None;
+                    end_follow(ctx, &mut slot.state);
                     return;
                 }
             };
@@ -430,10 +476,37 @@ impl HttpServe {
             }
             if view.status.is_terminal() {
                 slot.conn.end_stream();
-                slot.state = None;
+                end_follow(ctx, &mut slot.state);
             }
             return;
         }
+    }
+
+    /// A live stream's heartbeat timer fired: a heartbeat if the connection has been quiet
+    /// for a period (see `HEARTBEAT_PERIOD`), and the timer again.
+    fn on_heartbeat(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId) {
+        let Some(slot) = self.front.conn_mut(conn) else {
+            return;
+        };
+        let Some(follow) = slot.state.as_mut() else {
+            return;
+        };
+        let (beat, wait) = heartbeat_step(
+            slot.conn.last_activity().elapsed(),
+            slot.conn.write_stalled_for().is_some(),
+        );
+        if beat {
+            if follow.sse {
+                slot.conn.stream_chunk(SSE_HEARTBEAT);
+            } else {
+                let line = format!(
+                    "{{\"v\":1,\"cursor\":{},\"heartbeat\":true}}\n",
+                    follow.next_cursor
+                );
+                slot.conn.stream_chunk(line.as_bytes());
+            }
+        }
+        follow.heartbeat = ctx.add_timer(wait, HttpKey::Heartbeat(conn));
     }
 
     fn metrics(&self, ctx: &Cx<HttpKey>) -> String {
@@ -503,8 +576,15 @@ impl HttpServe {
             .map(|(conn, _)| conn)
             .collect();
         for conn in followers {
-            self.pump_follow(ctx.core, conn);
+            self.pump_follow(ctx, conn);
         }
+    }
+}
+
+/// A live stream is over: its state goes, and its heartbeat timer with it.
+fn end_follow(ctx: &mut Cx<HttpKey>, state: &mut Option<Follow>) {
+    if let Some(follow) = state.take() {
+        ctx.cancel_timer(follow.heartbeat);
     }
 }
 
@@ -635,19 +715,54 @@ impl Surface for HttpServe {
     }
 
     fn on_io(&mut self, ctx: &mut Cx<HttpKey>, key: HttpKey) {
-        let HttpKey::Front(key) = key;
-        self.front.on_io(ctx, key);
+        if let HttpKey::Front(key) = key {
+            self.front.on_io(ctx, key);
+        }
         self.serve(ctx);
     }
 
     fn on_timer(&mut self, ctx: &mut Cx<HttpKey>, key: HttpKey) {
-        let HttpKey::Front(key) = key;
-        self.front.on_timer(ctx, key);
+        match key {
+            HttpKey::Front(key) => self.front.on_timer(ctx, key),
+            HttpKey::Heartbeat(conn) => self.on_heartbeat(ctx, conn),
+        }
         self.serve(ctx);
     }
 
     fn after_batch(&mut self, ctx: &mut Cx<HttpKey>, changed: &BTreeSet<RunId>) {
         self.pump_all(ctx, changed);
         self.serve(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn a_stream_quiet_for_a_period_gets_a_heartbeat_and_the_timer_again() {
+        assert_eq!(
+            heartbeat_step(HEARTBEAT_PERIOD, false),
+            (true, HEARTBEAT_PERIOD)
+        );
+        assert_eq!(heartbeat_step(secs(3600), false), (true, HEARTBEAT_PERIOD));
+        // Something went out meanwhile: look again when the period since then is over.
+        assert_eq!(
+            heartbeat_step(secs(5), false),
+            (false, HEARTBEAT_PERIOD - secs(5))
+        );
+        // A timer that fires a hair early does not spin.
+        assert_eq!(
+            heartbeat_step(HEARTBEAT_PERIOD - Duration::from_micros(1), false),
+            (false, HEARTBEAT_MIN_REARM)
+        );
+        // Output already waits for the peer: no heartbeat on top of it.
+        assert_eq!(heartbeat_step(secs(60), true), (false, HEARTBEAT_PERIOD));
+        // Well inside the 60 s after which proxies commonly cut a silent connection.
+        assert!(HEARTBEAT_PERIOD * 3 <= secs(60));
     }
 }

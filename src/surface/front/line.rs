@@ -4,15 +4,20 @@
 //! preamble `{"bearer":"<token>"}` (at most `MAX_PREAMBLE` bytes, compared in constant time
 //! through `auth::Token`); a wrong, missing, slow or oversized preamble closes the
 //! connection with nothing served. The preamble is the agent connection's head: it runs on
-//! the front's head deadline (`HEAD_DEADLINE`, from accept, handshake included), and at most
-//! `MAX_PENDING` connections wait in theirs. Past that the oldest is closed, so peers that
-//! never authenticate cannot hold the listener while a real client, which sends its
-//! preamble in its first write, is never the oldest for long.
+//! the front's head deadline (`HEAD_DEADLINE`, from accept, handshake included), and a
+//! connection in it is *unadmitted* in the front's sense (its ADMISSION section), with the
+//! front's one mechanism for those: at most `MAX_PENDING` connections wait in their
+//! preamble, and past that a newcomer takes the place of the oldest, so peers that never
+//! authenticate cannot hold the listener while a real client, which sends its preamble in
+//! its first write, is never the oldest for long; and one remote address (an IPv6 /64) may
+//! hold at most `MAX_PENDING_PER_PEER` of them, so a single peer cannot churn the oldest
+//! out by itself. A connection on the Unix socket is admitted as it is accepted.
 //!
 //! `LineConn` is the connection: sans policy, it splits lines (each under its cap), queues
 //! output and knows where its preamble is. The `Front<P, LineConn>` half at the bottom reads
-//! connections, checks preambles and hands the surface `LineEvent`s; accepting, the map, the
-//! caps, the idle timer and the deadline are the front's shared half.
+//! connections, checks preambles (telling the shared half of each admission) and hands the
+//! surface `LineEvent`s; accepting, the map, the caps and admission, socket options, the
+//! idle timer, the head deadline and the write-stall deadline are the front's shared half.
 //!
 //! LIFECYCLE (`Phase`): `Preamble` (TCP only) → `Open` → `finish`: `Closing` (flush,
 //! close_notify, shut down our side) → `Lingering` (discard what the peer still sends, so
@@ -22,21 +27,22 @@
 //! Backpressure: nothing is read while `MAX_OUT_BUFFER` bytes wait to go out, so a peer that
 //! sends but never reads its answers stops being read; a streaming surface paces itself with
 //! `wants_more` and `LineEvent::Writable`; a queue past `MAX_QUEUED_OUT` means the peer reads
-//! nothing at all, and the connection is closed. An unauthenticated peer costs at most its
-//! preamble cap plus one read.
+//! nothing at all, and the connection is closed, as it is once the peer has acknowledged
+//! nothing for the front's `WRITE_STALL_DEADLINE` while output waited for it (a client that
+//! comes back resumes). An unauthenticated peer costs at most its preamble cap plus one read.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, UnixListener, UnixStream};
+use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use mio::{Interest, Registry, Token as MioToken};
 use serde_json::Value;
 
-use super::{ConnId, Event, Front, FrontKey, Keepalive, TCP_KEEPALIVE_IDLE, Wire};
+use super::{Caps, ConnId, Event, Front, FrontKey, Keepalive, Wire, peer_key};
 use crate::auth::Token;
 use crate::engine::HostKey;
 use crate::http::server::LINGER_MAX_BYTES;
@@ -51,8 +57,16 @@ pub(crate) const MAX_PREAMBLE: usize = 4096;
 /// takes on stdin fits here too. Longer lines are dropped whole (`LineEvent::Oversized`).
 pub(crate) const MAX_LINE: usize = crate::stdio::MAX_LINE;
 
-/// Connections still in their preamble (handshake included). Past this the oldest is closed.
+/// Connections still in their preamble (handshake included): the front's
+/// `Caps::max_unadmitted`. Past this a newcomer takes the place of the oldest.
 pub(crate) const MAX_PENDING: usize = 16;
+
+/// Connections one remote address (an IPv6 /64) may hold in their preamble: the front's
+/// `Caps::max_unadmitted_per_peer`; more are closed as soon as they are accepted. Below
+/// `MAX_PENDING`, so one address alone never fills the preamble slots and cannot push a
+/// client mid-handshake out by opening connections faster than it proves itself. Loopback
+/// peers (a port-forward speaks for everyone from there) are not capped.
+pub(crate) const MAX_PENDING_PER_PEER: usize = MAX_PENDING / 2;
 
 /// Open connections. The agent serves one client at a time; the rest is room for
 /// `MAX_PENDING` peers proving themselves and for connections winding down.
@@ -80,6 +94,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(60);
 // deadline before any idle check could look at it.
 const _: () = assert!(
     MAX_PREAMBLE < MAX_LINE
+        && MAX_PENDING_PER_PEER < MAX_PENDING
         && MAX_PENDING < MAX_CONNECTIONS
         && MAX_OUT_BUFFER < MAX_QUEUED_OUT
         && super::HEAD_DEADLINE.as_secs() < IDLE_CHECK.as_secs()
@@ -142,6 +157,13 @@ impl Io {
         match self {
             Io::Tls(conn) => conn.tcp(),
             Io::Unix(stream) => stream,
+        }
+    }
+
+    fn tcp(&mut self) -> Option<&mut TcpStream> {
+        match self {
+            Io::Tls(conn) => Some(conn.tcp()),
+            Io::Unix(_) => None,
         }
     }
 
@@ -354,6 +376,8 @@ pub(crate) fn check_preamble(line: &[u8], token: &Token) -> Result<(), Refusal> 
 pub(crate) struct LineConn {
     io: Io,
     peer: String,
+    /// The remote address of a TCP peer.
+    peer_ip: Option<IpAddr>,
     phase: Phase,
     accepted: Instant,
     split: Splitter,
@@ -362,6 +386,9 @@ pub(crate) struct LineConn {
     item_bytes: usize,
     outbuf: Vec<u8>,
     last_activity: Instant,
+    /// Since when queued output has waited with no byte taken by the socket (from when it
+    /// was queued, or the last byte that went out); `None` while nothing waits.
+    write_waiting_since: Option<Instant>,
     /// Output went over half of `MAX_OUT_BUFFER`: `Writable` is owed when it drains.
     writable_owed: bool,
     /// `Writable` is due (taken by `take_writable`).
@@ -373,7 +400,7 @@ pub(crate) struct LineConn {
 }
 
 impl LineConn {
-    fn new(io: Io, peer: String, preamble: bool) -> LineConn {
+    fn new(io: Io, peer: String, peer_ip: Option<IpAddr>, preamble: bool) -> LineConn {
         let now = Instant::now();
         let (phase, first_cap) = if preamble {
             (Phase::Preamble, MAX_PREAMBLE)
@@ -383,6 +410,7 @@ impl LineConn {
         LineConn {
             io,
             peer,
+            peer_ip,
             phase,
             accepted: now,
             split: Splitter::new(first_cap, MAX_LINE),
@@ -390,6 +418,7 @@ impl LineConn {
             item_bytes: 0,
             outbuf: Vec::new(),
             last_activity: now,
+            write_waiting_since: None,
             writable_owed: false,
             writable_due: false,
             peer_eof: false,
@@ -482,10 +511,12 @@ impl LineConn {
         self.item_bytes = 0;
         self.outbuf = Vec::new();
         self.writable_owed = false;
+        self.write_waiting_since = None;
     }
 
     fn flush_out(&mut self) {
         if self.outbuf.is_empty() && !self.io.wants_write() {
+            self.write_waiting_since = None;
             return;
         }
         let before = self.outbuf.len();
@@ -493,8 +524,14 @@ impl LineConn {
             self.enter_closed();
             return;
         }
-        if self.outbuf.len() < before {
+        let moved = self.outbuf.len() < before;
+        if moved {
             self.last_activity = Instant::now();
+        }
+        if self.outbuf.is_empty() && !self.io.wants_write() {
+            self.write_waiting_since = None;
+        } else if moved || self.write_waiting_since.is_none() {
+            self.write_waiting_since = Some(Instant::now());
         }
         if self.outbuf.is_empty() && self.outbuf.capacity() > IDLE_OUT_CAPACITY {
             // A replay leaves a large buffer behind; a quiet connection gives it back.
@@ -614,12 +651,13 @@ impl Wire for LineConn {
         match listener {
             AgentListener::Tls { tcp, config, .. } => {
                 let (tcp, peer) = tcp.accept()?;
-                let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
                 // Lines go out whole; Nagle would only delay the last segment of each.
                 let _ = tcp.set_nodelay(true);
                 Ok(Conn::Plain(tcp)
                     .accept_tls(Arc::clone(config))
-                    .map(|conn| LineConn::new(Io::Tls(conn), peer.to_string(), true))
+                    .map(|conn| {
+                        LineConn::new(Io::Tls(conn), peer.to_string(), Some(peer.ip()), true)
+                    })
                     .map_err(|e| format!("cannot set up a connection from {peer}: {e}")))
             }
             AgentListener::Unix { socket, path } => {
@@ -627,6 +665,7 @@ impl Wire for LineConn {
                 Ok(Ok(LineConn::new(
                     Io::Unix(stream),
                     path.display().to_string(),
+                    None,
                     false,
                 )))
             }
@@ -637,8 +676,23 @@ impl Wire for LineConn {
         self.io.source()
     }
 
+    fn tcp(&mut self) -> Option<&mut TcpStream> {
+        self.io.tcp()
+    }
+
     fn peer_name(&self) -> String {
         self.peer.clone()
+    }
+
+    /// Until its preamble was right; a Unix socket's peer never has one to send.
+    fn needs_admission(&self) -> bool {
+        self.in_preamble()
+    }
+
+    fn peer_key(&self, _: &()) -> Option<IpAddr> {
+        self.peer_ip
+            .filter(|ip| !crate::auth::is_loopback(ip))
+            .map(peer_key)
     }
 
     fn last_activity(&self) -> Instant {
@@ -655,6 +709,10 @@ impl Wire for LineConn {
 
     fn awaiting_response(&self) -> bool {
         false
+    }
+
+    fn write_stalled_for(&self) -> Option<Duration> {
+        self.write_waiting_since.map(|since| since.elapsed())
     }
 
     fn stream_chunk(&mut self, data: &[u8]) {
@@ -683,9 +741,14 @@ pub(crate) enum LineEvent<P> {
 
 impl<P: Default> Front<P, LineConn> {
     /// A front over the agent's listener. An authenticated connection is kept however
-    /// quiet; one in its preamble has the head deadline.
+    /// quiet; one in its preamble has the head deadline and counts as unadmitted.
     pub(crate) fn for_agent(listener: AgentListener) -> Front<P, LineConn> {
-        Front::with_listener(listener, (), MAX_CONNECTIONS, IDLE_CHECK, Keepalive::Silent)
+        let caps = Caps {
+            max_connections: MAX_CONNECTIONS,
+            max_unadmitted: MAX_PENDING,
+            max_unadmitted_per_peer: MAX_PENDING_PER_PEER,
+        };
+        Front::with_listener(listener, (), caps, IDLE_CHECK, Keepalive::Silent)
     }
 
     /// The TCP address listened on (`None` for a Unix socket).
@@ -707,33 +770,9 @@ impl<P: Default> Front<P, LineConn> {
     /// Readiness of one of the front's sources.
     pub(crate) fn on_io<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, key: FrontKey) {
         match key {
-            FrontKey::Listener => {
-                self.accept(cx);
-                self.limit_pending(cx);
-            }
+            FrontKey::Listener => self.accept(cx),
             FrontKey::Conn(id) => self.look_again(id),
-            FrontKey::Idle(_) | FrontKey::Head(_) => {}
-        }
-    }
-
-    /// Closes the oldest connections in their preamble beyond `MAX_PENDING`.
-    fn limit_pending<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>) {
-        let mut pending: Vec<ConnId> = self
-            .slots
-            .iter()
-            .filter(|(_, slot)| slot.conn.in_preamble())
-            .map(|(id, _)| *id)
-            .collect();
-        if pending.len() <= MAX_PENDING {
-            return;
-        }
-        pending.sort_unstable();
-        let excess = pending.len() - MAX_PENDING;
-        for id in pending.into_iter().take(excess) {
-            log::debug(&format!(
-                "closing the oldest of more than {MAX_PENDING} connections in their preamble"
-            ));
-            self.close(cx, id);
+            FrontKey::Idle(_) | FrontKey::Head(_) | FrontKey::Stall(_) => {}
         }
     }
 
@@ -796,12 +835,14 @@ impl<P: Default> Front<P, LineConn> {
                 Some(Item::Line(line)) if preamble => {
                     let AgentListener::Tls { token, .. } = &self.listener else {
                         slot.conn.authenticate();
+                        self.admitted(id);
                         return Some(LineEvent::Attached(id));
                     };
                     match check_preamble(&line, token) {
                         Ok(()) => {
                             slot.conn.authenticate();
-                            self.watch_head(cx, id);
+                            self.admitted(id);
+                            self.watch(cx, id);
                             return Some(LineEvent::Attached(id));
                         }
                         Err(refusal) => self.refuse(cx, id, refusal),
@@ -815,8 +856,9 @@ impl<P: Default> Front<P, LineConn> {
                     if slot.conn.is_closed() {
                         self.close(cx, id);
                     } else {
-                        // A new connection starts on the deadline.
-                        self.watch_head(cx, id);
+                        // A new connection starts on the deadline; output that waits for
+                        // the peer starts the write-stall deadline.
+                        self.watch(cx, id);
                     }
                 }
             }
@@ -892,6 +934,68 @@ mod tests {
             split_all(4, 4, &[b"abcdefgh", b"ijkl", b"mn\nok\n"]),
             vec![Item::Oversized, Item::Line(b"ok".to_vec())]
         );
+    }
+
+    /// A connection on one end of a Unix socket pair, the other end blocking.
+    fn unix_pair(
+        peer_ip: Option<IpAddr>,
+        preamble: bool,
+    ) -> (LineConn, std::os::unix::net::UnixStream) {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let conn = LineConn::new(
+            Io::Unix(UnixStream::from_std(ours)),
+            "test".to_owned(),
+            peer_ip,
+            preamble,
+        );
+        (conn, theirs)
+    }
+
+    #[test]
+    fn remote_peers_in_their_preamble_are_counted_by_address_and_local_ones_not() {
+        let ip = |text: &str| text.parse::<IpAddr>().expect("address");
+        for (addr, key) in [
+            ("203.0.113.7", Some(ip("203.0.113.7"))),
+            ("::ffff:203.0.113.7", Some(ip("203.0.113.7"))),
+            ("2001:db8:1:2:aaaa::1", Some(ip("2001:db8:1:2::"))),
+            ("127.0.0.1", None),
+            ("127.0.0.2", None),
+            ("::1", None),
+            ("::ffff:127.0.0.1", None),
+        ] {
+            let (conn, _peer) = unix_pair(Some(ip(addr)), true);
+            assert!(conn.needs_admission());
+            assert_eq!(conn.peer_key(&()), key, "{addr}");
+        }
+        // A Unix socket's peer is admitted as it is accepted, and counted under no address.
+        let (conn, _peer) = unix_pair(None, false);
+        assert!(!conn.needs_admission());
+        assert_eq!(conn.peer_key(&()), None);
+    }
+
+    #[test]
+    fn output_a_peer_does_not_take_is_reported_as_stalled_until_it_drains() {
+        let (mut conn, mut peer) = unix_pair(None, false);
+        assert_eq!(conn.write_stalled_for(), None);
+        // Far more than the socket buffers hold, so some waits here.
+        let line = [vec![b'x'; 1023], vec![b'\n']].concat();
+        let total = 4 * 1024 * 1024;
+        for _ in 0..total / line.len() {
+            conn.send(&line);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let stalled = conn.write_stalled_for().expect("output waits for the peer");
+        assert!(stalled >= Duration::from_millis(20), "{stalled:?}");
+        // The peer reads everything: nothing waits any more.
+        let mut got = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        while got < total {
+            got += peer.read(&mut buf).expect("read");
+            conn.flush_out();
+        }
+        conn.flush_out();
+        assert_eq!(conn.write_stalled_for(), None);
     }
 
     #[test]

@@ -1,21 +1,26 @@
 //! What the front's shared half asks of a kind of connection (`Wire`), and HTTP's answer.
 
-use std::time::Instant;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
-use mio::net::TcpListener;
+use mio::net::{TcpListener, TcpStream};
 
-use super::{ListenConfig, Policy, TCP_KEEPALIVE_IDLE};
+use super::{ListenConfig, Policy, peer_key};
+use crate::auth::Peer;
 use crate::http::server::Connection;
 
 /// A kind of connection the front holds. The accept / map / cap / deadline half is written
-/// once over it; each kind brings the half that reads what its peers send (HTTP requests
-/// below, the agent's lines in `line`). Method names are `Connection`'s own.
+/// once over it, admission included (see the front's ADMISSION); each kind brings the half
+/// that reads what its peers send (HTTP requests below and in the front, the agent's lines
+/// in `line`) and tells the shared half when a peer proved itself (`Front::admitted`).
+/// Method names are `Connection`'s own.
 pub(crate) trait Wire: Sized {
     /// The socket connections of this kind are accepted from.
     type Listener: mio::event::Source;
     /// What every new connection is set up with (TLS, limits, the gate).
     type Setup;
-    /// Takes one waiting connection off `listener` and sets it up. The outer error is the
+    /// Takes one waiting connection off `listener` and sets it up (TLS, the protocol
+    /// machine); socket options are the shared half's (`Front::add`). The outer error is the
     /// listener's (`WouldBlock` once none waits); the inner one is a connection that came but
     /// could not be set up, which is logged and dropped.
     fn accept(
@@ -24,17 +29,34 @@ pub(crate) trait Wire: Sized {
     ) -> std::io::Result<Result<Self, String>>;
     /// The socket, to register and deregister.
     fn source(&mut self) -> &mut dyn mio::event::Source;
+    /// The TCP socket under the connection, for the socket options every TCP connection
+    /// gets and for the kernel's view of its output (the write-stall deadline); `None` for
+    /// a Unix socket.
+    fn tcp(&mut self) -> Option<&mut TcpStream>;
     /// Who is at the other end, for logs.
     fn peer_name(&self) -> String;
+    /// Whether, as accepted, the peer has yet to prove itself (see ADMISSION). A connection
+    /// for which this is false (the agent's Unix socket, whose file mode is its gate) is
+    /// admitted as it is accepted.
+    fn needs_admission(&self) -> bool;
+    /// The key this connection counts under against the per-peer cap of unadmitted
+    /// connections (`front::peer_key` of a remote address); `None` for a peer that is not
+    /// capped (loopback, a Unix socket).
+    fn peer_key(&self, setup: &Self::Setup) -> Option<IpAddr>;
     /// When a byte last moved in either direction (or the connection was made).
     fn last_activity(&self) -> Instant;
     /// When the opening now under way (a request head, the agent's preamble) began; the head
     /// deadline runs from here. `None` when none is under way.
     fn head_started(&self) -> Option<Instant>;
-    /// A stream is open: a quiet one is kept the way the surface's `Keepalive` says.
+    /// A stream is open: a quiet one is kept the way the surface's `Keepalive` says, and
+    /// output may wait for the peer in the kernel while none waits here.
     fn is_streaming(&self) -> bool;
     /// Something is with the surface and not fully answered: not idle.
     fn awaiting_response(&self) -> bool;
+    /// How long output queued here has waited without the socket taking a byte of it;
+    /// `None` while nothing is queued. With the kernel's view (`tcp`), the write-stall
+    /// deadline's input.
+    fn write_stalled_for(&self) -> Option<Duration>;
     /// Writes on an open stream (the keepalive comment).
     fn stream_chunk(&mut self, data: &[u8]);
     /// Ends the connection now; the socket stays open until dropped, to be deregistered.
@@ -51,24 +73,43 @@ impl Wire for Connection {
     type Listener = TcpListener;
     type Setup = HttpSetup;
 
-    /// TCP keepalive on (`Connection::new` turns Nagle off), then the HTTP connection (TLS
-    /// when configured).
+    /// The HTTP connection (TLS when configured; `Connection::new` turns Nagle off), whose
+    /// every request head comes to the front's gate before its body is read
+    /// (`require_admission`).
     fn accept(listener: &TcpListener, setup: &HttpSetup) -> std::io::Result<Result<Self, String>> {
         let (tcp, peer) = listener.accept()?;
-        let _ = crate::sys::set_keepalive(crate::sys::raw_fd(&tcp), TCP_KEEPALIVE_IDLE);
         let config = &setup.config;
         Ok(
             Connection::new(tcp, peer, config.tls.clone(), config.limits.clone())
+                .map(|mut conn| {
+                    conn.require_admission();
+                    conn
+                })
                 .map_err(|e| format!("cannot set up a connection from {peer}: {e}")),
         )
     }
 
     fn source(&mut self) -> &mut dyn mio::event::Source {
-        self.tcp()
+        Connection::tcp(self)
+    }
+
+    fn tcp(&mut self) -> Option<&mut TcpStream> {
+        Some(Connection::tcp(self))
     }
 
     fn peer_name(&self) -> String {
         self.peer().to_string()
+    }
+
+    /// Until one of its requests passes the gate.
+    fn needs_admission(&self) -> bool {
+        true
+    }
+
+    /// Remote as the gate sees it (loopback is remote under the gate's test seam).
+    fn peer_key(&self, setup: &HttpSetup) -> Option<IpAddr> {
+        let ip = self.peer().ip();
+        (setup.config.gate.classify(&ip) == Peer::Remote).then(|| peer_key(ip))
     }
 
     fn last_activity(&self) -> Instant {
@@ -85,6 +126,10 @@ impl Wire for Connection {
 
     fn awaiting_response(&self) -> bool {
         Connection::awaiting_response(self)
+    }
+
+    fn write_stalled_for(&self) -> Option<Duration> {
+        Connection::write_stalled_for(self)
     }
 
     fn stream_chunk(&mut self, data: &[u8]) {

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -26,8 +26,15 @@ use crate::surface::host::Cx;
 use crate::surface::{ConnId, FrontKey, ListenConfig};
 
 pub const PATH: &str = "/mcp";
-/// Sessions kept at once; past it the least recently used idle one is dropped.
+/// Sessions kept at once. When the table is full, an `initialize` may only take the place
+/// of a session abandoned past `SESSION_ABANDONED_AFTER`; otherwise it is refused (503).
 const MAX_SESSIONS: usize = 1024;
+/// How long a session must go unused (no request naming it, no `GET` stream open, no answer
+/// pending) before a newcomer may take its place in a full table. A live session is never
+/// dropped for a newcomer: anyone who can reach the listener could otherwise end every
+/// other client's session by sending `initialize` `MAX_SESSIONS` times. Clients that vanish
+/// without `DELETE` still free their place, just not at once.
+const SESSION_ABANDONED_AFTER: Duration = Duration::from_secs(10 * 60);
 /// Server requests held for a session with no open stream; the oldest go first.
 const MAX_PENDING: usize = 64;
 
@@ -108,6 +115,13 @@ fn sse_reply(session_id: &str, events: String, open: bool) -> Reply {
             .header("mcp-session-id", session_id),
         open,
     }
+}
+
+/// Whether a session last used at `last_used` may give its place to a newcomer at `now`:
+/// nothing open (`in_use`: a `GET` stream or a pending answer) and unused for
+/// `SESSION_ABANDONED_AFTER`.
+fn abandoned(now: Instant, last_used: Instant, in_use: bool) -> bool {
+    !in_use && now.saturating_duration_since(last_used) >= SESSION_ABANDONED_AFTER
 }
 
 /// A cryptographically random session id (visible ASCII, as the spec asks).
@@ -423,16 +437,20 @@ impl McpHost {
         }
     }
 
-    /// A new session for an `initialize`, making room by dropping the least recently used
-    /// idle one when full.
+    /// A new session for an `initialize`. A full table makes room only by dropping the
+    /// longest-abandoned session (see `SESSION_ABANDONED_AFTER`); `None` when there is none
+    /// (or no randomness for an id), which the caller answers with 503.
     fn new_http_session(&mut self, ctx: &mut Cx<McpKey>) -> Option<(SessionKey, String)> {
         let http = self.http.as_mut()?;
         if http.sessions.len() >= MAX_SESSIONS {
             let busy: Vec<SessionKey> = http.replies.keys().map(|(s, _)| *s).collect();
+            let now = Instant::now();
             let victim = http
                 .sessions
                 .iter()
-                .filter(|(k, s)| s.listen.is_none() && !busy.contains(k))
+                .filter(|(k, s)| {
+                    abandoned(now, s.last_used, s.listen.is_some() || busy.contains(k))
+                })
                 .min_by_key(|(_, s)| s.last_used)
                 .map(|(k, _)| *k)?;
             self.end_http_session(ctx, victim);
@@ -537,7 +555,10 @@ impl McpHost {
                     return Err(refusal(
                         503,
                         -32000,
-                        "Service Unavailable: too many sessions",
+                        &format!(
+                            "Service Unavailable: too many sessions ({MAX_SESSIONS} open); \
+                             end one with DELETE or retry later"
+                        ),
                     ));
                 }
             }
@@ -664,6 +685,24 @@ impl McpHost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_session_unused_past_the_limit_and_with_nothing_open_gives_way() {
+        let now = Instant::now() + SESSION_ABANDONED_AFTER + Duration::from_secs(3600);
+        let ago = |d: Duration| now - d;
+        assert!(abandoned(now, ago(SESSION_ABANDONED_AFTER), false));
+        assert!(abandoned(now, ago(Duration::from_secs(3600)), false));
+        // Recently used, however full the table: never.
+        assert!(!abandoned(now, now, false));
+        assert!(!abandoned(
+            now,
+            ago(SESSION_ABANDONED_AFTER - Duration::from_secs(1)),
+            false
+        ));
+        // A stream open or an answer pending: never, however long ago the last request.
+        assert!(!abandoned(now, ago(Duration::from_secs(3600)), true));
+        assert!(SESSION_ABANDONED_AFTER >= Duration::from_secs(600));
+    }
 
     #[test]
     fn session_ids_are_random_hex() {
