@@ -252,20 +252,7 @@ impl Conn {
     /// Writes as much of `pending` as the socket takes, removing what was written.
     pub fn flush(&mut self, pending: &mut Vec<u8>) -> io::Result<()> {
         match self {
-            Conn::Plain(tcp) => {
-                while !pending.is_empty() {
-                    match tcp.write(pending) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(n) => {
-                            pending.drain(..n);
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(())
-            }
+            Conn::Plain(tcp) => flush_plain(tcp, pending),
             Conn::Tls { tcp, tls } => flush_tls(tcp, tls, pending),
             Conn::TlsServer { tcp, tls } => flush_tls(tcp, tls, pending),
         }
@@ -287,34 +274,64 @@ impl Conn {
             more: false,
         };
         match self {
-            Conn::Plain(tcp) => {
-                let mut buf = [0u8; 16 * 1024];
-                loop {
-                    let room = budget.saturating_sub(status.n_bytes).min(buf.len());
-                    if room == 0 {
-                        status.more = true;
-                        return Ok(status);
-                    }
-                    let window = buf.get_mut(..room).unwrap_or(&mut []);
-                    match tcp.read(window) {
-                        Ok(0) => {
-                            status.eof = true;
-                            return Ok(status);
-                        }
-                        Ok(n) => {
-                            out.extend_from_slice(window.get(..n).unwrap_or_default());
-                            status.n_bytes += n;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
+            Conn::Plain(tcp) => return drain_read_plain(tcp, out, budget),
             Conn::Tls { tcp, tls } => drain_read_tls(tcp, tls, out, budget, &mut status)?,
             Conn::TlsServer { tcp, tls } => drain_read_tls(tcp, tls, out, budget, &mut status)?,
         }
         Ok(status)
+    }
+}
+
+/// Writes as much of `pending` to a non-blocking plain stream (TCP, or a Unix socket) as it
+/// takes, removing what was written.
+pub(crate) fn flush_plain(stream: &mut impl Write, pending: &mut Vec<u8>) -> io::Result<()> {
+    while !pending.is_empty() {
+        match stream.write(pending) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                pending.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads a non-blocking plain stream (TCP, or a Unix socket) until `WouldBlock`, EOF or
+/// exactly `budget` bytes, appending to `out`.
+pub(crate) fn drain_read_plain(
+    stream: &mut impl Read,
+    out: &mut Vec<u8>,
+    budget: usize,
+) -> io::Result<ReadStatus> {
+    let mut status = ReadStatus {
+        n_bytes: 0,
+        eof: false,
+        more: false,
+    };
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let room = budget.saturating_sub(status.n_bytes).min(buf.len());
+        if room == 0 {
+            status.more = true;
+            return Ok(status);
+        }
+        let window = buf.get_mut(..room).unwrap_or(&mut []);
+        match stream.read(window) {
+            Ok(0) => {
+                status.eof = true;
+                return Ok(status);
+            }
+            Ok(n) => {
+                out.extend_from_slice(window.get(..n).unwrap_or_default());
+                status.n_bytes += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -32,7 +32,7 @@
 //! comes back resumes). An unauthenticated peer costs at most its preamble cap plus one read.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -170,14 +170,14 @@ impl Io {
     fn read(&mut self, out: &mut Vec<u8>, budget: usize) -> io::Result<ReadStatus> {
         match self {
             Io::Tls(conn) => conn.drain_read_upto(out, budget),
-            Io::Unix(stream) => read_plain(stream, out, budget),
+            Io::Unix(stream) => crate::transport::drain_read_plain(stream, out, budget),
         }
     }
 
     fn flush(&mut self, pending: &mut Vec<u8>) -> io::Result<()> {
         match self {
             Io::Tls(conn) => conn.flush(pending),
-            Io::Unix(stream) => write_plain(stream, pending),
+            Io::Unix(stream) => crate::transport::flush_plain(stream, pending),
         }
     }
 
@@ -200,53 +200,6 @@ impl Io {
             Io::Unix(stream) => stream.shutdown(how),
         };
     }
-}
-
-/// `transport::Conn`'s plain read, for a Unix stream.
-fn read_plain(stream: &mut UnixStream, out: &mut Vec<u8>, budget: usize) -> io::Result<ReadStatus> {
-    let mut status = ReadStatus {
-        n_bytes: 0,
-        eof: false,
-        more: false,
-    };
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let room = budget.saturating_sub(status.n_bytes).min(buf.len());
-        if room == 0 {
-            status.more = true;
-            return Ok(status);
-        }
-        let window = buf.get_mut(..room).unwrap_or(&mut []);
-        match stream.read(window) {
-            Ok(0) => {
-                status.eof = true;
-                return Ok(status);
-            }
-            Ok(n) => {
-                out.extend_from_slice(window.get(..n).unwrap_or_default());
-                status.n_bytes += n;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// `transport::Conn`'s plain flush, for a Unix stream.
-fn write_plain(stream: &mut UnixStream, pending: &mut Vec<u8>) -> io::Result<()> {
-    while !pending.is_empty() {
-        match stream.write(pending) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                pending.drain(..n);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// What a peer sent, line by line.
@@ -880,6 +833,7 @@ impl<P: Default> Front<P, LineConn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     fn split_all(first_cap: usize, cap: usize, chunks: &[&[u8]]) -> Vec<Item> {
         let mut splitter = Splitter::new(first_cap, cap);
