@@ -9,17 +9,15 @@
 
 use std::collections::BTreeSet;
 
-use super::{Link, LinkEvent, NetKey, announce, cancel_live_runs};
+use super::{Link, LinkEvent, NetKey, Served, cancel_live_runs};
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
-use crate::drive::table::DriveCore;
-use crate::engine::{Engine, EngineConfig, RetryNotice, RunId, ToolPlacement};
-use crate::log;
+use crate::engine::{RetryNotice, RunId, ToolPlacement};
 use crate::reactor::Signal;
 use crate::stdio::StdinItem;
 use crate::surface::acp::{AcpKey, AcpServe};
 use crate::surface::front::FrontKey;
-use crate::surface::host::{Cx, DriveHost, Surface};
+use crate::surface::host::{Cx, Surface};
 
 impl From<NetKey> for AcpKey {
     fn from(key: NetKey) -> AcpKey {
@@ -38,34 +36,26 @@ pub(crate) struct NetAcp {
     link: Link,
 }
 
-pub(crate) fn run(engine_config: EngineConfig, core: DriveCore, link: Link) -> u8 {
-    let mut engine: Engine<crate::surface::host::Key<AcpKey>> = match Engine::new(engine_config) {
-        Ok(e) => e,
-        Err(e) => {
-            log::error(&format!("cannot start the event loop: {e}"));
-            return crate::exit::RUNTIME;
-        }
-    };
-    let mut host = DriveHost::new(
-        core,
+impl NetAcp {
+    pub(super) fn new(link: Link) -> NetAcp {
         NetAcp {
             acp: AcpServe::new(),
             link,
-        },
-    );
-    if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |s, cx| s.link.start(cx))) {
-        log::error(&format!("cannot listen: {e}"));
-        return crate::exit::RUNTIME;
-    }
-    announce(&host.surface.link, "acp");
-    let result = engine.run_loop(&mut host);
-    host.surface.link.shut();
-    match result {
-        Ok(()) => crate::exit::OK,
-        Err(e) => {
-            log::error(&format!("event loop failed: {e}"));
-            crate::exit::RUNTIME
         }
+    }
+}
+
+impl Served for NetAcp {
+    const PROTOCOL: &'static str = "acp";
+
+    fn link(&mut self) -> &mut Link {
+        &mut self.link
+    }
+
+    fn start(&mut self, cx: &mut Cx<AcpKey>) -> Result<(), String> {
+        self.link
+            .start(cx)
+            .map_err(|e| format!("cannot listen: {e}"))
     }
 }
 

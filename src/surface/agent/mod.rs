@@ -27,11 +27,12 @@ use std::time::Duration;
 use crate::auth::Token;
 use crate::drive::table::DriveCore;
 use crate::engine::HostKey;
+use crate::engine::{Engine, EngineConfig};
 use crate::log;
 use crate::reactor::TimerId;
 use crate::surface::front::line::{AgentListener, LineConn, LineEvent};
 use crate::surface::front::{ConnId, Front, FrontKey};
-use crate::surface::host::Cx;
+use crate::surface::host::{Cx, DriveHost, Key, Surface};
 pub(crate) use spec::{Posture, Protocol, Spec};
 
 pub(crate) const TOKEN_ENV: &str = "CALIBAN_AGENT_TOKEN";
@@ -431,9 +432,44 @@ fn cancel_live_runs(core: &mut DriveCore) {
     }
 }
 
+/// An agent surface: one of the two protocols over the agent's `Link`.
+trait Served: Surface {
+    const PROTOCOL: &'static str;
+    fn link(&mut self) -> &mut Link;
+    /// Registers the listener and starts what the protocol starts with.
+    fn start(&mut self, cx: &mut Cx<Self::Key>) -> Result<(), String>;
+}
+
+/// Runs an agent surface until it quits (SIGTERM/SIGINT or the idle exit): the engine, the
+/// drive host, the surface's start, the line scripts wait for, the loop, the socket cleanup.
+fn run_served<S: Served>(engine_config: EngineConfig, core: DriveCore, surface: S) -> u8 {
+    let mut engine: Engine<Key<S::Key>> = match Engine::new(engine_config) {
+        Ok(e) => e,
+        Err(e) => {
+            log::error(&format!("cannot start the event loop: {e}"));
+            return crate::exit::RUNTIME;
+        }
+    };
+    let mut host = DriveHost::new(core, surface);
+    if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |s, cx| s.start(cx))) {
+        log::error(&e);
+        return crate::exit::RUNTIME;
+    }
+    announce(host.surface.link(), S::PROTOCOL);
+    let result = engine.run_loop(&mut host);
+    host.surface.link().shut();
+    match result {
+        Ok(()) => crate::exit::OK,
+        Err(e) => {
+            log::error(&format!("event loop failed: {e}"));
+            crate::exit::RUNTIME
+        }
+    }
+}
+
 /// Serves the spec's protocol until SIGTERM/SIGINT or the idle exit.
 pub(crate) fn serve(
-    engine_config: crate::engine::EngineConfig,
+    engine_config: EngineConfig,
     core: DriveCore,
     spec: &Spec,
     idle_timeout: Option<Duration>,
@@ -441,8 +477,8 @@ pub(crate) fn serve(
 ) -> u8 {
     let link = Link::new(listener, idle_timeout);
     match spec.protocol {
-        Protocol::Ndjson => ndjson::run(engine_config, core, link, spec),
-        Protocol::Acp => acp::run(engine_config, core, link),
+        Protocol::Ndjson => run_served(engine_config, core, ndjson::Plane::new(link, spec)),
+        Protocol::Acp => run_served(engine_config, core, acp::NetAcp::new(link)),
     }
 }
 

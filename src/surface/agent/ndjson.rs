@@ -34,14 +34,14 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value, json};
 
-use super::{Link, LinkEvent, NetKey, Spec, announce, cancel_live_runs};
+use super::{Link, LinkEvent, NetKey, Served, Spec, cancel_live_runs};
 use crate::drive::ops::{self, Dialect};
 use crate::drive::table::{DriveCore, Inbound, RunSpec};
-use crate::engine::{Engine, EngineConfig, HostAction, RunId};
+use crate::engine::{HostAction, RunId};
 use crate::log;
 use crate::reactor::Signal;
 use crate::surface::front::ConnId;
-use crate::surface::host::{Cx, DriveHost, Surface};
+use crate::surface::host::{Cx, Surface};
 
 /// The most events replayed to a client that connects without a `Resume` (upstream's
 /// 1,024 lines): enough to see what the run is doing, bounded for a run that has done a lot.
@@ -68,6 +68,8 @@ struct Follow {
 
 pub(crate) struct Plane {
     link: Link,
+    /// The spawn spec until `start` starts its run.
+    spec: Option<Spec>,
     run: Option<RunId>,
     follow: Option<Follow>,
 }
@@ -82,42 +84,33 @@ fn error_line(message: &str) -> Vec<u8> {
     line(&json!({"type": "Error", "error": message}))
 }
 
-/// Starts the spec's run and serves its plane.
-pub(crate) fn run(engine_config: EngineConfig, core: DriveCore, link: Link, spec: &Spec) -> u8 {
-    let mut engine: Engine<crate::surface::host::Key<NetKey>> = match Engine::new(engine_config) {
-        Ok(e) => e,
-        Err(e) => {
-            log::error(&format!("cannot start the event loop: {e}"));
-            return crate::exit::RUNTIME;
-        }
-    };
-    let mut host = DriveHost::new(
-        core,
+impl Plane {
+    pub(super) fn new(link: Link, spec: &Spec) -> Plane {
         Plane {
             link,
+            spec: Some(spec.clone()),
             run: None,
             follow: None,
-        },
-    );
-    let started = engine.with_ctx(|ctx| host.with(ctx, |plane, cx| plane.start(cx, spec)));
-    if let Err(e) = started {
-        log::error(&e);
-        return crate::exit::RUNTIME;
-    }
-    announce(&host.surface.link, "ndjson");
-    let result = engine.run_loop(&mut host);
-    host.surface.link.shut();
-    match result {
-        Ok(()) => crate::exit::OK,
-        Err(e) => {
-            log::error(&format!("event loop failed: {e}"));
-            crate::exit::RUNTIME
         }
     }
 }
 
+impl Served for Plane {
+    const PROTOCOL: &'static str = "ndjson";
+
+    fn link(&mut self) -> &mut Link {
+        &mut self.link
+    }
+
+    /// Starts the spec's run and serves its plane.
+    fn start(&mut self, cx: &mut Cx<NetKey>) -> Result<(), String> {
+        let spec = self.spec.take().ok_or("the plane was started twice")?;
+        self.start_run(cx, &spec)
+    }
+}
+
 impl Plane {
-    fn start(&mut self, cx: &mut Cx<NetKey>, spec: &Spec) -> Result<(), String> {
+    fn start_run(&mut self, cx: &mut Cx<NetKey>, spec: &Spec) -> Result<(), String> {
         self.link
             .start(cx)
             .map_err(|e| format!("cannot listen: {e}"))?;
