@@ -1,4 +1,5 @@
-//! Capping text to a number of characters without splitting one.
+//! Words for what a client sent: capping text to a number of characters without splitting
+//! one, and naming the kind of a JSON value in an error message.
 //!
 //! Caps counted in bytes need no helper: `str::floor_char_boundary` (keep the head) and
 //! `str::ceil_char_boundary` (keep the tail) give the cut.
@@ -15,6 +16,19 @@ pub(crate) fn cap_chars(text: &str, max_chars: usize) -> String {
     match cut_chars(text, max_chars) {
         Some((kept, _)) => format!("{kept}…"),
         None => text.to_owned(),
+    }
+}
+
+/// The kind of a JSON value as an error message names it ("expected a string, got a number").
+pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 

@@ -1567,9 +1567,12 @@ fn cap_output(mut text: String) -> String {
 // Input fields
 
 fn object(input: &Value) -> Result<&Map<String, Value>, String> {
-    input
-        .as_object()
-        .ok_or_else(|| format!("input must be a JSON object, got {}", kind(input)))
+    input.as_object().ok_or_else(|| {
+        format!(
+            "input must be a JSON object, got {}",
+            crate::text::json_kind(input)
+        )
+    })
 }
 
 /// Absent and `null` both count as missing: models send `null` for fields they mean to omit.
@@ -1585,7 +1588,7 @@ fn required_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a str, S
         }
         Some(other) => Err(format!(
             "field `{key}` must be a string, got {}",
-            kind(other)
+            crate::text::json_kind(other)
         )),
     }
 }
@@ -1596,7 +1599,7 @@ fn optional_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a
         Some(Value::String(text)) => Ok(Some(text)),
         Some(other) => Err(format!(
             "field `{key}` must be a string, got {}",
-            kind(other)
+            crate::text::json_kind(other)
         )),
     }
 }
@@ -1607,7 +1610,7 @@ fn optional_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, St
         Some(Value::Bool(flag)) => Ok(Some(*flag)),
         Some(other) => Err(format!(
             "field `{key}` must be a boolean, got {}",
-            kind(other)
+            crate::text::json_kind(other)
         )),
     }
 }
@@ -1641,19 +1644,8 @@ fn optional_int(
         }
         Some(other) => Err(format!(
             "field `{key}` must be {range}, got {}",
-            kind(other)
+            crate::text::json_kind(other)
         )),
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

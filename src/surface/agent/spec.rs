@@ -57,23 +57,15 @@ pub(crate) struct Spec {
     pub(crate) posture: Posture,
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// An optional string field; `null` is absent.
 fn string(map: &Map<String, Value>, key: &str) -> Result<Option<String>, String> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(format!("`{key}` must be a string, not {}", kind(other))),
+        Some(other) => Err(format!(
+            "`{key}` must be a string, not {}",
+            crate::text::json_kind(other)
+        )),
     }
 }
 
@@ -104,7 +96,7 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
     let Value::Object(map) = value else {
         return Err(format!(
             "the spawn spec must be a JSON object, not {}",
-            kind(&value)
+            crate::text::json_kind(&value)
         ));
     };
     let unknown: Vec<String> = map
@@ -126,7 +118,7 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
         Some(other) => {
             return Err(format!(
                 "`interactive` must be a boolean, not {}",
-                kind(other)
+                crate::text::json_kind(other)
             ));
         }
     };
@@ -138,7 +130,7 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
                 let Value::String(name) = item else {
                     return Err(format!(
                         "`tool_allowlist` must hold tool names, not {}",
-                        kind(item)
+                        crate::text::json_kind(item)
                     ));
                 };
                 if !tools.contains(&name.as_str()) {
@@ -154,7 +146,7 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
         Some(other) => {
             return Err(format!(
                 "`tool_allowlist` must be an array of tool names, not {}",
-                kind(other)
+                crate::text::json_kind(other)
             ));
         }
     };
