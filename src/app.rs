@@ -366,6 +366,10 @@ fn drive_core(
             .map(Duration::from_secs_f64)
             .unwrap_or(drive::table::DEFAULT_PERMISSION_TIMEOUT),
         system_prompt: args.agent.system_prompt.clone(),
+        max_working_runs: args
+            .max_working_runs
+            .unwrap_or(drive::table::MAX_WORKING_RUNS),
+        max_live_runs: args.max_live_runs.unwrap_or(drive::table::MAX_LIVE_RUNS),
     };
     let mut core = drive::table::DriveCore::new(store, drive_config);
     // `GET /runs` lists earlier runs from the start; the stdio surfaces (spawned by editors

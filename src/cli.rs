@@ -221,6 +221,20 @@ pub const FLAGS: &[Flag] = &[
         "http serve|mcp serve",
     ),
     flag(
+        "max-working-runs",
+        None,
+        Some("N"),
+        "Let at most N runs stream or run tools at once; more are refused (503, or a busy error) until one pauses or ends (default 64).",
+        "http serve|mcp serve|acp serve|agent serve",
+    ),
+    flag(
+        "max-live-runs",
+        None,
+        Some("N"),
+        "Keep at most N runs open at once, idle interactive ones included (default 4096).",
+        "http serve|mcp serve|acp serve|agent serve",
+    ),
+    flag(
         "listen",
         None,
         Some("ADDR"),
@@ -358,6 +372,8 @@ pub struct ServeArgs {
     pub tls_key: Option<PathBuf>,
     pub permission_timeout: Option<f64>,
     pub max_connections: Option<usize>,
+    pub max_working_runs: Option<usize>,
+    pub max_live_runs: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -443,6 +459,14 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                         return Err(bad_value("--max-connections", "0", "a positive number"));
                     }
                     serve.max_connections = Some(n);
+                    continue;
+                }
+                Long("max-working-runs") => {
+                    serve.max_working_runs = Some(positive(&mut parser, "--max-working-runs")?);
+                    continue;
+                }
+                Long("max-live-runs") => {
+                    serve.max_live_runs = Some(positive(&mut parser, "--max-live-runs")?);
                     continue;
                 }
                 Value(v) => {
@@ -548,6 +572,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                     tls_key: None,
                     permission_timeout: None,
                     max_connections: None,
+                    max_working_runs: None,
+                    max_live_runs: None,
                 });
             }
             Value(v) => positional.push(v.string()?),
@@ -595,6 +621,14 @@ fn seconds(parser: &mut lexopt::Parser, name: &str) -> Result<f64, lexopt::Error
         Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(s),
         _ => Err(bad_value(name, &raw, "seconds, greater than 0")),
     }
+}
+
+fn positive(parser: &mut lexopt::Parser, flag: &str) -> Result<usize, lexopt::Error> {
+    let n: usize = parser.value()?.parse()?;
+    if n == 0 {
+        return Err(bad_value(flag, "0", "a positive number"));
+    }
+    Ok(n)
 }
 
 fn bad_value(flag: &str, got: &str, expected: &str) -> lexopt::Error {
@@ -734,6 +768,30 @@ mod tests {
         assert_eq!(p.output_format, OutputFormat::StreamJson);
         assert_eq!(p.allow, vec!["Bash(cargo test:*)".to_owned()]);
         assert_eq!(p.max_turns, Some(3));
+    }
+
+    #[test]
+    fn run_limits_parse_on_every_serve_command() {
+        for surface in ["http", "mcp", "acp", "agent"] {
+            let cmd = parse(args(&[
+                surface,
+                "serve",
+                "--max-working-runs",
+                "1000",
+                "--max-live-runs",
+                "5000",
+            ]))
+            .unwrap();
+            let Command::Serve(s) = cmd else {
+                panic!("not serve")
+            };
+            assert_eq!(
+                (s.max_working_runs, s.max_live_runs),
+                (Some(1000), Some(5000))
+            );
+        }
+        assert!(parse(args(&["http", "serve", "--max-working-runs", "0"])).is_err());
+        assert!(parse(args(&["--max-live-runs", "10"])).is_err());
     }
 
     #[test]

@@ -37,9 +37,11 @@ pub const MAX_FINISHED_IN_MEMORY: usize = 1000;
 /// Input queued for a running interactive run (taken at its next turn boundary).
 pub const MAX_QUEUED_INPUTS: usize = 16;
 pub const MAX_QUEUED_INPUT_BYTES: usize = 4 * 1024 * 1024;
-/// Runs streaming or running tools at once; more are refused until one pauses or ends.
+/// Runs streaming or running tools at once by default (`--max-working-runs`); more are
+/// refused until one pauses or ends.
 pub const MAX_WORKING_RUNS: usize = 64;
-/// Open runs, idle interactive ones included (an idle run costs a few KiB).
+/// Open runs by default, idle interactive ones included (`--max-live-runs`; an idle run
+/// costs a few KiB).
 pub const MAX_LIVE_RUNS: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,6 +193,10 @@ pub struct DriveConfig {
     pub permission_timeout: Duration,
     /// Builds the system prompt for a run's workspace.
     pub system_prompt: Option<String>,
+    /// Runs streaming or running tools at once (`MAX_WORKING_RUNS` by default).
+    pub max_working_runs: usize,
+    /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
+    pub max_live_runs: usize,
 }
 
 struct RunRecord {
@@ -465,9 +471,10 @@ impl DriveCore {
                 n_working += 1;
             }
         }
-        if n_working >= MAX_WORKING_RUNS || n_live >= MAX_LIVE_RUNS {
+        let (max_working, max_live) = (self.config.max_working_runs, self.config.max_live_runs);
+        if n_working >= max_working || n_live >= max_live {
             return Err(DriveError::Busy(format!(
-                "too many runs in progress ({n_working} working, {n_live} open; at most {MAX_WORKING_RUNS} and {MAX_LIVE_RUNS}); cancel one or wait"
+                "too many runs in progress ({n_working} working, {n_live} open; at most {max_working} and {max_live}); cancel one or wait"
             )));
         }
         let workspace = match &spec.cwd {
@@ -1177,8 +1184,18 @@ mod tests {
                 provider: "anthropic",
                 permission_timeout: DEFAULT_PERMISSION_TIMEOUT,
                 system_prompt: Some("test system prompt".into()),
+                max_working_runs: MAX_WORKING_RUNS,
+                max_live_runs: MAX_LIVE_RUNS,
             };
             DriveCore::new(store, config)
+        }
+
+        /// A core with other run limits, as `--max-working-runs`/`--max-live-runs` set them.
+        fn core_with_limits(&self, max_working_runs: usize, max_live_runs: usize) -> DriveCore {
+            let mut core = self.core();
+            core.config.max_working_runs = max_working_runs;
+            core.config.max_live_runs = max_live_runs;
+            core
         }
     }
 
@@ -1973,6 +1990,32 @@ mod tests {
         core.on_await_input(ids[0]);
         let next = start(&mut core, "fits now", false);
         assert_eq!(next, RunId(MAX_WORKING_RUNS as u64 + 1));
+    }
+
+    #[test]
+    fn configured_run_limits_are_honoured_above_and_below_the_defaults() {
+        // Above the default working cap: 100 streaming runs fit, the 101st is refused.
+        let tmp = TempDir::new("limits-working");
+        let mut core = tmp.core_with_limits(100, 4096);
+        let ids: Vec<RunId> = (0..100).map(|_| start(&mut core, "p", true)).collect();
+        let busy = core.start_run(spec("one too many", false)).unwrap_err();
+        assert_eq!(
+            busy.to_string(),
+            "too many runs in progress (100 working, 100 open; at most 100 and 4096); cancel one or wait"
+        );
+        core.on_await_input(ids[0]);
+        assert_eq!(start(&mut core, "fits now", false), RunId(101));
+
+        // The live cap counts waiting runs too, so pausing one makes no room under it.
+        let tmp = TempDir::new("limits-live");
+        let mut core = tmp.core_with_limits(10, 3);
+        let ids: Vec<RunId> = (0..3).map(|_| start(&mut core, "p", true)).collect();
+        core.on_await_input(ids[0]);
+        let busy = core.start_run(spec("no room", false)).unwrap_err();
+        assert_eq!(
+            busy.to_string(),
+            "too many runs in progress (2 working, 3 open; at most 10 and 3); cancel one or wait"
+        );
     }
 
     #[test]
