@@ -20,7 +20,8 @@ use serde_json::Value;
 
 pub use pattern::PatternError;
 use pattern::{FieldKind, Matcher, Subject, escape_glob, first_arg, normalize_abs, path_view};
-use shell::split_command;
+// Crate-visible for the fuzz entry points (`crate::fuzzing`) only.
+pub(crate) use shell::split_command;
 
 use crate::tools::table::{self, Class, DefaultAction};
 
