@@ -379,7 +379,11 @@ fn suggested_pattern(tool: &str, input: &Value) -> Option<String> {
             let word = value.split_whitespace().next()?;
             Some(format!("{tool}({}:*)", escape_glob(word)))
         }
-        FieldKind::Path => Some(format!("{tool}({})", escape_glob(value))),
+        FieldKind::Path => {
+            // `Tool()` is no pattern; the policy reads an empty path as the workspace root.
+            let path = if value.is_empty() { "." } else { value };
+            Some(format!("{tool}({})", escape_glob(path)))
+        }
         FieldKind::Text => {
             // WebFetch: allow the whole site rather than one URL.
             let (scheme, rest) = value.split_once("://")?;
@@ -657,6 +661,16 @@ mod tests {
         );
         assert!(suggested_rules("Bash", &bash("echo 'unclosed")).is_empty());
         assert_eq!(suggested_rules("Write", &file("a/b.rs")), ["Write(a/b.rs)"]);
+    }
+
+    #[test]
+    fn an_empty_path_is_suggested_as_the_workspace_root_it_means() {
+        // Found by fuzz/permission_pattern: the suggestion was `Edit()`, which is no pattern,
+        // so an editor's "always allow" was offered and then silently dropped.
+        assert_eq!(suggested_rules("Edit", &file("")), ["Edit(.)"]);
+        let p = policy(vec![rule("Edit(.)", Action::Allow)], Mode::Default);
+        assert_eq!(action(&p, "Edit", &file("")), Action::Allow);
+        assert_eq!(action(&p, "Edit", &file("a.rs")), Action::Ask);
     }
 
     #[test]
