@@ -674,6 +674,22 @@ mod tests {
     }
 
     #[test]
+    fn a_suggested_rule_is_never_read_as_the_key_form() {
+        // Found by fuzz/permission_pattern: `Edit(c=argo t(est)` read as `Edit:c=<glob>`, a
+        // rule on a field `c` that no call has, so "always allow" never allowed the call.
+        for (tool, input) in [
+            ("Edit", file("c=argo t(est 2~&1 | git apply")),
+            ("Read", file("a.b=c,d=e")),
+            ("WebFetch", json!({"url": "x=y://host/page"})),
+        ] {
+            let suggested = suggested_rules(tool, &input);
+            assert_eq!(suggested.len(), 1);
+            let p = policy(vec![rule(&suggested[0], Action::Allow)], Mode::Default);
+            assert_eq!(action(&p, tool, &input), Action::Allow, "{suggested:?}");
+        }
+    }
+
+    #[test]
     fn a_run_in_a_subdirectory_is_judged_from_its_cwd() {
         let p = policy(
             vec![

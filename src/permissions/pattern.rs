@@ -378,10 +378,11 @@ fn is_key_char(ch: char) -> bool {
 }
 
 /// Escapes glob metacharacters so the pattern matches `text` literally, for suggested rules.
+/// `=` is escaped too: unescaped, `a=b` would read as the key form `key=glob`.
 pub(super) fn escape_glob(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for ch in text.chars() {
-        if matches!(ch, '*' | '?' | '[' | ']' | '{' | '}' | '\\') {
+        if matches!(ch, '*' | '?' | '[' | ']' | '{' | '}' | '\\' | '=') {
             out.push('\\');
         }
         out.push(ch);
