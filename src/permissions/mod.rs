@@ -674,6 +674,24 @@ mod tests {
     }
 
     #[test]
+    fn a_suggested_rule_for_a_leading_tilde_means_the_literal_tilde() {
+        // Found by fuzz/permission_pattern: `Glob(~h:…)` was refused as a home path, and for
+        // Bash `Bash(~/bin/x:*)` read as the anywhere form `*/bin/x:**`, which does not
+        // even match the command it was suggested for.
+        for (tool, input, want) in [
+            ("Glob", file("~h:*Bah:~"), r"Glob(\~h:\*Bah:~)"),
+            ("Read", file("~/.bashrc"), r"Read(\~/.bashrc)"),
+            ("Bash", bash("~/bin/x --flag"), r"Bash(\~/bin/x:*)"),
+        ] {
+            assert_eq!(suggested_rules(tool, &input), [want]);
+            let p = policy(vec![rule(want, Action::Allow)], Mode::Default);
+            assert_eq!(action(&p, tool, &input), Action::Allow, "{want}");
+        }
+        // Only where the grammar reads it: a `~` further in stays as it is.
+        assert_eq!(suggested_rules("Read", &file("a~b")), ["Read(a~b)"]);
+    }
+
+    #[test]
     fn a_suggested_rule_is_never_read_as_the_key_form() {
         // Found by fuzz/permission_pattern: `Edit(c=argo t(est)` read as `Edit:c=<glob>`, a
         // rule on a field `c` that no call has, so "always allow" never allowed the call.
