@@ -26,6 +26,11 @@ mod clock;
 mod drive;
 mod engine;
 mod exit;
+// Only for the fuzz targets in fuzz/ (cargo-fuzz builds with `--cfg fuzzing`) and the tests
+// that replay their seeds; not an API.
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod glob;
 mod http;
 mod jsonrpc;

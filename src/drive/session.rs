@@ -1051,7 +1051,8 @@ fn parse_line(line: &[u8]) -> Option<Line<'_>> {
     if text.trim().is_empty() {
         return Some(Line::Unknown);
     }
-    if let Some((cursor, body_start)) = canonical_event_head(line)
+    let head = canonical_event_head(line);
+    if let Some((cursor, body_start)) = head
         && let Some(body) = text[body_start..].strip_suffix('}')
         && let Ok(value) = serde_json::from_str::<Value>(body)
     {
@@ -1068,7 +1069,7 @@ fn parse_line(line: &[u8]) -> Option<Line<'_>> {
     let Some(Value::String(kind)) = fields.get("kind") else {
         return None;
     };
-    match kind.as_str() {
+    let parsed = match kind.as_str() {
         "header" => Some(Line::Header(Value::Object(fields))),
         "event" => {
             let cursor = fields.get("cursor")?.as_u64()?;
@@ -1086,6 +1087,15 @@ fn parse_line(line: &[u8]) -> Option<Line<'_>> {
         }
         "input" => Some(Line::Input(fields.remove("input")?)),
         _ => Some(Line::Unknown),
+    };
+    // Reads step over lines by their head alone (`read_file`), so a line that starts as
+    // event N must be event N: a repeated key that makes it another cursor or kind is damage.
+    match (head, &parsed) {
+        (Some((head_cursor, _)), Some(Line::Event { cursor, .. })) if *cursor == head_cursor => {
+            parsed
+        }
+        (Some(_), _) => None,
+        (None, _) => parsed,
     }
 }
 
@@ -1774,6 +1784,31 @@ mod tests {
                 assert_eq!(loaded.len(), 6);
                 assert_eq!(loaded.ignored_bytes(), 0);
             }
+        }
+    }
+
+    #[test]
+    fn a_line_whose_json_disagrees_with_its_event_head_is_damage() {
+        // Found by fuzz/session_file: with a repeated key the whole-line parse read another
+        // cursor (or kind) than the head that reads skip lines by, so the load counted an
+        // event that reading then refused as "changed underneath".
+        let tmp = TempDir::new("disagree");
+        let store = tmp.store("sessions");
+        let path = store.dir().join("run-1.jsonl");
+        let header = r#"{"kind":"header","v":1,"run_id":"run-1"}"#;
+        let first = r#"{"kind":"event","cursor":0,"event":{"n":0}}"#;
+        for line in [
+            r#"{"kind":"event","cursor":0,"event":{"n":1},"cursor":1}"#,
+            r#"{"kind":"event","cursor":1,"event":{"n":1},"kind":"status","status":{}}"#,
+        ] {
+            fs::write(&path, format!("{header}\n{first}\n{line}\n")).unwrap();
+            let log = store.load("run-1").unwrap();
+            for cursor in 0..log.len() {
+                log.read(cursor, 1, 0).expect("every counted event reads");
+            }
+            assert_eq!(all_events(&log), [r#"{"n":0}"#], "{line}");
+            assert!(log.damaged, "{line}");
+            assert_eq!(log.last_status(), None);
         }
     }
 

@@ -24,7 +24,8 @@ pub use pattern::PatternError;
 use pattern::{FieldKind, Matcher, Subject, escape_glob, first_arg, normalize_abs, path_view};
 use protected::Protected;
 pub(crate) use protected::find as protected_path;
-use shell::split_command;
+// Crate-visible for the fuzz entry points (`crate::fuzzing`) only.
+pub(crate) use shell::split_command;
 
 use crate::tools::table::{self, Class, DefaultAction};
 
@@ -398,7 +399,11 @@ fn suggested_pattern(tool: &str, input: &Value) -> Option<String> {
             let word = value.split_whitespace().next()?;
             Some(format!("{tool}({}:*)", escape_glob(word)))
         }
-        FieldKind::Path => Some(format!("{tool}({})", escape_glob(value))),
+        FieldKind::Path => {
+            // `Tool()` is no pattern; the policy reads an empty path as the workspace root.
+            let path = if value.is_empty() { "." } else { value };
+            Some(format!("{tool}({})", escape_glob(path)))
+        }
         FieldKind::Text => {
             // WebFetch: allow the whole site rather than one URL.
             let (scheme, rest) = value.split_once("://")?;
@@ -717,6 +722,50 @@ mod tests {
         );
         assert!(suggested_rules("Bash", &bash("echo 'unclosed")).is_empty());
         assert_eq!(suggested_rules("Write", &file("a/b.rs")), ["Write(a/b.rs)"]);
+    }
+
+    #[test]
+    fn an_empty_path_is_suggested_as_the_workspace_root_it_means() {
+        // Found by fuzz/permission_pattern: the suggestion was `Edit()`, which is no pattern,
+        // so an editor's "always allow" was offered and then silently dropped.
+        assert_eq!(suggested_rules("Edit", &file("")), ["Edit(.)"]);
+        let p = policy(vec![rule("Edit(.)", Action::Allow)], Mode::Default);
+        assert_eq!(action(&p, "Edit", &file("")), Action::Allow);
+        assert_eq!(action(&p, "Edit", &file("a.rs")), Action::Ask);
+    }
+
+    #[test]
+    fn a_suggested_rule_for_a_leading_tilde_means_the_literal_tilde() {
+        // Found by fuzz/permission_pattern: `Glob(~h:…)` was refused as a home path, and for
+        // Bash `Bash(~/bin/x:*)` read as the anywhere form `*/bin/x:**`, which does not
+        // even match the command it was suggested for.
+        for (tool, input, want) in [
+            ("Glob", file("~h:*Bah:~"), r"Glob(\~h:\*Bah:~)"),
+            ("Read", file("~/.bashrc"), r"Read(\~/.bashrc)"),
+            ("Bash", bash("~/bin/x --flag"), r"Bash(\~/bin/x:*)"),
+        ] {
+            assert_eq!(suggested_rules(tool, &input), [want]);
+            let p = policy(vec![rule(want, Action::Allow)], Mode::Default);
+            assert_eq!(action(&p, tool, &input), Action::Allow, "{want}");
+        }
+        // Only where the grammar reads it: a `~` further in stays as it is.
+        assert_eq!(suggested_rules("Read", &file("a~b")), ["Read(a~b)"]);
+    }
+
+    #[test]
+    fn a_suggested_rule_is_never_read_as_the_key_form() {
+        // Found by fuzz/permission_pattern: `Edit(c=argo t(est)` read as `Edit:c=<glob>`, a
+        // rule on a field `c` that no call has, so "always allow" never allowed the call.
+        for (tool, input) in [
+            ("Edit", file("c=argo t(est 2~&1 | git apply")),
+            ("Read", file("a.b=c,d=e")),
+            ("WebFetch", json!({"url": "x=y://host/page"})),
+        ] {
+            let suggested = suggested_rules(tool, &input);
+            assert_eq!(suggested.len(), 1);
+            let p = policy(vec![rule(&suggested[0], Action::Allow)], Mode::Default);
+            assert_eq!(action(&p, tool, &input), Action::Allow, "{suggested:?}");
+        }
     }
 
     #[test]

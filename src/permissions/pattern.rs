@@ -378,10 +378,15 @@ fn is_key_char(ch: char) -> bool {
 }
 
 /// Escapes glob metacharacters so the pattern matches `text` literally, for suggested rules.
+/// `=` is escaped too: unescaped, `a=b` would read as the key form `key=glob`; and so is a
+/// leading `~`, which opens the anywhere form for commands and is refused for paths.
 pub(super) fn escape_glob(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+    let mut out = String::with_capacity(text.len() + 1);
+    if text.starts_with('~') {
+        out.push('\\');
+    }
     for ch in text.chars() {
-        if matches!(ch, '*' | '?' | '[' | ']' | '{' | '}' | '\\') {
+        if matches!(ch, '*' | '?' | '[' | ']' | '{' | '}' | '\\' | '=') {
             out.push('\\');
         }
         out.push(ch);

@@ -26,7 +26,7 @@ const MAX_SHELL_NESTING: usize = 16;
 /// This is a conservative reading of bash, not a shell: where it cannot read what bash reads
 /// it gives up or reads extra pieces (`[[ a && b ]]` gives two), which can only make an allow
 /// rule less likely to match. It must never read fewer commands than bash runs.
-pub(super) fn split_command(command: &str) -> Option<Vec<String>> {
+pub(crate) fn split_command(command: &str) -> Option<Vec<String>> {
     let chars: Vec<char> = command.chars().collect();
     let mut splitter = Splitter {
         chars: &chars,
