@@ -205,8 +205,15 @@ pub fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
         // Never signal "every process" (-1) or our own group (0) by accident.
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    // SAFETY: kill(2) with a negative pid targets one process group; no memory involved.
-    let rc = unsafe { libc::kill(-pgid, signal) };
+    // A negative pid targets the group.
+    kill_gone_ok(-pgid, signal)
+}
+
+/// kill(2) of a target the caller checked; ESRCH (already gone) is success.
+fn kill_gone_ok(target: libc::pid_t, signal: i32) -> io::Result<()> {
+    // SAFETY: kill(2) reads only its two integers and touches no memory of ours; the callers
+    // never pass 0, -1 or 1 (ourselves, everyone, init).
+    let rc = unsafe { libc::kill(target, signal) };
     if rc != 0 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ESRCH) {
@@ -241,16 +248,7 @@ pub fn kill_pid(pid: u32, signal: i32) -> io::Result<()> {
     if pid <= 1 || u32::try_from(pid).ok() == Some(std::process::id()) {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    // SAFETY: kill(2) with a positive pid targets one process; no memory involved.
-    let rc = unsafe { libc::kill(pid, signal) };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ESRCH) {
-            return Ok(());
-        }
-        return Err(err);
-    }
-    Ok(())
+    kill_gone_ok(pid, signal)
 }
 
 /// Reaps child `pid` if it has exited, without blocking: true once it is gone (reaped now,
