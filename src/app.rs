@@ -15,7 +15,8 @@ use crate::permissions::{Mode, Policy};
 use crate::print::{self, Printer};
 use crate::surface::{self, ListenConfig, http_api};
 use crate::{
-    agent, auth, drive, exit, http, log, reaper, settings, stub_model, sys, tools, transport,
+    agent, auth, drive, exit, http, instructions, log, reaper, settings, stub_model, sys, tools,
+    transport,
 };
 
 pub fn main() -> ExitCode {
@@ -93,6 +94,8 @@ struct AgentSetup {
     policy: Policy,
     run_config: agent::run::RunConfig,
     engine_config: EngineConfig,
+    /// Where each run's project instructions come from (`run_config.system` has none yet).
+    instructions: instructions::Sources,
 }
 
 /// What to do when no model provider can be set up.
@@ -191,6 +194,10 @@ fn agent_setup(
             .request_timeout
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
     };
+    let instructions = instructions::Sources::from_env(
+        !args.no_project_instructions && settings.project_instructions != Some(false),
+        &env_var,
+    );
     Ok(AgentSetup {
         workspace,
         provider,
@@ -199,6 +206,7 @@ fn agent_setup(
         policy,
         run_config,
         engine_config,
+        instructions,
     })
 }
 
@@ -234,10 +242,13 @@ fn run_print(args: PrintArgs) -> u8 {
         provider,
         mode,
         policy,
-        run_config,
+        mut run_config,
         engine_config,
+        instructions,
         ..
     } = setup;
+    let loaded = instructions.load(&workspace);
+    run_config.system = loaded.system_prompt(&run_config.system);
     let tool_names: Vec<String> = run_config
         .tools
         .iter()
@@ -285,7 +296,7 @@ fn run_print(args: PrintArgs) -> u8 {
         provider.model.clone(),
         policy,
     );
-    printer.init_frame(&tool_names, &workspace_str, mode.as_str());
+    printer.init_frame(&tool_names, &workspace_str, mode.as_str(), &loaded);
     match prompt {
         Some(prompt) => {
             let action = printer.start_text(prompt);
@@ -366,6 +377,7 @@ fn drive_core(
             .map(Duration::from_secs_f64)
             .unwrap_or(drive::table::DEFAULT_PERMISSION_TIMEOUT),
         system_prompt: args.agent.system_prompt.clone(),
+        instructions: setup.instructions,
         max_working_runs: args
             .max_working_runs
             .unwrap_or(drive::table::MAX_WORKING_RUNS),

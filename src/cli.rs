@@ -101,6 +101,13 @@ pub const FLAGS: &[Flag] = &[
         "",
     ),
     flag(
+        "no-project-instructions",
+        None,
+        None,
+        "Do not add AGENTS.md, CALIBAN.md or CLAUDE.md files (the project's and the user's) to the system prompt.",
+        "",
+    ),
+    flag(
         "cwd",
         Some('C'),
         Some("DIR"),
@@ -325,6 +332,7 @@ pub struct PrintArgs {
     pub max_tokens: Option<u32>,
     pub max_turns: Option<u32>,
     pub system_prompt: Option<String>,
+    pub no_project_instructions: bool,
     pub cwd: Option<PathBuf>,
     pub allow: Vec<String>,
     pub ask: Vec<String>,
@@ -399,6 +407,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         max_tokens: None,
         max_turns: None,
         system_prompt: None,
+        no_project_instructions: false,
         cwd: None,
         allow: Vec::new(),
         ask: Vec::new(),
@@ -514,6 +523,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 print.max_turns = Some(n);
             }
             Long("system-prompt") => print.system_prompt = Some(parser.value()?.string()?),
+            Long("no-project-instructions") => print.no_project_instructions = true,
             Short('C') | Long("cwd") => print.cwd = Some(parser.value()?.into()),
             Long("allow") => print.allow.push(parser.value()?.string()?),
             Long("ask") => print.ask.push(parser.value()?.string()?),

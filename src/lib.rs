@@ -33,6 +33,7 @@ mod exit;
 pub mod fuzzing;
 mod glob;
 mod http;
+mod instructions;
 mod jsonrpc;
 mod log;
 mod model;

@@ -110,12 +110,19 @@ impl Printer {
         self.out.extend_from_slice(bytes);
     }
 
-    pub fn init_frame(&mut self, tools: &[String], cwd: &str, permission_mode: &str) {
+    pub fn init_frame(
+        &mut self,
+        tools: &[String],
+        cwd: &str,
+        permission_mode: &str,
+        instructions: &crate::instructions::Loaded,
+    ) {
         self.frame(json!({
             "type": "system", "subtype": "init", "session_id": self.session_id,
             "model": format!("{}/{}", self.provider, self.model), "tools": tools, "plugins": [],
             "settingSources": ["user", "project"], "mcp_servers": [], "bare_mode": false,
             "cwd": cwd, "permission_mode": permission_mode,
+            "instructions": instructions.to_json(),
         }));
     }
 

@@ -11,6 +11,7 @@
 //!
 //! ```json
 //! {"provider": "anthropic", "model": "…", "max_tokens": 8192, "max_turns": 50,
+//!  "project_instructions": true,
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
 //!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]}}
@@ -40,6 +41,8 @@ pub struct Settings {
     pub max_tokens: Option<u32>,
     pub max_turns: Option<u32>,
     pub default_mode: Option<Mode>,
+    /// `"project_instructions": false` turns off reading `AGENTS.md` and kin.
+    pub project_instructions: Option<bool>,
     /// Project rules first (the local file's before the shared file's), then user rules.
     pub rules: Vec<Rule>,
     /// Things worth telling the user that do not stop the run: unknown keys, dropped rules.
@@ -125,6 +128,7 @@ pub fn load(
         settings.max_tokens = settings.max_tokens.or(file.max_tokens);
         settings.max_turns = settings.max_turns.or(file.max_turns);
         settings.default_mode = settings.default_mode.or(file.default_mode);
+        settings.project_instructions = settings.project_instructions.or(file.project_instructions);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
     }
@@ -155,7 +159,7 @@ pub fn rules_from_cli(
 
 /// `$XDG_CONFIG_HOME`, or `$HOME/.config`. The XDG spec says to ignore a relative or empty
 /// `XDG_CONFIG_HOME`.
-fn user_config_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+pub(crate) fn user_config_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     if let Some(dir) = env("XDG_CONFIG_HOME").filter(|dir| dir.starts_with('/')) {
         return Some(PathBuf::from(dir));
     }
@@ -195,6 +199,7 @@ struct FileSettings {
     max_tokens: Option<u32>,
     max_turns: Option<u32>,
     default_mode: Option<Mode>,
+    project_instructions: Option<bool>,
     rules: Vec<Rule>,
     warnings: Vec<String>,
 }
@@ -235,6 +240,14 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
             "max_tokens" => parser.out.max_tokens = Some(parser.positive(key, value)?),
             "max_turns" => parser.out.max_turns = Some(parser.positive(key, value)?),
             "permissions" => parser.permissions(value)?,
+            "project_instructions" => match value {
+                Value::Bool(on) => parser.out.project_instructions = Some(*on),
+                _ => {
+                    return Err(
+                        parser.invalid("'project_instructions' must be true or false".to_owned())
+                    );
+                }
+            },
             // Editors add a schema reference for completion; it configures nothing.
             "$schema" => {}
             _ => parser.warn(format!("unknown key '{key}' ignored")),

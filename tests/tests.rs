@@ -8,6 +8,7 @@ mod agent;
 mod cli;
 mod http_serve;
 mod http_util;
+mod long_work;
 mod mcp;
 mod openapi;
 mod print;

@@ -193,6 +193,8 @@ pub struct DriveConfig {
     pub permission_timeout: Duration,
     /// Builds the system prompt for a run's workspace.
     pub system_prompt: Option<String>,
+    /// Where each run's project instructions come from, read for its own workspace.
+    pub instructions: crate::instructions::Sources,
     /// Runs streaming or running tools at once (`MAX_WORKING_RUNS` by default).
     pub max_working_runs: usize,
     /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
@@ -503,11 +505,13 @@ impl DriveCore {
             run_config.model = model.clone();
         }
         let workspace_str = workspace.display().to_string();
-        run_config.system = self
+        let base = self
             .config
             .system_prompt
             .clone()
             .unwrap_or_else(|| crate::agent::default_system_prompt(&workspace_str));
+        let instructions = self.config.instructions.load(&workspace);
+        run_config.system = instructions.system_prompt(&base);
         let mut policy = self.config.policy.clone();
         if !spec.rules.is_empty() || spec.permission_mode.is_some() {
             policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
@@ -533,6 +537,9 @@ impl DriveCore {
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
+        if !instructions.is_empty() {
+            header.insert("instructions".into(), instructions.to_json());
+        }
         let mut log = self
             .store
             .create(header)
@@ -653,6 +660,13 @@ impl DriveCore {
     }
 
     /// The session header of a run (prompt, cwd, model, surface fields).
+    /// The project instruction files the run was started with (`[{path, bytes, truncated}]`),
+    /// when it had any.
+    pub fn instructions(&self, id: RunId) -> Option<Value> {
+        let header = self.record(id).ok()?.log.header();
+        header.get("instructions").cloned()
+    }
+
     pub fn header(&self, id: RunId) -> Result<Value, DriveError> {
         Ok(self.record(id)?.log.header().clone())
     }
@@ -1184,6 +1198,7 @@ mod tests {
                 provider: "anthropic",
                 permission_timeout: DEFAULT_PERMISSION_TIMEOUT,
                 system_prompt: Some("test system prompt".into()),
+                instructions: Default::default(),
                 max_working_runs: MAX_WORKING_RUNS,
                 max_live_runs: MAX_LIVE_RUNS,
             };

@@ -131,6 +131,24 @@ fn config_options_json(current: Mode) -> Value {
     }])
 }
 
+/// The session's directory (known: the session was just opened).
+fn cwd_of(sessions: &HashMap<String, Session>, id: &str) -> PathBuf {
+    sessions
+        .get(id)
+        .map(|session| session.cwd.clone())
+        .unwrap_or_default()
+}
+
+/// Names the project instruction files the session's runs get, under
+/// `_meta["caliban/instructions"]` of a `session/new`, `session/load` or `session/resume`
+/// answer (`[{path, bytes, truncated}]`), when there are any.
+fn with_instructions(result: &mut Value, core: &DriveCore, cwd: &Path) {
+    let loaded = core.config().instructions.load(cwd);
+    if !loaded.is_empty() {
+        result["_meta"] = json!({"caliban/instructions": loaded.to_json()});
+    }
+}
+
 impl AcpServe {
     /// A session's directory: absolute, existing, inside the workspace caliban serves (its
     /// settings and permission rules are that workspace's).
@@ -167,8 +185,10 @@ impl AcpServe {
         self.sessions
             .insert(id.clone(), Session::new(cwd, mode, None));
         self.connect_servers(ctx, &id, params);
-        Ok(json!({"sessionId": id, "modes": modes_json(mode),
-                  "configOptions": config_options_json(mode)}))
+        let mut result = json!({"sessionId": id, "modes": modes_json(mode),
+                  "configOptions": config_options_json(mode)});
+        with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
+        Ok(result)
     }
 
     /// `session/load` (with `replay`) and `session/resume`: a session of this process or of
@@ -231,7 +251,10 @@ impl AcpServe {
         }
         let mode = session.mode;
         self.connect_servers(ctx, &id, params);
-        Ok(json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)}))
+        let mut result =
+            json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)});
+        with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
+        Ok(result)
     }
 
     pub(super) fn list_sessions(

@@ -1,0 +1,401 @@
+//! The agent for long work (issue 14): project instructions, more tools (MultiEdit,
+//! background shells, WebFetch), TodoWrite plans and print-mode sessions that continue, each
+//! on every surface where it shows, against the real binary and `caliban stub-model`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::http_util::{Serve, request};
+use crate::util::*;
+
+const RECV: Duration = Duration::from_secs(30);
+
+fn text_turn(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+}
+
+fn tool_turn(calls: Value) -> Value {
+    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
+}
+
+fn call(id: &str, name: &str, input: Value) -> Value {
+    json!({"id": id, "name": name, "input": input})
+}
+
+/// The `system` text of every model request the stub received, in order.
+fn systems_sent(stub: &Stub) -> Vec<String> {
+    stub.requests()
+        .iter()
+        .map(|req| req["body"]["system"].to_string())
+        .collect()
+}
+
+/// Every tool_result block the model was sent, by tool_use_id, as text.
+fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
+    for req in stub.requests().iter().rev() {
+        for message in req["body"]["messages"].as_array().into_iter().flatten() {
+            for block in message["content"].as_array().into_iter().flatten() {
+                if block["type"] == "tool_result" && block["tool_use_id"] == id {
+                    let text = block["content"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|b| b["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    return (block["is_error"] == true, text);
+                }
+            }
+        }
+    }
+    panic!("no tool_result for {id} was sent to the model");
+}
+
+fn print_frames(ws: &Workspace, stub: &Stub, args: &[&str]) -> (Output, Vec<Value>) {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    cmd.args(["-p", "--output-format", "stream-json"])
+        .args(args);
+    let out = run(cmd, "");
+    let frames = out.frames();
+    (out, frames)
+}
+
+/// A JSON-RPC peer on a child's stdin/stdout (`acp serve`, `mcp serve`), with a deadline on
+/// every receive.
+struct Rpc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    /// Notifications and requests from the server seen while waiting for a response.
+    seen: Vec<Value>,
+}
+
+impl Rpc {
+    fn spawn(mut cmd: Command) -> Rpc {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn caliban");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Rpc {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, message: Value) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{message}").expect("write");
+        stdin.flush().expect("flush");
+    }
+
+    fn recv(&mut self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(RECV)
+            .expect("a message within the deadline");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Sends a request and waits for its response, keeping everything else in `seen`.
+    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let message = self.recv();
+            if message["id"] == id && message.get("method").is_none() {
+                return message;
+            }
+            self.seen.push(message);
+        }
+    }
+
+    /// `tools/call` on an MCP server: the JSON body of its one text block.
+    fn tool_body(&mut self, id: u64, name: &str, arguments: Value) -> Value {
+        let reply = self.request(
+            id,
+            "tools/call",
+            json!({"name": name, "arguments": arguments}),
+        );
+        let result = &reply["result"];
+        assert_eq!(result["isError"], false, "{reply}");
+        serde_json::from_str(result["content"][0]["text"].as_str().expect("text")).expect("json")
+    }
+
+    /// Polls an MCP run until it is done; its events.
+    fn mcp_events(&mut self, first_id: u64, run: &str) -> Vec<Value> {
+        let (mut events, mut cursor) = (Vec::new(), 0);
+        for id in first_id..first_id + 50 {
+            let body = self.tool_body(
+                id,
+                "caliban_poll",
+                json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
+            );
+            events.extend(
+                body["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| e["event"].clone()),
+            );
+            cursor = body["next_cursor"].as_u64().expect("next_cursor");
+            if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
+                return events;
+            }
+        }
+        panic!("{run} never finished");
+    }
+}
+
+impl Drop for Rpc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mcp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Rpc {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    cmd.args(["mcp", "serve", "-C"]).arg(&ws.root).args(args);
+    let mut rpc = Rpc::spawn(cmd);
+    let init = rpc.request(
+        0,
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "long-work-test", "version": "1"}}),
+    );
+    assert!(init.get("result").is_some(), "{init}");
+    rpc.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    rpc
+}
+
+fn acp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Rpc {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    cmd.args(["acp", "serve"]).args(args);
+    let mut rpc = Rpc::spawn(cmd);
+    let init = rpc.request(
+        0,
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    rpc
+}
+
+/// The `session/update`s of one session seen so far, as their `update` objects.
+fn acp_updates(rpc: &Rpc, kind: &str) -> Vec<Value> {
+    rpc.seen
+        .iter()
+        .filter(|m| m["method"] == "session/update")
+        .map(|m| m["params"]["update"].clone())
+        .filter(|u| u["sessionUpdate"] == kind)
+        .collect()
+}
+
+fn http_post(serve: &Serve, path: &str, body: &Value) -> Value {
+    let response = request(
+        serve.addr,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(response.status, 200, "{response:?}");
+    response.json()
+}
+
+/// Polls an HTTP run until it is done; its events.
+fn http_events(serve: &Serve, run: &str) -> Vec<Value> {
+    let (mut events, mut cursor) = (Vec::new(), 0);
+    for _ in 0..500 {
+        let response = request(
+            serve.addr,
+            "GET",
+            &format!("/runs/{run}/events?cursor={cursor}"),
+            &[],
+            b"",
+        );
+        let body = response.json();
+        events.extend(
+            body["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| e["event"].clone()),
+        );
+        cursor = body["next_cursor"].as_u64().expect("next_cursor");
+        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
+            return events;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{run} never finished");
+}
+
+// ---- 1. project instructions ---------------------------------------------------------------
+
+/// A repository (`.git` marks its root, so nothing above the test's workspace is read) with
+/// instructions at its root and in `sub`, and a user-level file.
+fn instructed_workspace(name: &str) -> Workspace {
+    let ws = Workspace::new(name);
+    ws.write(".git/HEAD", "ref: refs/heads/main\n");
+    ws.write(
+        "AGENTS.md",
+        "Run `make check` before you finish. ROOT-RULE\n",
+    );
+    ws.write("CLAUDE.md", "a copy of AGENTS.md: never read beside it\n");
+    ws.write("sub/CALIBAN.md", "In sub, use tabs. SUB-RULE\n");
+    ws.write(
+        "home/.config/caliban/AGENTS.md",
+        "Answer in English. USER-RULE\n",
+    );
+    ws
+}
+
+#[test]
+fn print_mode_appends_instructions_and_names_them_in_init() {
+    let ws = instructed_workspace("instr-print");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("ok"), text_turn("ok")]}));
+    let sub = path_str(&ws.path("sub"));
+    let (out, frames) = print_frames(&ws, &stub, &["-C", &sub, "hi"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let init = &frames[0];
+    assert_eq!(init["subtype"], "init");
+    let paths: Vec<String> = init["instructions"]
+        .as_array()
+        .expect("instructions")
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            path_str(&ws.path("home/.config/caliban/AGENTS.md")),
+            path_str(&ws.path("AGENTS.md")),
+            path_str(&ws.path("sub/CALIBAN.md")),
+        ]
+    );
+    assert_eq!(init["instructions"][1]["truncated"], false);
+    let system = &systems_sent(&stub)[0];
+    let at = |text: &str| {
+        system
+            .find(text)
+            .unwrap_or_else(|| panic!("{text} not in {system}"))
+    };
+    assert!(at("USER-RULE") < at("ROOT-RULE") && at("ROOT-RULE") < at("SUB-RULE"));
+    assert!(system.contains(&path_str(&ws.path("sub/CALIBAN.md"))));
+    assert!(!system.contains("never read beside it"));
+
+    // Turned off by the flag, or by a setting.
+    let (out, frames) = print_frames(&ws, &stub, &["--no-project-instructions", "hi"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(frames[0]["instructions"], json!([]));
+    assert!(!systems_sent(&stub)[1].contains("ROOT-RULE"));
+}
+
+#[test]
+fn a_setting_turns_instructions_off_and_the_cap_is_noted() {
+    let ws = instructed_workspace("instr-setting");
+    ws.write(
+        ".caliban/settings.json",
+        r#"{"project_instructions": false}"#,
+    );
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("ok")]}));
+    let (out, frames) = print_frames(&ws, &stub, &["hi"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(frames[0]["instructions"], json!([]));
+    assert!(!systems_sent(&stub)[0].contains("ROOT-RULE"));
+
+    let ws = instructed_workspace("instr-cap");
+    ws.write("AGENTS.md", &"x".repeat(100 * 1024));
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("ok")]}));
+    let (out, frames) = print_frames(&ws, &stub, &["hi"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let root = &frames[0]["instructions"][1];
+    assert_eq!(
+        (root["bytes"].clone(), root["truncated"].clone()),
+        (json!(100 * 1024), json!(true))
+    );
+    let system = &systems_sent(&stub)[0];
+    assert!(
+        system.contains("[caliban: cut here: this file is 102400 bytes"),
+        "{system}"
+    );
+}
+
+#[test]
+fn http_mcp_and_acp_name_the_instructions_of_their_runs() {
+    let ws = instructed_workspace("instr-surfaces");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("one"), text_turn("two"), text_turn("three")]}),
+    );
+
+    let serve = Serve::start(&ws, &stub, &[], &[]);
+    let created = http_post(&serve, "/runs", &json!({"prompt": "hi", "cwd": "sub"}));
+    let files = created["instructions"].as_array().expect("instructions");
+    assert_eq!(files.len(), 3, "{created}");
+    assert_eq!(files[2]["path"], path_str(&ws.path("sub/CALIBAN.md")));
+    let run = created["run_id"].as_str().unwrap().to_owned();
+    http_events(&serve, &run);
+    assert!(systems_sent(&stub)[0].contains("SUB-RULE"));
+    drop(serve);
+
+    let mut mcp = mcp_serve(&ws, &stub, &[]);
+    let body = mcp.tool_body(1, "caliban_run", json!({"prompt": "hi"}));
+    let files = body["instructions"].as_array().expect("instructions");
+    assert_eq!(files.len(), 2, "{body}");
+    assert_eq!(files[1]["path"], path_str(&ws.path("AGENTS.md")));
+    let run = body["run_id"].as_str().unwrap().to_owned();
+    mcp.mcp_events(2, &run);
+    assert!(systems_sent(&stub)[1].contains("ROOT-RULE"));
+    drop(mcp);
+
+    let mut acp = acp_serve(&ws, &stub, &[]);
+    let session = acp.request(
+        1,
+        "session/new",
+        json!({"cwd": path_str(&ws.path("sub")), "mcpServers": []}),
+    );
+    let files = &session["result"]["_meta"]["caliban/instructions"];
+    assert_eq!(files.as_array().map(Vec::len), Some(3), "{session}");
+    let sid = session["result"]["sessionId"].clone();
+    let done = acp.request(
+        2,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}),
+    );
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    assert!(systems_sent(&stub)[2].contains("SUB-RULE"));
+
+    // Without instructions the start replies keep upstream's exact bodies.
+    let bare = Workspace::new("instr-none");
+    bare.write(".git/HEAD", "ref\n");
+    let stub = Stub::start(&bare, &json!({"turns": [text_turn("ok")]}));
+    let serve = Serve::start(&bare, &stub, &[], &[]);
+    assert_eq!(
+        http_post(&serve, "/runs", &json!({"prompt": "hi"})),
+        json!({"run_id": "run-1"})
+    );
+}
