@@ -31,8 +31,9 @@ use crate::reactor::{Reactor, Signal, TimerId, Wake};
 use crate::reaper::{self, Sweep};
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
-use crate::tools::bash::{BashJob, Stream};
+use crate::tools::bash::{BashJob, SHELL_BUFFER_CAP, ShellOp, Stream};
 use crate::tools::table::{self, Runs};
+use crate::tools::web::{FetchRequest, MAX_FETCH_BODY};
 use crate::workers::Pool;
 
 /// Error bodies are read for their message and retry hints, never kept whole.
@@ -58,6 +59,10 @@ const DNS_WORKERS: usize = 2;
 /// over for lookups of attempts abandoned on timeout that are still waiting. Beyond it the
 /// lookup fails and the request takes the usual retry path.
 const DNS_QUEUE_CAP: usize = 128;
+/// Background shells one run keeps, running or finished. A finished one gives its place to a
+/// new one (the oldest goes first); when all are running, a new one is refused until the
+/// model stops one, so a loop of `background: true` calls cannot fill the machine.
+const MAX_SHELLS_PER_RUN: usize = 16;
 
 /// A run's id, the one spelling of it everywhere in the process; `run-N` on the wire and in
 /// session file names (`Display`/`parse`), so a string is parsed once, at a surface's edge.
@@ -264,6 +269,11 @@ enum Owner<K> {
     Model(RunId),
     BashOut(RunId, String),
     BashErr(RunId, String),
+    /// A background shell's pipes, by its `shell_id`.
+    ShellOut(RunId, String),
+    ShellErr(RunId, String),
+    /// A `WebFetch` call's connection, by its tool_use_id.
+    Fetch(RunId, String),
     Stdin,
     Stdout,
     Host(K),
@@ -277,6 +287,8 @@ enum TimerOwner<K> {
     Backoff(RunId),
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
+    /// A `WebFetch` call's deadline.
+    Fetch(RunId, String),
     Host(K),
 }
 
@@ -291,6 +303,32 @@ enum Completion {
         tool_use_id: String,
         output: ToolOutput,
     },
+    /// The address of a `WebFetch` call's host (or proxy).
+    FetchResolved {
+        run: RunId,
+        tool_use_id: String,
+        token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    },
+}
+
+/// A `WebFetch` call in flight.
+struct FetchTask {
+    request: FetchRequest,
+    exchange: Exchange,
+    deadline: TimerId,
+    status: Option<u16>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl FetchTask {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 struct ModelCall {
@@ -377,12 +415,42 @@ struct BashTask {
     grace: Option<TimerId>,
 }
 
+/// A background shell of a run (`Bash` with `background: true`), by its `shell_id`.
+struct ShellTask {
+    job: BashJob,
+    tokens: [Token; 2],
+    /// Where the last `BashOutput` of this shell stopped: the next one starts there.
+    read_at: u64,
+    /// The pipes are closed and their tokens forgotten.
+    released: bool,
+}
+
 struct RunSlot {
     run: Run,
     workspace: PathBuf,
     model: ModelState,
     attempt: u32,
     bash: HashMap<String, BashTask>,
+    shells: BTreeMap<String, ShellTask>,
+    /// Numbers the run's shells: `shell_1`, `shell_2`, …
+    shells_started: u64,
+    /// `WebFetch` calls in flight, by tool_use_id.
+    fetches: HashMap<String, FetchTask>,
+}
+
+impl RunSlot {
+    fn new(run: Run, workspace: PathBuf) -> RunSlot {
+        RunSlot {
+            run,
+            workspace,
+            model: ModelState::Idle,
+            attempt: 0,
+            bash: HashMap::new(),
+            shells: BTreeMap::new(),
+            shells_started: 0,
+            fetches: HashMap::new(),
+        }
+    }
 }
 
 pub struct Engine<K: HostKey> {
@@ -397,8 +465,10 @@ pub struct Engine<K: HostKey> {
     waker: Arc<Waker>,
     /// File tool calls run here (`start_tool`); started lazily, so idle costs nothing.
     tool_workers: Pool,
-    /// DNS lookups for model requests run here (`start_model`).
+    /// DNS lookups for model requests and `WebFetch` run here.
     dns_workers: Pool,
+    /// TLS for `WebFetch`: the provider's when it has one, else built on first use.
+    web_tls: Option<Arc<rustls::ClientConfig>>,
     stdin: Option<Stdin>,
     stdout: Option<Stdout>,
     /// A SIGINT/SIGTERM arrived: the final stdout flush gets a deadline.
@@ -428,6 +498,7 @@ impl<K: HostKey> Engine<K> {
             waker,
             tool_workers: Pool::new("caliban-tool", TOOL_WORKERS, TOOL_QUEUE_CAP),
             dns_workers: Pool::new("caliban-dns", DNS_WORKERS, DNS_QUEUE_CAP),
+            web_tls: None,
             stdin: None,
             stdout: None,
             signalled: false,
@@ -458,16 +529,7 @@ impl<K: HostKey> Engine<K> {
     pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
         let id = RunId(self.next_run);
         self.next_run += 1;
-        self.runs.insert(
-            id,
-            RunSlot {
-                run,
-                workspace,
-                model: ModelState::Idle,
-                attempt: 0,
-                bash: HashMap::new(),
-            },
-        );
+        self.runs.insert(id, RunSlot::new(run, workspace));
         id
     }
 
@@ -532,6 +594,18 @@ impl<K: HostKey> Engine<K> {
                 Some(Owner::BashErr(run, id)) => {
                     let (run, id) = (*run, id.clone());
                     self.on_bash_ready(run, &id, Stream::Stderr);
+                }
+                Some(Owner::ShellOut(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_shell_ready(run, &id, Some(Stream::Stdout));
+                }
+                Some(Owner::ShellErr(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_shell_ready(run, &id, Some(Stream::Stderr));
+                }
+                Some(Owner::Fetch(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_fetch_ready(run, &id);
                 }
                 Some(Owner::Stdin) => self.drain_stdin(host),
                 Some(Owner::Stdout) => {
@@ -614,16 +688,7 @@ impl<K: HostKey> Engine<K> {
         let now = Instant::now();
         match action {
             HostAction::StartRun { id, run, workspace } => {
-                self.runs.insert(
-                    id,
-                    RunSlot {
-                        run: *run,
-                        workspace,
-                        model: ModelState::Idle,
-                        attempt: 0,
-                        bash: HashMap::new(),
-                    },
-                );
+                self.runs.insert(id, RunSlot::new(*run, workspace));
             }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
@@ -1061,6 +1126,17 @@ impl<K: HostKey> Engine<K> {
                     self.reap_children();
                 }
             }
+            TimerOwner::Fetch(run, id) => {
+                let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(&id)) else {
+                    return;
+                };
+                let output = ToolOutput::error(format!(
+                    "WebFetch: no complete answer from {} within {} s",
+                    task.request.url,
+                    task.request.timeout.as_secs()
+                ));
+                self.end_fetch(run, &id, output);
+            }
             TimerOwner::BashGrace(run, tool) => {
                 if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(&tool)) {
                     task.job.close_pipes(self.reactor.registry());
@@ -1155,6 +1231,21 @@ impl<K: HostKey> Engine<K> {
                 self.start_process(run, call, spawn, &workspace);
                 return;
             }
+            Runs::Fetch(parse) => {
+                match parse(&call.input) {
+                    Ok(request) => self.start_fetch(run, call.id, request),
+                    Err(refused) => self.tool_done(run, &call.id, refused),
+                }
+                return;
+            }
+            Runs::Shell(parse) => {
+                let output = match parse(&call.input) {
+                    Ok(op) => self.shell_op(run, op),
+                    Err(refused) => refused,
+                };
+                self.tool_done(run, &call.id, output);
+                return;
+            }
         };
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
@@ -1191,6 +1282,10 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         match spawn(&call.input, workspace) {
+            Ok(job) if job.is_background() => {
+                let output = self.start_shell(run, &call, job);
+                self.tool_done(run, &call.id, output);
+            }
             Ok(mut job) => {
                 let tokens = [self.reactor.token(), self.reactor.token()];
                 if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
@@ -1228,8 +1323,375 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
+    /// Feeds a tool's result to its run.
+    fn tool_done(&mut self, run: RunId, tool_use_id: &str, output: ToolOutput) {
+        if let Some(slot) = self.runs.get_mut(&run) {
+            let effects = slot.run.on_tool_done(tool_use_id, output, Instant::now());
+            self.push_effects(run, effects);
+        }
+    }
+
+    // ---- background shells ---------------------------------------------------------------
+
+    /// Keeps a job started with `background: true` as a shell of the run, watching its
+    /// pipes; the answer is the call's result.
+    fn start_shell(&mut self, run: RunId, call: &ToolCall, mut job: BashJob) -> ToolOutput {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return ToolOutput::error("the run is gone");
+        };
+        if slot.shells.len() >= MAX_SHELLS_PER_RUN {
+            // The lowest-numbered finished shell is the oldest (the map's order is the ids'
+            // text, not their numbers).
+            let oldest_finished = slot
+                .shells
+                .iter()
+                .filter(|(_, shell)| shell.job.exited())
+                .min_by_key(|(id, _)| shell_number(id))
+                .map(|(id, _)| id.clone());
+            match oldest_finished.and_then(|id| slot.shells.remove(&id)) {
+                Some(mut gone) => {
+                    release_shell(&mut self.owners, self.reactor.registry(), &mut gone);
+                }
+                None => {
+                    job.kill("too many background shells");
+                    job.reap_blocking();
+                    return ToolOutput::error(format!(
+                        "Bash: {MAX_SHELLS_PER_RUN} background shells are running; stop one \
+                         with KillShell first"
+                    ));
+                }
+            }
+        }
+        slot.shells_started += 1;
+        let id = format!("shell_{}", slot.shells_started);
+        let tokens = [self.reactor.token(), self.reactor.token()];
+        if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
+            job.kill("could not watch the process");
+            job.close_pipes(self.reactor.registry());
+            job.reap_blocking();
+            return ToolOutput::error(format!("Bash: cannot watch pipes: {e}"));
+        }
+        self.owners
+            .insert(tokens[0], Owner::ShellOut(run, id.clone()));
+        self.owners
+            .insert(tokens[1], Owner::ShellErr(run, id.clone()));
+        slot.shells.insert(
+            id.clone(),
+            ShellTask {
+                job,
+                tokens,
+                read_at: 0,
+                released: false,
+            },
+        );
+        let command = call.input["command"].as_str().unwrap_or_default();
+        ToolOutput::ok(format!(
+            "Started background shell {id}: {command}\nRead its output with BashOutput \
+             (shell_id \"{id}\") and stop it with KillShell; it is killed when the run ends."
+        ))
+    }
+
+    /// Reads what waits in a shell's pipes (one, or both when `None`), and lets its pipes go
+    /// once it has exited and they are drained.
+    fn on_shell_ready(&mut self, run: RunId, id: &str, stream: Option<Stream>) {
+        let Some(shell) = self.runs.get_mut(&run).and_then(|s| s.shells.get_mut(id)) else {
+            return;
+        };
+        let registry = self.reactor.registry();
+        match stream {
+            Some(stream) => shell.job.drain(registry, stream),
+            None => {
+                shell.job.drain(registry, Stream::Stdout);
+                shell.job.drain(registry, Stream::Stderr);
+            }
+        }
+        if shell.job.is_complete() {
+            release_shell(&mut self.owners, registry, shell);
+        }
+    }
+
+    /// Answers `BashOutput` and `KillShell`.
+    fn shell_op(&mut self, run: RunId, op: ShellOp) -> ToolOutput {
+        let (tool, id) = match &op {
+            ShellOp::Output { shell_id, .. } => ("BashOutput", shell_id.clone()),
+            ShellOp::Kill { shell_id } => ("KillShell", shell_id.clone()),
+        };
+        // The freshest answer includes what is waiting in the pipes right now.
+        self.on_shell_ready(run, &id, None);
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return ToolOutput::error("the run is gone");
+        };
+        let known = || {
+            let ids: Vec<&str> = slot.shells.keys().map(String::as_str).collect();
+            if ids.is_empty() {
+                "this run has started none".to_owned()
+            } else {
+                format!("this run's shells: {}", ids.join(", "))
+            }
+        };
+        if !slot.shells.contains_key(&id) {
+            return ToolOutput::error(format!("{tool}: no background shell `{id}`; {}", known()));
+        }
+        let Some(shell) = slot.shells.get_mut(&id) else {
+            return ToolOutput::error(format!("{tool}: no background shell `{id}`"));
+        };
+        match op {
+            ShellOp::Output { since, .. } => {
+                let read = shell.job.shell_output(since.unwrap_or(shell.read_at));
+                shell.read_at = read.to;
+                let mut text = format!("{id}: {}\n", shell.job.shell_state());
+                if read.lost > 0 {
+                    text.push_str(&format!(
+                        "[{} bytes before offset {} were dropped: only the latest {} KiB are \
+                         kept]\n",
+                        read.lost,
+                        read.from,
+                        SHELL_BUFFER_CAP / 1024
+                    ));
+                }
+                if read.text.is_empty() {
+                    text.push_str("[no new output]\n");
+                } else {
+                    text.push_str(&read.text);
+                    if !read.text.ends_with('\n') {
+                        text.push('\n');
+                    }
+                }
+                if read.to < read.total {
+                    text.push_str(&format!(
+                        "[bytes {}-{} of {}; more waits: call BashOutput with since_offset {}]",
+                        read.from, read.to, read.total, read.to
+                    ));
+                } else {
+                    text.push_str(&format!(
+                        "[bytes {}-{} of {}; next since_offset {}]",
+                        read.from, read.to, read.total, read.to
+                    ));
+                }
+                ToolOutput::ok(text)
+            }
+            ShellOp::Kill { .. } => {
+                if shell.job.exited() {
+                    return ToolOutput::ok(format!(
+                        "{id} had already ended ({}); nothing to kill",
+                        shell.job.shell_state()
+                    ));
+                }
+                shell.job.kill("KillShell");
+                shell.job.reap_blocking();
+                // What it wrote before it died stays readable.
+                let registry = self.reactor.registry();
+                shell.job.drain(registry, Stream::Stdout);
+                shell.job.drain(registry, Stream::Stderr);
+                release_shell(&mut self.owners, registry, shell);
+                let total = shell.job.shell_output(u64::MAX).total;
+                ToolOutput::ok(format!(
+                    "Killed {id} and every process it started; its {total} bytes of output stay \
+                     readable with BashOutput."
+                ))
+            }
+        }
+    }
+
+    // ---- WebFetch ------------------------------------------------------------------------
+
+    /// Starts (or, after a same-site redirect, restarts) a `WebFetch` call's GET.
+    fn start_fetch(&mut self, run: RunId, tool_use_id: String, request: FetchRequest) {
+        let proxy =
+            match crate::http::client::proxy_for(&request.target, &|name| std::env::var(name).ok())
+            {
+                Ok(proxy) => proxy,
+                Err(e) => {
+                    return self.tool_done(
+                        run,
+                        &tool_use_id,
+                        ToolOutput::error(format!("WebFetch: {e}")),
+                    );
+                }
+            };
+        let tls = if request.target.tls {
+            match self.web_tls() {
+                Ok(tls) => Some(tls),
+                Err(e) => {
+                    let output = ToolOutput::error(format!("WebFetch: TLS: {e}"));
+                    return self.tool_done(run, &tool_use_id, output);
+                }
+            }
+        } else {
+            None
+        };
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let token = self.reactor.token();
+        let exchange = Exchange::new(
+            token,
+            request.target.clone(),
+            proxy,
+            tls,
+            request.request_bytes(),
+        );
+        let (host, port) = exchange.dial_target();
+        let deadline = self.reactor.add_timer(request.timeout);
+        self.timers
+            .insert(deadline, TimerOwner::Fetch(run, tool_use_id.clone()));
+        self.owners
+            .insert(token, Owner::Fetch(run, tool_use_id.clone()));
+        slot.fetches.insert(
+            tool_use_id.clone(),
+            FetchTask {
+                request,
+                exchange,
+                deadline,
+                status: None,
+                headers: Vec::new(),
+                body: Vec::new(),
+            },
+        );
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+        {
+            let addr = std::net::SocketAddr::new(ip, port);
+            return self.on_fetch_resolved(run, &tool_use_id, token, Ok(vec![addr]));
+        }
+        let tx = self.tx.clone();
+        let waker = Arc::clone(&self.waker);
+        let id = tool_use_id.clone();
+        let spawned =
+            crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
+                let _ = tx.send(Completion::FetchResolved {
+                    run,
+                    tool_use_id: id,
+                    token,
+                    result,
+                });
+                let _ = waker.wake();
+            });
+        if let Err(error) = spawned {
+            self.on_fetch_resolved(run, &tool_use_id, token, Err(error));
+        }
+    }
+
+    /// The roots and settings `WebFetch` trusts: the model client's, or loaded once.
+    fn web_tls(&mut self) -> Result<Arc<rustls::ClientConfig>, String> {
+        if let Some(tls) = self.web_tls.as_ref().or(self.config.provider.tls.as_ref()) {
+            return Ok(Arc::clone(tls));
+        }
+        // Once per process: reading the system's CA bundle is the one blocking step.
+        let (tls, _) = crate::transport::client_config()?;
+        self.web_tls = Some(Arc::clone(&tls));
+        Ok(tls)
+    }
+
+    fn on_fetch_resolved(
+        &mut self,
+        run: RunId,
+        id: &str,
+        token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    ) {
+        let Some(task) = self
+            .runs
+            .get_mut(&run)
+            .and_then(|s| s.fetches.get_mut(id))
+            .filter(|t| t.exchange.token() == token)
+        else {
+            return;
+        };
+        let mut events = Vec::new();
+        task.exchange
+            .on_resolved(self.reactor.registry(), result, &mut events);
+        self.on_fetch_events(run, id, events);
+    }
+
+    fn on_fetch_ready(&mut self, run: RunId, id: &str) {
+        let Some(task) = self.runs.get_mut(&run).and_then(|s| s.fetches.get_mut(id)) else {
+            return;
+        };
+        let mut events = Vec::new();
+        task.exchange.on_ready(self.reactor.registry(), &mut events);
+        self.on_fetch_events(run, id, events);
+    }
+
+    fn on_fetch_events(&mut self, run: RunId, id: &str, events: Vec<ClientEvent>) {
+        for event in events {
+            let Some(task) = self.runs.get_mut(&run).and_then(|s| s.fetches.get_mut(id)) else {
+                return;
+            };
+            match event {
+                ClientEvent::Head(head) => {
+                    task.status = Some(head.status);
+                    task.headers = head.headers;
+                }
+                ClientEvent::Body(bytes) => {
+                    let room = MAX_FETCH_BODY - task.body.len();
+                    task.body.extend_from_slice(&bytes[..room.min(bytes.len())]);
+                    if bytes.len() > room {
+                        // Enough: the rest is never read.
+                        return self.finish_fetch(run, id, true);
+                    }
+                }
+                ClientEvent::End => return self.finish_fetch(run, id, false),
+                ClientEvent::Failed { error, .. } => {
+                    let output =
+                        ToolOutput::error(format!("WebFetch: {}: {error}", task.request.url));
+                    return self.end_fetch(run, id, output);
+                }
+            }
+        }
+    }
+
+    /// The response is complete (or `cut` at the cap): follow a same-site redirect, or
+    /// answer with the page.
+    fn finish_fetch(&mut self, run: RunId, id: &str, cut: bool) {
+        let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(id)) else {
+            return;
+        };
+        let status = task.status.unwrap_or(0);
+        let output = if (300..400).contains(&status) && status != 304 {
+            match task.request.redirect(status, task.header("location")) {
+                Ok(next) => {
+                    self.end_fetch_quietly(run, id);
+                    return self.start_fetch(run, id.to_owned(), next);
+                }
+                Err(output) => output,
+            }
+        } else {
+            let content_type = task.header("content-type").unwrap_or_default();
+            task.request.render(status, content_type, &task.body, cut)
+        };
+        self.end_fetch(run, id, output);
+    }
+
+    /// Drops a fetch's connection, token and deadline.
+    fn end_fetch_quietly(&mut self, run: RunId, id: &str) -> bool {
+        let Some(mut task) = self.runs.get_mut(&run).and_then(|s| s.fetches.remove(id)) else {
+            return false;
+        };
+        task.exchange.close(self.reactor.registry());
+        self.owners.remove(&task.exchange.token());
+        self.timers.remove(&task.deadline);
+        self.reactor.cancel_timer(task.deadline);
+        true
+    }
+
+    /// Ends a fetch with its result for the model.
+    fn end_fetch(&mut self, run: RunId, id: &str, output: ToolOutput) {
+        if self.end_fetch_quietly(run, id) {
+            self.tool_done(run, id, output);
+        }
+    }
+
     fn on_completion(&mut self, done: Completion) {
         match done {
+            Completion::FetchResolved {
+                run,
+                tool_use_id,
+                token,
+                result,
+            } => self.on_fetch_resolved(run, &tool_use_id, token, result),
             Completion::Resolved { run, token, result } => self.on_resolved(run, token, result),
             Completion::Tool {
                 run,
@@ -1253,15 +1715,24 @@ impl<K: HostKey> Engine<K> {
 
     fn reap_children(&mut self) {
         let mut check = Vec::new();
+        let mut shells = Vec::new();
         for (run_id, slot) in self.runs.iter_mut() {
             for (tool, task) in slot.bash.iter_mut() {
                 if !task.job.exited() && task.job.try_reap() {
                     check.push((*run_id, tool.clone()));
                 }
             }
+            for (id, shell) in slot.shells.iter_mut() {
+                if !shell.job.exited() && shell.job.try_reap() {
+                    shells.push((*run_id, id.clone()));
+                }
+            }
         }
         for (run, tool) in check {
             self.maybe_finish_bash(run, &tool);
+        }
+        for (run, id) in shells {
+            self.on_shell_ready(run, &id, None);
         }
         // Processes caliban adopted: reap those that exited, kill those of calls now over.
         reaper::sweep(Sweep::Ended);
@@ -1316,6 +1787,8 @@ impl<K: HostKey> Engine<K> {
         };
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
+        let shells = std::mem::take(&mut slot.shells);
+        let fetches: Vec<String> = slot.fetches.keys().cloned().collect();
         match model {
             ModelState::InFlight(mut call) => self.release_model(&mut call),
             ModelState::Backoff(timer) => {
@@ -1329,6 +1802,15 @@ impl<K: HostKey> Engine<K> {
             task.job.close_pipes(self.reactor.registry());
             task.job.reap_blocking();
             self.forget_bash(&task);
+        }
+        for id in fetches {
+            self.end_fetch_quietly(run, &id);
+        }
+        // Background shells live as long as their run.
+        for (_, mut shell) in shells {
+            shell.job.kill("the run ended");
+            release_shell(&mut self.owners, self.reactor.registry(), &mut shell);
+            shell.job.reap_blocking();
         }
     }
 
@@ -1346,6 +1828,29 @@ impl<K: HostKey> Drop for Engine<K> {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Closes a shell's pipes and forgets their tokens (once).
+fn release_shell<K>(
+    owners: &mut HashMap<Token, Owner<K>>,
+    registry: &mio::Registry,
+    shell: &mut ShellTask,
+) {
+    if shell.released {
+        return;
+    }
+    shell.released = true;
+    shell.job.close_pipes(registry);
+    for token in shell.tokens {
+        owners.remove(&token);
+    }
+}
+
+/// `shell_7` → 7, for telling which shell is older.
+fn shell_number(id: &str) -> u64 {
+    id.strip_prefix("shell_")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A cheap jitter source for backoff; it only needs to de-synchronise clients.

@@ -4,7 +4,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
@@ -397,5 +398,244 @@ fn http_mcp_and_acp_name_the_instructions_of_their_runs() {
     assert_eq!(
         http_post(&serve, "/runs", &json!({"prompt": "hi"})),
         json!({"run_id": "run-1"})
+    );
+}
+
+// ---- 4. more tools ------------------------------------------------------------------------
+
+#[test]
+fn multi_edit_is_all_or_nothing() {
+    let ws = Workspace::new("multiedit");
+    ws.write("src/lib.rs", "fn a() {}\nfn b() {}\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([call("m1", "MultiEdit", json!({"path": "src/lib.rs", "edits": [
+                {"old_string": "fn a()", "new_string": "fn alpha()"},
+                {"old_string": "fn b() {}", "new_string": "fn beta() { alpha() }"},
+            ]}))])),
+            tool_turn(json!([call("m2", "MultiEdit", json!({"path": "src/lib.rs", "edits": [
+                {"old_string": "fn alpha()", "new_string": "fn first()"},
+                {"old_string": "fn gamma()", "new_string": "fn third()"},
+            ]}))])),
+            text_turn("done"),
+        ]}),
+    );
+    let (out, _) = print_frames(&ws, &stub, &["--allow", "MultiEdit(src/**)", "rename"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let (failed, text) = tool_result(&stub, "m1");
+    assert!(!failed, "{text}");
+    assert!(
+        text.starts_with("→ MultiEdit src/lib.rs: 2 edits applied"),
+        "{text}"
+    );
+    let (failed, text) = tool_result(&stub, "m2");
+    assert!(failed, "{text}");
+    assert!(text.contains("edit 2 of 2 failed"), "{text}");
+    // The first edit of the failed call was not applied either.
+    assert_eq!(
+        ws.read("src/lib.rs"),
+        "fn alpha() {}\nfn beta() { alpha() }\n"
+    );
+}
+
+#[test]
+fn background_shells_are_read_killed_and_die_with_the_run() {
+    let ws = Workspace::new("shells");
+    let marker = format!("caliban-bg-marker-{}", std::process::id());
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([
+                call("b1", "Bash", json!({"background": true,
+                    "command": "echo line-1; echo err-1 >&2; touch ready; exec sleep 60"})),
+                call("b2", "Bash", json!({"background": true,
+                    "command": format!("sleep 60 # {marker}")})),
+            ])),
+            // The first shell's output is in its pipe once `ready` exists.
+            tool_turn(json!([call("w", "Bash", json!({
+                "command": "while [ ! -f ready ]; do sleep 0.02; done"}))])),
+            tool_turn(json!([call("o1", "BashOutput", json!({"shell_id": "shell_1"}))])),
+            tool_turn(json!([call("k1", "KillShell", json!({"shell_id": "shell_1"}))])),
+            tool_turn(json!([
+                call("o2", "BashOutput", json!({"shell_id": "shell_1"})),
+                call("o3", "BashOutput", json!({"shell_id": "shell_1", "since_offset": 0})),
+                call("o4", "BashOutput", json!({"shell_id": "shell_9"})),
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let (out, frames) = print_frames(&ws, &stub, &["--allow", "Bash", "go"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let tools = &frames[0]["tools"];
+    assert!(
+        tools.as_array().unwrap().iter().any(|t| t == "BashOutput"),
+        "{tools}"
+    );
+    let (_, started) = tool_result(&stub, "b1");
+    assert!(
+        started.starts_with("Started background shell shell_1"),
+        "{started}"
+    );
+    assert!(tool_result(&stub, "b2").1.contains("shell_2"));
+    let (failed, first) = tool_result(&stub, "o1");
+    assert!(!failed, "{first}");
+    assert!(first.starts_with("shell_1: running\n"), "{first}");
+    assert!(
+        first.contains("line-1") && first.contains("err-1"),
+        "{first}"
+    );
+    assert!(first.ends_with("next since_offset 13]"), "{first}");
+    let (_, killed) = tool_result(&stub, "k1");
+    assert!(killed.starts_with("Killed shell_1"), "{killed}");
+    let (_, after) = tool_result(&stub, "o2");
+    assert!(
+        after.starts_with("shell_1: killed (KillShell)\n[no new output]"),
+        "{after}"
+    );
+    let (_, again) = tool_result(&stub, "o3");
+    assert!(again.contains("line-1"), "{again}");
+    let (failed, unknown) = tool_result(&stub, "o4");
+    assert!(failed, "{unknown}");
+    assert!(
+        unknown.contains("this run's shells: shell_1, shell_2"),
+        "{unknown}"
+    );
+    // The second shell was never killed by the model: the run's end killed it.
+    assert!(!process_with_marker_exists(&marker));
+}
+
+/// A loopback web server for WebFetch, on a thread of the test: `/page` (HTML), `/moved`
+/// (a same-site redirect to `/page`), `/away` (a redirect to another site), `/missing`
+/// (404), `/slow` (never answers). Nothing reaches beyond loopback.
+fn web_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+                    match conn.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let (status, extra, body): (&str, String, String) = match path.as_str() {
+                    "/page" => (
+                        "200 OK",
+                        "content-type: text/html; charset=utf-8\r\n".into(),
+                        "<html><head><title>Fixture</title><script>var x = '<p>no';</script>\
+                         </head><body><h1>Release notes</h1><p>Version <b>4.2</b> &amp; more.\
+                         </p><a href=\"/docs\">docs</a></body></html>"
+                            .into(),
+                    ),
+                    "/moved" => ("302 Found", "location: /page\r\n".into(), String::new()),
+                    "/away" => (
+                        "301 Moved Permanently",
+                        "location: http://elsewhere.invalid/x\r\n".into(),
+                        String::new(),
+                    ),
+                    "/slow" => {
+                        std::thread::sleep(Duration::from_secs(10));
+                        return;
+                    }
+                    _ => (
+                        "404 Not Found",
+                        "content-type: text/plain\r\n".into(),
+                        "no such page".into(),
+                    ),
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn web_fetch_reads_pages_under_the_permission_rules() {
+    let ws = Workspace::new("webfetch");
+    let site = web_server();
+    let fetch = |id: &str, path: &str, extra: Value| {
+        let mut input = json!({"url": format!("{site}{path}")});
+        input
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().cloned().unwrap_or_default());
+        call(id, "WebFetch", input)
+    };
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([
+                fetch("f1", "/page", json!({"prompt": "the version"})),
+                fetch("f2", "/moved", json!({})),
+                fetch("f3", "/away", json!({})),
+                fetch("f4", "/missing", json!({})),
+                fetch("f5", "/slow", json!({"timeout_seconds": 1})),
+            ])),
+            text_turn("done"),
+            // The second run: no rule allows WebFetch.
+            tool_turn(json!([fetch("g1", "/page", json!({}))])),
+            text_turn("denied"),
+        ]}),
+    );
+    let (out, _) = print_frames(
+        &ws,
+        &stub,
+        &["--allow", "WebFetch(domain:127.0.0.1)", "fetch"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let (failed, page) = tool_result(&stub, "f1");
+    assert!(!failed, "{page}");
+    assert!(
+        page.starts_with(&format!("→ WebFetch {site}/page (200, text/html, ")),
+        "{page}"
+    );
+    assert!(page.contains("Looking for: the version"), "{page}");
+    assert!(
+        page.ends_with("# Fixture\n\n# Release notes\n\nVersion 4.2 & more.\n\n[docs](/docs)"),
+        "{page}"
+    );
+    let (failed, moved) = tool_result(&stub, "f2");
+    assert!(
+        !failed && moved.contains("/page (200") && moved.contains("Release notes"),
+        "{moved}"
+    );
+    let (failed, away) = tool_result(&stub, "f3");
+    assert!(!failed, "{away}");
+    assert!(
+        away.contains("to another site: http://elsewhere.invalid/x"),
+        "{away}"
+    );
+    let (failed, missing) = tool_result(&stub, "f4");
+    assert!(
+        failed && missing.contains("(404, text/plain") && missing.ends_with("no such page"),
+        "{missing}"
+    );
+    let (failed, slow) = tool_result(&stub, "f5");
+    assert!(
+        failed && slow.contains("no complete answer") && slow.contains("within 1 s"),
+        "{slow}"
+    );
+
+    // Print mode asks nobody: without a rule the fetch is denied, with a hint.
+    let (out, _) = print_frames(&ws, &stub, &["fetch"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let (failed, denied) = tool_result(&stub, "g1");
+    assert!(failed, "{denied}");
+    assert!(
+        denied.contains("--allow 'WebFetch(http://127.0.0.1"),
+        "{denied}"
     );
 }

@@ -30,10 +30,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn all_lists_the_six_tools_in_order() {
+    fn all_lists_the_tools_in_order() {
         let specs = all();
         let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_ref()).collect();
-        assert_eq!(names, ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]);
+        assert_eq!(
+            names,
+            [
+                "Bash",
+                "BashOutput",
+                "KillShell",
+                "Read",
+                "Write",
+                "Edit",
+                "MultiEdit",
+                "Glob",
+                "Grep",
+                "WebFetch"
+            ]
+        );
     }
 
     #[test]
@@ -131,8 +145,30 @@ mod tests {
         assert_eq!(
             fields("Bash"),
             (
-                strings(&["command", "cwd", "timeout_seconds"]),
+                strings(&["background", "command", "cwd", "timeout_seconds"]),
                 strings(&["command"])
+            )
+        );
+        assert_eq!(
+            fields("MultiEdit"),
+            (strings(&["edits", "path"]), strings(&["path", "edits"]))
+        );
+        assert_eq!(
+            fields("BashOutput"),
+            (
+                strings(&["shell_id", "since_offset"]),
+                strings(&["shell_id"])
+            )
+        );
+        assert_eq!(
+            fields("KillShell"),
+            (strings(&["shell_id"]), strings(&["shell_id"]))
+        );
+        assert_eq!(
+            fields("WebFetch"),
+            (
+                strings(&["prompt", "timeout_seconds", "url"]),
+                strings(&["url"])
             )
         );
     }

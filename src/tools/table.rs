@@ -24,8 +24,9 @@ use serde_json::Value;
 
 use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
-use crate::tools::bash::{self, BashInput, BashJob};
+use crate::tools::bash::{self, BashInput, BashJob, ShellOp};
 use crate::tools::fs::{self, Delegated};
+use crate::tools::web::{self, FetchRequest};
 
 /// Titles are labels, not documents: a longer command or search is cut here.
 pub(crate) const MAX_TITLE_CHARS: usize = 400;
@@ -43,16 +44,20 @@ pub(crate) struct Tool {
     pub(crate) delegation: Delegation,
 }
 
-/// Where a call runs. A tool whose state lives with its run rather than in the workspace
-/// (a to-do list) would add a variant here for the engine to answer without a thread or a
-/// process.
+/// Where a call runs. Each variant's function checks the input (its error is the tool's
+/// result) and hands the engine what to do.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Runs {
     /// Blocking, bounded file-system work on the engine's tool worker pool.
     Worker(fn(&Value, &Path) -> ToolOutput),
     /// A child process whose pipes the engine watches on the reactor and whose process
-    /// group it kills on timeout or cancel.
+    /// group it kills on timeout or cancel; with `background: true` it stays with the run
+    /// as a shell until it exits, is killed or the run ends.
     Process(fn(&Value, &Path) -> Result<BashJob, ToolOutput>),
+    /// A question for, or an order to, the run's background shells, which the engine holds.
+    Shell(fn(&Value) -> Result<ShellOp, ToolOutput>),
+    /// An HTTP(S) GET the engine drives on the reactor, like a model request.
+    Fetch(fn(&Value) -> Result<FetchRequest, ToolOutput>),
 }
 
 /// What the permission policy needs to know about a tool.
@@ -205,6 +210,14 @@ const PLAN_MODE: Permission = Permission {
     subject: Subject::Nothing,
     default: DefaultAction::Ask,
 };
+/// Reading or stopping a background shell the run started: the command was allowed when it
+/// started, and neither starts anything new, so they run without asking. Plan mode allows no
+/// shell to start, so they have nothing to act on there.
+const SHELLS: Permission = Permission {
+    class: Class::ReadOnly,
+    subject: Subject::Nothing,
+    default: DefaultAction::Allow,
+};
 const AT_PATH: Option<Location> = Some(Location {
     path: "path",
     line: None,
@@ -228,6 +241,32 @@ pub(crate) static BUILTINS: &[Tool] = &[
             diff: Diff::None,
         },
         delegation: Delegation::Terminal(bash::parse_input),
+    },
+    Tool {
+        name: "BashOutput",
+        spec: bash::output_spec,
+        runs: Runs::Shell(bash::parse_output),
+        permission: SHELLS,
+        card: Card {
+            kind: Kind::Read,
+            title: bash::shell_title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
+    Tool {
+        name: "KillShell",
+        spec: bash::kill_spec,
+        runs: Runs::Shell(bash::parse_kill),
+        permission: SHELLS,
+        card: Card {
+            kind: Kind::Execute,
+            title: bash::shell_title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
     },
     Tool {
         name: "Read",
@@ -279,6 +318,19 @@ pub(crate) static BUILTINS: &[Tool] = &[
         delegation: Delegation::EditFile(fs::delegate_edit),
     },
     Tool {
+        name: "MultiEdit",
+        spec: fs::multi_edit_spec,
+        runs: Runs::Worker(fs::run_multi_edit),
+        permission: EDITS_PATH,
+        card: Card {
+            kind: Kind::Edit,
+            title: fs::multi_edit_title,
+            location: AT_PATH,
+            diff: Diff::None,
+        },
+        delegation: Delegation::EditFile(fs::delegate_multi_edit),
+    },
+    Tool {
         name: "Glob",
         spec: fs::glob_spec,
         runs: Runs::Worker(fs::run_glob),
@@ -304,6 +356,23 @@ pub(crate) static BUILTINS: &[Tool] = &[
         },
         delegation: Delegation::Local,
     },
+    Tool {
+        name: "WebFetch",
+        spec: web::spec,
+        runs: Runs::Fetch(web::parse_input),
+        permission: Permission {
+            class: Class::Other,
+            subject: Subject::Url("url"),
+            default: DefaultAction::Ask,
+        },
+        card: Card {
+            kind: Kind::Fetch,
+            title: web::title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
 ];
 
 /// Upstream's tools that caliban does not have yet, with the permission facts that settings
@@ -311,16 +380,7 @@ pub(crate) static BUILTINS: &[Tool] = &[
 /// `TodoWrite` allowed in plan mode). A tool that lands moves from here to a row in
 /// `BUILTINS`; a test refuses a name in both.
 pub(crate) static PLANNED: &[(&str, Permission)] = &[
-    ("MultiEdit", EDITS_PATH),
     ("NotebookEdit", EDITS_PATH),
-    (
-        "WebFetch",
-        Permission {
-            class: Class::Other,
-            subject: Subject::Url("url"),
-            default: DefaultAction::Ask,
-        },
-    ),
     // Planning bookkeeping: it runs without asking, and in plan mode.
     (
         "TodoWrite",
@@ -399,7 +459,21 @@ mod tests {
     #[test]
     fn rows_in_offer_order() {
         let names: Vec<&str> = BUILTINS.iter().map(|tool| tool.name).collect();
-        assert_eq!(names, ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]);
+        assert_eq!(
+            names,
+            [
+                "Bash",
+                "BashOutput",
+                "KillShell",
+                "Read",
+                "Write",
+                "Edit",
+                "MultiEdit",
+                "Glob",
+                "Grep",
+                "WebFetch"
+            ]
+        );
         let specs: Vec<String> = specs().iter().map(|spec| spec.name.to_string()).collect();
         assert_eq!(specs, names, "the offered specs follow the table");
     }
@@ -429,13 +503,19 @@ mod tests {
         let placement = |name: &str| match lookup(name).map(|tool| tool.runs) {
             Some(Runs::Worker(_)) => "worker",
             Some(Runs::Process(_)) => "process",
+            Some(Runs::Shell(_)) => "shell",
+            Some(Runs::Fetch(_)) => "fetch",
             None => "none",
         };
-        for name in ["Read", "Write", "Edit", "Glob", "Grep"] {
+        for name in ["Read", "Write", "Edit", "MultiEdit", "Glob", "Grep"] {
             assert_eq!(placement(name), "worker", "{name}");
         }
         assert_eq!(placement("Bash"), "process");
-        assert_eq!(placement("MultiEdit"), "none");
+        for name in ["BashOutput", "KillShell"] {
+            assert_eq!(placement(name), "shell", "{name}");
+        }
+        assert_eq!(placement("WebFetch"), "fetch");
+        assert_eq!(placement("NotebookEdit"), "none");
     }
 
     #[test]
@@ -503,10 +583,14 @@ mod tests {
             [
                 Kind::Execute,
                 Kind::Read,
+                Kind::Execute,
+                Kind::Read,
+                Kind::Edit,
                 Kind::Edit,
                 Kind::Edit,
                 Kind::Search,
-                Kind::Search
+                Kind::Search,
+                Kind::Fetch
             ]
         );
         assert_eq!(tool("Read").card.location.unwrap().line, Some("offset"));
@@ -531,7 +615,10 @@ mod tests {
             .collect();
         assert_eq!(
             delegation,
-            ["terminal", "read", "write", "edit", "local", "local"]
+            [
+                "terminal", "local", "local", "read", "write", "edit", "edit", "local", "local",
+                "local"
+            ]
         );
     }
 
@@ -541,7 +628,8 @@ mod tests {
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(ws.join("a.txt"), "a\n").unwrap();
         let input = serde_json::json!({"path": "a.txt", "content": "b\n",
-                                       "old_string": "a", "new_string": "b"});
+                                       "old_string": "a", "new_string": "b",
+                                       "edits": [{"old_string": "a", "new_string": "b"}]});
         for row in BUILTINS {
             let (check, want): (DelegateCheck, &str) = match row.delegation {
                 Delegation::ReadFile(check) => (check, "read"),
