@@ -1238,6 +1238,24 @@ impl<K: HostKey> Engine<K> {
                 }
                 return;
             }
+            Runs::Plan(parse) => {
+                let output = match parse(&call.input) {
+                    Ok(todos) => {
+                        let output = crate::tools::todo::summary(&todos);
+                        let event = TurnEvent::PlanUpdate {
+                            turn_index: slot.run.turn_index(),
+                            tool_use_id: call.id.clone(),
+                            todos,
+                        };
+                        // Shown before the call's end, like the work of any other tool.
+                        self.push_effects(run, vec![Effect::Emit(event)]);
+                        output
+                    }
+                    Err(refused) => refused,
+                };
+                self.tool_done(run, &call.id, output);
+                return;
+            }
             Runs::Shell(parse) => {
                 let output = match parse(&call.input) {
                     Ok(op) => self.shell_op(run, op),

@@ -312,6 +312,16 @@ impl Host for Printer {
                     "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
                 }));
             }
+            TurnEvent::PlanUpdate {
+                tool_use_id, todos, ..
+            } => {
+                // After the call's tool_use frame, before its tool_result.
+                self.flush_tool_uses();
+                self.frame(json!({
+                    "type": "system", "subtype": "plan", "tool_use_id": tool_use_id,
+                    "todos": todos.iter().map(crate::tools::todo::Todo::to_json).collect::<Vec<_>>(),
+                }));
+            }
             TurnEvent::RunEnd {
                 turns_without_edit, ..
             } => self.turns_without_edit = *turns_without_edit,

@@ -639,3 +639,113 @@ fn web_fetch_reads_pages_under_the_permission_rules() {
         "{denied}"
     );
 }
+
+// ---- 3. plans -----------------------------------------------------------------------------
+
+fn plan_turns(runs: usize) -> Value {
+    let todos = json!([
+        {"id": "1", "content": "Read the failing test", "status": "completed"},
+        {"id": "2", "content": "Fix the parser", "status": "in_progress"},
+        {"id": "3", "content": "Rewrite everything", "status": "cancelled"},
+    ]);
+    let mut turns = Vec::new();
+    for _ in 0..runs {
+        turns.push(tool_turn(json!([call(
+            "t1",
+            "TodoWrite",
+            json!({"todos": todos})
+        )])));
+        turns.push(text_turn("planned"));
+    }
+    json!({ "turns": turns })
+}
+
+/// The PlanUpdate of `t1` among a run's events, after the call's start and before its end.
+fn assert_plan_event(events: &[Value]) {
+    let at = |ty: &str| {
+        events
+            .iter()
+            .position(|e| e["type"] == ty)
+            .unwrap_or_else(|| panic!("no {ty} in {events:?}"))
+    };
+    let plan = &events[at("PlanUpdate")];
+    assert!(at("ToolCallStart") < at("PlanUpdate") && at("PlanUpdate") < at("ToolCallEnd"));
+    assert_eq!(plan["tool_use_id"], "t1");
+    assert_eq!(plan["turn_index"], 0);
+    assert_eq!(plan["todos"].as_array().map(Vec::len), Some(3), "{plan}");
+    assert_eq!(
+        plan["todos"][1],
+        json!({"id": "2", "content": "Fix the parser", "status": "in_progress"})
+    );
+}
+
+#[test]
+fn todo_write_plans_show_on_every_surface() {
+    let ws = Workspace::new("plans");
+    let stub = Stub::start(&ws, &plan_turns(5));
+
+    // Print mode: a system/plan frame between the call's tool_use and tool_result.
+    let (out, frames) = print_frames(&ws, &stub, &["plan it"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let kinds: Vec<String> = frames
+        .iter()
+        .map(|f| {
+            format!(
+                "{}/{}",
+                f["type"].as_str().unwrap(),
+                f["subtype"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds[..4],
+        ["system/init", "tool_use/", "system/plan", "tool_result/"],
+        "{out:?}"
+    );
+    assert_eq!(frames[2]["tool_use_id"], "t1");
+    assert_eq!(frames[2]["todos"][2]["status"], "cancelled");
+    let (failed, result) = tool_result(&stub, "t1");
+    assert!(
+        !failed && result.starts_with("Plan updated: 3 items"),
+        "{result}"
+    );
+
+    // HTTP and MCP: the PlanUpdate event in the run's log.
+    let serve = Serve::start(&ws, &stub, &[], &[]);
+    let run = http_post(&serve, "/runs", &json!({"prompt": "plan it"}))["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_plan_event(&http_events(&serve, &run));
+    drop(serve);
+    let mut mcp = mcp_serve(&ws, &stub, &[]);
+    let body = mcp.tool_body(1, "caliban_run", json!({"prompt": "plan it"}));
+    assert_plan_event(&mcp.mcp_events(2, body["run_id"].as_str().unwrap()));
+    drop(mcp);
+
+    // ACP: a `plan` update (cancelled items left out), live and on session/load.
+    let mut acp = acp_serve(&ws, &stub, &[]);
+    let cwd = path_str(&ws.root);
+    let session = acp.request(1, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let sid = session["result"]["sessionId"].clone();
+    let done = acp.request(
+        2,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "plan it"}]}),
+    );
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let want = json!({"sessionUpdate": "plan", "entries": [
+        {"content": "Read the failing test", "priority": "medium", "status": "completed"},
+        {"content": "Fix the parser", "priority": "medium", "status": "in_progress"},
+    ]});
+    assert_eq!(acp_updates(&acp, "plan"), std::slice::from_ref(&want));
+    drop(acp);
+    let mut acp = acp_serve(&ws, &stub, &[]);
+    let loaded = acp.request(
+        1,
+        "session/load",
+        json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+    );
+    assert!(loaded.get("result").is_some(), "{loaded}");
+    assert_eq!(acp_updates(&acp, "plan"), [want]);
+}

@@ -144,7 +144,8 @@ fn stream_json_frames_in_order() {
             "MultiEdit",
             "Glob",
             "Grep",
-            "WebFetch"
+            "WebFetch",
+            "TodoWrite"
         ])
     );
     assert_eq!(frames[1]["input"], json!({"path": "notes.txt"}));

@@ -180,6 +180,11 @@ impl Run {
         matches!(self.phase, Phase::Idle)
     }
 
+    /// The turn in progress (or the next one, between turns), for events the engine adds.
+    pub fn turn_index(&self) -> u32 {
+        self.turn_index
+    }
+
     /// The request for the turn in flight.
     pub fn model_request(&self) -> ModelRequest<'_> {
         ModelRequest {

@@ -7,6 +7,7 @@ pub mod bash;
 pub mod fs;
 pub mod spec;
 pub(crate) mod table;
+pub mod todo;
 pub mod web;
 
 /// What a tool hands back to the model. `text` is already capped by the tool.

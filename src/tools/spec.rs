@@ -45,7 +45,8 @@ mod tests {
                 "MultiEdit",
                 "Glob",
                 "Grep",
-                "WebFetch"
+                "WebFetch",
+                "TodoWrite"
             ]
         );
     }
@@ -163,6 +164,10 @@ mod tests {
         assert_eq!(
             fields("KillShell"),
             (strings(&["shell_id"]), strings(&["shell_id"]))
+        );
+        assert_eq!(
+            fields("TodoWrite"),
+            (strings(&["todos"]), strings(&["todos"]))
         );
         assert_eq!(
             fields("WebFetch"),

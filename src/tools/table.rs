@@ -26,6 +26,7 @@ use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
 use crate::tools::bash::{self, BashInput, BashJob, ShellOp};
 use crate::tools::fs::{self, Delegated};
+use crate::tools::todo::{self, Todo};
 use crate::tools::web::{self, FetchRequest};
 
 /// Titles are labels, not documents: a longer command or search is cut here.
@@ -58,6 +59,8 @@ pub(crate) enum Runs {
     Shell(fn(&Value) -> Result<ShellOp, ToolOutput>),
     /// An HTTP(S) GET the engine drives on the reactor, like a model request.
     Fetch(fn(&Value) -> Result<FetchRequest, ToolOutput>),
+    /// The run's plan: the engine answers at once and shows it as a `PlanUpdate` event.
+    Plan(fn(&Value) -> Result<Vec<Todo>, ToolOutput>),
 }
 
 /// What the permission policy needs to know about a tool.
@@ -123,7 +126,7 @@ pub(crate) struct Card {
 /// here, so a new tool picks its kind without touching the surfaces.
 #[allow(
     dead_code,
-    reason = "kinds for tools still to come (WebFetch, TodoWrite)"
+    reason = "kinds for tools still to come (moves and deletes)"
 )]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -373,6 +376,24 @@ pub(crate) static BUILTINS: &[Tool] = &[
         },
         delegation: Delegation::Local,
     },
+    Tool {
+        name: "TodoWrite",
+        spec: todo::spec,
+        runs: Runs::Plan(todo::parse_input),
+        // Planning bookkeeping: it runs without asking, and in plan mode.
+        permission: Permission {
+            class: Class::ReadOnly,
+            subject: Subject::Nothing,
+            default: DefaultAction::Allow,
+        },
+        card: Card {
+            kind: Kind::Think,
+            title: todo::title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
 ];
 
 /// Upstream's tools that caliban does not have yet, with the permission facts that settings
@@ -381,15 +402,6 @@ pub(crate) static BUILTINS: &[Tool] = &[
 /// `BUILTINS`; a test refuses a name in both.
 pub(crate) static PLANNED: &[(&str, Permission)] = &[
     ("NotebookEdit", EDITS_PATH),
-    // Planning bookkeeping: it runs without asking, and in plan mode.
-    (
-        "TodoWrite",
-        Permission {
-            class: Class::ReadOnly,
-            subject: Subject::Nothing,
-            default: DefaultAction::Allow,
-        },
-    ),
     ("EnterPlanMode", PLAN_MODE),
     ("ExitPlanMode", PLAN_MODE),
 ];
@@ -471,7 +483,8 @@ mod tests {
                 "MultiEdit",
                 "Glob",
                 "Grep",
-                "WebFetch"
+                "WebFetch",
+                "TodoWrite"
             ]
         );
         let specs: Vec<String> = specs().iter().map(|spec| spec.name.to_string()).collect();
@@ -505,6 +518,7 @@ mod tests {
             Some(Runs::Process(_)) => "process",
             Some(Runs::Shell(_)) => "shell",
             Some(Runs::Fetch(_)) => "fetch",
+            Some(Runs::Plan(_)) => "plan",
             None => "none",
         };
         for name in ["Read", "Write", "Edit", "MultiEdit", "Glob", "Grep"] {
@@ -515,6 +529,7 @@ mod tests {
             assert_eq!(placement(name), "shell", "{name}");
         }
         assert_eq!(placement("WebFetch"), "fetch");
+        assert_eq!(placement("TodoWrite"), "plan");
         assert_eq!(placement("NotebookEdit"), "none");
     }
 
@@ -590,7 +605,8 @@ mod tests {
                 Kind::Edit,
                 Kind::Search,
                 Kind::Search,
-                Kind::Fetch
+                Kind::Fetch,
+                Kind::Think
             ]
         );
         assert_eq!(tool("Read").card.location.unwrap().line, Some("offset"));
@@ -617,7 +633,7 @@ mod tests {
             delegation,
             [
                 "terminal", "local", "local", "read", "write", "edit", "edit", "local", "local",
-                "local"
+                "local", "local"
             ]
         );
     }

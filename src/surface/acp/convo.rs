@@ -11,6 +11,7 @@ use crate::log;
 use crate::model::types::{ContentBlock, Message, Role};
 use crate::surface::acp::call_ids::CallIds;
 use crate::surface::acp::card::{self, OldText};
+use crate::tools::table;
 
 /// The user text of a `session/prompt`: text blocks as they are, mentions (`resource_link`,
 /// `resource`) inline as markdown links, and the text of embedded resources appended as
@@ -183,6 +184,12 @@ pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Va
                         "locations": described.locations,
                         "content": described.content,
                     }));
+                    // The plan as it stood after this call, as the live session showed it.
+                    if table::lookup(name).is_some_and(|t| matches!(t.runs, table::Runs::Plan(_)))
+                        && let Ok(todos) = crate::tools::todo::parse_input(&input)
+                    {
+                        updates.push(super::updates::plan_update(&todos));
+                    }
                 }
                 _ => {}
             }
