@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use serde_json::json;
+
 use crate::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
 use crate::engine::{self, Engine, EngineConfig, HostKey};
 use crate::model::retry::RetryPolicy;
@@ -237,6 +239,13 @@ fn run_print(args: PrintArgs) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    let resumed = match &args.resume {
+        Some(resume) => match resume_point(&setup, resume) {
+            Ok(point) => Some(point),
+            Err(e) => return config_error(&e),
+        },
+        None => None,
+    };
     let AgentSetup {
         workspace,
         provider,
@@ -249,6 +258,10 @@ fn run_print(args: PrintArgs) -> u8 {
     } = setup;
     let loaded = instructions.load(&workspace);
     run_config.system = loaded.system_prompt(&run_config.system);
+    let (history, continues, session_id) = match resumed {
+        Some(point) => (point.history, Some(point.run), point.session_id),
+        None => (Vec::new(), None, auth::new_uuid()),
+    };
     let tool_names: Vec<String> = run_config
         .tools
         .iter()
@@ -284,18 +297,41 @@ fn run_print(args: PrintArgs) -> u8 {
         }
     };
     engine.attach_stdout();
-    let run = agent::run::Run::new(run_config, policy.clone(), Vec::new());
+    let model_name = run_config.model.clone();
+    let run = agent::run::Run::new(run_config, policy.clone(), history);
     let run_id = engine.add_run(run, workspace.clone());
     let mut printer = Printer::new(
         run_id,
         args.output_format,
         args.input_format,
         args.include_partial_messages,
-        auth::new_uuid(),
+        session_id.clone(),
         provider.kind.as_str(),
         provider.model.clone(),
         policy,
     );
+    // Recorded like a driven run, so a later `--continue` or `--resume` can go on with it.
+    match session_store() {
+        Ok(store) => {
+            let mut header = serde_json::Map::new();
+            header.insert("surface".into(), json!("print"));
+            header.insert("session_id".into(), json!(session_id));
+            header.insert("interactive".into(), json!(interactive));
+            header.insert("cwd".into(), json!(workspace_str));
+            header.insert("model".into(), json!(model_name));
+            header.insert("provider".into(), json!(provider.kind.as_str()));
+            if let Some(previous) = continues {
+                header.insert("continues".into(), json!(previous.to_string()));
+            }
+            if !loaded.is_empty() {
+                header.insert("instructions".into(), loaded.to_json());
+            }
+            printer.record(print::Recorder::new(store, header));
+        }
+        Err(e) => log::warn(&format!(
+            "{e}; this run is not recorded and cannot be continued"
+        )),
+    }
     printer.init_frame(&tool_names, &workspace_str, mode.as_str(), &loaded);
     match prompt {
         Some(prompt) => {
@@ -315,6 +351,72 @@ fn run_print(args: PrintArgs) -> u8 {
         return exit::RUNTIME;
     }
     printer.exit_code
+}
+
+/// The session files' store: `$XDG_STATE_HOME/caliban/sessions`.
+fn session_store() -> Result<drive::session::SessionStore, String> {
+    drive::session::default_dir(&env_var)
+        .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
+        .map_err(|e| format!("session store: {e}"))
+}
+
+/// The conversation a print run continues (`--continue`, `--resume`).
+struct ResumePoint {
+    run: engine::RunId,
+    history: Vec<model::types::Message>,
+    /// The conversation keeps its session id.
+    session_id: String,
+}
+
+/// Finds the run to continue and rebuilds its conversation, through the drive core so that
+/// it is read exactly as the drive surfaces read their runs (continuation chains included).
+fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint, String> {
+    let config = drive::table::DriveConfig {
+        run: setup.run_config.clone(),
+        policy: setup.policy.clone(),
+        workspace: setup.workspace.clone(),
+        provider: setup.provider.kind.as_str(),
+        permission_timeout: drive::table::DEFAULT_PERMISSION_TIMEOUT,
+        system_prompt: None,
+        instructions: setup.instructions.clone(),
+        max_working_runs: drive::table::MAX_WORKING_RUNS,
+        max_live_runs: drive::table::MAX_LIVE_RUNS,
+    };
+    let mut core = drive::table::DriveCore::new(session_store()?, config);
+    core.load_existing();
+    let run = match resume {
+        cli::Resume::Id(id) if engine::RunId::parse(id).is_some() => {
+            core.resolve(id).map_err(|e| e.to_string())?
+        }
+        cli::Resume::Id(id) => core
+            .find_by_header("session_id", &json!(id))
+            .last()
+            .copied()
+            .ok_or_else(|| format!("--resume {id}: no session with that id or run id"))?,
+        cli::Resume::Latest => {
+            let cwd = json!(setup.workspace.display().to_string());
+            let print_runs: Vec<engine::RunId> = core
+                .find_by_header("cwd", &cwd)
+                .into_iter()
+                .filter(|run| core.header(*run).is_ok_and(|h| h["surface"] == "print"))
+                .collect();
+            print_runs.last().copied().ok_or_else(|| {
+                format!(
+                    "--continue: no earlier print-mode session in {}",
+                    setup.workspace.display()
+                )
+            })?
+        }
+    };
+    let header = core.header(run).map_err(|e| e.to_string())?;
+    let messages = core.messages(run).map_err(|e| e.to_string())?;
+    Ok(ResumePoint {
+        run,
+        history: model::types::Message::list_from_json(&messages),
+        session_id: header["session_id"]
+            .as_str()
+            .map_or_else(auth::new_uuid, str::to_owned),
+    })
 }
 
 /// Where a network surface listens: address, TLS, limits and the auth gate, checked
@@ -364,9 +466,7 @@ fn drive_core(
         Surface::Http | Surface::Mcp | Surface::Agent => NoProvider::Exit,
     };
     let setup = agent_setup(&args.agent, false, no_provider)?;
-    let store = drive::session::default_dir(&env_var)
-        .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
-        .map_err(|e| config_error(&format!("session store: {e}")))?;
+    let store = session_store().map_err(|e| config_error(&e))?;
     let drive_config = drive::table::DriveConfig {
         run: setup.run_config,
         policy: setup.policy,

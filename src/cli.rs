@@ -66,6 +66,20 @@ pub const FLAGS: &[Flag] = &[
         "",
     ),
     flag(
+        "continue",
+        Some('c'),
+        None,
+        "Continue the latest print-mode conversation in this workspace (print mode only).",
+        "",
+    ),
+    flag(
+        "resume",
+        Some('r'),
+        Some("ID"),
+        "Continue the conversation of ID: a result frame's session_id, or a run id (run-N) of any surface (print mode only).",
+        "",
+    ),
+    flag(
         "provider",
         None,
         Some("NAME"),
@@ -327,6 +341,8 @@ pub struct PrintArgs {
     pub output_format: OutputFormat,
     pub input_format: InputFormat,
     pub include_partial_messages: bool,
+    /// `--continue` / `--resume ID`: the conversation this print run goes on with.
+    pub resume: Option<Resume>,
     pub provider: Option<String>,
     pub model: Option<String>,
     pub max_tokens: Option<u32>,
@@ -343,6 +359,15 @@ pub struct PrintArgs {
     pub idle_timeout: Option<f64>,
     pub request_timeout: Option<f64>,
     pub verbose: u8,
+}
+
+/// Which earlier conversation a print run continues.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// `--continue`: the latest print-mode run in the workspace.
+    Latest,
+    /// `--resume ID`: a session id (a result frame's `session_id`) or a run id.
+    Id(String),
 }
 
 /// Which drive surface a `… serve` command starts.
@@ -402,6 +427,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         output_format: OutputFormat::Text,
         input_format: InputFormat::Text,
         include_partial_messages: false,
+        resume: None,
         provider: None,
         model: None,
         max_tokens: None,
@@ -430,6 +456,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                     .any(|f| f.long == name && f.scope.split('|').any(|s| s == surface.name()))
             };
             match arg {
+                Long("continue" | "resume") | Short('c' | 'r') => {
+                    return Err(lexopt::Error::from(format!(
+                        "--continue and --resume apply to print mode, not `{}`",
+                        surface.name()
+                    )));
+                }
                 Long(name)
                     if !on(name) && FLAGS.iter().any(|f| f.long == name && !f.scope.is_empty()) =>
                 {
@@ -512,6 +544,22 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 }
             }
             Long("include-partial-messages") => print.include_partial_messages = true,
+            Short('c') | Long("continue") => {
+                if matches!(print.resume, Some(Resume::Id(_))) {
+                    return Err("--continue and --resume cannot be combined".into());
+                }
+                print.resume = Some(Resume::Latest);
+            }
+            Short('r') | Long("resume") => {
+                if print.resume == Some(Resume::Latest) {
+                    return Err("--continue and --resume cannot be combined".into());
+                }
+                let id = parser.value()?.string()?;
+                if id.trim().is_empty() {
+                    return Err(bad_value("--resume", &id, "a session id or run id"));
+                }
+                print.resume = Some(Resume::Id(id));
+            }
             Long("provider") => print.provider = Some(parser.value()?.string()?),
             Long("model") => print.model = Some(parser.value()?.string()?),
             Long("max-tokens") => print.max_tokens = Some(parser.value()?.parse()?),

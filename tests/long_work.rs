@@ -749,3 +749,157 @@ fn todo_write_plans_show_on_every_surface() {
     assert!(loaded.get("result").is_some(), "{loaded}");
     assert_eq!(acp_updates(&acp, "plan"), [want]);
 }
+
+// ---- 7. print-mode sessions that continue -------------------------------------------------
+
+/// The user and assistant texts of the `n`th model request, in order.
+fn conversation_sent(stub: &Stub, n: usize) -> Vec<String> {
+    let requests = stub.requests();
+    requests[n]["body"]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let text = match &m["content"] {
+                Value::String(text) => text.clone(),
+                blocks => blocks
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|b| b["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(""),
+            };
+            format!("{}: {text}", m["role"].as_str().unwrap_or("?"))
+        })
+        .collect()
+}
+
+#[test]
+fn print_runs_are_recorded_and_continue() {
+    let ws = Workspace::new("continue");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            text_turn("Noted: 7."), text_turn("It was 7."), text_turn("Still 7."),
+            text_turn("From run-1 only."), text_turn("Second line seen."),
+            text_turn("Both lines seen."),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "json", "remember 7"]);
+    let first = run(cmd, "");
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let session = first.result()["session_id"].as_str().unwrap().to_owned();
+    let file = ws.read("home/.state/caliban/sessions/run-1.jsonl");
+    let header: Value = serde_json::from_str(file.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (
+            header["surface"].clone(),
+            header["session_id"].clone(),
+            header["prompt"].clone()
+        ),
+        (json!("print"), json!(session), json!("remember 7"))
+    );
+
+    // --continue: the latest print run in this workspace, keeping its session id.
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "json",
+        "--continue",
+        "which number?",
+    ]);
+    let second = run(cmd, "");
+    assert_eq!(second.code, Some(0), "{second:?}");
+    assert_eq!(second.result()["session_id"], json!(session));
+    assert_eq!(
+        conversation_sent(&stub, 1),
+        [
+            "user: remember 7",
+            "assistant: Noted: 7.",
+            "user: which number?"
+        ]
+    );
+
+    // --resume SESSION: the newest run of that session, its whole chain.
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--resume", &session, "and now?"]);
+    let third = run(cmd, "");
+    assert_eq!(
+        (third.code, third.stdout.as_str()),
+        (Some(0), "Still 7.\n"),
+        "{third:?}"
+    );
+    assert_eq!(conversation_sent(&stub, 2).len(), 5);
+
+    // --resume run-1: that run's conversation only.
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "-r", "run-1", "fork"]);
+    assert_eq!(run(cmd, "").code, Some(0));
+    assert_eq!(
+        conversation_sent(&stub, 3),
+        ["user: remember 7", "assistant: Noted: 7.", "user: fork"]
+    );
+
+    // stream-json input: every line is recorded, and continues.
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+    ]);
+    let out = run(cmd, "{\"type\":\"user\",\"content\":\"line one\"}\n");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "-c", "line two"]);
+    assert_eq!(run(cmd, "").code, Some(0));
+    assert_eq!(
+        conversation_sent(&stub, 5),
+        [
+            "user: line one",
+            "assistant: Second line seen.",
+            "user: line two"
+        ]
+    );
+
+    // A print run is a run like any other for the drive surfaces.
+    let serve = Serve::start(&ws, &stub, &[], &[]);
+    let events = http_events(&serve, "run-1");
+    assert_eq!(events.last().unwrap()["type"], "RunEnd");
+
+    // Nothing to continue, or an unknown id: a configuration error naming it.
+    for args in [
+        vec!["--resume", "no-such-session"],
+        vec!["--resume", "run-99"],
+    ] {
+        let mut cmd = caliban(&ws);
+        anthropic(&mut cmd, &stub);
+        cmd.args(["-p"]).args(&args).arg("hi");
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(78), "{out:?}");
+        assert!(out.stderr.contains(args[1]), "{out:?}");
+    }
+    let empty = Workspace::new("continue-none");
+    let mut cmd = caliban(&empty);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--continue", "hi"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(78), "{out:?}");
+    assert!(
+        out.stderr.contains("no earlier print-mode session"),
+        "{out:?}"
+    );
+    let mut cmd = caliban(&empty);
+    cmd.args(["mcp", "serve", "--continue"]);
+    assert_eq!(run(cmd, "").code, Some(64));
+}

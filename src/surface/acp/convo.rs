@@ -58,25 +58,7 @@ fn last_segment(uri: &str) -> String {
 /// Model messages from a session file's JSON messages (`DriveCore::messages`). A message
 /// that does not parse is left out, with a warning, rather than failing the session.
 pub fn history(messages: &[Value]) -> Vec<Message> {
-    let mut out = Vec::new();
-    for message in messages {
-        let role = match message.get("role").and_then(Value::as_str) {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            _ => continue,
-        };
-        let blocks: Result<Vec<ContentBlock>, String> = message
-            .get("content")
-            .and_then(Value::as_array)
-            .map(|blocks| blocks.iter().map(ContentBlock::from_json).collect())
-            .unwrap_or_else(|| Ok(Vec::new()));
-        match blocks {
-            Ok(content) if !content.is_empty() => out.push(Message { role, content }),
-            Ok(_) => {}
-            Err(e) => log::warn(&format!("leaving a message out of the history: {e}")),
-        }
-    }
-    out
+    Message::list_from_json(messages)
 }
 
 /// Drops the last user prompt and everything after it (a refused turn, which ACP says is not
