@@ -823,25 +823,33 @@ impl<K: HostKey> Engine<K> {
             output_started: false,
             deadline,
         }));
-        // An address literal needs no lookup (and no thread).
-        if let Ok(ip) = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-        {
-            self.on_resolved(run, token, Ok(vec![std::net::SocketAddr::new(ip, port)]));
-            return;
+        let done = move |result| Completion::Resolved { run, token, result };
+        if let Some(now) = self.look_up(host, port, done) {
+            self.on_resolved(run, token, now);
+        }
+    }
+
+    /// Looks `host` up on the DNS pool; the answer comes back as the completion `done`
+    /// makes of it. An address literal needs no lookup (and no thread), and a lookup the
+    /// pool refuses fails at once: those answers are returned, for the caller to handle now.
+    fn look_up(
+        &self,
+        host: String,
+        port: u16,
+        done: impl FnOnce(Result<Vec<std::net::SocketAddr>, String>) -> Completion + Send + 'static,
+    ) -> Option<Result<Vec<std::net::SocketAddr>, String>> {
+        let literal = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
+            return Some(Ok(vec![std::net::SocketAddr::new(ip, port)]));
         }
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
-        let spawned =
-            crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
-                let _ = tx.send(Completion::Resolved { run, token, result });
-                let _ = waker.wake();
-            });
-        if let Err(error) = spawned {
-            self.on_resolved(run, token, Err(error));
-        }
+        crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
+            let _ = tx.send(done(result));
+            let _ = waker.wake();
+        })
+        .err()
+        .map(Err)
     }
 
     fn on_resolved(
@@ -1566,29 +1574,15 @@ impl<K: HostKey> Engine<K> {
                 body: Vec::new(),
             },
         );
-        if let Ok(ip) = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-        {
-            let addr = std::net::SocketAddr::new(ip, port);
-            return self.on_fetch_resolved(run, &tool_use_id, token, Ok(vec![addr]));
-        }
-        let tx = self.tx.clone();
-        let waker = Arc::clone(&self.waker);
         let id = tool_use_id.clone();
-        let spawned =
-            crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
-                let _ = tx.send(Completion::FetchResolved {
-                    run,
-                    tool_use_id: id,
-                    token,
-                    result,
-                });
-                let _ = waker.wake();
-            });
-        if let Err(error) = spawned {
-            self.on_fetch_resolved(run, &tool_use_id, token, Err(error));
+        let done = move |result| Completion::FetchResolved {
+            run,
+            tool_use_id: id,
+            token,
+            result,
+        };
+        if let Some(now) = self.look_up(host, port, done) {
+            self.on_fetch_resolved(run, &tool_use_id, token, now);
         }
     }
 

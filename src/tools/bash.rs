@@ -22,7 +22,7 @@ use crate::model::types::ToolSpec;
 use crate::reaper::{self, CallTag, Sweep};
 use crate::sys;
 use crate::tools::ToolOutput;
-use crate::tools::spec::closed_object;
+use crate::tools::spec::{closed_object, timeout_seconds};
 use crate::tools::table::{cap_title, text_field};
 
 /// Upstream keeps 30 KiB of each stream; the rest is drained and counted so the child never
@@ -204,17 +204,7 @@ pub fn parse_input(input: &Value, workspace: &Path) -> Result<BashInput, ToolOut
             ));
         }
     };
-    let timeout = match input.get("timeout_seconds") {
-        None | Some(Value::Null) => DEFAULT_TIMEOUT,
-        Some(v) => match v.as_u64() {
-            Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
-            _ => {
-                return Err(ToolOutput::error(format!(
-                    "Bash: `timeout_seconds` must be an integer from 1 to {MAX_TIMEOUT_SECS}"
-                )));
-            }
-        },
-    };
+    let timeout = timeout_seconds(input, "Bash", DEFAULT_TIMEOUT, MAX_TIMEOUT_SECS)?;
     let cwd = resolve_cwd(workspace, input.get("cwd").and_then(Value::as_str))
         .map_err(ToolOutput::error)?;
     let background = match input.get("background") {

@@ -352,15 +352,25 @@ pub(crate) fn edit_title(input: &Value) -> String {
 
 fn edit(input: &Value, workspace: &Path) -> ToolResult {
     let (target, args) = edit_args(input, workspace)?;
+    rewrite(&target, "Edit", |text| edit_text(&target.rel, text, &args))
+}
+
+/// Changes an existing UTF-8 file in place: `change` makes the new text and the result for
+/// the model from the old text, and the file is rewritten atomically only if it succeeds.
+fn rewrite(
+    target: &Resolved,
+    tool: &str,
+    change: impl FnOnce(&str) -> Result<(String, String), String>,
+) -> ToolResult {
     let rel = &target.rel;
-    let meta = edit_target(&target)?;
-    let (text, lossy) = load_text(&target)?;
+    let meta = edit_target(target)?;
+    let (text, lossy) = load_text(target)?;
     if lossy {
         return Err(format!(
-            "`{rel}` is not valid UTF-8; Edit only changes UTF-8 text (use Write to replace it)"
+            "`{rel}` is not valid UTF-8; {tool} only changes UTF-8 text (use Write to replace it)"
         ));
     }
-    let (new_text, summary) = edit_text(rel, &text, &args)?;
+    let (new_text, summary) = change(&text)?;
     atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
         .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
     Ok(summary)
@@ -502,18 +512,9 @@ pub(crate) fn multi_edit_title(input: &Value) -> String {
 
 fn multi_edit(input: &Value, workspace: &Path) -> ToolResult {
     let (target, edits) = multi_edit_args(input, workspace)?;
-    let rel = &target.rel;
-    let meta = edit_target(&target)?;
-    let (text, lossy) = load_text(&target)?;
-    if lossy {
-        return Err(format!(
-            "`{rel}` is not valid UTF-8; MultiEdit only changes UTF-8 text (use Write to replace it)"
-        ));
-    }
-    let (new_text, summary) = multi_edit_text(rel, &text, &edits)?;
-    atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
-        .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
-    Ok(summary)
+    rewrite(&target, "MultiEdit", |text| {
+        multi_edit_text(&target.rel, text, &edits)
+    })
 }
 
 fn multi_edit_args<'a>(

@@ -5,9 +5,12 @@
 //! limits its description quotes are enforced; the table (`tools::table`) says which tools
 //! there are and in what order. This module gathers them and holds what every schema shares.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use crate::model::types::ToolSpec;
+use crate::tools::ToolOutput;
 use crate::tools::table;
 
 /// Every built-in tool, in the order they are offered.
@@ -23,6 +26,25 @@ pub(crate) fn closed_object(properties: Value, required: &[&str]) -> Value {
         "required": required,
         "additionalProperties": false,
     })
+}
+
+/// A `timeout_seconds` field: `default` when absent or null, else an integer from 1 to
+/// `max`. The error is the tool's result for the model.
+pub(crate) fn timeout_seconds(
+    input: &Value,
+    tool: &str,
+    default: Duration,
+    max: u64,
+) -> Result<Duration, ToolOutput> {
+    match input.get("timeout_seconds") {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(s) if (1..=max).contains(&s) => Ok(Duration::from_secs(s)),
+            _ => Err(ToolOutput::error(format!(
+                "{tool}: `timeout_seconds` must be an integer from 1 to {max}"
+            ))),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use crate::http::client::{self, Target};
 use crate::http::write;
 use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
-use crate::tools::spec::closed_object;
+use crate::tools::spec::{closed_object, timeout_seconds};
 use crate::tools::table::{cap_title, text_field};
 
 /// The most of a response body read (upstream's 10 MB); past it the fetch stops and the
@@ -97,17 +97,7 @@ pub(crate) fn parse_input(input: &Value) -> Result<FetchRequest, ToolOutput> {
             ));
         }
     };
-    let timeout = match input.get("timeout_seconds") {
-        None | Some(Value::Null) => DEFAULT_TIMEOUT,
-        Some(v) => match v.as_u64() {
-            Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
-            _ => {
-                return Err(ToolOutput::error(format!(
-                    "WebFetch: `timeout_seconds` must be an integer from 1 to {MAX_TIMEOUT_SECS}"
-                )));
-            }
-        },
-    };
+    let timeout = timeout_seconds(input, "WebFetch", DEFAULT_TIMEOUT, MAX_TIMEOUT_SECS)?;
     let prompt = match input.get("prompt") {
         None | Some(Value::Null) => None,
         Some(Value::String(p)) => Some(p.clone()).filter(|p| !p.trim().is_empty()),
