@@ -2,8 +2,6 @@
 //! background shells, WebFetch), TodoWrite plans and print-mode sessions that continue, each
 //! on every surface where it shows, against the real binary and `caliban stub-model`.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -38,7 +36,7 @@ fn systems_sent(stub: &Stub) -> Vec<String> {
 }
 
 /// Every tool_result block the model was sent, by tool_use_id, as text.
-fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
+pub(crate) fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
     for req in stub.requests().iter().rev() {
         for message in req["body"]["messages"].as_array().into_iter().flatten() {
             for block in message["content"].as_array().into_iter().flatten() {
@@ -508,7 +506,7 @@ fn background_shells_are_read_killed_and_die_with_the_run() {
 /// A loopback web server for WebFetch, on a thread of the test: `/page` (HTML), `/moved`
 /// (a same-site redirect to `/page`), `/away` (a redirect to another site), `/missing`
 /// (404), `/slow` (never answers). Nothing reaches beyond loopback.
-fn web_server() -> String {
+pub(crate) fn web_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     std::thread::spawn(move || {
@@ -902,4 +900,68 @@ fn print_runs_are_recorded_and_continue() {
     let mut cmd = caliban(&empty);
     cmd.args(["mcp", "serve", "--continue"]);
     assert_eq!(run(cmd, "").code, Some(64));
+}
+
+/// An editor that offers its file system gets MultiEdit's read and write, as for Edit: the
+/// edits apply to its buffer (unsaved changes included), all at once.
+#[test]
+fn acp_multi_edit_goes_through_the_editors_buffer() {
+    let ws = Workspace::new("acp-multiedit");
+    ws.write("a.rs", "on disk\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([call("m1", "MultiEdit", json!({"path": "a.rs", "edits": [
+                {"old_string": "one", "new_string": "uno"},
+                {"old_string": "two", "new_string": "dos"},
+            ]}))])),
+            text_turn("edited"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["acp", "serve", "--allow", "MultiEdit"]);
+    let mut acp = Rpc::spawn(cmd);
+    let init = acp.request(
+        0,
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities":
+               {"fs": {"readTextFile": true, "writeTextFile": true}}}),
+    );
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let session = acp.request(
+        1,
+        "session/new",
+        json!({"cwd": path_str(&ws.root), "mcpServers": []}),
+    );
+    let sid = session["result"]["sessionId"].clone();
+    acp.send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                    "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "edit"}]}}),
+    );
+    let mut written = None;
+    loop {
+        let message = acp.recv();
+        match message["method"].as_str() {
+            Some("fs/read_text_file") => acp.send(json!({"jsonrpc": "2.0", "id": message["id"],
+                "result": {"content": "one, two\n"}})),
+            Some("fs/write_text_file") => {
+                written = Some(message["params"]["content"].clone());
+                acp.send(json!({"jsonrpc": "2.0", "id": message["id"], "result": null}));
+            }
+            _ if message["id"] == 2 => break,
+            _ => {}
+        }
+    }
+    assert_eq!(written, Some(json!("uno, dos\n")));
+    assert_eq!(
+        ws.read("a.rs"),
+        "on disk\n",
+        "the editor wrote it, not caliban"
+    );
+    let (failed, text) = tool_result(&stub, "m1");
+    assert!(
+        !failed && text.starts_with("→ MultiEdit a.rs: 2 edits applied"),
+        "{text}"
+    );
 }
