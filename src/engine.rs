@@ -24,6 +24,7 @@ use crate::agent::run::{Effect, Run, ToolCall};
 use crate::http::client::{ClientEvent, Exchange};
 use crate::http::sse::SseDecoder;
 use crate::log;
+use crate::mcp_client::{self, Alarm, Hub, HubEvent, Selection, ServerId, Source};
 use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{self, Provider, StreamDecoder};
@@ -113,6 +114,29 @@ pub struct EngineConfig {
     pub idle_timeout: Duration,
     /// Longest a whole request may take, however steadily it streams.
     pub request_timeout: Duration,
+    /// The configured MCP servers and how long one of their calls may go quiet.
+    pub mcp: McpConfig,
+}
+
+/// What the engine's MCP hub starts from (`mcp_client`).
+#[derive(Clone, Debug)]
+pub struct McpConfig {
+    /// Servers from settings, `.mcp.json` and `--mcp-config`, approvals applied.
+    pub servers: Vec<mcp_client::config::ServerConfig>,
+    /// Where configured stdio servers run.
+    pub workspace: PathBuf,
+    /// A call with no answer and no progress for this long is cancelled.
+    pub call_timeout: Duration,
+}
+
+impl Default for McpConfig {
+    fn default() -> McpConfig {
+        McpConfig {
+            servers: Vec::new(),
+            workspace: PathBuf::from("."),
+            call_timeout: mcp_client::DEFAULT_CALL_TIMEOUT,
+        }
+    }
 }
 
 pub enum AskReply {
@@ -138,6 +162,8 @@ pub enum HostAction {
         id: RunId,
         run: Box<Run>,
         workspace: PathBuf,
+        /// The MCP servers whose tools the run is offered.
+        mcp: Selection,
     },
     SendInput(RunId, Vec<ContentBlock>),
     EndInput(RunId),
@@ -180,6 +206,8 @@ pub struct Ctx<'a, K> {
     timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
     actions: &'a mut VecDeque<HostAction>,
     stats: Stats,
+    mcp: &'a mut Hub,
+    lookups: Lookups<'a>,
 }
 
 impl<K: HostKey> Ctx<'_, K> {
@@ -216,6 +244,112 @@ impl<K: HostKey> Ctx<'_, K> {
 
     pub fn stats(&self) -> Stats {
         self.stats
+    }
+
+    /// Starts an MCP server for the host's own use (an ACP session's), to name in a run's
+    /// `Selection::servers`.
+    pub fn mcp_start(
+        &mut self,
+        config: mcp_client::config::ServerConfig,
+        cwd: PathBuf,
+    ) -> ServerId {
+        let mut io = McpIo {
+            reactor: self.reactor,
+            owners: self.owners,
+            timers: self.timers,
+            lookups: self.lookups,
+        };
+        self.mcp.start(&mut io, config, cwd)
+    }
+
+    /// A server `mcp_start` started, or a fresh instance of it if it died (so a run
+    /// started now gets its tools again).
+    pub fn mcp_ensure(&mut self, id: ServerId) -> ServerId {
+        let mut io = McpIo {
+            reactor: self.reactor,
+            owners: self.owners,
+            timers: self.timers,
+            lookups: self.lookups,
+        };
+        self.mcp.ensure(&mut io, id)
+    }
+
+    /// Stops a server `mcp_start` started; its calls in flight are answered as failed.
+    pub fn mcp_stop(&mut self, id: ServerId) {
+        let mut io = McpIo {
+            reactor: self.reactor,
+            owners: self.owners,
+            timers: self.timers,
+            lookups: self.lookups,
+        };
+        let events = self.mcp.stop(&mut io, id);
+        self.mcp.defer(events);
+    }
+}
+
+/// What DNS lookups need: the pool, and the way back to the loop.
+#[derive(Clone, Copy)]
+struct Lookups<'a> {
+    pool: &'a Pool,
+    tx: &'a Sender<Completion>,
+    waker: &'a Arc<Waker>,
+}
+
+/// The engine's reactor lent to the MCP hub: its tokens and timers are routed back to it.
+struct McpIo<'a, K> {
+    reactor: &'a mut Reactor,
+    owners: &'a mut HashMap<Token, Owner<K>>,
+    timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
+    lookups: Lookups<'a>,
+}
+
+impl<K> mcp_client::Io for McpIo<'_, K> {
+    fn registry(&self) -> &mio::Registry {
+        self.reactor.registry()
+    }
+
+    fn token(&mut self, server: ServerId, source: Source) -> Token {
+        let token = self.reactor.token();
+        self.owners.insert(token, Owner::Mcp(server, source));
+        token
+    }
+
+    fn forget_token(&mut self, token: Token) {
+        self.owners.remove(&token);
+    }
+
+    fn add_timer(&mut self, after: Duration, server: ServerId, alarm: Alarm) -> TimerId {
+        let id = self.reactor.add_timer(after);
+        self.timers.insert(id, TimerOwner::Mcp(server, alarm));
+        id
+    }
+
+    fn cancel_timer(&mut self, id: TimerId) {
+        self.timers.remove(&id);
+        self.reactor.cancel_timer(id);
+    }
+
+    fn resolve(&mut self, host: String, port: u16, server: ServerId, exchange: u64) {
+        let tx = self.lookups.tx.clone();
+        let waker = Arc::clone(self.lookups.waker);
+        let done = tx.clone();
+        let spawned =
+            crate::transport::resolve_in_background(self.lookups.pool, host, port, move |result| {
+                let _ = tx.send(Completion::McpResolved {
+                    server,
+                    exchange,
+                    result,
+                });
+                let _ = waker.wake();
+            });
+        if let Err(error) = spawned {
+            let _ = done.send(Completion::McpResolved {
+                server,
+                exchange,
+                result: Err(error),
+            });
+            let _ = self.lookups.waker.wake();
+        }
     }
 }
 
@@ -266,6 +400,7 @@ enum Owner<K> {
     BashErr(RunId, String),
     Stdin,
     Stdout,
+    Mcp(ServerId, Source),
     Host(K),
 }
 
@@ -277,6 +412,9 @@ enum TimerOwner<K> {
     Backoff(RunId),
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
+    Mcp(ServerId, Alarm),
+    /// How long a run's first model request waits for its MCP servers' tool lists.
+    McpWait(RunId),
     Host(K),
 }
 
@@ -290,6 +428,11 @@ enum Completion {
         run: RunId,
         tool_use_id: String,
         output: ToolOutput,
+    },
+    McpResolved {
+        server: ServerId,
+        exchange: u64,
+        result: Result<Vec<std::net::SocketAddr>, String>,
     },
 }
 
@@ -383,6 +526,35 @@ struct RunSlot {
     model: ModelState,
     attempt: u32,
     bash: HashMap<String, BashTask>,
+    /// The MCP servers whose tools the run is offered.
+    mcp: Vec<ServerId>,
+    mcp_wait: McpWait,
+}
+
+/// Whether a run's first model request waits for its MCP servers to list their tools
+/// (at most `mcp_client::START_WAIT`), so its first turn sees them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum McpWait {
+    /// No model request yet.
+    First,
+    /// The first request waits; the timer ends the wait.
+    Waiting(TimerId),
+    /// Requests go out with whatever tools are listed by then.
+    Done,
+}
+
+impl RunSlot {
+    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>) -> RunSlot {
+        RunSlot {
+            run,
+            workspace,
+            model: ModelState::Idle,
+            attempt: 0,
+            bash: HashMap::new(),
+            mcp,
+            mcp_wait: McpWait::First,
+        }
+    }
 }
 
 pub struct Engine<K: HostKey> {
@@ -409,6 +581,8 @@ pub struct Engine<K: HostKey> {
     notices: VecDeque<(RunId, RetryNotice)>,
     stats: Stats,
     quit: bool,
+    /// Every MCP server of the process; runs name theirs in `RunSlot::mcp`.
+    mcp: Hub,
 }
 
 impl<K: HostKey> Engine<K> {
@@ -416,6 +590,11 @@ impl<K: HostKey> Engine<K> {
         let reactor = Reactor::new()?;
         let waker = reactor.waker();
         let (tx, rx) = channel();
+        let mcp = Hub::new(
+            config.mcp.servers.clone(),
+            config.mcp.workspace.clone(),
+            config.mcp.call_timeout,
+        );
         Ok(Engine {
             reactor,
             config,
@@ -437,6 +616,7 @@ impl<K: HostKey> Engine<K> {
             notices: VecDeque::new(),
             stats: Stats::default(),
             quit: false,
+            mcp,
         })
     }
 
@@ -458,17 +638,27 @@ impl<K: HostKey> Engine<K> {
     pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
         let id = RunId(self.next_run);
         self.next_run += 1;
-        self.runs.insert(
-            id,
-            RunSlot {
-                run,
-                workspace,
-                model: ModelState::Idle,
-                attempt: 0,
-                bash: HashMap::new(),
-            },
-        );
+        let (hub, mut io) = self.mcp_io();
+        let servers = hub.select(&mut io, &Selection::default());
+        self.runs.insert(id, RunSlot::new(run, workspace, servers));
         id
+    }
+
+    /// The hub and the reactor lent to it, borrowed apart.
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+        (
+            &mut self.mcp,
+            McpIo {
+                reactor: &mut self.reactor,
+                owners: &mut self.owners,
+                timers: &mut self.timers,
+                lookups: Lookups {
+                    pool: &self.dns_workers,
+                    tx: &self.tx,
+                    waker: &self.waker,
+                },
+            },
+        )
     }
 
     /// Queues actions to perform when the loop starts (e.g. the first prompt).
@@ -483,6 +673,12 @@ impl<K: HostKey> Engine<K> {
             timers: &mut self.timers,
             actions: &mut self.actions,
             stats: self.stats,
+            mcp: &mut self.mcp,
+            lookups: Lookups {
+                pool: &self.dns_workers,
+                tx: &self.tx,
+                waker: &self.waker,
+            },
         }
     }
 
@@ -539,6 +735,12 @@ impl<K: HostKey> Engine<K> {
                         stdout.flush();
                     }
                 }
+                Some(Owner::Mcp(server, source)) => {
+                    let (server, source) = (*server, *source);
+                    let (hub, mut io) = self.mcp_io();
+                    let events = hub.on_ready(&mut io, server, source);
+                    self.on_hub_events(events);
+                }
                 Some(Owner::Host(key)) => {
                     let key = *key;
                     host.on_io(&mut self.ctx(), key);
@@ -586,6 +788,11 @@ impl<K: HostKey> Engine<K> {
                 self.act(action);
                 continue;
             }
+            let early = self.mcp.take_early();
+            if !early.is_empty() {
+                self.on_hub_events(early);
+                continue;
+            }
             host.after_batch(&mut self.ctx());
             if self.actions.is_empty() {
                 break;
@@ -613,17 +820,15 @@ impl<K: HostKey> Engine<K> {
     fn act(&mut self, action: HostAction) {
         let now = Instant::now();
         match action {
-            HostAction::StartRun { id, run, workspace } => {
-                self.runs.insert(
-                    id,
-                    RunSlot {
-                        run: *run,
-                        workspace,
-                        model: ModelState::Idle,
-                        attempt: 0,
-                        bash: HashMap::new(),
-                    },
-                );
+            HostAction::StartRun {
+                id,
+                run,
+                workspace,
+                mcp,
+            } => {
+                let (hub, mut io) = self.mcp_io();
+                let servers = hub.select(&mut io, &mcp);
+                self.runs.insert(id, RunSlot::new(*run, workspace, servers));
             }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
@@ -686,7 +891,7 @@ impl<K: HostKey> Engine<K> {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     slot.attempt = 0;
                 }
-                self.start_model(run);
+                self.request_model(run);
             }
             Effect::RunTool(call) => {
                 self.stats.tool_calls += 1;
@@ -716,6 +921,88 @@ impl<K: HostKey> Engine<K> {
     }
 
     // ---- model requests ------------------------------------------------------------------
+
+    /// A new model request: the first one waits (bounded) for the run's MCP servers to
+    /// list their tools; every one offers the tools they list now, so a server that
+    /// finished listing late, or changed its tools, reaches the run's next turn.
+    fn request_model(&mut self, run: RunId) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        match slot.mcp_wait {
+            McpWait::Waiting(_) => return,
+            McpWait::First if self.mcp.any_starting(&slot.mcp) => {
+                let timer = self.reactor.add_timer(mcp_client::START_WAIT);
+                self.timers.insert(timer, TimerOwner::McpWait(run));
+                slot.mcp_wait = McpWait::Waiting(timer);
+                return;
+            }
+            McpWait::First | McpWait::Done => slot.mcp_wait = McpWait::Done,
+        }
+        if !slot.mcp.is_empty() {
+            slot.run.set_extra_tools(self.mcp.tools(&slot.mcp));
+        }
+        self.start_model(run);
+    }
+
+    /// A run's wait for its servers is over: they all settled, or (`gave_up`) the wait ran
+    /// out and the stragglers are left out of this turn.
+    fn end_mcp_wait(&mut self, run: RunId, gave_up: bool) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let McpWait::Waiting(timer) = slot.mcp_wait else {
+            return;
+        };
+        slot.mcp_wait = McpWait::Done;
+        if gave_up {
+            let stragglers: Vec<&str> = slot
+                .mcp
+                .iter()
+                .filter(|id| self.mcp.phase(**id) == mcp_client::client::Phase::Starting)
+                .map(|id| self.mcp.name(*id))
+                .collect();
+            log::warn(&format!(
+                "MCP servers still starting after {} s, going ahead without them for now: {}",
+                mcp_client::START_WAIT.as_secs(),
+                stragglers.join(", ")
+            ));
+        } else {
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        self.request_model(run);
+    }
+
+    /// What the MCP hub reports: calls answered, servers ready.
+    fn on_hub_events(&mut self, events: Vec<HubEvent>) {
+        let now = Instant::now();
+        for event in events {
+            match event {
+                HubEvent::CallDone { key, output } => {
+                    let run = RunId(key.run);
+                    if let Some(slot) = self.runs.get_mut(&run) {
+                        let effects = slot.run.on_tool_done(&key.tool_use_id, output, now);
+                        self.push_effects(run, effects);
+                    }
+                }
+                HubEvent::Settled => {
+                    let ready: Vec<RunId> = self
+                        .runs
+                        .iter()
+                        .filter(|(_, s)| {
+                            matches!(s.mcp_wait, McpWait::Waiting(_))
+                                && !self.mcp.any_starting(&s.mcp)
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for run in ready {
+                        self.end_mcp_wait(run, false);
+                    }
+                }
+            }
+        }
+    }
 
     fn start_model(&mut self, run: RunId) {
         if let Some(mut stale) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
@@ -1040,6 +1327,12 @@ impl<K: HostKey> Engine<K> {
         };
         match owner {
             TimerOwner::Host(key) => host.on_timer(&mut self.ctx(), key),
+            TimerOwner::Mcp(server, alarm) => {
+                let (hub, mut io) = self.mcp_io();
+                let events = hub.on_timer(&mut io, server, alarm);
+                self.on_hub_events(events);
+            }
+            TimerOwner::McpWait(run) => self.end_mcp_wait(run, true),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
@@ -1142,7 +1435,6 @@ impl<K: HostKey> Engine<K> {
         let runs = match table::lookup(&call.name) {
             Some(tool) => tool.runs,
             None => {
-                // Not a built-in (an MCP server's tool), and its host did not take it.
                 let output = ToolOutput::error(format!("unknown tool `{}`", call.name));
                 let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
                 self.push_effects(run, effects);
@@ -1153,6 +1445,10 @@ impl<K: HostKey> Engine<K> {
             Runs::Worker(work) => work,
             Runs::Process(spawn) => {
                 self.start_process(run, call, spawn, &workspace);
+                return;
+            }
+            Runs::Mcp => {
+                self.start_mcp_call(run, call);
                 return;
             }
         };
@@ -1228,8 +1524,35 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
+    /// Sends an MCP server's tool call; its answer comes back as a `HubEvent::CallDone`.
+    fn start_mcp_call(&mut self, run: RunId, call: ToolCall) {
+        let Some(servers) = self.runs.get(&run).map(|s| s.mcp.clone()) else {
+            return;
+        };
+        let key = mcp_client::client::CallKey {
+            run: run.0,
+            tool_use_id: call.id.clone(),
+        };
+        let (hub, mut io) = self.mcp_io();
+        if let Err(output) = hub.call(&mut io, &servers, key, &call.name, &call.input)
+            && let Some(slot) = self.runs.get_mut(&run)
+        {
+            let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
+            self.push_effects(run, effects);
+        }
+    }
+
     fn on_completion(&mut self, done: Completion) {
         match done {
+            Completion::McpResolved {
+                server,
+                exchange,
+                result,
+            } => {
+                let (hub, mut io) = self.mcp_io();
+                let events = hub.on_resolved(&mut io, server, exchange, result);
+                self.on_hub_events(events);
+            }
             Completion::Resolved { run, token, result } => self.on_resolved(run, token, result),
             Completion::Tool {
                 run,
@@ -1316,6 +1639,15 @@ impl<K: HostKey> Engine<K> {
         };
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
+        if let McpWait::Waiting(timer) = slot.mcp_wait {
+            slot.mcp_wait = McpWait::Done;
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        if !slot.mcp.is_empty() {
+            let (hub, mut io) = self.mcp_io();
+            hub.cancel_run(&mut io, run.0);
+        }
         match model {
             ModelState::InFlight(mut call) => self.release_model(&mut call),
             ModelState::Backoff(timer) => {
@@ -1337,6 +1669,10 @@ impl<K: HostKey> Engine<K> {
         for run in ids {
             self.abort_work(run);
         }
+        let (hub, mut io) = self.mcp_io();
+        hub.stop_all(&mut io);
+        // Nothing is left to answer: the hub's last events are dropped.
+        self.mcp.take_early();
     }
 }
 

@@ -145,6 +145,9 @@ enum Phase {
 
 pub struct Run {
     config: RunConfig,
+    /// What the model is offered: `config.tools`, then the tools MCP servers offer now
+    /// (`set_extra_tools`).
+    tools: Vec<ToolSpec>,
     policy: Policy,
     messages: Vec<Message>,
     phase: Phase,
@@ -157,6 +160,7 @@ pub struct Run {
 impl Run {
     pub fn new(config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
         Run {
+            tools: config.tools.clone(),
             config,
             policy,
             messages: history,
@@ -166,6 +170,13 @@ impl Run {
             total_usage: Usage::default(),
             turns_without_edit: 0,
         }
+    }
+
+    /// The tools offered besides the configured ones (MCP servers' tools, as they list
+    /// them now): the next model request offers them, and calls are checked against them.
+    pub fn set_extra_tools(&mut self, extra: Vec<ToolSpec>) {
+        self.tools.truncate(self.config.tools.len());
+        self.tools.extend(extra);
     }
 
     pub fn policy_mut(&mut self) -> &mut Policy {
@@ -187,7 +198,7 @@ impl Run {
             max_tokens: self.config.max_tokens,
             system: &self.config.system,
             messages: &self.messages,
-            tools: &self.config.tools,
+            tools: &self.tools,
         }
     }
 
@@ -463,12 +474,11 @@ impl Run {
                 tools.results[slot] = Some(ToolOutput::error(error));
                 continue;
             }
-            if !self.config.tools.iter().any(|t| t.name == call.name) {
+            if !self.tools.iter().any(|t| t.name == call.name) {
                 tools.results[slot] = Some(ToolOutput::error(format!(
                     "unknown tool '{}'; available tools: {}",
                     call.name,
-                    self.config
-                        .tools
+                    self.tools
                         .iter()
                         .map(|t| t.name.as_ref())
                         .collect::<Vec<_>>()
