@@ -529,18 +529,20 @@ struct RunSlot {
     /// The MCP servers whose tools the run is offered.
     mcp: Vec<ServerId>,
     mcp_wait: McpWait,
+    /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
+    mcp_gave_up: bool,
 }
 
-/// Whether a run's first model request waits for its MCP servers to list their tools
-/// (at most `mcp_client::START_WAIT`), so its first turn sees them.
+/// Whether a run's model request waits for its MCP servers to list their tools (at most
+/// `mcp_client::START_WAIT`): so its first turn sees them, and a turn after a server said
+/// its tools changed (`tools/list_changed`, usually during the call just answered) sees
+/// the new list.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum McpWait {
-    /// No model request yet.
-    First,
-    /// The first request waits; the timer ends the wait.
+    /// No wait in progress.
+    Idle,
+    /// The request waits; the timer ends the wait.
     Waiting(TimerId),
-    /// Requests go out with whatever tools are listed by then.
-    Done,
 }
 
 impl RunSlot {
@@ -552,7 +554,8 @@ impl RunSlot {
             attempt: 0,
             bash: HashMap::new(),
             mcp,
-            mcp_wait: McpWait::First,
+            mcp_wait: McpWait::Idle,
+            mcp_gave_up: false,
         }
     }
 }
@@ -922,22 +925,25 @@ impl<K: HostKey> Engine<K> {
 
     // ---- model requests ------------------------------------------------------------------
 
-    /// A new model request: the first one waits (bounded) for the run's MCP servers to
-    /// list their tools; every one offers the tools they list now, so a server that
-    /// finished listing late, or changed its tools, reaches the run's next turn.
+    /// A new model request: it waits (bounded) while any of the run's MCP servers is
+    /// listing its tools; then it offers the tools they list now, so a server that finished
+    /// listing late, or changed its tools, reaches the run's next turn.
     fn request_model(&mut self, run: RunId) {
+        self.request_model_waiting(run, true);
+    }
+
+    fn request_model_waiting(&mut self, run: RunId, may_wait: bool) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        match slot.mcp_wait {
-            McpWait::Waiting(_) => return,
-            McpWait::First if self.mcp.any_starting(&slot.mcp) => {
-                let timer = self.reactor.add_timer(mcp_client::START_WAIT);
-                self.timers.insert(timer, TimerOwner::McpWait(run));
-                slot.mcp_wait = McpWait::Waiting(timer);
-                return;
-            }
-            McpWait::First | McpWait::Done => slot.mcp_wait = McpWait::Done,
+        if let McpWait::Waiting(_) = slot.mcp_wait {
+            return;
+        }
+        if may_wait && !slot.mcp_gave_up && self.mcp.any_listing(&slot.mcp) {
+            let timer = self.reactor.add_timer(mcp_client::START_WAIT);
+            self.timers.insert(timer, TimerOwner::McpWait(run));
+            slot.mcp_wait = McpWait::Waiting(timer);
+            return;
         }
         if !slot.mcp.is_empty() {
             slot.run.set_extra_tools(self.mcp.tools(&slot.mcp));
@@ -954,16 +960,17 @@ impl<K: HostKey> Engine<K> {
         let McpWait::Waiting(timer) = slot.mcp_wait else {
             return;
         };
-        slot.mcp_wait = McpWait::Done;
+        slot.mcp_wait = McpWait::Idle;
+        slot.mcp_gave_up |= gave_up;
         if gave_up {
             let stragglers: Vec<&str> = slot
                 .mcp
                 .iter()
-                .filter(|id| self.mcp.phase(**id) == mcp_client::client::Phase::Starting)
+                .filter(|id| self.mcp.any_listing(&[**id]))
                 .map(|id| self.mcp.name(*id))
                 .collect();
             log::warn(&format!(
-                "MCP servers still starting after {} s, going ahead without them for now: {}",
+                "MCP servers still listing their tools after {} s, going ahead without their new lists: {}",
                 mcp_client::START_WAIT.as_secs(),
                 stragglers.join(", ")
             ));
@@ -971,7 +978,7 @@ impl<K: HostKey> Engine<K> {
             self.timers.remove(&timer);
             self.reactor.cancel_timer(timer);
         }
-        self.request_model(run);
+        self.request_model_waiting(run, false);
     }
 
     /// What the MCP hub reports: calls answered, servers ready.
@@ -992,7 +999,7 @@ impl<K: HostKey> Engine<K> {
                         .iter()
                         .filter(|(_, s)| {
                             matches!(s.mcp_wait, McpWait::Waiting(_))
-                                && !self.mcp.any_starting(&s.mcp)
+                                && !self.mcp.any_listing(&s.mcp)
                         })
                         .map(|(id, _)| *id)
                         .collect();
@@ -1640,7 +1647,7 @@ impl<K: HostKey> Engine<K> {
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
         if let McpWait::Waiting(timer) = slot.mcp_wait {
-            slot.mcp_wait = McpWait::Done;
+            slot.mcp_wait = McpWait::Idle;
             self.timers.remove(&timer);
             self.reactor.cancel_timer(timer);
         }

@@ -9,6 +9,7 @@ mod cli;
 mod http_serve;
 mod http_util;
 mod mcp;
+mod mcp_client;
 mod openapi;
 mod print;
 mod tls;

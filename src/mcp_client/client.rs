@@ -170,6 +170,11 @@ impl Client {
         self.failure.as_deref()
     }
 
+    /// Whether a tool list is being read: the first, or a new one after `list_changed`.
+    pub fn is_listing(&self) -> bool {
+        self.phase == Phase::Starting || self.relist.is_some()
+    }
+
     /// The tools offered to the model (only once `Ready`).
     pub fn tools(&self) -> &[ToolSpec] {
         if self.phase == Phase::Ready {
@@ -423,7 +428,8 @@ impl Client {
                         self.server, e.message
                     ));
                     self.relist = None;
-                    Vec::new()
+                    // The list did not change after all: runs waiting for it go on.
+                    vec![Event::ToolsChanged]
                 }
                 Err(e) => self.fail(&format!("refused `tools/list`: {}", e.message)),
             },

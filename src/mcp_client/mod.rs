@@ -93,7 +93,7 @@ pub trait Io {
 /// What the engine must act on.
 #[derive(Debug, PartialEq)]
 pub enum HubEvent {
-    /// A server left `Starting` (ready, or failed): runs waiting for it may go on.
+    /// A server finished listing its tools (or failed): runs waiting for it may go on.
     Settled,
     /// A call was answered (or failed, or timed out).
     CallDone { key: CallKey, output: ToolOutput },
@@ -216,9 +216,11 @@ impl Hub {
         self.servers.get(&id).map_or("?", |e| e.client.name())
     }
 
-    /// Whether any of `ids` is still listing its tools.
-    pub fn any_starting(&self, ids: &[ServerId]) -> bool {
-        ids.iter().any(|id| self.phase(*id) == Phase::Starting)
+    /// Whether any of `ids` is still listing its tools (for the first time, or again after
+    /// it said they changed).
+    pub fn any_listing(&self, ids: &[ServerId]) -> bool {
+        ids.iter()
+            .any(|id| self.servers.get(id).is_some_and(|e| e.client.is_listing()))
     }
 
     /// The tools `ids` offer now, in their order.
@@ -576,10 +578,9 @@ impl Hub {
 fn convert(events: Vec<Event>) -> Vec<HubEvent> {
     events
         .into_iter()
-        .filter_map(|e| match e {
-            Event::Settled => Some(HubEvent::Settled),
-            Event::ToolsChanged => None,
-            Event::CallDone { key, output } => Some(HubEvent::CallDone { key, output }),
+        .map(|e| match e {
+            Event::Settled | Event::ToolsChanged => HubEvent::Settled,
+            Event::CallDone { key, output } => HubEvent::CallDone { key, output },
         })
         .collect()
 }

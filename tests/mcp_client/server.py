@@ -28,10 +28,24 @@ def echo(text: str) -> str:
     return f"echo: {text}"
 
 
+def mark(name):
+    """Leaves a file in $MARK_DIR for the test to see (it cannot see inside the server)."""
+    directory = os.environ.get("MARK_DIR")
+    if directory:
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(name)
+
+
 @server.tool()
 async def slow(seconds: float) -> str:
     """Sleep for a while without reporting progress."""
-    await anyio.sleep(seconds)
+    mark("slow-started")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        # The SDK cancels the handler when the client sends notifications/cancelled.
+        mark("slow-cancelled")
+        raise
     return "slept"
 
 
