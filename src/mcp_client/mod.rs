@@ -534,18 +534,17 @@ impl Hub {
             }
         }
         // Calls answered: their timers go.
-        for event in &events {
-            if let Event::CallDone { .. } = event {
-                let open: Vec<i64> = entry
-                    .timers
-                    .keys()
-                    .copied()
-                    .filter(|r| entry.client.call_active_since(*r).is_none())
-                    .collect();
-                for r in open {
-                    if let Some(t) = entry.timers.remove(&r) {
-                        io.cancel_timer(t);
-                    }
+        if events.iter().any(|e| matches!(e, Event::CallDone { .. })) {
+            let client = &entry.client;
+            let answered: Vec<i64> = entry
+                .timers
+                .keys()
+                .copied()
+                .filter(|r| !client.is_pending(*r))
+                .collect();
+            for r in answered {
+                if let Some(t) = entry.timers.remove(&r) {
+                    io.cancel_timer(t);
                 }
             }
         }
