@@ -253,37 +253,35 @@ impl<K: HostKey> Ctx<'_, K> {
         config: mcp_client::config::ServerConfig,
         cwd: PathBuf,
     ) -> ServerId {
-        let mut io = McpIo {
-            reactor: self.reactor,
-            owners: self.owners,
-            timers: self.timers,
-            lookups: self.lookups,
-        };
-        self.mcp.start(&mut io, config, cwd)
+        let (hub, mut io) = self.mcp_io();
+        hub.start(&mut io, config, cwd)
     }
 
     /// A server `mcp_start` started, or a fresh instance of it if it died (so a run
     /// started now gets its tools again).
     pub fn mcp_ensure(&mut self, id: ServerId) -> ServerId {
-        let mut io = McpIo {
-            reactor: self.reactor,
-            owners: self.owners,
-            timers: self.timers,
-            lookups: self.lookups,
-        };
-        self.mcp.ensure(&mut io, id)
+        let (hub, mut io) = self.mcp_io();
+        hub.ensure(&mut io, id)
     }
 
     /// Stops a server `mcp_start` started; its calls in flight are answered as failed.
     pub fn mcp_stop(&mut self, id: ServerId) {
-        let mut io = McpIo {
-            reactor: self.reactor,
-            owners: self.owners,
-            timers: self.timers,
-            lookups: self.lookups,
-        };
-        let events = self.mcp.stop(&mut io, id);
-        self.mcp.defer(events);
+        let (hub, mut io) = self.mcp_io();
+        let events = hub.stop(&mut io, id);
+        hub.defer(events);
+    }
+
+    /// The hub and the reactor lent to it, borrowed apart.
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+        (
+            &mut *self.mcp,
+            McpIo {
+                reactor: &mut *self.reactor,
+                owners: &mut *self.owners,
+                timers: &mut *self.timers,
+                lookups: self.lookups,
+            },
+        )
     }
 }
 
@@ -413,7 +411,7 @@ enum TimerOwner<K> {
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
     Mcp(ServerId, Alarm),
-    /// How long a run's first model request waits for its MCP servers' tool lists.
+    /// How long a run's model request waits for its MCP servers' tool lists.
     McpWait(RunId),
     Host(K),
 }

@@ -24,58 +24,15 @@ use serde_json::{Value, json};
 use crate::http_util::{Serve, request};
 use crate::util::*;
 
-const REQUIREMENTS: &str = include_str!("requirements-mcp-client.txt");
 /// How long anything observed from outside (a marker file, a port) may take to appear.
 const WAIT: Duration = Duration::from_secs(30);
 
 // ---- the Python SDK server ---------------------------------------------------------------
 
-/// The venv's python, created once per target dir (and again when the pins change).
+/// The venv's python with the MCP Python SDK (`tests/requirements-mcp-client.txt`).
 pub(crate) fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mcp-client-venv");
-        let python = dir.join("bin/python");
-        let marker = dir.join("installed-requirements.txt");
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(REQUIREMENTS) {
-            return python;
-        }
-        // One installer at a time across test threads.
-        let lock = std::fs::File::create(dir.with_extension("lock")).expect("venv lock file");
-        lock.lock().expect("venv lock");
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(REQUIREMENTS) {
-            return python;
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .status()
-            .expect("python3 is needed for the MCP client tests");
-        assert!(status.success(), "python3 -m venv failed");
-        let out = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/requirements-mcp-client.txt"
-            ))
-            .output()
-            .expect("run pip");
-        assert!(
-            out.status.success(),
-            "pip install of the MCP Python SDK failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&marker, REQUIREMENTS).expect("write marker");
-        python
-    })
+    PYTHON.get_or_init(|| venv_python("mcp-client-venv", "requirements-mcp-client.txt"))
 }
 
 pub(crate) fn server_script() -> String {

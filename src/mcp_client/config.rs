@@ -519,6 +519,65 @@ mod tests {
     }
 
     #[test]
+    fn sources_merge_by_precedence_and_workspace_servers_need_approval() {
+        use crate::mcp_client::approval::Approvals;
+        let ws = std::env::temp_dir().join(format!("caliban-mcp-config-{}", std::process::id()));
+        std::fs::create_dir_all(&ws).unwrap();
+        let stdio = |c: &str| json!({"command": c});
+        std::fs::write(
+            ws.join(".mcp.json"),
+            json!({"mcpServers": {"a": stdio("json-a"), "b": stdio("json-b"), "c": stdio("json-c")}})
+                .to_string(),
+        )
+        .unwrap();
+        let cli = ws.join("cli.json");
+        std::fs::write(
+            &cli,
+            json!({"mcpServers": {"a": stdio("cli-a")}}).to_string(),
+        )
+        .unwrap();
+        let object = |v: Value| v.as_object().unwrap().clone();
+        let settings = vec![
+            (Origin::Project, object(json!({"b": stdio("project-b")}))),
+            (
+                Origin::User,
+                object(json!({"c": stdio("user-c"), "d": stdio("user-d")})),
+            ),
+        ];
+        let command = |servers: &[ServerConfig], name: &str| {
+            servers
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| match &s.transport {
+                    Transport::Stdio { command, .. } => command.clone(),
+                    _ => String::new(),
+                })
+        };
+        let none = Approvals::new(vec![], vec![], false, None);
+        let (servers, warnings) =
+            load(&ws, std::slice::from_ref(&cli), &settings, &none, &env).unwrap();
+        // `a` from --mcp-config (user's own), `d` from user settings; `b` (project settings
+        // over .mcp.json) and `c` (.mcp.json over user settings) wait for approval.
+        assert_eq!(command(&servers, "a").as_deref(), Some("cli-a"));
+        assert_eq!(command(&servers, "d").as_deref(), Some("user-d"));
+        assert_eq!(command(&servers, "b"), None);
+        assert_eq!(command(&servers, "c"), None);
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("not approved"))
+                .count(),
+            2
+        );
+        let all = Approvals::new(vec!["all".into()], vec![], false, None);
+        let (servers, _) = load(&ws, &[cli], &settings, &all, &env).unwrap();
+        assert_eq!(command(&servers, "b").as_deref(), Some("project-b"));
+        assert_eq!(command(&servers, "c").as_deref(), Some("json-c"));
+        assert!(load(&ws, &[ws.join("missing.json")], &[], &none, &env).is_err());
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+
+    #[test]
     fn fingerprints_follow_what_runs() {
         let a = ServerConfig {
             name: "a".into(),

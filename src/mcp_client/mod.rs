@@ -120,6 +120,26 @@ struct Entry {
     reported: bool,
 }
 
+impl Entry {
+    /// Lets the connection go: the process group killed, the HTTP exchanges closed, every
+    /// token and timer forgotten.
+    fn disconnect(&mut self, io: &mut impl Io) {
+        for (_, timer) in self.timers.drain() {
+            io.cancel_timer(timer);
+        }
+        match std::mem::replace(&mut self.conn, Conn::None) {
+            Conn::Stdio { mut conn, tokens } => {
+                conn.kill(io.registry());
+                for t in tokens {
+                    io.forget_token(t);
+                }
+            }
+            Conn::Http(mut conn) => conn.close(io),
+            Conn::None => {}
+        }
+    }
+}
+
 /// Every MCP server of the process.
 pub struct Hub {
     servers: BTreeMap<ServerId, Entry>,
@@ -312,19 +332,7 @@ impl Hub {
         if self.running.get(&entry.config.name) == Some(&id) {
             self.running.remove(&entry.config.name);
         }
-        for (_, timer) in entry.timers.drain() {
-            io.cancel_timer(timer);
-        }
-        match std::mem::replace(&mut entry.conn, Conn::None) {
-            Conn::Stdio { mut conn, tokens } => {
-                conn.kill(io.registry());
-                for t in tokens {
-                    io.forget_token(t);
-                }
-            }
-            Conn::Http(mut conn) => conn.close(io),
-            Conn::None => {}
-        }
+        entry.disconnect(io);
         convert(entry.client.fail("was stopped"))
     }
 
@@ -556,19 +564,7 @@ impl Hub {
                 entry.config.describe(),
                 entry.client.failure().unwrap_or("failed")
             ));
-            for (_, timer) in entry.timers.drain() {
-                io.cancel_timer(timer);
-            }
-            match std::mem::replace(&mut entry.conn, Conn::None) {
-                Conn::Stdio { mut conn, tokens } => {
-                    conn.kill(io.registry());
-                    for t in tokens {
-                        io.forget_token(t);
-                    }
-                }
-                Conn::Http(mut conn) => conn.close(io),
-                Conn::None => {}
-            }
+            entry.disconnect(io);
         }
         convert(events)
     }

@@ -75,7 +75,13 @@ async def grow(ctx: Context) -> str:
         return "late tool ran"
 
     server.add_tool(late, name="late")
-    await ctx.session.send_tool_list_changed()
+    # Related to this request, so over HTTP it travels on this call's stream, before the
+    # result (unrelated, it would take the standalone GET stream, and race the result).
+    from mcp.types import ToolListChangedNotification
+
+    await ctx.session.send_notification(
+        ToolListChangedNotification(), related_request_id=ctx.request_id
+    )
     return "grown"
 
 
