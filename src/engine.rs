@@ -1051,12 +1051,8 @@ impl<K: HostKey> Engine<K> {
             deadline,
         }));
         // An address literal needs no lookup (and no thread).
-        if let Ok(ip) = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-        {
-            self.on_resolved(run, token, Ok(vec![std::net::SocketAddr::new(ip, port)]));
+        if let Some(addr) = crate::transport::literal_addr(&host, port) {
+            self.on_resolved(run, token, Ok(vec![addr]));
             return;
         }
         let tx = self.tx.clone();

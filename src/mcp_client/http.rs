@@ -197,12 +197,7 @@ impl HttpConn {
                 body: Vec::new(),
             },
         );
-        let literal = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .ok()
-            .map(|ip| vec![SocketAddr::new(ip, port)]);
+        let literal = crate::transport::literal_addr(&host, port).map(|addr| vec![addr]);
         match literal.or_else(|| self.addrs.clone().filter(|_| self.proxy.is_none())) {
             Some(addrs) => {
                 let mut out = Vec::new();
