@@ -145,9 +145,11 @@ enum Phase {
 
 pub struct Run {
     config: RunConfig,
-    /// What the model is offered: `config.tools`, then the tools MCP servers offer now
-    /// (`set_extra_tools`).
+    /// What the model is offered: the configured tools (taken out of `config`, not copied:
+    /// an idle run's size counts), then the tools MCP servers offer now (`set_extra_tools`).
     tools: Vec<ToolSpec>,
+    /// How many of `tools` are the configured ones.
+    configured_tools: usize,
     policy: Policy,
     messages: Vec<Message>,
     phase: Phase,
@@ -158,9 +160,11 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn new(config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+    pub fn new(mut config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+        let tools = std::mem::take(&mut config.tools);
         Run {
-            tools: config.tools.clone(),
+            configured_tools: tools.len(),
+            tools,
             config,
             policy,
             messages: history,
@@ -175,7 +179,7 @@ impl Run {
     /// The tools offered besides the configured ones (MCP servers' tools, as they list
     /// them now): the next model request offers them, and calls are checked against them.
     pub fn set_extra_tools(&mut self, extra: Vec<ToolSpec>) {
-        self.tools.truncate(self.config.tools.len());
+        self.tools.truncate(self.configured_tools);
         self.tools.extend(extra);
     }
 
