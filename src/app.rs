@@ -195,6 +195,7 @@ fn agent_setup(
         request_timeout: args
             .request_timeout
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
+        mcp: mcp_setup(args, &settings, &workspace)?,
     };
     let instructions = instructions::Sources::from_env(
         !args.no_project_instructions && settings.project_instructions != Some(false),
@@ -209,6 +210,63 @@ fn agent_setup(
         run_config,
         engine_config,
         instructions,
+    })
+}
+
+/// The configured MCP servers: `--mcp-config` files, the settings files' `mcpServers` and
+/// the workspace's `.mcp.json` (precedence in `mcp_client::config::load`), with the
+/// workspace's own servers only once approved (`mcp_client::approval`).
+fn mcp_setup(
+    args: &PrintArgs,
+    settings: &settings::Settings,
+    workspace: &Path,
+) -> Result<engine::McpConfig, u8> {
+    use crate::mcp_client::{approval::Approvals, config};
+    let mut approvals = Approvals::new(
+        args.approve_mcp.clone(),
+        settings.enabled_mcpjson_servers.clone(),
+        settings.enable_all_project_mcp_servers,
+        crate::mcp_client::approval::default_file(&env_var),
+    );
+    let from_settings: Vec<(config::Origin, serde_json::Map<String, serde_json::Value>)> = settings
+        .mcp_servers
+        .iter()
+        .map(|(source, servers)| {
+            let origin = if *source == crate::permissions::RuleSource::User {
+                config::Origin::User
+            } else {
+                config::Origin::Project
+            };
+            (origin, servers.clone())
+        })
+        .collect();
+    let (servers, warnings) = config::load(
+        workspace,
+        &args.mcp_config,
+        &from_settings,
+        &approvals,
+        &env_var,
+    )
+    .map_err(|e| config_error(&e))?;
+    for warning in &warnings {
+        log::warn(warning);
+    }
+    if !args.approve_mcp.is_empty()
+        && let Err(e) = approvals.record(workspace, &servers)
+    {
+        log::warn(&format!("cannot remember MCP server approvals: {e}"));
+    }
+    let call_timeout = args
+        .mcp_timeout
+        .map(Duration::from_secs_f64)
+        .or(settings
+            .mcp_timeout
+            .map(|s| Duration::from_secs(u64::from(s))))
+        .unwrap_or(crate::mcp_client::DEFAULT_CALL_TIMEOUT);
+    Ok(engine::McpConfig {
+        servers,
+        workspace: workspace.to_path_buf(),
+        call_timeout,
     })
 }
 
@@ -381,6 +439,7 @@ fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint,
         instructions: setup.instructions.clone(),
         max_working_runs: drive::table::MAX_WORKING_RUNS,
         max_live_runs: drive::table::MAX_LIVE_RUNS,
+        mcp_names: Vec::new(),
     };
     let mut core = drive::table::DriveCore::new(session_store()?, config);
     core.load_existing();
@@ -482,6 +541,13 @@ fn drive_core(
             .max_working_runs
             .unwrap_or(drive::table::MAX_WORKING_RUNS),
         max_live_runs: args.max_live_runs.unwrap_or(drive::table::MAX_LIVE_RUNS),
+        mcp_names: setup
+            .engine_config
+            .mcp
+            .servers
+            .iter()
+            .map(|s| s.name.clone())
+            .collect(),
     };
     let mut core = drive::table::DriveCore::new(store, drive_config);
     // `GET /runs` lists earlier runs from the start; the stdio surfaces (spawned by editors

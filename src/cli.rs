@@ -157,6 +157,27 @@ pub const FLAGS: &[Flag] = &[
         "",
     ),
     flag(
+        "mcp-config",
+        None,
+        Some("FILE"),
+        "Use the MCP servers FILE names ({\"mcpServers\": {…}}, as in .mcp.json). Repeatable; a later file wins a name.",
+        "",
+    ),
+    flag(
+        "approve-mcp",
+        None,
+        Some("NAME"),
+        "Approve the workspace's MCP server NAME (from .mcp.json or project settings), or `all`; remembered for the workspace. Repeatable.",
+        "",
+    ),
+    flag(
+        "mcp-timeout",
+        None,
+        Some("SECS"),
+        "Cancel an MCP tool call with no answer and no progress for SECS (default 300).",
+        "",
+    ),
+    flag(
         "max-retries",
         None,
         Some("N"),
@@ -358,6 +379,9 @@ pub struct PrintArgs {
     pub first_byte_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
     pub request_timeout: Option<f64>,
+    pub mcp_config: Vec<PathBuf>,
+    pub approve_mcp: Vec<String>,
+    pub mcp_timeout: Option<f64>,
     pub verbose: u8,
 }
 
@@ -443,6 +467,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         first_byte_timeout: None,
         idle_timeout: None,
         request_timeout: None,
+        mcp_config: Vec::new(),
+        approve_mcp: Vec::new(),
+        mcp_timeout: None,
         verbose: 0,
     };
     let mut positional: Vec<String> = Vec::new();
@@ -577,6 +604,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             Long("ask") => print.ask.push(parser.value()?.string()?),
             Long("deny") => print.deny.push(parser.value()?.string()?),
             Long("permission-mode") => print.permission_mode = Some(parser.value()?.string()?),
+            Long("mcp-config") => print.mcp_config.push(parser.value()?.into()),
+            Long("approve-mcp") => print.approve_mcp.push(parser.value()?.string()?),
+            Long("mcp-timeout") => print.mcp_timeout = Some(seconds(&mut parser, "--mcp-timeout")?),
             Long("max-retries") => print.max_retries = Some(parser.value()?.parse()?),
             Long("first-byte-timeout") => {
                 print.first_byte_timeout = Some(seconds(&mut parser, "--first-byte-timeout")?)

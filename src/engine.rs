@@ -24,6 +24,7 @@ use crate::agent::run::{Effect, Run, ToolCall};
 use crate::http::client::{ClientEvent, Exchange};
 use crate::http::sse::SseDecoder;
 use crate::log;
+use crate::mcp_client::{self, Alarm, Hub, HubEvent, Selection, ServerId, Source};
 use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{self, Provider, StreamDecoder};
@@ -118,6 +119,29 @@ pub struct EngineConfig {
     pub idle_timeout: Duration,
     /// Longest a whole request may take, however steadily it streams.
     pub request_timeout: Duration,
+    /// The configured MCP servers and how long one of their calls may go quiet.
+    pub mcp: McpConfig,
+}
+
+/// What the engine's MCP hub starts from (`mcp_client`).
+#[derive(Clone, Debug)]
+pub struct McpConfig {
+    /// Servers from settings, `.mcp.json` and `--mcp-config`, approvals applied.
+    pub servers: Vec<mcp_client::config::ServerConfig>,
+    /// Where configured stdio servers run.
+    pub workspace: PathBuf,
+    /// A call with no answer and no progress for this long is cancelled.
+    pub call_timeout: Duration,
+}
+
+impl Default for McpConfig {
+    fn default() -> McpConfig {
+        McpConfig {
+            servers: Vec::new(),
+            workspace: PathBuf::from("."),
+            call_timeout: mcp_client::DEFAULT_CALL_TIMEOUT,
+        }
+    }
 }
 
 pub enum AskReply {
@@ -143,6 +167,8 @@ pub enum HostAction {
         id: RunId,
         run: Box<Run>,
         workspace: PathBuf,
+        /// The MCP servers whose tools the run is offered.
+        mcp: Selection,
     },
     SendInput(RunId, Vec<ContentBlock>),
     EndInput(RunId),
@@ -185,6 +211,8 @@ pub struct Ctx<'a, K> {
     timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
     actions: &'a mut VecDeque<HostAction>,
     stats: Stats,
+    mcp: &'a mut Hub,
+    lookups: Lookups<'a>,
 }
 
 impl<K: HostKey> Ctx<'_, K> {
@@ -221,6 +249,110 @@ impl<K: HostKey> Ctx<'_, K> {
 
     pub fn stats(&self) -> Stats {
         self.stats
+    }
+
+    /// Starts an MCP server for the host's own use (an ACP session's), to name in a run's
+    /// `Selection::servers`.
+    pub fn mcp_start(
+        &mut self,
+        config: mcp_client::config::ServerConfig,
+        cwd: PathBuf,
+    ) -> ServerId {
+        let (hub, mut io) = self.mcp_io();
+        hub.start(&mut io, config, cwd)
+    }
+
+    /// A server `mcp_start` started, or a fresh instance of it if it died (so a run
+    /// started now gets its tools again).
+    pub fn mcp_ensure(&mut self, id: ServerId) -> ServerId {
+        let (hub, mut io) = self.mcp_io();
+        hub.ensure(&mut io, id)
+    }
+
+    /// Stops a server `mcp_start` started; its calls in flight are answered as failed.
+    pub fn mcp_stop(&mut self, id: ServerId) {
+        let (hub, mut io) = self.mcp_io();
+        let events = hub.stop(&mut io, id);
+        hub.defer(events);
+    }
+
+    /// The hub and the reactor lent to it, borrowed apart.
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+        (
+            &mut *self.mcp,
+            McpIo {
+                reactor: &mut *self.reactor,
+                owners: &mut *self.owners,
+                timers: &mut *self.timers,
+                lookups: self.lookups,
+            },
+        )
+    }
+}
+
+/// What DNS lookups need: the pool, and the way back to the loop.
+#[derive(Clone, Copy)]
+struct Lookups<'a> {
+    pool: &'a Pool,
+    tx: &'a Sender<Completion>,
+    waker: &'a Arc<Waker>,
+}
+
+/// The engine's reactor lent to the MCP hub: its tokens and timers are routed back to it.
+struct McpIo<'a, K> {
+    reactor: &'a mut Reactor,
+    owners: &'a mut HashMap<Token, Owner<K>>,
+    timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
+    lookups: Lookups<'a>,
+}
+
+impl<K> mcp_client::Io for McpIo<'_, K> {
+    fn registry(&self) -> &mio::Registry {
+        self.reactor.registry()
+    }
+
+    fn token(&mut self, server: ServerId, source: Source) -> Token {
+        let token = self.reactor.token();
+        self.owners.insert(token, Owner::Mcp(server, source));
+        token
+    }
+
+    fn forget_token(&mut self, token: Token) {
+        self.owners.remove(&token);
+    }
+
+    fn add_timer(&mut self, after: Duration, server: ServerId, alarm: Alarm) -> TimerId {
+        let id = self.reactor.add_timer(after);
+        self.timers.insert(id, TimerOwner::Mcp(server, alarm));
+        id
+    }
+
+    fn cancel_timer(&mut self, id: TimerId) {
+        self.timers.remove(&id);
+        self.reactor.cancel_timer(id);
+    }
+
+    fn resolve(&mut self, host: String, port: u16, server: ServerId, exchange: u64) {
+        let tx = self.lookups.tx.clone();
+        let waker = Arc::clone(self.lookups.waker);
+        let done = tx.clone();
+        let spawned =
+            crate::transport::resolve_in_background(self.lookups.pool, host, port, move |result| {
+                let _ = tx.send(Completion::McpResolved {
+                    server,
+                    exchange,
+                    result,
+                });
+                let _ = waker.wake();
+            });
+        if let Err(error) = spawned {
+            let _ = done.send(Completion::McpResolved {
+                server,
+                exchange,
+                result: Err(error),
+            });
+            let _ = self.lookups.waker.wake();
+        }
     }
 }
 
@@ -276,6 +408,7 @@ enum Owner<K> {
     Fetch(RunId, String),
     Stdin,
     Stdout,
+    Mcp(ServerId, Source),
     Host(K),
 }
 
@@ -289,6 +422,9 @@ enum TimerOwner<K> {
     BashGrace(RunId, String),
     /// A `WebFetch` call's deadline.
     Fetch(RunId, String),
+    Mcp(ServerId, Alarm),
+    /// How long a run's model request waits for its MCP servers' tool lists.
+    McpWait(RunId),
     Host(K),
 }
 
@@ -308,6 +444,11 @@ enum Completion {
         run: RunId,
         tool_use_id: String,
         token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    },
+    McpResolved {
+        server: ServerId,
+        exchange: u64,
         result: Result<Vec<std::net::SocketAddr>, String>,
     },
 }
@@ -436,10 +577,27 @@ struct RunSlot {
     shells_started: u64,
     /// `WebFetch` calls in flight, by tool_use_id.
     fetches: HashMap<String, FetchTask>,
+    /// The MCP servers whose tools the run is offered.
+    mcp: Vec<ServerId>,
+    mcp_wait: McpWait,
+    /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
+    mcp_gave_up: bool,
+}
+
+/// Whether a run's model request waits for its MCP servers to list their tools (at most
+/// `mcp_client::START_WAIT`): so its first turn sees them, and a turn after a server said
+/// its tools changed (`tools/list_changed`, usually during the call just answered) sees
+/// the new list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum McpWait {
+    /// No wait in progress.
+    Idle,
+    /// The request waits; the timer ends the wait.
+    Waiting(TimerId),
 }
 
 impl RunSlot {
-    fn new(run: Run, workspace: PathBuf) -> RunSlot {
+    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>) -> RunSlot {
         RunSlot {
             run,
             workspace,
@@ -449,6 +607,9 @@ impl RunSlot {
             shells: BTreeMap::new(),
             shells_started: 0,
             fetches: HashMap::new(),
+            mcp,
+            mcp_wait: McpWait::Idle,
+            mcp_gave_up: false,
         }
     }
 }
@@ -479,6 +640,8 @@ pub struct Engine<K: HostKey> {
     notices: VecDeque<(RunId, RetryNotice)>,
     stats: Stats,
     quit: bool,
+    /// Every MCP server of the process; runs name theirs in `RunSlot::mcp`.
+    mcp: Hub,
 }
 
 impl<K: HostKey> Engine<K> {
@@ -486,6 +649,11 @@ impl<K: HostKey> Engine<K> {
         let reactor = Reactor::new()?;
         let waker = reactor.waker();
         let (tx, rx) = channel();
+        let mcp = Hub::new(
+            config.mcp.servers.clone(),
+            config.mcp.workspace.clone(),
+            config.mcp.call_timeout,
+        );
         Ok(Engine {
             reactor,
             config,
@@ -508,6 +676,7 @@ impl<K: HostKey> Engine<K> {
             notices: VecDeque::new(),
             stats: Stats::default(),
             quit: false,
+            mcp,
         })
     }
 
@@ -529,8 +698,27 @@ impl<K: HostKey> Engine<K> {
     pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
         let id = RunId(self.next_run);
         self.next_run += 1;
-        self.runs.insert(id, RunSlot::new(run, workspace));
+        let (hub, mut io) = self.mcp_io();
+        let servers = hub.select(&mut io, &Selection::default());
+        self.runs.insert(id, RunSlot::new(run, workspace, servers));
         id
+    }
+
+    /// The hub and the reactor lent to it, borrowed apart.
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+        (
+            &mut self.mcp,
+            McpIo {
+                reactor: &mut self.reactor,
+                owners: &mut self.owners,
+                timers: &mut self.timers,
+                lookups: Lookups {
+                    pool: &self.dns_workers,
+                    tx: &self.tx,
+                    waker: &self.waker,
+                },
+            },
+        )
     }
 
     /// Queues actions to perform when the loop starts (e.g. the first prompt).
@@ -545,6 +733,12 @@ impl<K: HostKey> Engine<K> {
             timers: &mut self.timers,
             actions: &mut self.actions,
             stats: self.stats,
+            mcp: &mut self.mcp,
+            lookups: Lookups {
+                pool: &self.dns_workers,
+                tx: &self.tx,
+                waker: &self.waker,
+            },
         }
     }
 
@@ -613,6 +807,12 @@ impl<K: HostKey> Engine<K> {
                         stdout.flush();
                     }
                 }
+                Some(Owner::Mcp(server, source)) => {
+                    let (server, source) = (*server, *source);
+                    let (hub, mut io) = self.mcp_io();
+                    let events = hub.on_ready(&mut io, server, source);
+                    self.on_hub_events(events);
+                }
                 Some(Owner::Host(key)) => {
                     let key = *key;
                     host.on_io(&mut self.ctx(), key);
@@ -660,6 +860,11 @@ impl<K: HostKey> Engine<K> {
                 self.act(action);
                 continue;
             }
+            let early = self.mcp.take_early();
+            if !early.is_empty() {
+                self.on_hub_events(early);
+                continue;
+            }
             host.after_batch(&mut self.ctx());
             if self.actions.is_empty() {
                 break;
@@ -687,8 +892,15 @@ impl<K: HostKey> Engine<K> {
     fn act(&mut self, action: HostAction) {
         let now = Instant::now();
         match action {
-            HostAction::StartRun { id, run, workspace } => {
-                self.runs.insert(id, RunSlot::new(*run, workspace));
+            HostAction::StartRun {
+                id,
+                run,
+                workspace,
+                mcp,
+            } => {
+                let (hub, mut io) = self.mcp_io();
+                let servers = hub.select(&mut io, &mcp);
+                self.runs.insert(id, RunSlot::new(*run, workspace, servers));
             }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
@@ -751,7 +963,7 @@ impl<K: HostKey> Engine<K> {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     slot.attempt = 0;
                 }
-                self.start_model(run);
+                self.request_model(run);
             }
             Effect::RunTool(call) => {
                 self.stats.tool_calls += 1;
@@ -781,6 +993,92 @@ impl<K: HostKey> Engine<K> {
     }
 
     // ---- model requests ------------------------------------------------------------------
+
+    /// A new model request: it waits (bounded) while any of the run's MCP servers is
+    /// listing its tools; then it offers the tools they list now, so a server that finished
+    /// listing late, or changed its tools, reaches the run's next turn.
+    fn request_model(&mut self, run: RunId) {
+        self.request_model_waiting(run, true);
+    }
+
+    fn request_model_waiting(&mut self, run: RunId, may_wait: bool) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        if let McpWait::Waiting(_) = slot.mcp_wait {
+            return;
+        }
+        if may_wait && !slot.mcp_gave_up && self.mcp.any_listing(&slot.mcp) {
+            let timer = self.reactor.add_timer(mcp_client::START_WAIT);
+            self.timers.insert(timer, TimerOwner::McpWait(run));
+            slot.mcp_wait = McpWait::Waiting(timer);
+            return;
+        }
+        if !slot.mcp.is_empty() {
+            slot.run.set_extra_tools(self.mcp.tools(&slot.mcp));
+        }
+        self.start_model(run);
+    }
+
+    /// A run's wait for its servers is over: they all settled, or (`gave_up`) the wait ran
+    /// out and the stragglers are left out of this turn.
+    fn end_mcp_wait(&mut self, run: RunId, gave_up: bool) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let McpWait::Waiting(timer) = slot.mcp_wait else {
+            return;
+        };
+        slot.mcp_wait = McpWait::Idle;
+        slot.mcp_gave_up |= gave_up;
+        if gave_up {
+            let stragglers: Vec<&str> = slot
+                .mcp
+                .iter()
+                .filter(|id| self.mcp.any_listing(&[**id]))
+                .map(|id| self.mcp.name(*id))
+                .collect();
+            log::warn(&format!(
+                "MCP servers still listing their tools after {} s, going ahead without their new lists: {}",
+                mcp_client::START_WAIT.as_secs(),
+                stragglers.join(", ")
+            ));
+        } else {
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        self.request_model_waiting(run, false);
+    }
+
+    /// What the MCP hub reports: calls answered, servers ready.
+    fn on_hub_events(&mut self, events: Vec<HubEvent>) {
+        let now = Instant::now();
+        for event in events {
+            match event {
+                HubEvent::CallDone { key, output } => {
+                    let run = RunId(key.run);
+                    if let Some(slot) = self.runs.get_mut(&run) {
+                        let effects = slot.run.on_tool_done(&key.tool_use_id, output, now);
+                        self.push_effects(run, effects);
+                    }
+                }
+                HubEvent::Settled => {
+                    let ready: Vec<RunId> = self
+                        .runs
+                        .iter()
+                        .filter(|(_, s)| {
+                            matches!(s.mcp_wait, McpWait::Waiting(_))
+                                && !self.mcp.any_listing(&s.mcp)
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for run in ready {
+                        self.end_mcp_wait(run, false);
+                    }
+                }
+            }
+        }
+    }
 
     fn start_model(&mut self, run: RunId) {
         if let Some(mut stale) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
@@ -838,9 +1136,8 @@ impl<K: HostKey> Engine<K> {
         port: u16,
         done: impl FnOnce(Result<Vec<std::net::SocketAddr>, String>) -> Completion + Send + 'static,
     ) -> Option<Result<Vec<std::net::SocketAddr>, String>> {
-        let literal = host.trim_start_matches('[').trim_end_matches(']');
-        if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
-            return Some(Ok(vec![std::net::SocketAddr::new(ip, port)]));
+        if let Some(addr) = crate::transport::literal_addr(&host, port) {
+            return Some(Ok(vec![addr]));
         }
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
@@ -1113,6 +1410,12 @@ impl<K: HostKey> Engine<K> {
         };
         match owner {
             TimerOwner::Host(key) => host.on_timer(&mut self.ctx(), key),
+            TimerOwner::Mcp(server, alarm) => {
+                let (hub, mut io) = self.mcp_io();
+                let events = hub.on_timer(&mut io, server, alarm);
+                self.on_hub_events(events);
+            }
+            TimerOwner::McpWait(run) => self.end_mcp_wait(run, true),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
@@ -1226,7 +1529,6 @@ impl<K: HostKey> Engine<K> {
         let runs = match table::lookup(&call.name) {
             Some(tool) => tool.runs,
             None => {
-                // Not a built-in (an MCP server's tool), and its host did not take it.
                 let output = ToolOutput::error(format!("unknown tool `{}`", call.name));
                 let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
                 self.push_effects(run, effects);
@@ -1270,6 +1572,10 @@ impl<K: HostKey> Engine<K> {
                     Err(refused) => refused,
                 };
                 self.tool_done(run, &call.id, output);
+                return;
+            }
+            Runs::Mcp => {
+                self.start_mcp_call(run, call);
                 return;
             }
         };
@@ -1353,6 +1659,24 @@ impl<K: HostKey> Engine<K> {
     fn tool_done(&mut self, run: RunId, tool_use_id: &str, output: ToolOutput) {
         if let Some(slot) = self.runs.get_mut(&run) {
             let effects = slot.run.on_tool_done(tool_use_id, output, Instant::now());
+            self.push_effects(run, effects);
+        }
+    }
+
+    /// Sends an MCP server's tool call; its answer comes back as a `HubEvent::CallDone`.
+    fn start_mcp_call(&mut self, run: RunId, call: ToolCall) {
+        let Some(servers) = self.runs.get(&run).map(|s| s.mcp.clone()) else {
+            return;
+        };
+        let key = mcp_client::client::CallKey {
+            run: run.0,
+            tool_use_id: call.id.clone(),
+        };
+        let (hub, mut io) = self.mcp_io();
+        if let Err(output) = hub.call(&mut io, &servers, key, &call.name, &call.input)
+            && let Some(slot) = self.runs.get_mut(&run)
+        {
+            let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
             self.push_effects(run, effects);
         }
     }
@@ -1704,6 +2028,15 @@ impl<K: HostKey> Engine<K> {
                 token,
                 result,
             } => self.on_fetch_resolved(run, &tool_use_id, token, result),
+            Completion::McpResolved {
+                server,
+                exchange,
+                result,
+            } => {
+                let (hub, mut io) = self.mcp_io();
+                let events = hub.on_resolved(&mut io, server, exchange, result);
+                self.on_hub_events(events);
+            }
             Completion::Resolved { run, token, result } => self.on_resolved(run, token, result),
             Completion::Tool {
                 run,
@@ -1801,6 +2134,15 @@ impl<K: HostKey> Engine<K> {
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
         let shells = std::mem::take(&mut slot.shells);
         let fetches: Vec<String> = slot.fetches.keys().cloned().collect();
+        if let McpWait::Waiting(timer) = slot.mcp_wait {
+            slot.mcp_wait = McpWait::Idle;
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        if !slot.mcp.is_empty() {
+            let (hub, mut io) = self.mcp_io();
+            hub.cancel_run(&mut io, run.0);
+        }
         match model {
             ModelState::InFlight(mut call) => self.release_model(&mut call),
             ModelState::Backoff(timer) => {
@@ -1831,6 +2173,10 @@ impl<K: HostKey> Engine<K> {
         for run in ids {
             self.abort_work(run);
         }
+        let (hub, mut io) = self.mcp_io();
+        hub.stop_all(&mut io);
+        // Nothing is left to answer: the hub's last events are dropped.
+        self.mcp.take_early();
     }
 }
 

@@ -14,8 +14,15 @@
 //!  "project_instructions": true,
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
-//!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]}}
+//!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
+//!  "mcpServers": {"name": {"command": "…", "args": ["…"]}},
+//!  "mcp_timeout": 300,
+//!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false}
 //! ```
+//!
+//! `mcpServers` is read as `mcp_client::config` reads `.mcp.json`; the approval keys
+//! (`enabledMcpjsonServers`, `enableAllProjectMcpServers`, as Claude Code names them) count
+//! only in the user's own file, since a workspace must not approve its own servers.
 
 use std::fmt;
 use std::fs::File;
@@ -47,6 +54,12 @@ pub struct Settings {
     pub rules: Vec<Rule>,
     /// Things worth telling the user that do not stop the run: unknown keys, dropped rules.
     pub warnings: Vec<String>,
+    /// Each file's `mcpServers`, highest priority first, with whether it is the user's.
+    pub mcp_servers: Vec<(RuleSource, Map<String, Value>)>,
+    pub mcp_timeout: Option<u32>,
+    /// Approvals of project MCP servers, from the user's file only.
+    pub enabled_mcpjson_servers: Vec<String>,
+    pub enable_all_project_mcp_servers: bool,
 }
 
 #[derive(Debug)]
@@ -131,6 +144,19 @@ pub fn load(
         settings.project_instructions = settings.project_instructions.or(file.project_instructions);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
+        settings.mcp_timeout = settings.mcp_timeout.or(file.mcp_timeout);
+        if let Some(servers) = file.mcp_servers {
+            settings.mcp_servers.push((source, servers));
+        }
+        if source == RuleSource::User {
+            settings.enabled_mcpjson_servers = file.enabled_mcpjson_servers;
+            settings.enable_all_project_mcp_servers = file.enable_all_project_mcp_servers;
+        } else if !file.enabled_mcpjson_servers.is_empty() || file.enable_all_project_mcp_servers {
+            settings.warnings.push(format!(
+                "{}: MCP server approvals count only in your user settings; ignored here",
+                path.display()
+            ));
+        }
     }
     Ok(settings)
 }
@@ -202,6 +228,10 @@ struct FileSettings {
     project_instructions: Option<bool>,
     rules: Vec<Rule>,
     warnings: Vec<String>,
+    mcp_servers: Option<Map<String, Value>>,
+    mcp_timeout: Option<u32>,
+    enabled_mcpjson_servers: Vec<String>,
+    enable_all_project_mcp_servers: bool,
 }
 
 /// Validates one file. Structural mistakes in known keys are errors, since guessing could
@@ -248,6 +278,28 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
                     );
                 }
             },
+            "mcpServers" => match value {
+                Value::Object(servers) => parser.out.mcp_servers = Some(servers.clone()),
+                _ => {
+                    return Err(parser
+                        .invalid("'mcpServers' must be an object of servers by name".to_owned()));
+                }
+            },
+            "mcp_timeout" => parser.out.mcp_timeout = Some(parser.positive(key, value)?),
+            "enabledMcpjsonServers" => {
+                parser.out.enabled_mcpjson_servers = value
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+            }
+            "enableAllProjectMcpServers" => {
+                parser.out.enable_all_project_mcp_servers = value.as_bool() == Some(true);
+            }
             // Editors add a schema reference for completion; it configures nothing.
             "$schema" => {}
             _ => parser.warn(format!("unknown key '{key}' ignored")),

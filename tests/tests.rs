@@ -10,6 +10,7 @@ mod http_serve;
 mod http_util;
 mod long_work;
 mod mcp;
+mod mcp_client;
 mod openapi;
 mod print;
 mod tls;

@@ -26,7 +26,7 @@ use crate::clock::now_ms;
 use crate::drive::session::{EventLog, SessionStore};
 use crate::engine::{AskReply, HostAction, RunId};
 use crate::log;
-use crate::model::types::{ContentBlock, Message, ToolSpec};
+use crate::model::types::{ContentBlock, Message};
 use crate::permissions::{Mode, Policy, Rule};
 
 /// How long a surfaced permission prompt waits for an answer before it is denied.
@@ -178,9 +178,9 @@ pub struct RunSpec {
     pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
     pub extra_header: Map<String, Value>,
-    /// Tools offered to the model besides the built-in ones (an ACP session's MCP servers'
-    /// tools); the host runs them (`ToolPlacement::Delegated`).
-    pub extra_tools: Vec<ToolSpec>,
+    /// The MCP servers whose tools the run is offered: by default every configured one;
+    /// a client may name a subset (`mcp_servers`), a surface add its own (ACP's session).
+    pub mcp: crate::mcp_client::Selection,
 }
 
 /// The server-wide template every run starts from.
@@ -199,6 +199,8 @@ pub struct DriveConfig {
     pub max_working_runs: usize,
     /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
     pub max_live_runs: usize,
+    /// The configured MCP servers' names: what a run's `mcp_servers` may name.
+    pub mcp_names: Vec<String>,
 }
 
 struct RunRecord {
@@ -479,6 +481,14 @@ impl DriveCore {
                 "too many runs in progress ({n_working} working, {n_live} open; at most {max_working} and {max_live}); cancel one or wait"
             )));
         }
+        if let Some(names) = &spec.mcp.configured
+            && let Some(unknown) = names.iter().find(|n| !self.config.mcp_names.contains(n))
+        {
+            return Err(DriveError::BadRequest(format!(
+                "unknown MCP server `{unknown}` in mcp_servers: the configured ones are [{}]",
+                self.config.mcp_names.join(", ")
+            )));
+        }
         let workspace = match &spec.cwd {
             None => self.config.workspace.clone(),
             Some(cwd) => {
@@ -500,7 +510,6 @@ impl DriveCore {
         };
         let mut run_config = self.config.run.clone();
         run_config.interactive = spec.interactive;
-        run_config.tools.extend(spec.extra_tools.iter().cloned());
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
         }
@@ -557,6 +566,7 @@ impl DriveCore {
             id,
             run: Box::new(run),
             workspace,
+            mcp: spec.mcp.clone(),
         });
         self.act(HostAction::SendInput(
             id,
@@ -1201,6 +1211,7 @@ mod tests {
                 instructions: Default::default(),
                 max_working_runs: MAX_WORKING_RUNS,
                 max_live_runs: MAX_LIVE_RUNS,
+                mcp_names: Vec::new(),
             };
             DriveCore::new(store, config)
         }

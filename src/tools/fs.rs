@@ -1752,7 +1752,7 @@ fn cap_line(line: &str, max_chars: usize) -> Cow<'_, str> {
 }
 
 /// The last line of defence: no result longer than `MAX_OUTPUT_BYTES`, marker included.
-fn cap_output(mut text: String) -> String {
+pub(crate) fn cap_output(mut text: String) -> String {
     if text.len() <= MAX_OUTPUT_BYTES {
         return text;
     }

@@ -10,9 +10,12 @@
 //! one. Only a new kind of fact (a third place to run, a new editor request) needs more: a
 //! variant here and the code that reads it.
 //!
-//! A name that is not in `BUILTINS` is not a built-in: a tool an MCP server offers
-//! (`mcp__server__tool`), which its host runs. Such calls ask before they run and show as
-//! "other" in an editor.
+//! The tools MCP servers offer (`mcp__<server>__<tool>`) are the table's one dynamic
+//! extension: their specs come from the servers at run time (`mcp_client`), and every one
+//! of them shares the row `MCP`, which `lookup` answers for the `mcp__` prefix. That row
+//! says they run on their server (`Runs::Mcp`), ask before they run unless a rule says
+//! otherwise (`mcp__server__tool`, `mcp__server__*`), are stopped by plan mode, and show
+//! as "other" in an editor, titled by their name.
 //!
 //! Architecture Invariant: this module knows no surface. What an editor shows (ACP's tool
 //! kind, what a card locates and diffs) and which editor request can carry a call are small
@@ -61,6 +64,8 @@ pub(crate) enum Runs {
     Fetch(fn(&Value) -> Result<FetchRequest, ToolOutput>),
     /// The run's plan: the engine answers at once and shows it as a `PlanUpdate` event.
     Plan(fn(&Value) -> Result<Vec<Todo>, ToolOutput>),
+    /// A `tools/call` to the MCP server offering the tool, on the engine's MCP hub.
+    Mcp,
 }
 
 /// What the permission policy needs to know about a tool.
@@ -396,6 +401,35 @@ pub(crate) static BUILTINS: &[Tool] = &[
     },
 ];
 
+/// The row every MCP server's tool shares (see the module's comment).
+pub(crate) static MCP: Tool = Tool {
+    name: crate::mcp_client::TOOL_PREFIX,
+    spec: mcp_spec,
+    runs: Runs::Mcp,
+    permission: Permission {
+        class: Class::Other,
+        subject: Subject::Nothing,
+        default: DefaultAction::Ask,
+    },
+    card: Card {
+        kind: Kind::Other,
+        // Empty: the card is titled by the tool's full name.
+        title: |_| String::new(),
+        location: None,
+        diff: Diff::None,
+    },
+    delegation: Delegation::Local,
+};
+
+/// The family row has no spec of its own: each server's tool brings its own.
+fn mcp_spec() -> ToolSpec {
+    ToolSpec {
+        name: std::borrow::Cow::Borrowed(crate::mcp_client::TOOL_PREFIX),
+        description: std::borrow::Cow::Borrowed("A tool an MCP server offers."),
+        input_schema: serde_json::json!({"type": "object"}),
+    }
+}
+
 /// Upstream's tools that caliban does not have yet, with the permission facts that settings
 /// written for upstream already rely on (`WebFetch(https://docs.rs/*)`, `MultiEdit(src/**)`,
 /// `TodoWrite` allowed in plan mode). A tool that lands moves from here to a row in
@@ -406,9 +440,14 @@ pub(crate) static PLANNED: &[(&str, Permission)] = &[
     ("ExitPlanMode", PLAN_MODE),
 ];
 
-/// The built-in tool called `name`; `None` for anything else (an MCP server's tool).
+/// The row for `name`: a built-in tool's, the `MCP` row for an MCP server's tool
+/// (`mcp__<server>__<tool>`), `None` for anything else.
 pub(crate) fn lookup(name: &str) -> Option<&'static Tool> {
-    BUILTINS.iter().find(|tool| tool.name == name)
+    BUILTINS.iter().find(|tool| tool.name == name).or_else(|| {
+        crate::mcp_client::client::server_part(name)
+            .is_some()
+            .then_some(&MCP)
+    })
 }
 
 /// The permission facts for `name`, built in or planned; `None` for any other tool, which
@@ -508,7 +547,11 @@ mod tests {
             assert!(std::ptr::eq(lookup(tool.name).unwrap(), tool));
         }
         assert!(lookup("read").is_none());
-        assert!(lookup("mcp__github__create_issue").is_none());
+        assert!(std::ptr::eq(
+            lookup("mcp__github__create_issue").unwrap(),
+            &MCP
+        ));
+        assert!(lookup("mcp__nameonly").is_none());
     }
 
     #[test]
@@ -519,8 +562,10 @@ mod tests {
             Some(Runs::Shell(_)) => "shell",
             Some(Runs::Fetch(_)) => "fetch",
             Some(Runs::Plan(_)) => "plan",
+            Some(Runs::Mcp) => "mcp",
             None => "none",
         };
+        assert_eq!(placement("mcp__fs__read"), "mcp");
         for name in ["Read", "Write", "Edit", "MultiEdit", "Glob", "Grep"] {
             assert_eq!(placement(name), "worker", "{name}");
         }
@@ -542,7 +587,7 @@ mod tests {
         for name in ["Bash", "Write", "Edit", "WebFetch", "MultiEdit"] {
             assert_eq!(default(name), Some(DefaultAction::Ask), "{name}");
         }
-        assert_eq!(default("mcp__x__y"), None);
+        assert_eq!(default("mcp__x__y"), Some(DefaultAction::Ask));
 
         let class = |name: &str| permission(name).map(|p| p.class);
         for name in ["Read", "Grep", "Glob", "TodoWrite", "ExitPlanMode"] {
@@ -577,7 +622,8 @@ mod tests {
         }
         assert_eq!(subject("WebFetch"), Some(Subject::Url("url")));
         assert_eq!(subject("TodoWrite"), Some(Subject::Nothing));
-        assert_eq!(subject("mcp__x__y"), None);
+        assert_eq!(subject("mcp__x__y"), Some(Subject::Nothing));
+        assert_eq!(permission("mcp__x__y").map(|p| p.class), Some(Class::Other));
         // A file-changing tool names its file in a path field, which `acceptEdits` judges.
         for (name, _) in defaults() {
             if edits_files(name) {

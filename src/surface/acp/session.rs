@@ -77,12 +77,8 @@ pub(super) struct Session {
     /// belongs to the run, comes with its last event and is taken when its end is reported
     /// (`on_finished`), whether or not a prompt waits for it.
     pub(super) run_end: Option<Value>,
-    /// The session's MCP servers (keys of `AcpServe::mcp`).
-    pub(super) mcp: Vec<u64>,
-    /// A prompt already waited its full time: later ones do not wait for stragglers. Not
-    /// part of `prompt`: it is about the session's servers and outlives the prompt that
-    /// gave up.
-    pub(super) mcp_gave_up: bool,
+    /// The session's MCP servers, on the engine's hub.
+    pub(super) mcp: Vec<crate::mcp_client::ServerId>,
 }
 
 impl Session {
@@ -100,7 +96,6 @@ impl Session {
             tasks: HashMap::new(),
             run_end: None,
             mcp: Vec::new(),
-            mcp_gave_up: false,
         }
     }
 }
@@ -323,30 +318,21 @@ impl AcpServe {
         }
         // A prompt in flight is answered now, and so is one queued behind a cancelled one
         // (every request gets its answer, or the editor waits forever); one waiting for
-        // servers once the session's requests are withdrawn.
-        let waiting = match std::mem::take(&mut session.prompt) {
-            PromptState::Running { request } => {
-                self.answer_cancelled(ctx, request, None);
-                None
-            }
+        match std::mem::take(&mut session.prompt) {
+            PromptState::Running { request } => self.answer_cancelled(request),
             PromptState::Cancelling { request, queued } => {
-                self.answer_cancelled(ctx, request, None);
+                self.answer_cancelled(request);
                 if let Some(queued) = queued {
-                    self.answer_cancelled(ctx, queued.request, None);
+                    self.answer_cancelled(queued.request);
                 }
-                None
             }
-            PromptState::WaitingForServers { prompt, key } => Some((prompt.request, key)),
-            PromptState::Idle => None,
-        };
+            PromptState::Idle => {}
+        }
         if let Some(asked) = session.asked.take() {
             self.withdraw(asked.request);
         }
         self.abandon_tasks(ctx, &id, &mut session);
-        if let Some((request, key)) = waiting {
-            self.answer_cancelled(ctx, request, Some(key));
-        }
-        self.stop_servers(ctx, std::mem::take(&mut session.mcp));
+        Self::stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
     }
 

@@ -240,6 +240,12 @@ pub fn list(modern: bool) -> Value {
                         "description": "Pause awaiting further input at each turn boundary (default false).",
                         "type": "boolean",
                     },
+                    "mcp_servers": {
+                        "default": null,
+                        "description": "Names of the server's configured MCP servers this run may use (default: all of them; [] for none).",
+                        "items": {"type": "string"},
+                        "type": ["array", "null"],
+                    },
                     "model": optional_string("Model for this run (default: the server's)."),
                     "permission_mode": {
                         "default": null,
