@@ -1688,24 +1688,39 @@ fn assert_unauthorized(resp: &Response) {
     assert_eq!(resp.text(), "unauthorized", "{resp:?}");
 }
 
+/// `GET /healthz` answers a remote peer without the token (a kubelet's probe cannot carry
+/// one), with the connection closed after it; no other method or path does.
+fn assert_public_health(addr: std::net::SocketAddr) {
+    for headers in [&[][..], &[("authorization", "Bearer wrong")][..]] {
+        let resp = request(addr, "GET", "/healthz", headers, b"");
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert_eq!(resp.json()["status"], "ok");
+        assert_eq!(resp.header("connection"), Some("close"), "{resp:?}");
+    }
+    assert_unauthorized(&request(addr, "POST", "/healthz", &[], b""));
+    assert_unauthorized(&get(addr, "/healthz/x"));
+}
+
 #[test]
 fn remote_peers_need_the_bearer_token() {
     let ws = Workspace::new("http-auth");
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("authorised")]}));
     let remote = ("CALIBAN_TEST_LOOPBACK_IS_REMOTE", "1");
 
-    // No token configured: every remote request is refused, whatever it presents.
+    // No token configured: every remote request is refused, whatever it presents, but the
+    // liveness probe.
     let server = Serve::start(&ws, &stub, &[], &[remote]);
     let addr = server.addr;
-    assert_unauthorized(&get(addr, "/healthz"));
+    assert_unauthorized(&get(addr, "/metrics"));
     assert_unauthorized(&request(
         addr,
         "GET",
-        "/healthz",
+        "/metrics",
         &[("authorization", "Bearer s3cret")],
         b"",
     ));
     assert_unauthorized(&post_json(addr, "/runs", &json!({"prompt": "x"})));
+    assert_public_health(addr);
     drop(server);
 
     // A token: missing, wrong, mis-cased or padded is 401; the exact bearer is 200.
@@ -1716,7 +1731,8 @@ fn remote_peers_need_the_bearer_token() {
         &[remote, ("CALIBAN_DRIVE_TOKEN", "s3cret")],
     );
     let addr = server.addr;
-    assert_unauthorized(&get(addr, "/healthz"));
+    assert_unauthorized(&get(addr, "/metrics"));
+    assert_public_health(addr);
     for bad in [
         "Bearer wrong",
         "Bearer s3cre",
@@ -1729,12 +1745,14 @@ fn remote_peers_need_the_bearer_token() {
         assert_unauthorized(&request(
             addr,
             "GET",
-            "/healthz",
+            "/metrics",
             &[("authorization", bad)],
             b"",
         ));
     }
     let auth = [("authorization", "Bearer s3cret")];
+    let resp = request(addr, "GET", "/metrics", &auth, b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
     let resp = request(addr, "GET", "/healthz", &auth, b"");
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(resp.json()["status"], "ok");

@@ -70,11 +70,34 @@ impl From<FrontKey> for HttpKey {
 /// This surface's choices for the front. The front leaves a quiet follow stream alone: the
 /// surface sends its heartbeats itself (`HEARTBEAT_PERIOD`), since the NDJSON one carries
 /// the stream's cursor. A request the browser rule refuses gets the API's JSON error, and
-/// the connection ends with it.
+/// the connection ends with it. `GET /healthz` needs no token, so a kubelet's probe (which
+/// cannot carry a secret) sees the server alive; it tells only what `/healthz` tells.
 const POLICY: Policy = Policy {
     keepalive: Keepalive::Silent,
     forbidden,
+    public,
 };
+
+fn public(request: &Request) -> Option<Response> {
+    (request.method == "GET" && path_segments(request) == ["healthz"]).then(health)
+}
+
+fn health() -> Response {
+    Response::json(
+        200,
+        json!({"status": "ok", "version": crate::cli::VERSION}).to_string(),
+    )
+}
+
+/// The request's path as its non-empty segments, which is how routes are matched.
+fn path_segments(request: &Request) -> Vec<&str> {
+    request
+        .path
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect()
+}
 
 fn forbidden(reason: &'static str) -> Response {
     Response::json(403, json!({ "error": reason }).to_string()).header("connection", "close")
@@ -208,18 +231,10 @@ impl HttpServe {
             run.clone()
                 .map_err(|e| (drive_error_status(&e), e.to_string()))
         };
-        let segments: Vec<&str> = request
-            .path
-            .trim_start_matches('/')
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .collect();
+        let segments = path_segments(&request);
         let method = request.method.as_str();
         match (method, segments.as_slice()) {
-            ("GET", ["healthz"]) => json_reply(
-                200,
-                &json!({"status": "ok", "version": crate::cli::VERSION}),
-            ),
+            ("GET", ["healthz"]) => health().into(),
             ("GET", ["metrics"]) => Response::with(
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
