@@ -15,45 +15,15 @@ use crate::util::*;
 
 const REQUIREMENTS: &str = include_str!("requirements-openapi.txt");
 
-/// The venv's python, created once per target dir (and again when the pins change).
+/// The venv's python with the validators, created once per target dir.
 fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openapi-venv");
-        let python = dir.join("bin/python");
-        let marker = dir.join("installed-requirements.txt");
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(REQUIREMENTS) {
-            return python;
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .status()
-            .expect("python3 is needed to validate the OpenAPI document");
-        assert!(status.success(), "python3 -m venv failed");
-        let out = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/requirements-openapi.txt"
-            ))
-            .output()
-            .expect("run pip");
-        assert!(
-            out.status.success(),
-            "pip install of the OpenAPI validators failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&marker, REQUIREMENTS).expect("write marker");
-        python
+        venv(
+            "openapi-venv",
+            "tests/requirements-openapi.txt",
+            REQUIREMENTS,
+        )
     })
 }
 

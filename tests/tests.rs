@@ -8,6 +8,7 @@ mod agent;
 mod cli;
 mod http_serve;
 mod http_util;
+mod image;
 mod mcp;
 mod openapi;
 mod print;

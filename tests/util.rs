@@ -292,3 +292,41 @@ pub fn process_with_marker_exists(marker: &str) -> bool {
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// The python of a venv under the target directory (`name`) holding the packages pinned in
+/// `requirements_file` (relative to the repository; `requirements` is its text). Made on
+/// first use from PyPI, and again whenever the pins change.
+pub fn venv(name: &str, requirements_file: &str, requirements: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = dir.join("bin/python");
+    let marker = dir.join("installed-requirements.txt");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(requirements) {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir)
+        .status()
+        .expect("python3 is needed for the Python checkers");
+    assert!(status.success(), "python3 -m venv failed");
+    let out = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(requirements_file))
+        .output()
+        .expect("run pip");
+    assert!(
+        out.status.success(),
+        "pip install -r {requirements_file} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&marker, requirements).expect("write marker");
+    python
+}
