@@ -6,6 +6,7 @@ mod util;
 mod acp;
 mod agent;
 mod cli;
+mod deploy;
 mod http_serve;
 mod http_util;
 mod image;
