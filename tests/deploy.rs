@@ -70,10 +70,15 @@ fn the_kustomization_renders_validates_and_keeps_its_invariants() {
     let mut args = vec!["kustomization", dir.as_str()];
     match kubectl() {
         Some(kubectl) => args.extend(["--kubectl", kubectl]),
-        None => println!(
-            "note: no kubectl here; the kustomization is rendered by tests/k8s_check.py's \
-             subset of kustomize alone"
-        ),
+        None => {
+            // Straight to stderr, past the test harness's capture, so it is seen.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "note: no kubectl here; the kustomization is rendered by \
+                 tests/k8s_check.py's subset of kustomize alone"
+            );
+        }
     }
     let said = check(&args);
     println!("{said}");

@@ -62,7 +62,7 @@ fn assert_error(resp: &Response, status: u16, message: &str) {
     assert_json(resp, status, json!({ "error": message }));
 }
 
-fn start_run(addr: SocketAddr, body: Value) -> String {
+pub(crate) fn start_run(addr: SocketAddr, body: Value) -> String {
     let resp = post_json(addr, "/runs", &body);
     assert_eq!(resp.status, 200, "{resp:?}");
     let id = resp.json()["run_id"]
@@ -144,7 +144,7 @@ fn is_terminal(status: &Value) -> bool {
     status["state"] == "done" || status["state"] == "failed"
 }
 
-fn wait_terminal(addr: SocketAddr, run: &str) -> Value {
+pub(crate) fn wait_terminal(addr: SocketAddr, run: &str) -> Value {
     wait_for(&format!("{run} to end"), || {
         let status = status_of(addr, run);
         is_terminal(&status).then_some(status)

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::http_serve::{start_run, wait_terminal};
 use crate::http_util::{Serve, request};
 use crate::util::*;
 
@@ -265,6 +266,13 @@ fn assemble(ws: &Workspace, image: &Image) -> PathBuf {
     root
 }
 
+/// Says a test skipped, and why, where `cargo test` shows it: straight to stderr, past the
+/// capture that hides a passing test's `println!`.
+fn skipped(test: &str, reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+}
+
 fn is_root() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -309,6 +317,18 @@ fn print_script() -> Value {
     ]})
 }
 
+/// The print-mode run's arguments, for `print_script`.
+const PRINT_ARGS: &[&str] = &[
+    "-p",
+    "write a note, then run a command",
+    "--output-format",
+    "stream-json",
+    "--allow",
+    "Bash",
+    "--allow",
+    "Write",
+];
+
 /// The print-mode run's frames: the write worked, Bash said there is no shell.
 fn check_print_run(out: &Output) {
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -332,41 +352,18 @@ fn check_http_serve(server: &Serve) {
     let health = request(server.addr, "GET", "/healthz", &[], b"");
     assert_eq!(health.status, 200, "{health:?}");
     assert_eq!(health.json()["status"], "ok");
-    let started = request(
-        server.addr,
-        "POST",
-        "/runs",
-        &[("content-type", "application/json")],
-        br#"{"prompt":"hello from the image"}"#,
-    );
-    assert_eq!(started.status, 200, "{started:?}");
-    let run = started.json()["run_id"]
-        .as_str()
-        .expect("run_id")
-        .to_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = request(server.addr, "GET", &format!("/runs/{run}/status"), &[], b"");
-        let state = status.json()["status"]["state"].clone();
-        if state == "done" {
-            break;
-        }
-        assert_ne!(state, "failed", "{status:?}\n{}", server.stderr());
-        assert!(
-            std::time::Instant::now() < deadline,
-            "run not done: {status:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let run = start_run(server.addr, json!({"prompt": "hello from the image"}));
+    let status = wait_terminal(server.addr, &run);
+    assert_eq!(status, json!({"state": "done"}), "{}", server.stderr());
 }
 
 #[test]
 fn the_scratch_image_runs_from_exactly_what_the_containerfile_copies() {
     let image = parse(CONTAINERFILE);
     if !is_root() {
-        println!(
-            "SKIPPED the_scratch_image_runs_from_exactly_what_the_containerfile_copies: \
-             running the image's files under unshare --root needs root"
+        skipped(
+            "the_scratch_image_runs_from_exactly_what_the_containerfile_copies",
+            "running the image's files under unshare --root needs root",
         );
         return;
     }
@@ -379,20 +376,7 @@ fn the_scratch_image_runs_from_exactly_what_the_containerfile_copies() {
 
     // Print mode against the stub (on the host's loopback: no network namespace here).
     let stub = Stub::start(&ws, &print_script());
-    let mut cmd = in_root(
-        &root,
-        &image,
-        &[
-            "-p",
-            "write a note, then run a command",
-            "--output-format",
-            "stream-json",
-            "--allow",
-            "Bash",
-            "--allow",
-            "Write",
-        ],
-    );
+    let mut cmd = in_root(&root, &image, PRINT_ARGS);
     anthropic(&mut cmd, &stub);
     check_print_run(&run(cmd, ""));
     assert_eq!(
@@ -463,7 +447,7 @@ fn no_daemon() -> Option<String> {
 fn the_image_built_by_docker_passes_the_same_checks() {
     let image = parse(CONTAINERFILE);
     if let Some(reason) = no_daemon() {
-        println!("SKIPPED the_image_built_by_docker_passes_the_same_checks: {reason}");
+        skipped("the_image_built_by_docker_passes_the_same_checks", &reason);
         return;
     }
     let ws = Workspace::new("image-docker");
@@ -520,8 +504,8 @@ fn the_image_built_by_docker_passes_the_same_checks() {
     let stub = Stub::start(&ws, &print_script());
     let name = format!("caliban-test-print-{}", std::process::id());
     let _guard = Container(name.clone());
-    let base_url = format!("ANTHROPIC_BASE_URL={}", stub.url);
-    let out = docker(&[
+    let base_url = base_url_of(&stub);
+    let mut args = vec![
         "run",
         "--rm",
         "--name",
@@ -531,15 +515,9 @@ fn the_image_built_by_docker_passes_the_same_checks() {
         "-e",
         &base_url,
         &tag,
-        "-p",
-        "write a note, then run a command",
-        "--output-format",
-        "stream-json",
-        "--allow",
-        "Bash",
-        "--allow",
-        "Write",
-    ]);
+    ];
+    args.extend(PRINT_ARGS);
+    let out = docker(&args);
     check_print_run(&out);
 
     // http serve as deploy/kubernetes runs it: read-only root, no capabilities, no new
