@@ -65,7 +65,7 @@ fn ids(text: &str) -> (u32, u32) {
 
 fn parse(containerfile: &str) -> Image {
     let mut image = Image::default();
-    let mut from = None;
+    let mut from_scratch = false;
     for line in containerfile.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
             continue;
@@ -78,9 +78,9 @@ fn parse(containerfile: &str) -> Image {
         let words: Vec<&str> = rest.split_whitespace().collect();
         match op {
             "FROM" => {
-                assert!(from.is_none(), "one stage only: {line}");
+                assert!(!from_scratch, "one stage only: {line}");
                 assert_eq!(words, ["scratch"], "the image starts from nothing");
-                from = Some(());
+                from_scratch = true;
             }
             "COPY" => {
                 let (chown, paths) = match words.as_slice() {
@@ -116,7 +116,7 @@ fn parse(containerfile: &str) -> Image {
             ),
         }
     }
-    assert!(from.is_some(), "no FROM");
+    assert!(from_scratch, "no FROM");
     assert!(image.user.0 != 0, "the image runs as root");
     image
 }
@@ -190,8 +190,11 @@ fn copy_in(root: &Path, from: &Path, to: &str, owner: Option<(u32, u32)>) {
             }
             let to = Path::new(to).join(&name).display().to_string();
             if entry.path().is_dir() {
-                std::fs::create_dir_all(root.join(to.trim_start_matches('/'))).expect("mkdir");
-                chown(&root.join(to.trim_start_matches('/')), owner);
+                // Made here, not in the call below, which also serves the COPY's own
+                // destination: COPY gives `owner` what it copies, not a directory it finds.
+                let dir = root.join(to.trim_start_matches('/'));
+                std::fs::create_dir_all(&dir).expect("mkdir");
+                chown(&dir, owner);
             }
             copy_in(root, &entry.path(), &to, owner);
         }
