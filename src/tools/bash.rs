@@ -152,6 +152,11 @@ pub(crate) fn title(input: &Value) -> String {
     cap_title(text_field(input, "command"))
 }
 
+/// What a call gets where there is no shell at all, as in caliban's `FROM scratch` image:
+/// said plainly, with what still works, rather than as a failed exec of `/bin/sh`.
+pub const NO_SHELL: &str = "Bash: no shell in this image: /bin/bash and /bin/sh not found. \
+    Read, Write, Edit, Glob and Grep still work.";
+
 /// Where a shell can be found, preferring bash for the syntax models expect.
 pub fn shell() -> &'static str {
     if Path::new("/bin/bash").exists() {
@@ -233,6 +238,9 @@ impl BashJob {
             cwd,
             background,
         } = parse_input(input, workspace)?;
+        if !Path::new(shell()).exists() {
+            return Err(ToolOutput::error(NO_SHELL));
+        }
         let mut cmd = Command::new(shell());
         cmd.arg("-c")
             .arg(&command)
