@@ -93,6 +93,9 @@ struct AgentSetup {
     policy: Policy,
     run_config: agent::run::RunConfig,
     engine_config: EngineConfig,
+    context_windows: settings::ContextWindows,
+    /// Models a client may choose between (settings' `models`), the configured one first.
+    models: Vec<String>,
 }
 
 /// What to do when no model provider can be set up.
@@ -172,6 +175,8 @@ fn agent_setup(
             .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
         tools: tools::spec::all(),
         interactive,
+        context_window: settings.context_window.of(&provider.model),
+        effort: None,
     };
     let engine_config = EngineConfig {
         provider: provider.clone(),
@@ -191,6 +196,12 @@ fn agent_setup(
             .request_timeout
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
     };
+    let mut models = vec![provider.model.clone()];
+    for model in settings.models.iter().flatten() {
+        if !models.contains(model) {
+            models.push(model.clone());
+        }
+    }
     Ok(AgentSetup {
         workspace,
         provider,
@@ -199,6 +210,8 @@ fn agent_setup(
         policy,
         run_config,
         engine_config,
+        context_windows: settings.context_window,
+        models,
     })
 }
 
@@ -370,6 +383,8 @@ fn drive_core(
             .max_working_runs
             .unwrap_or(drive::table::MAX_WORKING_RUNS),
         max_live_runs: args.max_live_runs.unwrap_or(drive::table::MAX_LIVE_RUNS),
+        context_windows: setup.context_windows,
+        models: setup.models,
     };
     let mut core = drive::table::DriveCore::new(store, drive_config);
     // `GET /runs` lists earlier runs from the start; the stdio surfaces (spawned by editors

@@ -141,6 +141,15 @@ pub enum HostAction {
     },
     SendInput(RunId, Vec<ContentBlock>),
     EndInput(RunId),
+    /// A client asked an idle interactive run to compact its conversation.
+    Compact(RunId),
+    /// A client chose another model or thinking effort for the run's next requests.
+    Reconfigure {
+        run: RunId,
+        model: String,
+        context_window: Option<u64>,
+        effort: Option<crate::model::types::Effort>,
+    },
     Cancel(RunId),
     Permit {
         run: RunId,
@@ -635,6 +644,22 @@ impl<K: HostKey> Engine<K> {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     let effects = slot.run.end_input();
                     self.push_effects(run, effects);
+                }
+            }
+            HostAction::Compact(run) => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.compact(now);
+                    self.push_effects(run, effects);
+                }
+            }
+            HostAction::Reconfigure {
+                run,
+                model,
+                context_window,
+                effort,
+            } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    slot.run.reconfigure(model, context_window, effort);
                 }
             }
             HostAction::Cancel(run) => {

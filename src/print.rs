@@ -24,6 +24,13 @@ use crate::stdio::{self, StdinItem};
 /// The largest prompt read from stdin in text mode (upstream's cap).
 pub const MAX_STDIN_PROMPT: usize = 10 * 1024 * 1024;
 
+/// A stream-json input line waiting for the run's turn boundary.
+enum Queued {
+    Message(Vec<ContentBlock>),
+    /// `{"type":"control","subtype":"compact"}`.
+    Compact,
+}
+
 pub struct Printer {
     run: RunId,
     output: OutputFormat,
@@ -33,8 +40,9 @@ pub struct Printer {
     provider: &'static str,
     model: String,
     started: Instant,
-    /// stream-json input: messages that arrived while a turn was still running.
-    queued: VecDeque<Vec<ContentBlock>>,
+    /// stream-json input: messages (and compactions) that arrived while a turn was still
+    /// running.
+    queued: VecDeque<Queued>,
     stdin_done: bool,
     awaiting_input: bool,
     /// The text of the latest completed assistant turn (the `result`).
@@ -143,6 +151,11 @@ impl Printer {
                 ("error", exit::ASSISTANT, Some(e.clone()))
             }
             StopCondition::ProviderError(e) => ("error", exit::RUNTIME, Some(e.clone())),
+            StopCondition::CompactionFailed(e) => (
+                "error",
+                exit::RUNTIME,
+                Some(format!("compaction failed: {e}")),
+            ),
             StopCondition::StreamIdle(d) => (
                 "error",
                 exit::RUNTIME,
@@ -204,7 +217,7 @@ impl Printer {
         }
     }
 
-    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Vec<ContentBlock>>, String> {
+    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Queued>, String> {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
@@ -237,10 +250,11 @@ impl Printer {
                             .into(),
                     ),
                 };
-                Ok(Some(content))
+                Ok(Some(Queued::Message(content)))
             }
             Some("control") => match obj.get("subtype").and_then(Value::as_str) {
                 Some("interrupt") => Err(String::new()),
+                Some("compact") => Ok(Some(Queued::Compact)),
                 other => Err(format!(
                     "stream-json input: unknown control subtype {other:?}"
                 )),
@@ -254,9 +268,12 @@ impl Printer {
         if !self.awaiting_input {
             return Vec::new();
         }
-        if let Some(content) = self.queued.pop_front() {
+        if let Some(queued) = self.queued.pop_front() {
             self.awaiting_input = false;
-            return vec![HostAction::SendInput(self.run, content)];
+            return vec![match queued {
+                Queued::Message(content) => HostAction::SendInput(self.run, content),
+                Queued::Compact => HostAction::Compact(self.run),
+            }];
         }
         if self.stdin_done {
             self.awaiting_input = false;
@@ -308,6 +325,30 @@ impl Host for Printer {
             TurnEvent::RunEnd {
                 turns_without_edit, ..
             } => self.turns_without_edit = *turns_without_edit,
+            // Claude Code's `compact_boundary`, with caliban's figures and the summary.
+            TurnEvent::Compaction {
+                trigger,
+                pre_tokens,
+                post_tokens,
+                messages_summarized,
+                messages_kept,
+                summary,
+                usage,
+                ..
+            } => {
+                self.usage.add(usage);
+                self.frame(json!({
+                    "type": "system", "subtype": "compact_boundary",
+                    "session_id": self.session_id,
+                    "compact_metadata": {
+                        "trigger": trigger.as_str(), "pre_tokens": pre_tokens,
+                        "post_tokens": post_tokens,
+                        "messages_summarized": messages_summarized,
+                        "messages_kept": messages_kept,
+                    },
+                    "summary": summary,
+                }));
+            }
             TurnEvent::TurnEnd {
                 assistant_message,
                 usage,
@@ -384,9 +425,12 @@ impl Host for Printer {
             }
             StdinItem::Line(line) => match self.parse_input_line(&line) {
                 Ok(None) => Vec::new(),
-                Ok(Some(content)) => {
+                // A compaction before any message has nothing to compact: the run starts
+                // with the first message.
+                Ok(Some(Queued::Compact)) if !self.got_input => Vec::new(),
+                Ok(Some(queued)) => {
                     self.got_input = true;
-                    self.queued.push_back(content);
+                    self.queued.push_back(queued);
                     self.feed_pending()
                 }
                 // `control/interrupt`: stop the current turn, like a first Ctrl-C.
@@ -427,30 +471,9 @@ impl Printer {
     }
 }
 
-/// Published list prices (USD per million tokens, input/output) for models we know; other
-/// models report null rather than a guess.
+/// The run's cost at list prices, or null for a model whose price is unknown.
 fn cost_usd(model: &str, usage: &Usage) -> Value {
-    const PRICES: &[(&str, f64, f64)] = &[
-        ("claude-opus-4", 15.0, 75.0),
-        ("claude-sonnet-4", 3.0, 15.0),
-        ("claude-haiku-4", 1.0, 5.0),
-        ("claude-3-5-haiku", 0.8, 4.0),
-        ("gpt-4.1-mini", 0.4, 1.6),
-        ("gpt-4.1", 2.0, 8.0),
-        ("gpt-4o-mini", 0.15, 0.6),
-        ("gpt-4o", 2.5, 10.0),
-    ];
-    match PRICES
-        .iter()
-        .find(|(prefix, _, _)| model.starts_with(prefix))
-    {
-        Some((_, input, output)) => {
-            let cost =
-                usage.input_tokens as f64 * input / 1e6 + usage.output_tokens as f64 * output / 1e6;
-            json!((cost * 1e6).round() / 1e6)
-        }
-        None => Value::Null,
-    }
+    crate::model::catalog::cost_usd(model, usage).map_or(Value::Null, |cost| json!(cost))
 }
 
 #[cfg(test)]

@@ -412,14 +412,17 @@ impl<'a> Fields<'a> {
         })
     }
 
-    /// `end: true` wins over `text`, as upstream's does.
+    /// `end: true` wins over `text`, as upstream's does; `compact: true` (caliban's own)
+    /// comes between them.
     fn input(&self) -> Result<Inbound, OpError> {
         let text = self.opt_string("text")?;
         let end = self.flag("end")?;
-        match (end, text) {
-            (true, _) => Ok(Inbound::EndInput),
-            (false, Some(text)) => Ok(Inbound::UserMessage(text)),
-            (false, None) => Err(self.error(Problem::NoInput)),
+        let compact = self.flag("compact")?;
+        match (end, compact, text) {
+            (true, ..) => Ok(Inbound::EndInput),
+            (false, true, _) => Ok(Inbound::Compact),
+            (false, false, Some(text)) => Ok(Inbound::UserMessage(text)),
+            (false, false, None) => Err(self.error(Problem::NoInput)),
         }
     }
 
@@ -744,6 +747,14 @@ mod tests {
         // `end: true` wins over `text`.
         assert_eq!(
             decoded(json!({"run_id": "r", "text": "more", "end": true})),
+            Inbound::EndInput
+        );
+        assert_eq!(
+            decoded(json!({"run_id": "r", "text": "more", "compact": true})),
+            Inbound::Compact
+        );
+        assert_eq!(
+            decoded(json!({"run_id": "r", "end": true, "compact": true})),
             Inbound::EndInput
         );
         assert_eq!(

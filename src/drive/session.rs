@@ -704,9 +704,18 @@ impl EventLog {
             .map(|(_, status)| status)
     }
 
+    #[cfg(test)]
     pub fn messages(&self) -> io::Result<Vec<Value>> {
+        let mut messages = Vec::new();
+        self.extend_messages(&mut messages)?;
+        Ok(messages)
+    }
+
+    /// `messages`, appended to the conversation of the runs this one continues: a
+    /// `Compaction` event replaces what it summarised, theirs included
+    /// (`agent::compact::replay`).
+    pub fn extend_messages(&self, messages: &mut Vec<Value>) -> io::Result<()> {
         self.with_file(|file| {
-            let mut messages = Vec::new();
             let mut lines = LineReader::new(file, 0, self.end);
             while let LineEnd::Whole = lines.next_line()? {
                 let Some(line) = parse_line(lines.line()) else {
@@ -719,10 +728,10 @@ impl EventLog {
                         if let Some(Value::Array(history)) = header.get("history") {
                             messages.extend(history.iter().cloned());
                         }
-                        push_user_text(&mut messages, &header["prompt"]);
+                        push_user_text(messages, &header["prompt"]);
                     }
                     Line::Input(input) if input["type"] == "user_message" => {
-                        push_user_text(&mut messages, &input["text"]);
+                        push_user_text(messages, &input["text"]);
                     }
                     Line::Event { value, .. } if value["type"] == "TurnEnd" => {
                         let mut value = value;
@@ -734,10 +743,13 @@ impl EventLog {
                             messages.extend(results);
                         }
                     }
+                    Line::Event { value, .. } if value["type"] == "Compaction" => {
+                        crate::agent::compact::replay(messages, &value);
+                    }
                     _ => {}
                 }
             }
-            Ok(messages)
+            Ok(())
         })
     }
 

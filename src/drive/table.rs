@@ -148,13 +148,25 @@ const ENDED: &str = "drive session has ended; it accepts no further input";
 pub enum Inbound {
     UserMessage(String),
     EndInput,
+    /// Compact the conversation now (not upstream's): the run summarises it and waits for
+    /// input again.
+    Compact,
 }
 
 impl Inbound {
+    /// Bytes it adds to the input queue.
+    fn size(&self) -> usize {
+        match self {
+            Inbound::UserMessage(text) => text.len(),
+            Inbound::EndInput | Inbound::Compact => 0,
+        }
+    }
+
     fn to_json(&self) -> Value {
         match self {
             Inbound::UserMessage(text) => json!({"type": "user_message", "text": text}),
             Inbound::EndInput => json!({"type": "end_input"}),
+            Inbound::Compact => json!({"type": "compact"}),
         }
     }
 }
@@ -181,6 +193,11 @@ pub struct RunSpec {
     /// Tools offered to the model besides the built-in ones (an ACP session's MCP servers'
     /// tools); the host runs them (`ToolPlacement::Delegated`).
     pub extra_tools: Vec<ToolSpec>,
+    /// Thinking effort for this run (ACP's `thought_level`); the server's otherwise.
+    pub effort: Option<crate::model::types::Effort>,
+    /// Start by compacting `history` instead of sending `prompt` (which is then empty):
+    /// ACP's `/compact` in a session whose last run has ended.
+    pub compact_first: bool,
 }
 
 /// The server-wide template every run starts from.
@@ -197,6 +214,10 @@ pub struct DriveConfig {
     pub max_working_runs: usize,
     /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
     pub max_live_runs: usize,
+    /// Context windows by model, for a run that names its own model.
+    pub context_windows: crate::settings::ContextWindows,
+    /// Models a client may choose between, the configured one first.
+    pub models: Vec<String>,
 }
 
 struct RunRecord {
@@ -460,7 +481,7 @@ impl DriveCore {
     // ---- operations for surfaces ---------------------------------------------------------
 
     pub fn start_run(&mut self, spec: RunSpec) -> Result<RunId, DriveError> {
-        if spec.prompt.trim().is_empty() {
+        if spec.prompt.trim().is_empty() && !spec.compact_first {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
         let live = self.runs.values().filter(|r| r.live);
@@ -501,6 +522,10 @@ impl DriveCore {
         run_config.tools.extend(spec.extra_tools.iter().cloned());
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
+            run_config.context_window = self.config.context_windows.of(model);
+        }
+        if spec.effort.is_some() {
+            run_config.effort = spec.effort;
         }
         let workspace_str = workspace.display().to_string();
         run_config.system = self
@@ -551,10 +576,14 @@ impl DriveCore {
             run: Box::new(run),
             workspace,
         });
-        self.act(HostAction::SendInput(
-            id,
-            vec![ContentBlock::text(spec.prompt.clone())],
-        ));
+        if spec.compact_first {
+            self.act(HostAction::Compact(id));
+        } else {
+            self.act(HostAction::SendInput(
+                id,
+                vec![ContentBlock::text(spec.prompt.clone())],
+            ));
+        }
         self.runs.insert(
             id,
             RunRecord {
@@ -678,11 +707,9 @@ impl DriveCore {
             if rec.log.header().get("continues_without_last_prompt") == Some(&json!(true)) {
                 drop_last_prompt(&mut messages);
             }
-            let own = rec
-                .log
-                .messages()
+            rec.log
+                .extend_messages(&mut messages)
                 .map_err(|e| DriveError::Build(format!("cannot read the session file: {e}")))?;
-            messages.extend(own);
         }
         Ok(messages)
     }
@@ -703,6 +730,24 @@ impl DriveCore {
 
     /// Changes a live run's permission mode, or adds a session rule that outranks the
     /// configured ones (an editor's "always allow"); a narrowing profile still applies.
+    /// A live run's next requests use `model` (with its context window) and `effort`.
+    pub fn reconfigure(
+        &mut self,
+        id: RunId,
+        model: &str,
+        effort: Option<crate::model::types::Effort>,
+    ) {
+        if self.is_live(id) {
+            let context_window = self.config.context_windows.of(model);
+            self.act(HostAction::Reconfigure {
+                run: id,
+                model: model.to_owned(),
+                context_window,
+                effort,
+            });
+        }
+    }
+
     pub fn update_policy(
         &mut self,
         id: RunId,
@@ -825,18 +870,8 @@ impl DriveCore {
         if rec.status.is_terminal() || !rec.live || rec.ended {
             return Err(DriveError::Input(ENDED.into()));
         }
-        let queued_bytes: usize = rec
-            .inputs
-            .iter()
-            .map(|i| match i {
-                Inbound::UserMessage(t) => t.len(),
-                Inbound::EndInput => 0,
-            })
-            .sum();
-        let size = match &input {
-            Inbound::UserMessage(t) => t.len(),
-            Inbound::EndInput => 0,
-        };
+        let queued_bytes: usize = rec.inputs.iter().map(Inbound::size).sum();
+        let size = input.size();
         if rec.inputs.len() >= MAX_QUEUED_INPUTS || queued_bytes + size > MAX_QUEUED_INPUT_BYTES {
             return Err(DriveError::Input(format!(
                 "{MAX_QUEUED_INPUTS} inputs or {MAX_QUEUED_INPUT_BYTES} bytes are already queued; wait for the run to take them"
@@ -868,6 +903,11 @@ impl DriveCore {
                 self.act(HostAction::SendInput(id, vec![ContentBlock::text(text)]));
             }
             Inbound::EndInput => self.act(HostAction::EndInput(id)),
+            Inbound::Compact => {
+                rec.status = DriveStatus::Running;
+                let _ = rec.log.append_status(&rec.status.to_json());
+                self.act(HostAction::Compact(id));
+            }
         }
         self.changed.insert(id);
     }
@@ -1178,7 +1218,11 @@ mod tests {
                     system: String::new(),
                     tools: Vec::new(),
                     interactive: false,
+                    context_window: None,
+                    effort: None,
                 },
+                context_windows: Default::default(),
+                models: vec!["test-model".into()],
                 policy: Policy::new(Vec::new(), Mode::Default, self.workspace.clone()),
                 workspace: self.workspace.clone(),
                 provider: "anthropic",
@@ -1237,6 +1281,10 @@ mod tests {
                     format!("input {id} {}", text(blocks))
                 }
                 CoreAction::Engine(HostAction::EndInput(id)) => format!("end_input {id}"),
+                CoreAction::Engine(HostAction::Compact(id)) => format!("compact {id}"),
+                CoreAction::Engine(HostAction::Reconfigure { run, model, .. }) => {
+                    format!("reconfigure {run} {model}")
+                }
                 CoreAction::Engine(HostAction::Cancel(id)) => format!("cancel {id}"),
                 CoreAction::Engine(HostAction::Permit {
                     run,

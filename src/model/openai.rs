@@ -33,6 +33,9 @@ pub fn request_body(req: &ModelRequest) -> Vec<u8> {
     // Without this OpenAI sends no usage at all on a stream.
     body.insert("stream_options".into(), json!({"include_usage": true}));
     body.insert("max_tokens".into(), json!(req.max_tokens));
+    if let Some(effort) = req.effort {
+        body.insert("reasoning_effort".into(), json!(effort.as_str()));
+    }
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if !req.system.is_empty() {
         messages.push(json!({"role": "system", "content": req.system}));
@@ -699,6 +702,7 @@ mod tests {
         let req = ModelRequest {
             model: "gpt-4.1",
             max_tokens: 1024,
+            effort: None,
             system: "You are a coding agent.",
             messages: &messages,
             tools: &tools,
@@ -770,6 +774,7 @@ mod tests {
         let req = ModelRequest {
             model: "m",
             max_tokens: 5,
+            effort: None,
             system: "",
             messages: &messages,
             tools: &[],

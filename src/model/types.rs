@@ -234,11 +234,41 @@ pub struct ToolSpec {
     pub input_schema: Value,
 }
 
+/// How hard the model should think before answering (ACP's `thought_level` option):
+/// Anthropic's extended thinking budget, OpenAI's `reasoning_effort`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    pub fn parse(s: &str) -> Option<Effort> {
+        match s {
+            "low" => Some(Effort::Low),
+            "medium" => Some(Effort::Medium),
+            "high" => Some(Effort::High),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
+}
+
 /// Everything a provider codec needs to build one request body.
 #[derive(Clone, Debug)]
 pub struct ModelRequest<'a> {
     pub model: &'a str,
     pub max_tokens: u32,
+    /// Extended thinking / reasoning effort; `None` leaves the provider's default.
+    pub effort: Option<Effort>,
     pub system: &'a str,
     pub messages: &'a [Message],
     pub tools: &'a [ToolSpec],

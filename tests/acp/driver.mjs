@@ -170,7 +170,8 @@ const scenarios = {
       const replay = frames
         .slice(loadFrom)
         .filter((f) => f.dir === "a2c" && f.msg?.method === "session/update")
-        .map((f) => f.msg.params.update);
+        .map((f) => f.msg.params.update)
+        .filter((u) => u.sessionUpdate !== "available_commands_update");
       const from = h.updates(sessionId).length;
       const stop = await prompt(h, sessionId, args.after ?? "after the restart");
       let unknown;
@@ -210,7 +211,10 @@ const scenarios = {
         cwd: args.cwd,
         mcpServers: [],
       });
-      const replayed = frames.slice(from).filter((f) => f.dir === "a2c" && f.msg?.method === "session/update").length;
+      const replayed = frames
+        .slice(from)
+        .filter((f) => f.dir === "a2c" && f.msg?.method === "session/update")
+        .filter((f) => f.msg.params.update.sessionUpdate !== "available_commands_update").length;
       const stop = await prompt(h, first.result.a, "resumed");
       return { list, resumed, replayed, stop };
     });

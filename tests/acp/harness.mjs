@@ -103,8 +103,12 @@ export function validate(frames) {
       }
       const p = msg.params ?? {};
       if (msg.method === "session/update") {
-        if (!busy.get(p.sessionId)) problem(`update for ${p.sessionId} outside a prompt or load`);
         const u = p.update ?? {};
+        // The session's commands come right after session/new, load or resume is answered,
+        // as the ACP docs ask; everything else belongs to a prompt or a load.
+        if (!busy.get(p.sessionId) && u.sessionUpdate !== "available_commands_update") {
+          problem(`update for ${p.sessionId} outside a prompt or load`);
+        }
         for (const loc of u.locations ?? []) if (!isAbsolute(loc.path)) problem(`relative location ${loc.path}`);
         for (const c of Array.isArray(u.content) ? u.content : []) if (c.type === "diff" && !isAbsolute(c.path)) problem(`relative diff path ${c.path}`);
       }

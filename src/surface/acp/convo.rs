@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use crate::agent::compact;
 use crate::log;
 use crate::model::types::{ContentBlock, Message, Role};
 use crate::surface::acp::call_ids::CallIds;
@@ -113,9 +114,18 @@ fn text_content(text: &str) -> Value {
 /// The `session/update`s that replay a conversation: user and agent text, thoughts, and one
 /// `tool_call` per call carrying its input and final status and result. A call's result is
 /// the one answering it in the message that follows its own (by id, and among calls that
-/// share an id, in order), and its card gets a session-unique id from `ids`.
-pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Value> {
+/// share an id, in order), and its card gets a session-unique id from `ids`. A compaction's
+/// summary (`agent::compact::head`) is shown as a `compaction_update` to a client that
+/// advertised `session.compaction` (`compaction`), else as a thought, and its
+/// acknowledgement not at all.
+pub fn replay(
+    messages: &[Value],
+    workspace: &Path,
+    ids: &mut CallIds,
+    compaction: bool,
+) -> Vec<Value> {
     let mut updates = Vec::new();
+    let mut compactions = 0;
     // The cards of the last assistant message's calls not answered yet, by the model's id.
     let mut unanswered: HashMap<String, VecDeque<usize>> = HashMap::new();
     for message in messages {
@@ -130,7 +140,24 @@ pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Va
             .flatten()
         {
             let text = block.get("text").and_then(Value::as_str);
+            let summary = text.and_then(|t| t.strip_prefix(compact::SUMMARY_INTRO));
             match (role, block.get("type").and_then(Value::as_str)) {
+                ("user", Some("text")) if summary.is_some() => {
+                    let summary = summary.unwrap_or_default();
+                    let summary = summary.strip_suffix(compact::CONTINUE).unwrap_or(summary);
+                    compactions += 1;
+                    updates.push(if compaction {
+                        json!({"sessionUpdate": "compaction_update",
+                               "compactionId": format!("replayed-{compactions}"),
+                               "status": "completed",
+                               "summary": [{"type": "text", "text": summary}]})
+                    } else {
+                        json!({"sessionUpdate": "agent_thought_chunk",
+                               "content": {"type": "text", "text": format!(
+                                   "The conversation was compacted. Summary:\n\n{summary}\n\n")}})
+                    });
+                }
+                ("assistant", Some("text")) if text == Some(compact::ACK) => {}
                 ("user", Some("text")) => updates.push(json!({
                     "sessionUpdate": "user_message_chunk",
                     "content": {"type": "text", "text": text.unwrap_or_default()}})),
@@ -241,7 +268,7 @@ mod tests {
             json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                    "content": [{"type": "text", "text": "a.txt"}], "is_error": true}]}),
         ];
-        let updates = replay(&messages, Path::new("/"), &mut CallIds::default());
+        let updates = replay(&messages, Path::new("/"), &mut CallIds::default(), false);
         let kinds: Vec<&str> = updates
             .iter()
             .map(|u| u["sessionUpdate"].as_str().unwrap())
@@ -278,7 +305,7 @@ mod tests {
             json!({"role": "assistant", "content": [call("call_0", "echo four")]}),
         ];
         let mut ids = CallIds::default();
-        let updates = replay(&messages, Path::new("/"), &mut ids);
+        let updates = replay(&messages, Path::new("/"), &mut ids, false);
         let cards: Vec<(&str, &str, &str, &str)> = updates
             .iter()
             .filter(|u| u["sessionUpdate"] == "tool_call")

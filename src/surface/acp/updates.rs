@@ -129,6 +129,12 @@ impl AcpServe {
                     "caliban/usage": total_usage.to_json(),
                     "caliban/turns": turn_count,
                 }));
+                if let StopCondition::CompactionFailed(error) = stopped_for {
+                    self.show_compaction(sid, Err(error), json!({}));
+                }
+                let Some(session) = self.sessions.get_mut(sid) else {
+                    return;
+                };
                 let why = match stopped_for {
                     StopCondition::Cancelled => "cancelled".to_owned(),
                     other => format!("not run: the run ended ({})", other.to_json()),
@@ -151,8 +157,77 @@ impl AcpServe {
                     self.sessions.insert(sid.to_owned(), session);
                 }
             }
-            TurnEvent::TurnStart { .. } | TurnEvent::TurnEnd { .. } => {}
+            TurnEvent::TurnEnd { usage, .. } => {
+                session.usage.add(usage);
+                let used = usage.input_tokens.saturating_add(usage.output_tokens);
+                self.show_usage(ctx, sid, used);
+            }
+            TurnEvent::Compaction {
+                trigger,
+                pre_tokens,
+                post_tokens,
+                summary,
+                usage,
+                ..
+            } => {
+                session.usage.add(usage);
+                let meta = json!({"caliban/compaction": {
+                    "trigger": trigger.as_str(), "pre_tokens": pre_tokens,
+                    "post_tokens": post_tokens}});
+                self.show_compaction(sid, Ok(summary), meta);
+                self.show_usage(ctx, sid, *post_tokens);
+            }
+            TurnEvent::TurnStart { .. } => {}
         }
+    }
+
+    /// A compaction as the client can show it: a `compaction_update` for a client that
+    /// advertised `session.compaction`, else a thought chunk (like a retry), so the user
+    /// still learns why the agent's memory of the early conversation is now a summary.
+    pub(super) fn show_compaction(&mut self, sid: &str, outcome: Result<&str, &str>, meta: Value) {
+        let update = if self.compaction {
+            self.next_compaction += 1;
+            let mut update = json!({"sessionUpdate": "compaction_update",
+                "compactionId": format!("compaction-{}", self.next_compaction), "_meta": meta});
+            match outcome {
+                Ok(summary) => {
+                    update["status"] = json!("completed");
+                    update["summary"] = json!([{"type": "text", "text": summary}]);
+                }
+                Err(error) => {
+                    update["status"] = json!("failed");
+                    update["error"] = json!(error);
+                }
+            }
+            update
+        } else {
+            let text = match outcome {
+                Ok(summary) => format!(
+                    "The conversation was compacted to free the context window. Summary:\n\n{summary}\n\n"
+                ),
+                Err(error) => format!("Compacting the conversation failed: {error}\n\n"),
+            };
+            json!({"sessionUpdate": "agent_thought_chunk",
+                   "content": {"type": "text", "text": text}, "_meta": meta})
+        };
+        self.outbox.update(sid, update);
+    }
+
+    /// `usage_update`: the context's size against the model's window, and what the session
+    /// cost so far where the model's price is known. Not sent for a model whose window is
+    /// unknown (`size` is required).
+    pub(super) fn show_usage(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, used: u64) {
+        let Some(session) = self.sessions.get(sid) else {
+            return;
+        };
+        let Some(size) = ctx.core.config().context_windows.of(&session.model) else {
+            return;
+        };
+        let mut update = json!({"sessionUpdate": "usage_update", "used": used, "size": size});
+        if let Some(cost) = crate::model::catalog::cost_usd(&session.model, &session.usage) {
+            update["cost"] = json!({"amount": cost, "currency": "USD"});
+        }
+        self.outbox.update(sid, update);
     }
 
     /// A retry of the model request, which would otherwise be seconds of nothing: a

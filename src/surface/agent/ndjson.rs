@@ -211,6 +211,9 @@ impl Plane {
             "EndInput" => core
                 .send_input(run, Inbound::EndInput)
                 .map_err(|e| e.to_string()),
+            "Compact" => core
+                .send_input(run, Inbound::Compact)
+                .map_err(|e| e.to_string()),
             "Permit" => ops::answer(&value, Dialect::HTTP)
                 .map_err(|e| e.to_string())
                 .and_then(|answer| {
@@ -219,7 +222,7 @@ impl Plane {
                 }),
             "" => Err("a line needs a string `type`".to_owned()),
             other => Err(format!(
-                "unknown type `{other}`: expected UserMessage, EndInput, Permit or Resume"
+                "unknown type `{other}`: expected UserMessage, EndInput, Compact, Permit or Resume"
             )),
         };
         if let Err(message) = result {

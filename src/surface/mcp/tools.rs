@@ -262,6 +262,11 @@ pub fn list(modern: bool) -> Value {
             input_schema(
                 "SendInputArgs",
                 json!({
+                    "compact": {
+                        "default": false,
+                        "description": "Compact the run's conversation now (summarise the older part; a `Compaction` event follows) instead of sending a message. `end` wins over it, and it over `text`.",
+                        "type": "boolean",
+                    },
                     "end": {
                         "default": false,
                         "description": "End the conversation instead of sending a message.",
