@@ -1624,3 +1624,96 @@ fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
 }
+
+// ---- the agent for long work (issue 14) ------------------------------------------------------
+
+/// A session whose second prompt outgrows a 10,000-token window compacts on its own, is
+/// compacted again by `/compact`, and after a restart `session/load` replays the summary
+/// (a `compaction_update` for a client that shows them) and the next prompt continues from
+/// the latest summary alone.
+#[test]
+fn acp_compaction_auto_and_by_command_survives_session_load() {
+    let ws = Workspace::new("acp-compact");
+    ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
+    crate::print::big_file(&ws, "a.txt", "AAA");
+    crate::print::big_file(&ws, "b.txt", "BBB");
+    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            read("ta", "a.txt"),
+            json!({"text": "ok one"}),
+            read("tb", "b.txt"),
+            json!({"text": "SUMMARY-ONE"}),
+            json!({"text": "ok two"}),
+            json!({"text": "SUMMARY-TWO"}),
+            json!({"text": "ok four"}),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "prompts": ["one", "two", "/compact"], "after": "four",
+               "caps": {"session": {"compaction": {}}}}),
+    );
+    let first = &r["first"];
+    assert_eq!(
+        first["stops"],
+        json!([{"stopReason": "end_turn"}, {"stopReason": "end_turn"}, {"stopReason": "end_turn"}])
+    );
+    let compactions = of_kind(&first["updates"], "compaction_update");
+    assert_eq!(compactions.len(), 2, "{}", first["updates"]);
+    for (c, (summary, trigger)) in compactions
+        .iter()
+        .zip([("SUMMARY-ONE", "auto"), ("SUMMARY-TWO", "manual")])
+    {
+        assert_eq!(c["status"], "completed");
+        assert_eq!(c["summary"], json!([{"type": "text", "text": summary}]));
+        assert_eq!(c["_meta"]["caliban/compaction"]["trigger"], trigger);
+    }
+    assert_ne!(
+        compactions[0]["compactionId"],
+        compactions[1]["compactionId"]
+    );
+    // The context meter follows the conversation, and drops with each compaction.
+    let usage: Vec<u64> = of_kind(&first["updates"], "usage_update")
+        .iter()
+        .map(|u| {
+            assert_eq!(u["size"], 10000);
+            u["used"].as_u64().unwrap()
+        })
+        .collect();
+    // Per turn: after Read a, "ok one", Read b; the compaction's; "ok two"; the manual one's.
+    assert_eq!(usage.len(), 6, "{usage:?}");
+    assert!(
+        usage[1] > 5000 && usage[3] < 2000 && usage[5] < 2000,
+        "{usage:?}"
+    );
+    // The replay shows the summary where the conversation it replaced was.
+    let second = &r["second"];
+    let kinds: Vec<&str> = second["replay"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|u| u["sessionUpdate"].as_str())
+        .collect();
+    assert_eq!(kinds, ["compaction_update"], "{}", second["replay"]);
+    assert_eq!(
+        second["replay"][0]["summary"][0]["text"], "SUMMARY-TWO",
+        "{}",
+        second["replay"]
+    );
+    assert_eq!(second["stop"], json!({"stopReason": "end_turn"}));
+    assert_eq!(
+        text_of(&second["updates"], "agent_message_chunk"),
+        "ok four"
+    );
+    let after = flat(&request_messages(&stub, 6));
+    assert!(
+        after.contains("SUMMARY-TWO") && after.contains("four"),
+        "{after}"
+    );
+    for gone in ["AAA", "BBB", "SUMMARY-ONE", "ok one"] {
+        assert!(!after.contains(gone), "{gone} was summarised away: {after}");
+    }
+}

@@ -2706,3 +2706,54 @@ fn every_run_on_disk_is_listed_page_by_page() {
         .sum();
     assert!(held <= 1001.0, "{held} runs in memory");
 }
+
+// ---- context compaction (issue 14) ----------------------------------------------------------
+
+/// An interactive run that outgrows a 10,000-token window compacts on its own; an input
+/// `{"compact": true}` compacts it again; both `Compaction` events are in the log, the run
+/// ends with the compacted conversation, and a restarted server replays the same events.
+#[test]
+fn compaction_auto_and_by_input_then_replayed_after_a_restart() {
+    let ws = Workspace::new("http-compact");
+    ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
+    crate::print::big_file(&ws, "a.txt", "AAA");
+    crate::print::big_file(&ws, "b.txt", "BBB");
+    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [read("ta", "a.txt"), read("tb", "b.txt"),
+                          {"text": "SUMMARY-ONE"}, {"text": "ok"}, {"text": "SUMMARY-TWO"}]}),
+    );
+    let mut server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "read both", "interactive": true}));
+    wait_state(addr, &run, "awaiting_input");
+    let resp = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"compact": true}),
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_for("the manual compaction", || {
+        let events = all_events(addr, &run);
+        (of_type(&events, "Compaction").len() == 2).then_some(())
+    });
+    wait_state(addr, &run, "awaiting_input");
+    let resp = post_json(addr, &format!("/runs/{run}/input"), &json!({"end": true}));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_terminal(addr, &run);
+    let events = all_events(addr, &run);
+    let compactions = of_type(&events, "Compaction");
+    assert_eq!(compactions[0]["trigger"], "auto");
+    assert_eq!(compactions[0]["summary"], "SUMMARY-ONE");
+    assert_eq!(compactions[1]["trigger"], "manual");
+    assert_eq!(compactions[1]["summary"], "SUMMARY-TWO");
+    let end = run_end(&events);
+    assert_eq!(end["stopped_for"], "EndOfTurn");
+    let final_messages = end["final_messages"].to_string();
+    assert!(final_messages.contains("SUMMARY-TWO"), "{final_messages}");
+    assert!(!final_messages.contains("AAA") && !final_messages.contains("SUMMARY-ONE"));
+
+    server.restart(&ws, &stub);
+    assert_eq!(all_events(server.addr, &run), events);
+}

@@ -1118,6 +1118,9 @@ impl DriveCore {
                 DriveStatus::Failed(rec.write_error.clone().unwrap_or_default())
             }
             StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
+            StopCondition::CompactionFailed(e) => {
+                DriveStatus::Failed(format!("compaction failed: {e}"))
+            }
             StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
                 "the model stream was idle for {} s",
                 d.as_secs_f64()

@@ -171,7 +171,7 @@ const scenarios = {
         .slice(loadFrom)
         .filter((f) => f.dir === "a2c" && f.msg?.method === "session/update")
         .map((f) => f.msg.params.update)
-        .filter((u) => u.sessionUpdate !== "available_commands_update");
+        .filter((u) => !["available_commands_update", "session_info_update"].includes(u.sessionUpdate));
       const from = h.updates(sessionId).length;
       const stop = await prompt(h, sessionId, args.after ?? "after the restart");
       let unknown;
@@ -214,7 +214,8 @@ const scenarios = {
       const replayed = frames
         .slice(from)
         .filter((f) => f.dir === "a2c" && f.msg?.method === "session/update")
-        .filter((f) => f.msg.params.update.sessionUpdate !== "available_commands_update").length;
+        .filter((f) => !["available_commands_update", "session_info_update"].includes(f.msg.params.update.sessionUpdate))
+        .length;
       const stop = await prompt(h, first.result.a, "resumed");
       return { list, resumed, replayed, stop };
     });
