@@ -460,9 +460,11 @@ fn acp_cancel_during_a_streaming_reply() {
         text_of(&r["secondUpdates"], "agent_message_chunk"),
         "A fresh answer."
     );
+    // Besides the answer, only the turn's context meter.
     assert_eq!(
         r["secondUpdates"].as_array().unwrap().len(),
         of_kind(&r["secondUpdates"], "agent_message_chunk").len()
+            + of_kind(&r["secondUpdates"], "usage_update").len()
     );
     // The next prompt continues the conversation in a new run: the cancelled request is
     // there, its partial answer is not.
@@ -1716,4 +1718,116 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
     for gone in ["AAA", "BBB", "SUMMARY-ONE", "ok one"] {
         assert!(!after.contains(gone), "{gone} was summarised away: {after}");
     }
+}
+
+/// What an editor shows for caliban: `/` commands, model and thinking selectors that
+/// change the model's requests, a title and a context meter per turn, slash commands
+/// answered without a model turn, and `session/delete`.
+#[test]
+fn acp_editor_commands_selectors_usage_title_and_delete() {
+    let ws = Workspace::new("acp-editor");
+    ws.write(
+        ".caliban/settings.json",
+        r#"{"model": "claude-sonnet-4-5", "models": ["claude-haiku-4-5"]}"#,
+    );
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("hi there"), text_turn("again to you")]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "editor", "model": "claude-haiku-4-5",
+               "prompts": ["hello there\nsecond line", "/model", "/plan",
+                           "/model claude-sonnet-4-5", "again"]}),
+    );
+    assert_eq!(
+        r["init"]["agentCapabilities"]["sessionCapabilities"]["delete"],
+        json!({})
+    );
+    let options = r["session"]["configOptions"].as_array().unwrap();
+    let ids: Vec<(&str, &str)> = options
+        .iter()
+        .map(|o| (o["id"].as_str().unwrap(), o["category"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("mode", "mode"),
+            ("model", "model"),
+            ("thought_level", "thought_level")
+        ]
+    );
+    let models: Vec<&str> = options[1]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["value"].as_str())
+        .collect();
+    assert_eq!(models, ["claude-sonnet-4-5", "claude-haiku-4-5"]);
+    assert_eq!(options[1]["currentValue"], "claude-sonnet-4-5");
+    assert_eq!(options[2]["currentValue"], "off");
+    assert_eq!(
+        r["setModel"]["configOptions"][1]["currentValue"],
+        "claude-haiku-4-5"
+    );
+    assert_eq!(r["setThought"]["configOptions"][2]["currentValue"], "high");
+    assert_eq!(r["badModel"]["code"], -32602);
+    // The commands an editor completes after `/`.
+    let commands = of_kind(&r["updates"], "available_commands_update");
+    let names: Vec<&str> = commands[0]["availableCommands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    for name in ["compact", "model", "mode", "default", "acceptEdits", "plan"] {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
+    assert!(
+        r["stops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["stopReason"] == "end_turn")
+    );
+    // The title, once, from the first prompt's first line.
+    let titles = of_kind(&r["updates"], "session_info_update");
+    assert_eq!(titles.len(), 1, "{}", r["updates"]);
+    assert_eq!(titles[0]["title"], "hello there");
+    // A context meter per model turn, with the cost at list prices.
+    let usage = of_kind(&r["updates"], "usage_update");
+    assert_eq!(usage.len(), 2, "{}", r["updates"]);
+    assert_eq!(usage[0]["size"], 200_000);
+    assert_eq!(usage[0]["used"], 17);
+    assert_eq!(usage[0]["cost"]["currency"], "USD");
+    assert!(usage[1]["cost"]["amount"].as_f64().unwrap() > 0.0);
+    // Slash commands: answered here, with what is now set.
+    let said = text_of(&r["updates"], "agent_message_chunk");
+    assert!(
+        said.contains("Model: claude-haiku-4-5. Available: claude-sonnet-4-5, claude-haiku-4-5"),
+        "{said}"
+    );
+    assert!(
+        said.contains("Mode: plan") && said.contains("Model: claude-sonnet-4-5"),
+        "{said}"
+    );
+    let modes = of_kind(&r["updates"], "current_mode_update");
+    assert_eq!(modes[0]["currentModeId"], "plan");
+    assert!(!of_kind(&r["updates"], "config_option_update").is_empty());
+    // The selectors reach the model: the chosen model and a thinking budget, and the
+    // later switch applies to the live run's next request.
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2, "slash commands ask no model");
+    assert_eq!(requests[0]["body"]["model"], "claude-haiku-4-5");
+    assert_eq!(
+        requests[0]["body"]["thinking"],
+        json!({"type": "enabled", "budget_tokens": 4096})
+    );
+    assert_eq!(requests[1]["body"]["model"], "claude-sonnet-4-5");
+    // session/delete: gone from the list, and not loadable.
+    assert_eq!(r["list"]["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(r["deleted"], json!({}));
+    assert_eq!(r["listAfter"]["sessions"], json!([]));
+    assert_eq!(r["loadDeleted"]["code"], -32002);
 }

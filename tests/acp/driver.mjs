@@ -185,6 +185,39 @@ const scenarios = {
     return { first: first.result, second: second.result };
   },
 
+  /** What an editor shows around a conversation: the session's commands, its config
+   * options (model, thinking), what setting them does, the title and context meter of its
+   * turns, slash commands, and session/delete. */
+  async editor() {
+    return withAgent(opts, async (h) => {
+      answering(h, args.answers);
+      const { init, session, sessionId } = await openSession(h, args.cwd, args.caps ?? {});
+      const hasCommands = () => h.updates(sessionId).some((u) => u.sessionUpdate === "available_commands_update");
+      await h.waitFor(hasCommands, "the session's available commands");
+      const set = (configId, value) => h.request(acp.methods.agent.session.setConfigOption, { sessionId, configId, value });
+      const setModel = await set("model", args.model);
+      const setThought = await set("thought_level", "high");
+      let badModel;
+      try {
+        await set("model", "no-such-model");
+      } catch (e) {
+        badModel = { code: e.code, message: e.message };
+      }
+      const stops = [];
+      for (const text of args.prompts ?? []) stops.push(await prompt(h, sessionId, text));
+      const list = await h.request(acp.methods.agent.session.list, {});
+      const deleted = await h.request(acp.methods.agent.session.delete, { sessionId });
+      const listAfter = await h.request(acp.methods.agent.session.list, {});
+      let loadDeleted;
+      try {
+        await h.request(acp.methods.agent.session.load, { sessionId, cwd: args.cwd, mcpServers: [] });
+      } catch (e) {
+        loadDeleted = { code: e.code, message: e.message };
+      }
+      return { init, session, setModel, setThought, badModel, stops, updates: h.updates(sessionId), list, deleted, listAfter, loadDeleted };
+    });
+  },
+
   /** session/list, session/resume and session/close, across a restart. */
   async sessions() {
     const first = await withAgent(opts, async (h) => {
