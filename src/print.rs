@@ -16,7 +16,7 @@ use crate::agent::tool_input::{StreamedCall, ToolInputs};
 use crate::cli::{InputFormat, OutputFormat};
 use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
 use crate::exit;
-use crate::model::types::{ContentBlock, Message, Usage};
+use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Usage};
 use crate::permissions::Policy;
 use crate::reactor::Signal;
 use crate::stdio::{self, StdinItem};
@@ -235,18 +235,29 @@ impl Printer {
                 }
                 let content = match obj.get("content") {
                     Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
-                    Some(Value::Array(blocks)) => blocks
-                        .iter()
-                        .map(|b| match ContentBlock::from_json(b) {
-                            Ok(block @ ContentBlock::Text { .. }) => Ok(block),
-                            Ok(_) => {
-                                Err("stream-json input: only text blocks are accepted".to_owned())
-                            }
-                            Err(e) => Err(format!("stream-json input: {e}")),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?,
+                    Some(Value::Array(blocks)) => {
+                        let images = blocks.iter().filter(|b| b["type"] == "image").count();
+                        if images > MAX_IMAGES {
+                            return Err(format!(
+                                "stream-json input: {images} images in one message; at most {MAX_IMAGES}"
+                            ));
+                        }
+                        blocks
+                            .iter()
+                            .map(|b| match ContentBlock::from_json(b) {
+                                Ok(
+                                    block @ (ContentBlock::Text { .. }
+                                    | ContentBlock::Image { .. }),
+                                ) => Ok(block),
+                                Ok(_) => Err("stream-json input: only text and image blocks \
+                                              are accepted"
+                                    .to_owned()),
+                                Err(e) => Err(format!("stream-json input: {e}")),
+                            })
+                            .collect::<Result<Vec<_>, _>>()?
+                    }
                     _ => return Err(
-                        "stream-json input: `content` must be a string or an array of text blocks"
+                        "stream-json input: `content` must be a string or an array of text and image blocks"
                             .into(),
                     ),
                 };

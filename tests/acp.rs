@@ -1745,6 +1745,10 @@ fn acp_editor_commands_selectors_usage_title_and_delete() {
         r["init"]["agentCapabilities"]["sessionCapabilities"]["delete"],
         json!({})
     );
+    assert_eq!(
+        r["init"]["agentCapabilities"]["promptCapabilities"]["image"],
+        true
+    );
     let options = r["session"]["configOptions"].as_array().unwrap();
     let ids: Vec<(&str, &str)> = options
         .iter()
@@ -1830,4 +1834,47 @@ fn acp_editor_commands_selectors_usage_title_and_delete() {
     assert_eq!(r["deleted"], json!({}));
     assert_eq!(r["listAfter"]["sessions"], json!([]));
     assert_eq!(r["loadDeleted"]["code"], -32002);
+}
+
+/// Image blocks in a prompt (`promptCapabilities.image`) reach the model and come back in a
+/// `session/load` replay and in the continued conversation; one the model could not take is
+/// refused with the reason.
+#[test]
+fn acp_image_prompts_reach_the_model_and_survive_load() {
+    use crate::print::PNG;
+    let ws = Workspace::new("acp-image");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("a red dot"), text_turn("still a red dot")]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "after": "and now?", "prompts": [
+            [{"type": "text", "text": "what is this?"},
+             {"type": "image", "mimeType": "image/png", "data": PNG}],
+            [{"type": "image", "mimeType": "image/tiff", "data": "AAAA"}],
+        ]}),
+    );
+    let stops = &r["first"]["stops"];
+    assert_eq!(stops[0], json!({"stopReason": "end_turn"}));
+    assert_eq!(stops[1]["error"]["code"], -32602, "{stops}");
+    assert!(
+        stops[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unsupported image type `image/tiff`"),
+        "{stops}"
+    );
+    let first = request_messages(&stub, 0);
+    assert_eq!(first[0]["content"][0]["text"], "what is this?");
+    assert_eq!(first[0]["content"][1]["source"]["data"], PNG);
+    let replay = &r["second"]["replay"];
+    assert_eq!(replay[1]["sessionUpdate"], "user_message_chunk", "{replay}");
+    assert_eq!(
+        replay[1]["content"],
+        json!({"type": "image", "mimeType": "image/png", "data": PNG})
+    );
+    let after = request_messages(&stub, 1);
+    assert_eq!(after[0]["content"][1]["source"]["data"], PNG, "{after:?}");
 }

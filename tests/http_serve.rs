@@ -2757,3 +2757,64 @@ fn compaction_auto_and_by_input_then_replayed_after_a_restart() {
     server.restart(&ws, &stub);
     assert_eq!(all_events(server.addr, &run), events);
 }
+
+// ---- images in prompts (issue 14) -----------------------------------------------------------
+
+/// `images` on `POST /runs` and on input reach the model; one it could not take is a 400
+/// that says why.
+#[test]
+fn images_on_runs_and_input() {
+    use crate::print::{PNG, image_block};
+    let ws = Workspace::new("http-images");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("a red dot"), text_turn("another")]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let bad = post_json(
+        addr,
+        "/runs",
+        &json!({"prompt": "x", "images": [image_block("image/bmp", "AAAA")]}),
+    );
+    assert_error(
+        &bad,
+        400,
+        "`images`: unsupported image type `image/bmp`: expected one of image/png, image/jpeg, image/gif, image/webp",
+    );
+    let run = start_run(
+        addr,
+        json!({"prompt": "what is this?", "interactive": true,
+               "images": [image_block("image/png", PNG)]}),
+    );
+    wait_state(addr, &run, "awaiting_input");
+    let bad = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"images": [{"type": "text", "text": "not an image"}]}),
+    );
+    assert_error(&bad, 400, "`images`: expected an image block");
+    let resp = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"images": [image_block("image/gif", "R0lGODlhAQABAAAAACw=")]}),
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_for("the second turn", || {
+        (stub.requests().len() == 2).then_some(())
+    });
+    let reqs = stub.requests();
+    let first = reqs[0]["body"]["messages"][0]["content"].clone();
+    assert_eq!(first[0]["text"], "what is this?");
+    assert_eq!(first[1]["source"]["data"], PNG);
+    let last = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        last["content"][0]["source"]["media_type"], "image/gif",
+        "{last}"
+    );
+}

@@ -1477,3 +1477,68 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
     assert_eq!(end["type"], "RunEnd");
     assert!(end["stopped_for"]["CompactionFailed"].is_string(), "{end}");
 }
+
+/// `images` on `caliban_run` and `caliban_send_input` reach the model; one it could not take
+/// is refused with the reason.
+#[test]
+fn mcp_images_on_run_and_send_input() {
+    use crate::print::{PNG, image_block};
+    let ws = Workspace::new("mcp-images");
+    let stub = Stub::start(&ws, &script(vec![text("a red dot"), text("another")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    raw.initialize("2025-06-18", json!({}));
+    let bad = raw.request(
+        1,
+        "tools/call",
+        json!({"name": "caliban_run", "arguments": {"prompt": "x",
+               "images": [image_block("image/tiff", "AAAA")]}}),
+    );
+    assert!(
+        bad.to_string()
+            .contains("unsupported image type `image/tiff`"),
+        "{bad}"
+    );
+    let run = raw.body(
+        2,
+        "caliban_run",
+        json!({"prompt": "what is this?", "interactive": true,
+               "images": [image_block("image/png", PNG)]}),
+    )["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    for id in 3..40 {
+        let body = raw.body(
+            id,
+            "caliban_poll",
+            json!({"run_id": run, "cursor": 0, "wait_ms": 2000}),
+        );
+        if body["status"]["state"] == "awaiting_input" {
+            break;
+        }
+    }
+    let sent = raw.body(
+        50,
+        "caliban_send_input",
+        json!({"run_id": run, "text": "and this?", "images": [image_block("image/jpeg", "/9j/4AAQ")]}),
+    );
+    assert_eq!(sent, json!({"ok": true}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stub.requests().len() < 2 {
+        assert!(Instant::now() < deadline, "no second request");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reqs = stub.requests();
+    assert_eq!(
+        reqs[0]["body"]["messages"][0]["content"][1]["source"]["data"],
+        PNG
+    );
+    let last = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last["content"][0]["text"], "and this?");
+    assert_eq!(last["content"][1]["source"]["media_type"], "image/jpeg");
+}

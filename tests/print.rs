@@ -1168,3 +1168,105 @@ fn stream_json_control_compact_and_its_failure() {
     );
     assert_eq!(out.code, Some(1));
 }
+
+// ---- images in prompts (issue 14) -----------------------------------------------------------
+
+/// A 1×1 PNG, base64.
+pub(crate) const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+/// An image block in upstream's shape.
+pub(crate) fn image_block(media_type: &str, data: &str) -> Value {
+    json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+}
+
+/// Images in stream-json input reach both providers in their own formats.
+#[test]
+fn stream_json_images_reach_both_wires() {
+    for wire in ["anthropic", "openai"] {
+        let ws = Workspace::new("image-print");
+        let stub = Stub::start(&ws, &json!({"turns": [text_turn("a red dot")]}));
+        let mut cmd = caliban(&ws);
+        if wire == "anthropic" {
+            anthropic(&mut cmd, &stub);
+        } else {
+            openai(&mut cmd, &stub);
+        }
+        cmd.args([
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ]);
+        let line = json!({"type": "user", "content": [
+            {"type": "text", "text": "what is this?"}, image_block("image/png", PNG)]});
+        let out = run(cmd, &format!("{line}\n"));
+        assert_eq!(out.code, Some(0), "{wire}: {out:?}");
+        let reqs = stub.requests();
+        let user = &reqs[0]["body"]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "user")
+            .cloned()
+            .unwrap();
+        let expected = if wire == "anthropic" {
+            json!([{"type": "text", "text": "what is this?", "cache_control": {"type": "ephemeral"}},
+                   image_block("image/png", PNG)])
+        } else {
+            json!([{"type": "text", "text": "what is this?"},
+                   {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG}")}}])
+        };
+        if wire == "anthropic" {
+            // The cache breakpoint goes on the last block of the last user message.
+            assert_eq!(user["content"][0]["text"], "what is this?");
+            assert_eq!(user["content"][1]["source"], expected[1]["source"]);
+        } else {
+            assert_eq!(user["content"], expected, "{user}");
+        }
+    }
+}
+
+/// An image neither provider takes is refused with the reason, never dropped.
+#[test]
+fn stream_json_refuses_images_it_cannot_send() {
+    let ws = Workspace::new("image-refused");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    for (block, why) in [
+        (
+            image_block("image/tiff", "AAAA"),
+            "unsupported image type `image/tiff`",
+        ),
+        (
+            image_block("image/png", "not base64!"),
+            "image data is not base64",
+        ),
+        (
+            json!({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}),
+            "unsupported image source `url`",
+        ),
+        (
+            image_block("image/png", &"A".repeat((3 << 20) + 4)),
+            "image too large",
+        ),
+    ] {
+        let mut cmd = caliban(&ws);
+        anthropic(&mut cmd, &stub);
+        cmd.args([
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ]);
+        let line = json!({"type": "user", "content": [block]});
+        let out = run(cmd, &format!("{line}\n"));
+        assert_eq!(out.code, Some(64), "{out:?}");
+        let error = out.result()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(error.contains(why), "{error}");
+    }
+    assert!(stub.requests().is_empty(), "nothing reached the model");
+}

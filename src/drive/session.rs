@@ -728,10 +728,10 @@ impl EventLog {
                         if let Some(Value::Array(history)) = header.get("history") {
                             messages.extend(history.iter().cloned());
                         }
-                        push_user_text(messages, &header["prompt"]);
+                        push_user_text(messages, &header, "prompt");
                     }
                     Line::Input(input) if input["type"] == "user_message" => {
-                        push_user_text(messages, &input["text"]);
+                        push_user_text(messages, &input, "text");
                     }
                     Line::Event { value, .. } if value["type"] == "TurnEnd" => {
                         let mut value = value;
@@ -1335,9 +1335,18 @@ fn lock_for_append(file: &File, run_id: &str) -> io::Result<()> {
     }
 }
 
-fn push_user_text(messages: &mut Vec<Value>, text: &Value) {
-    if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
-        messages.push(json!({"role": "user", "content": [{"type": "text", "text": text}]}));
+/// A user message from a header's `prompt` and `images` or an input's `text` and
+/// `images`; nothing when both are empty.
+fn push_user_text(messages: &mut Vec<Value>, record: &Value, text_key: &str) {
+    let mut content = Vec::new();
+    if let Some(text) = record[text_key].as_str().filter(|t| !t.is_empty()) {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    if let Some(images) = record.get("images").and_then(Value::as_array) {
+        content.extend(images.iter().cloned());
+    }
+    if !content.is_empty() {
+        messages.push(json!({"role": "user", "content": content}));
     }
 }
 

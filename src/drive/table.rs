@@ -140,13 +140,36 @@ impl std::fmt::Display for DriveError {
     }
 }
 
+/// An image's share of the input queue.
+fn image_size(block: &ContentBlock) -> usize {
+    match block {
+        ContentBlock::Image { data, .. } => data.len(),
+        _ => 0,
+    }
+}
+
+/// A user message's content: its text (unless empty, as an image may come alone), then
+/// its images.
+fn user_content(text: String, images: Vec<ContentBlock>) -> Vec<ContentBlock> {
+    let mut content = Vec::with_capacity(images.len() + 1);
+    if !text.is_empty() || images.is_empty() {
+        content.push(ContentBlock::text(text));
+    }
+    content.extend(images);
+    content
+}
+
 const NOT_INTERACTIVE: &str = "drive session is not interactive; it accepts no input";
 const ENDED: &str = "drive session has ended; it accepts no further input";
 
 /// Follow-up input for an interactive run (upstream `DriveInbound`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Inbound {
-    UserMessage(String),
+    /// A message: its text and images (`ContentBlock::Image`).
+    UserMessage {
+        text: String,
+        images: Vec<ContentBlock>,
+    },
     EndInput,
     /// Compact the conversation now (not upstream's): the run summarises it and waits for
     /// input again.
@@ -154,17 +177,31 @@ pub enum Inbound {
 }
 
 impl Inbound {
+    /// A message of text alone.
+    pub fn text(text: String) -> Inbound {
+        Inbound::UserMessage {
+            text,
+            images: Vec::new(),
+        }
+    }
+
     /// Bytes it adds to the input queue.
     fn size(&self) -> usize {
         match self {
-            Inbound::UserMessage(text) => text.len(),
+            Inbound::UserMessage { text, images } => {
+                text.len() + images.iter().map(image_size).sum::<usize>()
+            }
             Inbound::EndInput | Inbound::Compact => 0,
         }
     }
 
     fn to_json(&self) -> Value {
         match self {
-            Inbound::UserMessage(text) => json!({"type": "user_message", "text": text}),
+            Inbound::UserMessage { text, images } if images.is_empty() => {
+                json!({"type": "user_message", "text": text})
+            }
+            Inbound::UserMessage { text, images } => json!({"type": "user_message", "text": text,
+                "images": images.iter().map(ContentBlock::to_json).collect::<Vec<_>>()}),
             Inbound::EndInput => json!({"type": "end_input"}),
             Inbound::Compact => json!({"type": "compact"}),
         }
@@ -175,6 +212,8 @@ impl Inbound {
 #[derive(Clone, Debug, Default)]
 pub struct RunSpec {
     pub prompt: String,
+    /// Images that come with the prompt (`ContentBlock::Image`).
+    pub images: Vec<ContentBlock>,
     pub interactive: bool,
     pub cwd: Option<PathBuf>,
     pub model: Option<String>,
@@ -481,7 +520,7 @@ impl DriveCore {
     // ---- operations for surfaces ---------------------------------------------------------
 
     pub fn start_run(&mut self, spec: RunSpec) -> Result<RunId, DriveError> {
-        if spec.prompt.trim().is_empty() && !spec.compact_first {
+        if spec.prompt.trim().is_empty() && spec.images.is_empty() && !spec.compact_first {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
         let live = self.runs.values().filter(|r| r.live);
@@ -555,6 +594,12 @@ impl DriveCore {
         header.insert("created_ms".into(), json!(created_ms));
         header.insert("interactive".into(), json!(spec.interactive));
         header.insert("prompt".into(), json!(spec.prompt));
+        if !spec.images.is_empty() {
+            header.insert(
+                "images".into(),
+                Value::Array(spec.images.iter().map(ContentBlock::to_json).collect()),
+            );
+        }
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
@@ -581,7 +626,7 @@ impl DriveCore {
         } else {
             self.act(HostAction::SendInput(
                 id,
-                vec![ContentBlock::text(spec.prompt.clone())],
+                user_content(spec.prompt.clone(), spec.images.clone()),
             ));
         }
         self.runs.insert(
@@ -897,10 +942,10 @@ impl DriveCore {
         // Logged when delivered, not when queued, so the file keeps conversation order.
         let _ = rec.log.append_input(&input.to_json());
         match input {
-            Inbound::UserMessage(text) => {
+            Inbound::UserMessage { text, images } => {
                 rec.status = DriveStatus::Running;
                 let _ = rec.log.append_status(&rec.status.to_json());
-                self.act(HostAction::SendInput(id, vec![ContentBlock::text(text)]));
+                self.act(HostAction::SendInput(id, user_content(text, images)));
             }
             Inbound::EndInput => self.act(HostAction::EndInput(id)),
             Inbound::Compact => {
@@ -1561,8 +1606,7 @@ mod tests {
         }
         core.on_await_input(id);
         assert_eq!(core.status(id), Ok(DriveStatus::AwaitingInput));
-        core.send_input(id, Inbound::UserMessage("more".into()))
-            .unwrap();
+        core.send_input(id, Inbound::text("more".into())).unwrap();
         assert_eq!(core.status(id), Ok(DriveStatus::Running));
         for i in 3..6 {
             core.on_event(id, &delta(i));
@@ -1744,30 +1788,29 @@ mod tests {
         );
         let by_count = start(&mut core, "p", true);
         for i in 0..MAX_QUEUED_INPUTS {
-            core.send_input(by_count, Inbound::UserMessage(format!("m{i}")))
+            core.send_input(by_count, Inbound::text(format!("m{i}")))
                 .unwrap();
         }
-        for input in [Inbound::UserMessage("one more".into()), Inbound::EndInput] {
+        for input in [Inbound::text("one more".into()), Inbound::EndInput] {
             let err = core.send_input(by_count, input).unwrap_err();
             assert_eq!(err.to_string(), full);
         }
 
         let by_bytes = start(&mut core, "p", true);
         let big = "x".repeat(MAX_QUEUED_INPUT_BYTES - 10);
-        core.send_input(by_bytes, Inbound::UserMessage(big))
-            .unwrap();
+        core.send_input(by_bytes, Inbound::text(big)).unwrap();
         let err = core
-            .send_input(by_bytes, Inbound::UserMessage("x".repeat(11)))
+            .send_input(by_bytes, Inbound::text("x".repeat(11)))
             .unwrap_err();
         assert_eq!(err.to_string(), full);
-        core.send_input(by_bytes, Inbound::UserMessage("x".repeat(10)))
+        core.send_input(by_bytes, Inbound::text("x".repeat(10)))
             .unwrap();
         // Nothing reached the engine while the runs were working.
         assert!(actions(&mut core).is_empty());
         // Taking one frees a slot.
         core.on_await_input(by_count);
         assert_eq!(actions(&mut core), ["input run-1 m0"]);
-        core.send_input(by_count, Inbound::UserMessage("now it fits".into()))
+        core.send_input(by_count, Inbound::text("now it fits".into()))
             .unwrap();
     }
 
@@ -1776,7 +1819,7 @@ mod tests {
         let tmp = TempDir::new("not-interactive");
         let mut core = tmp.core();
         let id = start(&mut core, "p", false);
-        for input in [Inbound::UserMessage("hi".into()), Inbound::EndInput] {
+        for input in [Inbound::text("hi".into()), Inbound::EndInput] {
             let err = core.send_input(id, input).unwrap_err();
             assert_eq!(
                 err,
@@ -1789,7 +1832,7 @@ mod tests {
         }
         finish_with_events(&mut core, id, 1);
         assert_eq!(
-            core.send_input(id, Inbound::UserMessage("hi".into())),
+            core.send_input(id, Inbound::text("hi".into())),
             Err(DriveError::Input(NOT_INTERACTIVE.into()))
         );
         assert!(actions(&mut core).is_empty());
@@ -1801,12 +1844,11 @@ mod tests {
         let mut core = tmp.core();
         let id = start(&mut core, "first", true);
         for text in ["a", "b"] {
-            core.send_input(id, Inbound::UserMessage(text.into()))
-                .unwrap();
+            core.send_input(id, Inbound::text(text.into())).unwrap();
         }
         core.send_input(id, Inbound::EndInput).unwrap();
         let ended = "cannot send input: drive session has ended; it accepts no further input";
-        let late = core.send_input(id, Inbound::UserMessage("c".into()));
+        let late = core.send_input(id, Inbound::text("c".into()));
         assert_eq!(late.unwrap_err().to_string(), ended);
         assert!(actions(&mut core).is_empty());
         // Not logged until delivered, so the conversation on disk is in the order the
@@ -1833,7 +1875,7 @@ mod tests {
         core.on_event(id, &run_end(StopCondition::EndOfTurn));
         core.on_finished(id, &StopCondition::EndOfTurn);
         assert_eq!(core.status(id), Ok(DriveStatus::Done));
-        let after = core.send_input(id, Inbound::UserMessage("d".into()));
+        let after = core.send_input(id, Inbound::text("d".into()));
         assert_eq!(after.unwrap_err().to_string(), ended);
         assert!(actions(&mut core).is_empty());
     }
@@ -1846,8 +1888,7 @@ mod tests {
         core.on_await_input(id);
         assert!(actions(&mut core).is_empty());
         core.take_changed();
-        core.send_input(id, Inbound::UserMessage("go".into()))
-            .unwrap();
+        core.send_input(id, Inbound::text("go".into())).unwrap();
         assert_eq!(actions(&mut core), ["input run-1 go"]);
         assert_eq!(core.status(id), Ok(DriveStatus::Running));
         assert_eq!(core.take_changed(), BTreeSet::from([id]));
@@ -1958,7 +1999,7 @@ mod tests {
         assert_eq!(core.status_at(RunId(2), 0), Ok(DriveStatus::Running));
         assert!(!core.is_live(RunId(2)));
         assert_eq!(
-            core.send_input(RunId(2), Inbound::UserMessage("hi".into())),
+            core.send_input(RunId(2), Inbound::text("hi".into())),
             Err(DriveError::Input(ENDED.into()))
         );
         assert_eq!(core.cancel(RunId(2)), Ok(()));

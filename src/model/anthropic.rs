@@ -137,6 +137,7 @@ fn block_json(block: &ContentBlock) -> Option<Value> {
         // non-whitespace text"); they appear when a turn streamed nothing but a tool call.
         ContentBlock::Text { text } if text.trim().is_empty() => None,
         ContentBlock::Text { text } => Some(json!({"type": "text", "text": text})),
+        image @ ContentBlock::Image { .. } => Some(image.to_json()),
         // Thinking must be echoed verbatim with its signature. One without a signature (a cut
         // stream, or reasoning recorded from an OpenAI-compatible server) would be rejected,
         // and the model does not need it to continue.

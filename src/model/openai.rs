@@ -117,6 +117,27 @@ fn push_user(message: &Message, out: &mut Vec<Value>) {
         }
     }
     let text = joined_text(&message.content);
+    let images: Vec<Value> = message
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Image { media_type, data } => Some(json!({
+                "type": "image_url",
+                "image_url": {"url": format!("data:{media_type};base64,{data}")},
+            })),
+            _ => None,
+        })
+        .collect();
+    if !images.is_empty() {
+        // Parts only when there is an image: a plain string suits more chat templates.
+        let mut parts = Vec::with_capacity(images.len() + 1);
+        if !text.is_empty() {
+            parts.push(json!({"type": "text", "text": text}));
+        }
+        parts.extend(images);
+        out.push(json!({"role": "user", "content": parts}));
+        return;
+    }
     // An empty user message is kept when it is the only thing in the turn, so that roles
     // still alternate (several chat templates raise otherwise).
     if !text.is_empty() || !had_results {

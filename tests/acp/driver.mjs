@@ -32,6 +32,17 @@ function answering(h, answers) {
   };
 }
 
+/** A prompt given as text, or as content blocks (an array); a refused block-array prompt
+ * resolves with `{error: {code, message}}` so a scenario can go on. */
+async function sendPrompt(h, sessionId, p) {
+  if (typeof p === "string") return prompt(h, sessionId, p);
+  try {
+    return await h.request(acp.methods.agent.session.prompt, { sessionId, prompt: p }, "session/prompt (blocks)", WAIT_MS);
+  } catch (e) {
+    return { error: { code: e.code, message: e.message } };
+  }
+}
+
 /** Index of the frame answering client request `id` (by position in `frames`). */
 function answerIndex(id) {
   return frames.findIndex((f) => f.dir === "a2c" && f.msg && !f.msg.method && f.msg.id === id);
@@ -64,7 +75,7 @@ const scenarios = {
         });
       }
       const stops = [];
-      for (const text of args.prompts ?? ["hello"]) stops.push(await prompt(h, sessionId, text));
+      for (const p of args.prompts ?? ["hello"]) stops.push(await sendPrompt(h, sessionId, p));
       // Terminals are released after the tool result; let that finish before closing.
       await h.waitFor(
         () => h.calls("terminal/create").length === h.calls("terminal/release").length,
@@ -151,7 +162,7 @@ const scenarios = {
       answering(h, args.answers);
       const { sessionId } = await openSession(h, args.cwd, args.caps ?? {});
       const stops = [];
-      for (const text of args.prompts ?? ["first"]) stops.push(await prompt(h, sessionId, text));
+      for (const p of args.prompts ?? ["first"]) stops.push(await sendPrompt(h, sessionId, p));
       return { sessionId, stops, updates: h.updates(sessionId) };
     });
     const sessionId = first.result.sessionId;

@@ -9,17 +9,20 @@ use serde_json::{Value, json};
 
 use crate::agent::compact;
 use crate::log;
-use crate::model::types::{ContentBlock, Message, Role};
+use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Role};
 use crate::surface::acp::call_ids::CallIds;
 use crate::surface::acp::card::{self, OldText};
 
-/// The user text of a `session/prompt`: text blocks as they are, mentions (`resource_link`,
-/// `resource`) inline as markdown links, and the text of embedded resources appended as
-/// context after the message. Images and audio are not advertised, and are left out.
-pub fn prompt_text(blocks: &Value) -> Result<String, String> {
+/// The user text of a `session/prompt` and its images: text blocks as they are, mentions
+/// (`resource_link`, `resource`) inline as markdown links, the text of embedded resources
+/// appended as context after the message, and `image` blocks (`promptCapabilities.image`)
+/// as images for the model. An image the model could not take, or audio (not advertised),
+/// is refused with the reason rather than left out.
+pub fn prompt_content(blocks: &Value) -> Result<(String, Vec<ContentBlock>), String> {
     let Some(blocks) = blocks.as_array() else {
         return Err("`prompt` must be an array of content blocks".into());
     };
+    let mut images = Vec::new();
     let mut text = String::new();
     let mut context = String::new();
     for block in blocks {
@@ -39,12 +42,28 @@ pub fn prompt_text(blocks: &Value) -> Result<String, String> {
                     context.push_str(&format!("\n\n<context ref=\"{uri}\">\n{body}\n</context>"));
                 }
             }
+            Some("image") => {
+                if images.len() == MAX_IMAGES {
+                    return Err(format!("more than {MAX_IMAGES} images in one prompt"));
+                }
+                let (Some(media_type), Some(data)) =
+                    (str_of(block, "mimeType"), str_of(block, "data"))
+                else {
+                    return Err(
+                        "an image block needs `mimeType` and base64 `data` (an image \
+                                given only by `uri` is not fetched)"
+                            .into(),
+                    );
+                };
+                images.push(ContentBlock::image(&media_type, &data)?);
+            }
+            Some("audio") => return Err("audio is not supported in prompts".into()),
             Some(other) => log::info(&format!("ignoring a `{other}` block in a prompt")),
             None => return Err("a prompt content block has no `type`".into()),
         }
     }
     text.push_str(&context);
-    Ok(text)
+    Ok((text, images))
 }
 
 fn last_segment(uri: &str) -> String {
@@ -158,6 +177,13 @@ pub fn replay(
                     });
                 }
                 ("assistant", Some("text")) if text == Some(compact::ACK) => {}
+                ("user", Some("image")) => {
+                    let source = block.get("source").unwrap_or(&Value::Null);
+                    updates.push(json!({
+                        "sessionUpdate": "user_message_chunk",
+                        "content": {"type": "image", "mimeType": source["media_type"],
+                                    "data": source["data"]}}));
+                }
                 ("user", Some("text")) => updates.push(json!({
                     "sessionUpdate": "user_message_chunk",
                     "content": {"type": "text", "text": text.unwrap_or_default()}})),
@@ -232,11 +258,36 @@ mod tests {
             {"type": "image", "data": "AA==", "mimeType": "image/png"}
         ]);
         assert_eq!(
-            prompt_text(&blocks).unwrap(),
+            prompt_content(&blocks).unwrap().0,
             "look at [@main.rs](file:///w/src/main.rs) and [@notes.md](file:///w/notes.md)\
              \n\n<context ref=\"file:///w/notes.md\">\nbe brief\n</context>"
         );
-        assert!(prompt_text(&json!("hi")).is_err());
+        assert!(prompt_content(&json!("hi")).is_err());
+        let png = json!([{"type": "text", "text": "see"},
+                         {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="}]);
+        let (text, images) = prompt_content(&png).unwrap();
+        assert_eq!((text.as_str(), images.len()), ("see", 1));
+        for (bad, why) in [
+            (
+                json!({"type": "image", "mimeType": "image/tiff", "data": "AAAA"}),
+                "unsupported image type",
+            ),
+            (
+                json!({"type": "image", "mimeType": "image/png", "data": "a b!"}),
+                "not base64",
+            ),
+            (
+                json!({"type": "image", "mimeType": "image/png", "uri": "file:///x.png"}),
+                "needs `mimeType`",
+            ),
+            (
+                json!({"type": "audio", "mimeType": "audio/wav", "data": "AAAA"}),
+                "audio",
+            ),
+        ] {
+            let err = prompt_content(&json!([bad])).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
     }
 
     #[test]

@@ -271,9 +271,9 @@ impl AcpServe {
         params: &Value,
     ) -> Result<(), RpcError> {
         let sid = str_param(params, "sessionId")?.to_owned();
-        let text = convo::prompt_text(params.get("prompt").unwrap_or(&Value::Null))
+        let (text, images) = convo::prompt_content(params.get("prompt").unwrap_or(&Value::Null))
             .map_err(invalid_params)?;
-        if text.trim().is_empty() {
+        if text.trim().is_empty() && images.is_empty() {
             return Err(invalid_params("session/prompt requires non-empty text"));
         }
         let command = commands::parse(&text);
@@ -313,7 +313,7 @@ impl AcpServe {
                 let input = if compact {
                     Inbound::Compact
                 } else {
-                    Inbound::UserMessage(text)
+                    Inbound::UserMessage { text, images }
                 };
                 ctx.core
                     .send_input(run, input)
@@ -382,6 +382,7 @@ impl AcpServe {
                 let default_model = &ctx.core.config().run.model;
                 let spec = RunSpec {
                     prompt: if compact { String::new() } else { text },
+                    images,
                     compact_first: compact,
                     model: (session.model != *default_model).then(|| session.model.clone()),
                     effort: session.effort,
