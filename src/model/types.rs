@@ -78,7 +78,7 @@ impl ContentBlock {
         }
         let body = data.trim_end_matches('=');
         let base64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
-        if data.is_empty() || data.len() % 4 != 0 || !body.bytes().all(base64) {
+        if data.is_empty() || !data.len().is_multiple_of(4) || !body.bytes().all(base64) {
             return Err("image data is not base64".to_owned());
         }
         Ok(ContentBlock::Image {
