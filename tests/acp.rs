@@ -214,7 +214,7 @@ fn acp_seed_handshake_then_a_second_prompt_continues_the_conversation() {
     assert_eq!(caps["loadSession"], true);
     assert_eq!(
         caps["promptCapabilities"],
-        json!({"image": false, "audio": false, "embeddedContext": true})
+        json!({"image": true, "audio": false, "embeddedContext": true})
     );
     assert_eq!(init["agentInfo"]["name"], "caliban");
     assert_eq!(r["auth"], json!({}));

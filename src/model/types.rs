@@ -78,7 +78,12 @@ impl ContentBlock {
         }
         let body = data.trim_end_matches('=');
         let base64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
-        if data.is_empty() || !data.len().is_multiple_of(4) || !body.bytes().all(base64) {
+        let padding = data.len() - body.len();
+        if data.is_empty()
+            || !data.len().is_multiple_of(4)
+            || padding > 2
+            || !body.bytes().all(base64)
+        {
             return Err("image data is not base64".to_owned());
         }
         Ok(ContentBlock::Image {
@@ -97,11 +102,26 @@ impl ContentBlock {
                 blocks.len()
             ));
         }
+        // Strict about the shape, unlike a session file's blocks: a client's typo (a field
+        // meant for another API) is refused rather than ignored.
+        let only = |value: &Value, keys: &[&str], what: &str| match value.as_object() {
+            Some(obj) => match obj.keys().find(|k| !keys.contains(&k.as_str())) {
+                Some(extra) => Err(format!("unexpected field `{extra}` in {what}")),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        };
         blocks
             .iter()
-            .map(|block| match ContentBlock::from_json(block)? {
-                image @ ContentBlock::Image { .. } => Ok(image),
-                _ => Err("expected an image block".to_owned()),
+            .map(|block| {
+                only(block, &["type", "source"], "an image block")?;
+                if let Some(source) = block.get("source") {
+                    only(source, &["type", "media_type", "data"], "an image source")?;
+                }
+                match ContentBlock::from_json(block)? {
+                    image @ ContentBlock::Image { .. } => Ok(image),
+                    _ => Err("expected an image block".to_owned()),
+                }
             })
             .collect()
     }
