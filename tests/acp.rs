@@ -1629,16 +1629,22 @@ fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
 
 // ---- the agent for long work (issue 14) ------------------------------------------------------
 
-/// A session whose second prompt outgrows a 10,000-token window compacts on its own, is
-/// compacted again by `/compact`, and after a restart `session/load` replays the summary
-/// (a `compaction_update` for a client that shows them) and the next prompt continues from
-/// the latest summary alone.
+/// A session whose second prompt outgrows a 10,000-token window twice compacts on its own
+/// twice in that one run, going on after each; `/compact` compacts it a third time; after a
+/// restart `session/load` replays the summary (a `compaction_update` for a client that shows
+/// them) and the next prompt continues from the latest summary alone.
 #[test]
 fn acp_compaction_auto_and_by_command_survives_session_load() {
     let ws = Workspace::new("acp-compact");
     ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
-    crate::print::big_file(&ws, "a.txt", "AAA");
-    crate::print::big_file(&ws, "b.txt", "BBB");
+    for (name, marker) in [
+        ("a.txt", "AAA"),
+        ("b.txt", "BBB"),
+        ("c.txt", "CCC"),
+        ("d.txt", "DDD"),
+    ] {
+        crate::print::big_file(&ws, name, marker);
+    }
     let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
     let stub = Stub::start(
         &ws,
@@ -1647,8 +1653,11 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
             json!({"text": "ok one"}),
             read("tb", "b.txt"),
             json!({"text": "SUMMARY-ONE"}),
-            json!({"text": "ok two"}),
+            read("tc", "c.txt"),
+            read("td", "d.txt"),
             json!({"text": "SUMMARY-TWO"}),
+            json!({"text": "ok two"}),
+            json!({"text": "SUMMARY-THREE"}),
             json!({"text": "ok four"}),
         ]),
     );
@@ -1659,16 +1668,20 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
                "caps": {"session": {"compaction": {}}}}),
     );
     let first = &r["first"];
+    let end_turn = json!({"stopReason": "end_turn"});
+    assert_eq!(first["stops"], json!([end_turn, end_turn, end_turn]));
     assert_eq!(
-        first["stops"],
-        json!([{"stopReason": "end_turn"}, {"stopReason": "end_turn"}, {"stopReason": "end_turn"}])
+        text_of(&first["updates"], "agent_message_chunk"),
+        "ok oneok two"
     );
     let compactions = of_kind(&first["updates"], "compaction_update");
-    assert_eq!(compactions.len(), 2, "{}", first["updates"]);
-    for (c, (summary, trigger)) in compactions
-        .iter()
-        .zip([("SUMMARY-ONE", "auto"), ("SUMMARY-TWO", "manual")])
-    {
+    assert_eq!(compactions.len(), 3, "{}", first["updates"]);
+    let expected = [
+        ("SUMMARY-ONE", "auto"),
+        ("SUMMARY-TWO", "auto"),
+        ("SUMMARY-THREE", "manual"),
+    ];
+    for (c, (summary, trigger)) in compactions.iter().zip(expected) {
         assert_eq!(c["status"], "completed");
         assert_eq!(c["summary"], json!([{"type": "text", "text": summary}]));
         assert_eq!(c["_meta"]["caliban/compaction"]["trigger"], trigger);
@@ -1685,11 +1698,27 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
             u["used"].as_u64().unwrap()
         })
         .collect();
-    // Per turn: after Read a, "ok one", Read b; the compaction's; "ok two"; the manual one's.
-    assert_eq!(usage.len(), 6, "{usage:?}");
+    // Per turn and compaction: Read a, "ok one", Read b, compaction, Read c, Read d,
+    // compaction, "ok two", compaction.
+    assert_eq!(usage.len(), 9, "{usage:?}");
+    assert!(usage[1] > 5000 && usage[5] > 4000, "{usage:?}");
+    for at in [3, 6, 8] {
+        assert!(
+            usage[at] < 2000,
+            "a compaction empties the context: {usage:?}"
+        );
+    }
+    // Within the run, the request after each automatic compaction holds its summary and
+    // not what it summarised.
+    let after_one = flat(&request_messages(&stub, 4));
     assert!(
-        usage[1] > 5000 && usage[3] < 2000 && usage[5] < 2000,
-        "{usage:?}"
+        after_one.contains("SUMMARY-ONE") && !after_one.contains("BBB"),
+        "{after_one}"
+    );
+    let after_two = flat(&request_messages(&stub, 7));
+    assert!(
+        after_two.contains("SUMMARY-TWO") && !after_two.contains("DDD"),
+        "{after_two}"
     );
     // The replay shows the summary where the conversation it replaced was.
     let second = &r["second"];
@@ -1700,22 +1729,26 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
         .filter_map(|u| u["sessionUpdate"].as_str())
         .collect();
     assert_eq!(kinds, ["compaction_update"], "{}", second["replay"]);
-    assert_eq!(
-        second["replay"][0]["summary"][0]["text"], "SUMMARY-TWO",
-        "{}",
-        second["replay"]
-    );
-    assert_eq!(second["stop"], json!({"stopReason": "end_turn"}));
+    assert_eq!(second["replay"][0]["summary"][0]["text"], "SUMMARY-THREE");
+    assert_eq!(second["stop"], end_turn);
     assert_eq!(
         text_of(&second["updates"], "agent_message_chunk"),
         "ok four"
     );
-    let after = flat(&request_messages(&stub, 6));
+    let after = flat(&request_messages(&stub, 9));
     assert!(
-        after.contains("SUMMARY-TWO") && after.contains("four"),
+        after.contains("SUMMARY-THREE") && after.contains("four"),
         "{after}"
     );
-    for gone in ["AAA", "BBB", "SUMMARY-ONE", "ok one"] {
+    for gone in [
+        "AAA",
+        "BBB",
+        "CCC",
+        "DDD",
+        "SUMMARY-ONE",
+        "SUMMARY-TWO",
+        "ok one",
+    ] {
         assert!(!after.contains(gone), "{gone} was summarised away: {after}");
     }
 }
