@@ -972,6 +972,16 @@ impl<K: HostKey> Engine<K> {
             jitter(),
         );
         let message = err.to_string();
+        if err.is_context_overflow()
+            && let Some(slot) = self.runs.get_mut(&run)
+        {
+            // The model says the request did not fit: the run may compact and resend.
+            let effects = slot.run.on_context_overflow(Instant::now());
+            if !effects.is_empty() {
+                self.push_effects(run, effects);
+                return;
+            }
+        }
         let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
         match decision {
             RetryDecision::Retry(delay) if can_retry => {

@@ -1270,3 +1270,44 @@ fn stream_json_refuses_images_it_cannot_send() {
     }
     assert!(stub.requests().is_empty(), "nothing reached the model");
 }
+
+/// A model that refuses a request as too long for its window (one caliban thought would
+/// fit) gets a summary request instead, then the request again, compacted.
+#[test]
+fn prompt_too_long_compacts_and_sends_again() {
+    let ws = Workspace::new("compact-overflow");
+    big_file(&ws, "a.txt", "AAA");
+    let too_long = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 201000 tokens > 200000 maximum"}}"#;
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [{"id": "t1", "name": "Read", "input": {"path": "a.txt"}}]},
+            {"text": "THE-SUMMARY", "faults": [{"status": 400, "body": too_long}]},
+            {"text": "done"},
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "read a.txt"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "done");
+    let boundary = out
+        .frames()
+        .into_iter()
+        .find(|f| f["subtype"] == "compact_boundary")
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert_eq!(boundary["summary"], "THE-SUMMARY");
+    let reqs = stub.requests();
+    assert_eq!(
+        reqs.len(),
+        4,
+        "the refused request, the summary, the request again"
+    );
+    assert!(reqs[2]["body"].to_string().contains("working notes"));
+    let resent = reqs[3]["body"]["messages"].to_string();
+    assert!(
+        resent.contains("THE-SUMMARY") && !resent.contains("AAA"),
+        "{resent}"
+    );
+}

@@ -838,6 +838,22 @@ impl Run {
         out
     }
 
+    /// The model refused the request as larger than its context window: a turn that showed
+    /// nothing yet compacts and is sent again (once between two completed turns, as
+    /// `begin_turn` compacts). Nothing to do — an empty answer — when the request was the
+    /// summary itself, or the run compacted since its last turn: the caller fails the run.
+    pub fn on_context_overflow(&mut self, now: Instant) -> Vec<Effect> {
+        let fresh = matches!(&self.phase, Phase::Model(acc) if !acc.announced);
+        if !fresh || self.compacted_last {
+            return Vec::new();
+        }
+        let estimate = self.context_tokens();
+        let window = self.config.context_window.unwrap_or(estimate);
+        let keep = compact::limit(window, self.config.max_tokens) / 4;
+        self.start_compaction(Trigger::Auto, Then::Turn, estimate, keep, now)
+            .unwrap_or_default()
+    }
+
     /// The model request failed for good (retries exhausted, or output already shown).
     pub fn on_model_failed(&mut self, condition: StopCondition) -> Vec<Effect> {
         if self.is_done() {
