@@ -648,7 +648,7 @@ impl<K: HostKey> Engine<K> {
             }
             HostAction::Compact(run) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
-                    let effects = slot.run.compact(now);
+                    let effects = slot.run.compact();
                     self.push_effects(run, effects);
                 }
             }
@@ -976,7 +976,7 @@ impl<K: HostKey> Engine<K> {
             && let Some(slot) = self.runs.get_mut(&run)
         {
             // The model says the request did not fit: the run may compact and resend.
-            let effects = slot.run.on_context_overflow(Instant::now());
+            let effects = slot.run.on_context_overflow();
             if !effects.is_empty() {
                 self.push_effects(run, effects);
                 return;

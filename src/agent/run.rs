@@ -299,13 +299,13 @@ impl Run {
     /// Compacts the conversation of an idle interactive run, as a client asked; the run
     /// waits for input again afterwards. A conversation with nothing to summarise is left
     /// as it is.
-    pub fn compact(&mut self, now: Instant) -> Vec<Effect> {
+    pub fn compact(&mut self) -> Vec<Effect> {
         if !self.is_idle() {
             return Vec::new();
         }
         let pre_tokens = self.context_tokens();
         let keep = pre_tokens / 4;
-        self.start_compaction(Trigger::Manual, Then::Idle, pre_tokens, keep, now)
+        self.start_compaction(Trigger::Manual, Then::Idle, pre_tokens, keep)
             .unwrap_or_else(|| vec![Effect::AwaitInput])
     }
 
@@ -315,7 +315,6 @@ impl Run {
         then: Then,
         pre_tokens: u64,
         keep_tokens: u64,
-        now: Instant,
     ) -> Option<Vec<Effect>> {
         let split = compact::split_point(&self.messages, keep_tokens);
         // Only what the model said can be summarised; a lone prompt is what it is.
@@ -325,7 +324,6 @@ impl Run {
         {
             return None;
         }
-        let _ = now;
         self.phase = Phase::Compact(CompactAcc {
             trigger,
             then,
@@ -391,7 +389,7 @@ impl Run {
             let estimate = self.context_tokens();
             if estimate > limit
                 && let Some(effects) =
-                    self.start_compaction(Trigger::Auto, Then::Turn, estimate, limit / 4, now)
+                    self.start_compaction(Trigger::Auto, Then::Turn, estimate, limit / 4)
             {
                 return effects;
             }
@@ -842,7 +840,7 @@ impl Run {
     /// nothing yet compacts and is sent again (once between two completed turns, as
     /// `begin_turn` compacts). Nothing to do — an empty answer — when the request was the
     /// summary itself, or the run compacted since its last turn: the caller fails the run.
-    pub fn on_context_overflow(&mut self, now: Instant) -> Vec<Effect> {
+    pub fn on_context_overflow(&mut self) -> Vec<Effect> {
         let fresh = matches!(&self.phase, Phase::Model(acc) if !acc.announced);
         if !fresh || self.compacted_last {
             return Vec::new();
@@ -850,7 +848,7 @@ impl Run {
         let estimate = self.context_tokens();
         let window = self.config.context_window.unwrap_or(estimate);
         let keep = compact::limit(window, self.config.max_tokens) / 4;
-        self.start_compaction(Trigger::Auto, Then::Turn, estimate, keep, now)
+        self.start_compaction(Trigger::Auto, Then::Turn, estimate, keep)
             .unwrap_or_default()
     }
 
@@ -1216,7 +1214,7 @@ mod tests {
             r.send_user(vec![ContentBlock::text("go")], now);
             r.on_model_event(text(0, "hi"), now);
             assert_eq!(r.on_model_complete(now).last(), Some(&Effect::AwaitInput));
-            assert_eq!(r.compact(now), vec![Effect::RequestModel]);
+            assert_eq!(r.compact(), vec![Effect::RequestModel]);
             let out = if fail {
                 r.on_model_failed(StopCondition::ProviderError("overloaded".into()))
             } else {
@@ -1235,11 +1233,11 @@ mod tests {
         r.config.interactive = true;
         let now = Instant::now();
         // Nothing to compact yet: the run just waits on.
-        assert_eq!(r.compact(now), vec![Effect::AwaitInput]);
+        assert_eq!(r.compact(), vec![Effect::AwaitInput]);
         r.send_user(vec![ContentBlock::text("go")], now);
         r.on_model_event(text(0, "hi"), now);
         r.on_model_complete(now);
-        r.compact(now);
+        r.compact();
         r.on_model_event(text(0, "S"), now);
         let out = r.on_model_complete(now);
         assert!(matches!(
