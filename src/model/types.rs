@@ -114,6 +114,9 @@ impl ContentBlock {
         blocks
             .iter()
             .map(|block| {
+                if block.get("type").and_then(Value::as_str) != Some("image") {
+                    return Err("expected an image block".to_owned());
+                }
                 only(block, &["type", "source"], "an image block")?;
                 if let Some(source) = block.get("source") {
                     only(source, &["type", "media_type", "data"], "an image source")?;
