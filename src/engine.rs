@@ -236,6 +236,14 @@ pub trait Host {
     fn on_event(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, event: &TurnEvent);
     fn on_ask(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, call: &ToolCall) -> AskReply;
     fn on_retry(&mut self, _ctx: &mut Ctx<Self::Key>, _run: RunId, _notice: &RetryNotice) {}
+    /// The run began to compact its conversation (`Effect::CompactionStarted`).
+    fn on_compaction_started(
+        &mut self,
+        _ctx: &mut Ctx<Self::Key>,
+        _run: RunId,
+        _trigger: crate::agent::compact::Trigger,
+    ) {
+    }
     fn on_await_input(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId);
     fn on_finished(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, why: &StopCondition);
     fn on_stdin(&mut self, _ctx: &mut Ctx<Self::Key>, _item: StdinItem) {}
@@ -730,6 +738,9 @@ impl<K: HostKey> Engine<K> {
                 AskReply::Pending => {}
             },
             Effect::AbortWork => self.abort_work(run),
+            Effect::CompactionStarted(trigger) => {
+                host.on_compaction_started(&mut self.ctx(), run, trigger)
+            }
             Effect::AwaitInput => host.on_await_input(&mut self.ctx(), run),
             Effect::Finished(why) => {
                 self.abort_work(run);

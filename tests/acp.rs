@@ -1674,8 +1674,27 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
         text_of(&first["updates"], "agent_message_chunk"),
         "ok oneok two"
     );
-    let compactions = of_kind(&first["updates"], "compaction_update");
-    assert_eq!(compactions.len(), 3, "{}", first["updates"]);
+    // Each compaction is one entity: `in_progress` when it starts, then `completed`.
+    let updates = of_kind(&first["updates"], "compaction_update");
+    let started: Vec<&Value> = updates
+        .iter()
+        .filter(|u| u["status"] == "in_progress")
+        .copied()
+        .collect();
+    let compactions: Vec<&Value> = updates
+        .iter()
+        .filter(|u| u["status"] == "completed")
+        .copied()
+        .collect();
+    assert_eq!(
+        (started.len(), compactions.len()),
+        (3, 3),
+        "{}",
+        first["updates"]
+    );
+    for (s, c) in started.iter().zip(&compactions) {
+        assert_eq!(s["compactionId"], c["compactionId"]);
+    }
     let expected = [
         ("SUMMARY-ONE", "auto"),
         ("SUMMARY-TWO", "auto"),
@@ -1910,4 +1929,38 @@ fn acp_image_prompts_reach_the_model_and_survive_load() {
     );
     let after = request_messages(&stub, 1);
     assert_eq!(after[0]["content"][1]["source"]["data"], PNG, "{after:?}");
+}
+
+/// A compaction the model cannot summarise fails the prompt with the reason, and a client
+/// that shows compactions sees it go from `in_progress` to `failed`.
+#[test]
+fn acp_failed_compaction_is_shown_and_fails_the_prompt() {
+    let ws = Workspace::new("acp-compact-failed");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("ok"), json!({"faults": [{"status": 400}]})]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "caps": {"session": {"compaction": {}}},
+               "prompts": ["one", [{"type": "text", "text": "/compact"}]]}),
+    );
+    assert_eq!(r["stops"][0], json!({"stopReason": "end_turn"}));
+    let error = &r["stops"][1]["error"];
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("compaction failed"),
+        "{error}"
+    );
+    let updates = of_kind(&r["updates"], "compaction_update");
+    let statuses: Vec<&str> = updates
+        .iter()
+        .filter_map(|u| u["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["in_progress", "failed"], "{}", r["updates"]);
+    assert_eq!(updates[0]["compactionId"], updates[1]["compactionId"]);
+    assert!(updates[1]["error"].is_string());
 }

@@ -64,6 +64,9 @@ pub enum Effect {
     Ask(ToolCall),
     /// Stop the model stream and kill running tools (the run was cancelled).
     AbortWork,
+    /// A compaction began (its summary request follows); `Emit(Compaction)` or `RunEnd`
+    /// ends it. Hosts that show a compaction's progress (ACP) start showing it here.
+    CompactionStarted(Trigger),
     /// The turn ended and an interactive run now waits for input.
     AwaitInput,
     /// `RunEnd` was emitted; nothing more will happen.
@@ -333,7 +336,10 @@ impl Run {
             text: String::new(),
             usage: Usage::default(),
         });
-        Some(vec![Effect::RequestModel])
+        Some(vec![
+            Effect::CompactionStarted(trigger),
+            Effect::RequestModel,
+        ])
     }
 
     /// The summary arrived: the summarised messages give way to it, and the run goes on.
@@ -1214,7 +1220,13 @@ mod tests {
             r.send_user(vec![ContentBlock::text("go")], now);
             r.on_model_event(text(0, "hi"), now);
             assert_eq!(r.on_model_complete(now).last(), Some(&Effect::AwaitInput));
-            assert_eq!(r.compact(), vec![Effect::RequestModel]);
+            assert_eq!(
+                r.compact(),
+                vec![
+                    Effect::CompactionStarted(Trigger::Manual),
+                    Effect::RequestModel
+                ]
+            );
             let out = if fail {
                 r.on_model_failed(StopCondition::ProviderError("overloaded".into()))
             } else {

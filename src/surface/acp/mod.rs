@@ -399,6 +399,17 @@ impl Surface for AcpServe {
         }
     }
 
+    fn on_compaction_started(
+        &mut self,
+        _ctx: &mut Cx<AcpKey>,
+        run: RunId,
+        trigger: crate::agent::compact::Trigger,
+    ) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
+            self.compaction_started(&sid, trigger);
+        }
+    }
+
     fn on_tool_start(
         &mut self,
         ctx: &mut Cx<AcpKey>,

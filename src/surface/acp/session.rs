@@ -88,6 +88,9 @@ pub(super) struct Session {
     pub(super) usage: crate::model::types::Usage,
     /// Thinking effort (the `thought_level` config option); `None` is off.
     pub(super) effort: Option<crate::model::types::Effort>,
+    /// The `compactionId` of the compaction in progress, shown `in_progress` to a client
+    /// that advertised `session.compaction`.
+    pub(super) compacting: Option<String>,
 }
 
 impl Session {
@@ -109,6 +112,7 @@ impl Session {
             model,
             usage: Default::default(),
             effort: None,
+            compacting: None,
         }
     }
 }
