@@ -13,10 +13,18 @@
 //! {"provider": "anthropic", "model": "…", "max_tokens": 8192, "max_turns": 50,
 //!  "context_window": 32768 | {"my-local-model": 32768, …},
 //!  "models": ["claude-sonnet-4-5", "claude-haiku-4-5"],
+//!  "project_instructions": true,
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
-//!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]}}
+//!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
+//!  "mcpServers": {"name": {"command": "…", "args": ["…"]}},
+//!  "mcp_timeout": 300,
+//!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false}
 //! ```
+//!
+//! `mcpServers` is read as `mcp_client::config` reads `.mcp.json`; the approval keys
+//! (`enabledMcpjsonServers`, `enableAllProjectMcpServers`, as Claude Code names them) count
+//! only in the user's own file, since a workspace must not approve its own servers.
 
 use std::fmt;
 use std::fs::File;
@@ -68,10 +76,18 @@ pub struct Settings {
     /// Models a client may choose between (ACP's model selector); the configured model is
     /// always among them.
     pub models: Option<Vec<String>>,
+    /// `"project_instructions": false` turns off reading `AGENTS.md` and kin.
+    pub project_instructions: Option<bool>,
     /// Project rules first (the local file's before the shared file's), then user rules.
     pub rules: Vec<Rule>,
     /// Things worth telling the user that do not stop the run: unknown keys, dropped rules.
     pub warnings: Vec<String>,
+    /// Each file's `mcpServers`, highest priority first, with whether it is the user's.
+    pub mcp_servers: Vec<(RuleSource, Map<String, Value>)>,
+    pub mcp_timeout: Option<u32>,
+    /// Approvals of project MCP servers, from the user's file only.
+    pub enabled_mcpjson_servers: Vec<String>,
+    pub enable_all_project_mcp_servers: bool,
 }
 
 #[derive(Debug)]
@@ -168,8 +184,22 @@ pub fn load(
             }
         }
         settings.models = settings.models.or(file.models);
+        settings.project_instructions = settings.project_instructions.or(file.project_instructions);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
+        settings.mcp_timeout = settings.mcp_timeout.or(file.mcp_timeout);
+        if let Some(servers) = file.mcp_servers {
+            settings.mcp_servers.push((source, servers));
+        }
+        if source == RuleSource::User {
+            settings.enabled_mcpjson_servers = file.enabled_mcpjson_servers;
+            settings.enable_all_project_mcp_servers = file.enable_all_project_mcp_servers;
+        } else if !file.enabled_mcpjson_servers.is_empty() || file.enable_all_project_mcp_servers {
+            settings.warnings.push(format!(
+                "{}: MCP server approvals count only in your user settings; ignored here",
+                path.display()
+            ));
+        }
     }
     Ok(settings)
 }
@@ -198,7 +228,7 @@ pub fn rules_from_cli(
 
 /// `$XDG_CONFIG_HOME`, or `$HOME/.config`. The XDG spec says to ignore a relative or empty
 /// `XDG_CONFIG_HOME`.
-fn user_config_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+pub(crate) fn user_config_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     if let Some(dir) = env("XDG_CONFIG_HOME").filter(|dir| dir.starts_with('/')) {
         return Some(PathBuf::from(dir));
     }
@@ -240,8 +270,13 @@ struct FileSettings {
     default_mode: Option<Mode>,
     context_window: ContextWindows,
     models: Option<Vec<String>>,
+    project_instructions: Option<bool>,
     rules: Vec<Rule>,
     warnings: Vec<String>,
+    mcp_servers: Option<Map<String, Value>>,
+    mcp_timeout: Option<u32>,
+    enabled_mcpjson_servers: Vec<String>,
+    enable_all_project_mcp_servers: bool,
 }
 
 /// Validates one file. Structural mistakes in known keys are errors, since guessing could
@@ -299,6 +334,36 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
                         .map(str::to_owned)
                         .collect(),
                 );
+            }
+            "project_instructions" => match value {
+                Value::Bool(on) => parser.out.project_instructions = Some(*on),
+                _ => {
+                    return Err(
+                        parser.invalid("'project_instructions' must be true or false".to_owned())
+                    );
+                }
+            },
+            "mcpServers" => match value {
+                Value::Object(servers) => parser.out.mcp_servers = Some(servers.clone()),
+                _ => {
+                    return Err(parser
+                        .invalid("'mcpServers' must be an object of servers by name".to_owned()));
+                }
+            },
+            "mcp_timeout" => parser.out.mcp_timeout = Some(parser.positive(key, value)?),
+            "enabledMcpjsonServers" => {
+                parser.out.enabled_mcpjson_servers = value
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+            }
+            "enableAllProjectMcpServers" => {
+                parser.out.enable_all_project_mcp_servers = value.as_bool() == Some(true);
             }
             // Editors add a schema reference for completion; it configures nothing.
             "$schema" => {}

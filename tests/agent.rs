@@ -1236,3 +1236,32 @@ fn ndjson_images_and_compact_lines() {
     assert_eq!(last["content"][1]["source"]["data"], PNG, "{last}");
     assert!(reqs[2]["body"].to_string().contains("working notes"));
 }
+
+/// The networked agent's run calls the configured MCP servers like every surface's.
+#[test]
+fn ndjson_run_calls_configured_mcp_servers() {
+    let ws = Workspace::new("agent-mcp-client");
+    let pki = pki(&ws);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [{"id": "toolu_m", "name": "mcp__py__echo", "input": {"text": "net"}}]},
+            text_turn("done"),
+        ]}),
+    );
+    ws.write(
+        "mcp.json",
+        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+    );
+    let cfg = path_str(&ws.path("mcp.json"));
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &["--mcp-config", &cfg]);
+    let mut client = Client::attached(&agent, &pki, "");
+    let lines = client.recv_to_end();
+    let end = lines
+        .iter()
+        .find(|l| l["type"] == "ToolCallEnd" && l["tool_use_id"] == "toolu_m")
+        .unwrap_or_else(|| panic!("no ToolCallEnd: {lines:?}"));
+    assert_eq!(end["is_error"], false, "{end}");
+    assert_eq!(end["result_text"], "echo: net", "{end}");
+}

@@ -134,7 +134,19 @@ fn stream_json_frames_in_order() {
     );
     assert_eq!(
         frames[0]["tools"],
-        json!(["Bash", "Read", "Write", "Edit", "Glob", "Grep"])
+        json!([
+            "Bash",
+            "BashOutput",
+            "KillShell",
+            "Read",
+            "Write",
+            "Edit",
+            "MultiEdit",
+            "Glob",
+            "Grep",
+            "WebFetch",
+            "TodoWrite"
+        ])
     );
     assert_eq!(frames[1]["input"], json!({"path": "notes.txt"}));
     assert_eq!(frames[2]["is_error"], false);
@@ -1179,18 +1191,27 @@ pub(crate) fn image_block(media_type: &str, data: &str) -> Value {
     json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
 }
 
-/// Images in stream-json input reach both providers in their own formats.
+/// Images in stream-json input reach both providers in their own formats, and the run's
+/// session file keeps them (the first message's and a later one's), so `--continue` sends
+/// them again.
 #[test]
 fn stream_json_images_reach_both_wires() {
     for wire in ["anthropic", "openai"] {
         let ws = Workspace::new("image-print");
-        let stub = Stub::start(&ws, &json!({"turns": [text_turn("a red dot")]}));
-        let mut cmd = caliban(&ws);
-        if wire == "anthropic" {
-            anthropic(&mut cmd, &stub);
-        } else {
-            openai(&mut cmd, &stub);
-        }
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [text_turn("a red dot"), text_turn("a jpeg"), text_turn("both")]}),
+        );
+        let command = || {
+            let mut cmd = caliban(&ws);
+            if wire == "anthropic" {
+                anthropic(&mut cmd, &stub);
+            } else {
+                openai(&mut cmd, &stub);
+            }
+            cmd
+        };
+        let mut cmd = command();
         cmd.args([
             "-p",
             "--input-format",
@@ -1200,8 +1221,17 @@ fn stream_json_images_reach_both_wires() {
         ]);
         let line = json!({"type": "user", "content": [
             {"type": "text", "text": "what is this?"}, image_block("image/png", PNG)]});
-        let out = run(cmd, &format!("{line}\n"));
+        let jpeg = json!({"type": "user", "content": [image_block("image/jpeg", "/9j/4AAQ")]});
+        let out = run(cmd, &format!("{line}\n{jpeg}\n"));
         assert_eq!(out.code, Some(0), "{wire}: {out:?}");
+        let mut cmd = command();
+        cmd.args(["-p", "--continue", "and both?"]);
+        assert_eq!(run(cmd, "").code, Some(0), "{wire}");
+        let continued = stub.requests()[2]["body"]["messages"].to_string();
+        assert!(
+            continued.contains(PNG) && continued.contains("/9j/4AAQ"),
+            "{wire}: {continued}"
+        );
         let reqs = stub.requests();
         let user = &reqs[0]["body"]["messages"]
             .as_array()

@@ -11,6 +11,8 @@
 use serde_json::Value;
 
 use crate::model::types::{ContentBlock, Message, Role};
+use crate::tools::table::{self, Runs};
+use crate::tools::todo::{self, Todo};
 
 /// Bytes of request JSON per token, for the estimate of what was added since the last usage.
 const BYTES_PER_TOKEN: u64 = 4;
@@ -41,6 +43,12 @@ pub const ACK: &str = "Understood. I will continue from this summary.";
 /// Appended to the summary when the model speaks next (the compaction came in the middle of
 /// the work, after tool results that the summary now holds).
 pub const CONTINUE: &str = "\n\nContinue the work from where the summary leaves off.";
+
+/// Introduces the plan carried over a compaction (`head`): the `TodoWrite` list as JSON, as
+/// the model wrote it, so the model keeps working to it and a replay (ACP's `session/load`)
+/// shows it again.
+pub const PLAN_INTRO: &str =
+    "Your plan (the last TodoWrite list) as it stood before the compaction, still current:\n";
 
 /// What started a compaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,15 +139,48 @@ pub fn request_messages(summarised: &[Message]) -> Vec<Message> {
     messages
 }
 
-/// The messages that replace the summarised ones.
-pub fn head(summary: &str, next: Next) -> Vec<Message> {
+/// The plan the model last wrote in `messages` (the input of its last `TodoWrite` call that
+/// checks, or the plan an earlier compaction carried over), if any. The plan lives only in
+/// the conversation, so a compaction that summarises it carries it over itself rather than
+/// trust the summary to repeat it.
+pub fn latest_plan(messages: &[Message]) -> Option<Vec<Todo>> {
+    messages
+        .iter()
+        .rev()
+        .flat_map(|m| m.content.iter().rev().map(move |block| (m.role, block)))
+        .find_map(|(role, block)| match (role, block) {
+            (Role::Assistant, ContentBlock::ToolUse { name, input, .. })
+                if table::lookup(name).is_some_and(|t| matches!(t.runs, Runs::Plan(_))) =>
+            {
+                todo::parse_input(input).ok()
+            }
+            (Role::User, ContentBlock::Text { text }) => plan_of_text(text),
+            _ => None,
+        })
+}
+
+/// The plan in a text block of a compacted head (`PLAN_INTRO`), for a replay.
+pub fn plan_of_text(text: &str) -> Option<Vec<Todo>> {
+    let json = text.strip_prefix(PLAN_INTRO)?;
+    todo::parse_input(&serde_json::from_str(json).ok()?).ok()
+}
+
+/// The messages that replace the summarised ones, with the plan carried over when the
+/// summarised part held the last one (`latest_plan`).
+pub fn head(summary: &str, next: Next, plan: Option<&[Todo]>) -> Vec<Message> {
     let mut text = format!("{SUMMARY_INTRO}{summary}");
     if next == Next::Model {
         text.push_str(CONTINUE);
     }
+    let mut content = vec![ContentBlock::text(text)];
+    if let Some(todos) = plan {
+        let list =
+            serde_json::json!({"todos": todos.iter().map(Todo::to_json).collect::<Vec<_>>()});
+        content.push(ContentBlock::text(format!("{PLAN_INTRO}{list}")));
+    }
     let mut head = vec![Message {
         role: Role::User,
-        content: vec![ContentBlock::text(text)],
+        content,
     }];
     if next == Next::User {
         head.push(Message {
@@ -233,7 +274,10 @@ mod tests {
             .iter()
             .map(|t| user(t).to_json())
             .collect();
-        let head: Vec<Value> = head("S", Next::User).iter().map(Message::to_json).collect();
+        let head: Vec<Value> = head("S", Next::User, None)
+            .iter()
+            .map(Message::to_json)
+            .collect();
         let event = serde_json::json!({"messages": head, "messages_kept": 1});
         replay(&mut messages, &event);
         assert_eq!(messages.len(), 3);
@@ -241,5 +285,47 @@ mod tests {
         assert_eq!(messages[2], user("d").to_json());
         assert_eq!(limit(1000, 8192), 750);
         assert_eq!(limit(200_000, 8192), 191_808);
+    }
+
+    #[test]
+    fn the_last_plan_is_carried_over_and_read_back() {
+        let call = |todos: Value| Message {
+            role: Role::Assistant,
+            content: vec![ContentBlock::ToolUse {
+                id: "p".into(),
+                name: "TodoWrite".into(),
+                input: serde_json::json!({"todos": todos}),
+            }],
+        };
+        let first = serde_json::json!([{"id": "1", "content": "read", "status": "completed"}]);
+        let second = serde_json::json!([
+            {"id": "1", "content": "read", "status": "completed"},
+            {"id": "2", "content": "fix", "status": "in_progress"}
+        ]);
+        let convo = [
+            user("go"),
+            call(first),
+            results(),
+            call(second),
+            results(),
+            // A refused list is not the plan.
+            call(serde_json::json!("not a list")),
+        ];
+        let plan = latest_plan(&convo).unwrap();
+        assert_eq!(plan.len(), 2);
+        assert_eq!(latest_plan(&convo[..1]), None);
+        let head = head("S", Next::Model, Some(&plan));
+        let [
+            ContentBlock::Text { text: summary },
+            ContentBlock::Text { text: carried },
+        ] = head[0].content.as_slice()
+        else {
+            panic!("{head:?}");
+        };
+        assert!(summary.ends_with(CONTINUE));
+        assert_eq!(plan_of_text(carried), Some(plan.clone()));
+        assert_eq!(plan_of_text(summary), None);
+        // A later compaction finds the plan the last one carried.
+        assert_eq!(latest_plan(&head), Some(plan));
     }
 }

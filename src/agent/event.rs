@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use crate::agent::compact::Trigger;
 use crate::model::types::{ContentBlock, Message, StopReason, Usage};
+use crate::tools::todo::Todo;
 
 /// Upstream caps `ToolCallEnd.result_text` at this many characters (head kept).
 pub const STREAM_RESULT_TEXT_CAP: usize = 8 * 1024;
@@ -108,6 +109,14 @@ pub enum TurnEvent {
         /// What the summary request cost.
         usage: Usage,
     },
+    /// The model's plan, after a `TodoWrite` call changed it: the whole list. Not one of
+    /// upstream's eight variants (it has no plan event); it comes between the call's
+    /// `ToolCallStart` and `ToolCallEnd`.
+    PlanUpdate {
+        turn_index: u32,
+        tool_use_id: String,
+        todos: Vec<Todo>,
+    },
     RunEnd {
         final_messages: Vec<Message>,
         total_usage: Usage,
@@ -129,6 +138,7 @@ impl TurnEvent {
             TurnEvent::ToolCallEnd { .. } => "ToolCallEnd",
             TurnEvent::TurnEnd { .. } => "TurnEnd",
             TurnEvent::Compaction { .. } => "Compaction",
+            TurnEvent::PlanUpdate { .. } => "PlanUpdate",
             TurnEvent::RunEnd { .. } => "RunEnd",
         }
     }
@@ -207,6 +217,12 @@ impl TurnEvent {
                         "messages_kept": messages_kept, "summary": summary,
                         "messages": messages.iter().map(Message::to_json).collect::<Vec<_>>(),
                         "usage": usage.to_json()}),
+            TurnEvent::PlanUpdate {
+                turn_index,
+                tool_use_id,
+                todos,
+            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
+                        "todos": todos.iter().map(Todo::to_json).collect::<Vec<_>>()}),
             TurnEvent::RunEnd {
                 final_messages,
                 total_usage,

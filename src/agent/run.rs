@@ -184,6 +184,11 @@ enum Phase {
 
 pub struct Run {
     config: RunConfig,
+    /// What the model is offered: the configured tools (taken out of `config`, not copied:
+    /// an idle run's size counts), then the tools MCP servers offer now (`set_extra_tools`).
+    tools: Vec<ToolSpec>,
+    /// How many of `tools` are the configured ones.
+    configured_tools: usize,
     policy: Policy,
     messages: Vec<Message>,
     phase: Phase,
@@ -200,8 +205,11 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn new(config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+    pub fn new(mut config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+        let tools = std::mem::take(&mut config.tools);
         Run {
+            configured_tools: tools.len(),
+            tools,
             config,
             policy,
             messages: history,
@@ -227,6 +235,13 @@ impl Run {
         self.config.effort = effort;
     }
 
+    /// The tools offered besides the configured ones (MCP servers' tools, as they list
+    /// them now): the next model request offers them, and calls are checked against them.
+    pub fn set_extra_tools(&mut self, extra: Vec<ToolSpec>) {
+        self.tools.truncate(self.configured_tools);
+        self.tools.extend(extra);
+    }
+
     pub fn policy_mut(&mut self) -> &mut Policy {
         &mut self.policy
     }
@@ -237,6 +252,11 @@ impl Run {
 
     pub fn is_idle(&self) -> bool {
         matches!(self.phase, Phase::Idle)
+    }
+
+    /// The turn in progress (or the next one, between turns), for events the engine adds.
+    pub fn turn_index(&self) -> u32 {
+        self.turn_index
     }
 
     /// The request for the turn in flight (or for the summary, while compacting).
@@ -250,7 +270,7 @@ impl Run {
                 messages: &acc.request,
                 // Offered although not wanted: Anthropic refuses a conversation with tool
                 // calls in it and no tools defined.
-                tools: &self.config.tools,
+                tools: &self.tools,
             };
         }
         ModelRequest {
@@ -259,7 +279,7 @@ impl Run {
             effort: self.config.effort,
             system: &self.config.system,
             messages: &self.messages,
-            tools: &self.config.tools,
+            tools: &self.tools,
         }
     }
 
@@ -285,7 +305,6 @@ impl Run {
                 .fold(tokens, u64::saturating_add),
             _ => {
                 let tools: usize = self
-                    .config
                     .tools
                     .iter()
                     .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
@@ -357,7 +376,13 @@ impl Run {
         } else {
             Next::User
         };
-        let head = compact::head(summary, next);
+        // The plan lives in the conversation: when its last version is being summarised,
+        // the compacted head carries it word for word.
+        let plan = compact::latest_plan(&tail)
+            .is_none()
+            .then(|| compact::latest_plan(&self.messages))
+            .flatten();
+        let head = compact::head(summary, next, plan.as_deref());
         let summarized = self.messages.len();
         let kept = tail.len();
         self.messages = head.clone();
@@ -688,12 +713,11 @@ impl Run {
                 tools.results[slot] = Some(ToolOutput::error(error));
                 continue;
             }
-            if !self.config.tools.iter().any(|t| t.name == call.name) {
+            if !self.tools.iter().any(|t| t.name == call.name) {
                 tools.results[slot] = Some(ToolOutput::error(format!(
                     "unknown tool '{}'; available tools: {}",
                     call.name,
-                    self.config
-                        .tools
+                    self.tools
                         .iter()
                         .map(|t| t.name.as_ref())
                         .collect::<Vec<_>>()
@@ -1239,6 +1263,25 @@ mod tests {
         }
     }
 
+    /// Before any usage is known, the estimate counts every tool offered: the configured
+    /// ones (taken out of the config) and an MCP server's.
+    #[test]
+    fn the_estimate_counts_the_tools_offered() {
+        let mut r = run();
+        let bare = r.context_tokens();
+        let specs: usize = spec::all()
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
+            .sum();
+        assert_eq!(bare, compact::tokens_of_bytes(specs));
+        r.set_extra_tools(vec![ToolSpec {
+            name: "mcp__s__t".to_owned().into(),
+            description: "x".repeat(4000).into(),
+            input_schema: serde_json::json!({}),
+        }]);
+        assert!(r.context_tokens() > bare + 1000);
+    }
+
     #[test]
     fn a_manual_compaction_waits_for_input_again() {
         let mut r = run();
@@ -1249,7 +1292,18 @@ mod tests {
         r.send_user(vec![ContentBlock::text("go")], now);
         r.on_model_event(text(0, "hi"), now);
         r.on_model_complete(now);
+        // An MCP server's tool the conversation may have called: the summary request
+        // offers it too (Anthropic refuses tool calls of tools not defined).
+        r.set_extra_tools(vec![ToolSpec {
+            name: "mcp__s__t".to_owned().into(),
+            description: "".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }]);
         r.compact();
+        let request = r.model_request();
+        assert_eq!(request.system, compact::SYSTEM);
+        assert!(request.tools.iter().any(|t| t.name == "mcp__s__t"));
+        assert_eq!(request.tools.len(), spec::all().len() + 1);
         r.on_model_event(text(0, "S"), now);
         let out = r.on_model_complete(now);
         assert!(matches!(

@@ -26,7 +26,7 @@ use crate::clock::now_ms;
 use crate::drive::session::{EventLog, SessionStore};
 use crate::engine::{AskReply, HostAction, RunId};
 use crate::log;
-use crate::model::types::{ContentBlock, Message, ToolSpec};
+use crate::model::types::{ContentBlock, Message};
 use crate::permissions::{Mode, Policy, Rule};
 
 /// How long a surfaced permission prompt waits for an answer before it is denied.
@@ -54,6 +54,22 @@ pub enum DriveStatus {
 }
 
 impl DriveStatus {
+    /// The status a run ends in: failed when the provider, the stream or a compaction
+    /// failed it, done otherwise (a refusal or a turn cap is an answer, not a failure).
+    pub fn ended(why: &StopCondition) -> DriveStatus {
+        match why {
+            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
+            StopCondition::CompactionFailed(e) => {
+                DriveStatus::Failed(format!("compaction failed: {e}"))
+            }
+            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
+                "the model stream was idle for {} s",
+                d.as_secs_f64()
+            )),
+            _ => DriveStatus::Done,
+        }
+    }
+
     pub fn to_json(&self) -> Value {
         match self {
             DriveStatus::Starting => json!({"state": "starting"}),
@@ -195,7 +211,8 @@ impl Inbound {
         }
     }
 
-    fn to_json(&self) -> Value {
+    /// The input line a session file records.
+    pub(crate) fn to_json(&self) -> Value {
         match self {
             Inbound::UserMessage { text, images } if images.is_empty() => {
                 json!({"type": "user_message", "text": text})
@@ -229,14 +246,14 @@ pub struct RunSpec {
     pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
     pub extra_header: Map<String, Value>,
-    /// Tools offered to the model besides the built-in ones (an ACP session's MCP servers'
-    /// tools); the host runs them (`ToolPlacement::Delegated`).
-    pub extra_tools: Vec<ToolSpec>,
     /// Thinking effort for this run (ACP's `thought_level`); the server's otherwise.
     pub effort: Option<crate::model::types::Effort>,
     /// Start by compacting `history` instead of sending `prompt` (which is then empty):
     /// ACP's `/compact` in a session whose last run has ended.
     pub compact_first: bool,
+    /// The MCP servers whose tools the run is offered: by default every configured one;
+    /// a client may name a subset (`mcp_servers`), a surface add its own (ACP's session).
+    pub mcp: crate::mcp_client::Selection,
 }
 
 /// The server-wide template every run starts from.
@@ -249,6 +266,8 @@ pub struct DriveConfig {
     pub permission_timeout: Duration,
     /// Builds the system prompt for a run's workspace.
     pub system_prompt: Option<String>,
+    /// Where each run's project instructions come from, read for its own workspace.
+    pub instructions: crate::instructions::Sources,
     /// Runs streaming or running tools at once (`MAX_WORKING_RUNS` by default).
     pub max_working_runs: usize,
     /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
@@ -257,6 +276,8 @@ pub struct DriveConfig {
     pub context_windows: crate::settings::ContextWindows,
     /// Models a client may choose between, the configured one first.
     pub models: Vec<String>,
+    /// The configured MCP servers' names: what a run's `mcp_servers` may name.
+    pub mcp_names: Vec<String>,
 }
 
 struct RunRecord {
@@ -537,6 +558,14 @@ impl DriveCore {
                 "too many runs in progress ({n_working} working, {n_live} open; at most {max_working} and {max_live}); cancel one or wait"
             )));
         }
+        if let Some(names) = &spec.mcp.configured
+            && let Some(unknown) = names.iter().find(|n| !self.config.mcp_names.contains(n))
+        {
+            return Err(DriveError::BadRequest(format!(
+                "unknown MCP server `{unknown}` in mcp_servers: the configured ones are [{}]",
+                self.config.mcp_names.join(", ")
+            )));
+        }
         let workspace = match &spec.cwd {
             None => self.config.workspace.clone(),
             Some(cwd) => {
@@ -558,7 +587,6 @@ impl DriveCore {
         };
         let mut run_config = self.config.run.clone();
         run_config.interactive = spec.interactive;
-        run_config.tools.extend(spec.extra_tools.iter().cloned());
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
             run_config.context_window = self.config.context_windows.of(model);
@@ -567,11 +595,13 @@ impl DriveCore {
             run_config.effort = spec.effort;
         }
         let workspace_str = workspace.display().to_string();
-        run_config.system = self
+        let base = self
             .config
             .system_prompt
             .clone()
             .unwrap_or_else(|| crate::agent::default_system_prompt(&workspace_str));
+        let instructions = self.config.instructions.load(&workspace);
+        run_config.system = instructions.system_prompt(&base);
         let mut policy = self.config.policy.clone();
         if !spec.rules.is_empty() || spec.permission_mode.is_some() {
             policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
@@ -603,6 +633,9 @@ impl DriveCore {
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
+        if !instructions.is_empty() {
+            header.insert("instructions".into(), instructions.to_json());
+        }
         let mut log = self
             .store
             .create(header)
@@ -620,6 +653,7 @@ impl DriveCore {
             id,
             run: Box::new(run),
             workspace,
+            mcp: spec.mcp.clone(),
         });
         if spec.compact_first {
             self.act(HostAction::Compact(id));
@@ -727,6 +761,13 @@ impl DriveCore {
     }
 
     /// The session header of a run (prompt, cwd, model, surface fields).
+    /// The project instruction files the run was started with (`[{path, bytes, truncated}]`),
+    /// when it had any.
+    pub fn instructions(&self, id: RunId) -> Option<Value> {
+        let header = self.record(id).ok()?.log.header();
+        header.get("instructions").cloned()
+    }
+
     pub fn header(&self, id: RunId) -> Result<Value, DriveError> {
         Ok(self.record(id)?.log.header().clone())
     }
@@ -1162,15 +1203,7 @@ impl DriveCore {
             _ if rec.write_error.is_some() => {
                 DriveStatus::Failed(rec.write_error.clone().unwrap_or_default())
             }
-            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
-            StopCondition::CompactionFailed(e) => {
-                DriveStatus::Failed(format!("compaction failed: {e}"))
-            }
-            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
-                "the model stream was idle for {} s",
-                d.as_secs_f64()
-            )),
-            _ => DriveStatus::Done,
+            _ => DriveStatus::ended(why),
         };
         let _ = rec.log.append_status(&rec.status.to_json());
         // A finished run is served from its file: no descriptor, lock or tail stays open.
@@ -1276,8 +1309,10 @@ mod tests {
                 provider: "anthropic",
                 permission_timeout: DEFAULT_PERMISSION_TIMEOUT,
                 system_prompt: Some("test system prompt".into()),
+                instructions: Default::default(),
                 max_working_runs: MAX_WORKING_RUNS,
                 max_live_runs: MAX_LIVE_RUNS,
+                mcp_names: Vec::new(),
             };
             DriveCore::new(store, config)
         }

@@ -236,7 +236,13 @@ impl HttpServe {
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
                 match result {
-                    Ok(run) => json_reply(200, &json!({"run_id": run.to_string()})),
+                    Ok(run) => {
+                        let mut body = json!({"run_id": run.to_string()});
+                        if let Some(files) = ctx.core.instructions(run) {
+                            body["instructions"] = files;
+                        }
+                        json_reply(200, &body)
+                    }
                     Err((status, message)) => error_reply(status, &message),
                 }
             }

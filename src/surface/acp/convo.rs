@@ -12,6 +12,7 @@ use crate::log;
 use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Role};
 use crate::surface::acp::call_ids::CallIds;
 use crate::surface::acp::card::{self, OldText};
+use crate::tools::table;
 
 /// The user text of a `session/prompt` and its images: text blocks as they are, mentions
 /// (`resource_link`, `resource`) inline as markdown links, the text of embedded resources
@@ -77,25 +78,7 @@ fn last_segment(uri: &str) -> String {
 /// Model messages from a session file's JSON messages (`DriveCore::messages`). A message
 /// that does not parse is left out, with a warning, rather than failing the session.
 pub fn history(messages: &[Value]) -> Vec<Message> {
-    let mut out = Vec::new();
-    for message in messages {
-        let role = match message.get("role").and_then(Value::as_str) {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            _ => continue,
-        };
-        let blocks: Result<Vec<ContentBlock>, String> = message
-            .get("content")
-            .and_then(Value::as_array)
-            .map(|blocks| blocks.iter().map(ContentBlock::from_json).collect())
-            .unwrap_or_else(|| Ok(Vec::new()));
-        match blocks {
-            Ok(content) if !content.is_empty() => out.push(Message { role, content }),
-            Ok(_) => {}
-            Err(e) => log::warn(&format!("leaving a message out of the history: {e}")),
-        }
-    }
-    out
+    Message::list_from_json(messages)
 }
 
 /// Drops the last user prompt and everything after it (a refused turn, which ACP says is not
@@ -135,8 +118,8 @@ fn text_content(text: &str) -> Value {
 /// the one answering it in the message that follows its own (by id, and among calls that
 /// share an id, in order), and its card gets a session-unique id from `ids`. A compaction's
 /// summary (`agent::compact::head`) is shown as a `compaction_update` to a client that
-/// advertised `session.compaction` (`compaction`), else as a thought, and its
-/// acknowledgement not at all.
+/// advertised `session.compaction` (`compaction`), else as a thought, its acknowledgement
+/// not at all, and the plan it carried over (`compact::PLAN_INTRO`) as a `plan` update.
 pub fn replay(
     messages: &[Value],
     workspace: &Path,
@@ -160,6 +143,7 @@ pub fn replay(
         {
             let text = block.get("text").and_then(Value::as_str);
             let summary = text.and_then(|t| t.strip_prefix(compact::SUMMARY_INTRO));
+            let carried_plan = text.and_then(compact::plan_of_text);
             match (role, block.get("type").and_then(Value::as_str)) {
                 ("user", Some("text")) if summary.is_some() => {
                     let summary = summary.unwrap_or_default();
@@ -177,6 +161,11 @@ pub fn replay(
                     });
                 }
                 ("assistant", Some("text")) if text == Some(compact::ACK) => {}
+                // The plan a compaction carried over, shown as the live session last showed it.
+                ("user", Some("text")) if carried_plan.is_some() => {
+                    let todos = carried_plan.unwrap_or_default();
+                    updates.push(super::updates::plan_update(&todos));
+                }
                 ("user", Some("image")) => {
                     let source = block.get("source").unwrap_or(&Value::Null);
                     updates.push(json!({
@@ -236,6 +225,12 @@ pub fn replay(
                         "locations": described.locations,
                         "content": described.content,
                     }));
+                    // The plan as it stood after this call, as the live session showed it.
+                    if table::lookup(name).is_some_and(|t| matches!(t.runs, table::Runs::Plan(_)))
+                        && let Ok(todos) = crate::tools::todo::parse_input(&input)
+                    {
+                        updates.push(super::updates::plan_update(&todos));
+                    }
                 }
                 _ => {}
             }
@@ -380,5 +375,31 @@ mod tests {
         );
         // A live card after the replay gets a fresh id too.
         assert_eq!(ids.open("call_0"), "call_0#5");
+    }
+
+    /// A compacted conversation replays as its summary, the plan the compaction carried
+    /// over (the editor's plan panel is filled again) and what was kept.
+    #[test]
+    fn replay_shows_a_compaction_and_the_plan_it_carried() {
+        use crate::agent::compact::{Next, head};
+        use crate::tools::todo::parse_input;
+        let todos = parse_input(&json!({"todos": [
+            {"id": "1", "content": "read", "status": "completed"},
+            {"id": "2", "content": "fix", "status": "in_progress"}]}))
+        .unwrap();
+        let mut messages: Vec<Value> = head("SUMMARY", Next::User, Some(&todos))
+            .iter()
+            .map(Message::to_json)
+            .collect();
+        messages.push(json!({"role": "user", "content": [{"type": "text", "text": "next"}]}));
+        let updates = replay(&messages, Path::new("/"), &mut CallIds::default(), true);
+        let kinds: Vec<&str> = updates
+            .iter()
+            .map(|u| u["sessionUpdate"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["compaction_update", "plan", "user_message_chunk"]);
+        assert_eq!(updates[0]["summary"][0]["text"], "SUMMARY");
+        assert_eq!(updates[1]["entries"][1]["content"], "fix");
+        assert_eq!(updates[1]["entries"][1]["status"], "in_progress");
     }
 }
