@@ -96,6 +96,9 @@ struct AgentSetup {
     policy: Policy,
     run_config: agent::run::RunConfig,
     engine_config: EngineConfig,
+    context_windows: settings::ContextWindows,
+    /// Models a client may choose between (settings' `models`), the configured one first.
+    models: Vec<String>,
     /// Where each run's project instructions come from (`run_config.system` has none yet).
     instructions: instructions::Sources,
 }
@@ -177,6 +180,8 @@ fn agent_setup(
             .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
         tools: tools::spec::all(),
         interactive,
+        context_window: settings.context_window.of(&provider.model),
+        effort: None,
     };
     let engine_config = EngineConfig {
         provider: provider.clone(),
@@ -197,6 +202,12 @@ fn agent_setup(
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
         mcp: mcp_setup(args, &settings, &workspace)?,
     };
+    let mut models = vec![provider.model.clone()];
+    for model in settings.models.iter().flatten() {
+        if !models.contains(model) {
+            models.push(model.clone());
+        }
+    }
     let instructions = instructions::Sources::from_env(
         !args.no_project_instructions && settings.project_instructions != Some(false),
         &env_var,
@@ -209,6 +220,8 @@ fn agent_setup(
         policy,
         run_config,
         engine_config,
+        context_windows: settings.context_window,
+        models,
         instructions,
     })
 }
@@ -439,6 +452,8 @@ fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint,
         instructions: setup.instructions.clone(),
         max_working_runs: drive::table::MAX_WORKING_RUNS,
         max_live_runs: drive::table::MAX_LIVE_RUNS,
+        context_windows: setup.context_windows.clone(),
+        models: Vec::new(),
         mcp_names: Vec::new(),
     };
     let mut core = drive::table::DriveCore::new(session_store()?, config);
@@ -541,6 +556,8 @@ fn drive_core(
             .max_working_runs
             .unwrap_or(drive::table::MAX_WORKING_RUNS),
         max_live_runs: args.max_live_runs.unwrap_or(drive::table::MAX_LIVE_RUNS),
+        context_windows: setup.context_windows,
+        models: setup.models,
         mcp_names: setup
             .engine_config
             .mcp

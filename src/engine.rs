@@ -172,6 +172,15 @@ pub enum HostAction {
     },
     SendInput(RunId, Vec<ContentBlock>),
     EndInput(RunId),
+    /// A client asked an idle interactive run to compact its conversation.
+    Compact(RunId),
+    /// A client chose another model or thinking effort for the run's next requests.
+    Reconfigure {
+        run: RunId,
+        model: String,
+        context_window: Option<u64>,
+        effort: Option<crate::model::types::Effort>,
+    },
     Cancel(RunId),
     Permit {
         run: RunId,
@@ -364,6 +373,14 @@ pub trait Host {
     fn on_event(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, event: &TurnEvent);
     fn on_ask(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, call: &ToolCall) -> AskReply;
     fn on_retry(&mut self, _ctx: &mut Ctx<Self::Key>, _run: RunId, _notice: &RetryNotice) {}
+    /// The run began to compact its conversation (`Effect::CompactionStarted`).
+    fn on_compaction_started(
+        &mut self,
+        _ctx: &mut Ctx<Self::Key>,
+        _run: RunId,
+        _trigger: crate::agent::compact::Trigger,
+    ) {
+    }
     fn on_await_input(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId);
     fn on_finished(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, why: &StopCondition);
     fn on_stdin(&mut self, _ctx: &mut Ctx<Self::Key>, _item: StdinItem) {}
@@ -914,6 +931,22 @@ impl<K: HostKey> Engine<K> {
                     self.push_effects(run, effects);
                 }
             }
+            HostAction::Compact(run) => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    let effects = slot.run.compact();
+                    self.push_effects(run, effects);
+                }
+            }
+            HostAction::Reconfigure {
+                run,
+                model,
+                context_window,
+                effort,
+            } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    slot.run.reconfigure(model, context_window, effort);
+                }
+            }
             HostAction::Cancel(run) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     let effects = slot.run.cancel();
@@ -982,6 +1015,9 @@ impl<K: HostKey> Engine<K> {
                 AskReply::Pending => {}
             },
             Effect::AbortWork => self.abort_work(run),
+            Effect::CompactionStarted(trigger) => {
+                host.on_compaction_started(&mut self.ctx(), run, trigger)
+            }
             Effect::AwaitInput => host.on_await_input(&mut self.ctx(), run),
             Effect::Finished(why) => {
                 self.abort_work(run);
@@ -1317,6 +1353,16 @@ impl<K: HostKey> Engine<K> {
             jitter(),
         );
         let message = err.to_string();
+        if err.is_context_overflow()
+            && let Some(slot) = self.runs.get_mut(&run)
+        {
+            // The model says the request did not fit: the run may compact and resend.
+            let effects = slot.run.on_context_overflow();
+            if !effects.is_empty() {
+                self.push_effects(run, effects);
+                return;
+            }
+        }
         let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
         match decision {
             RetryDecision::Retry(delay) if can_retry => {

@@ -17,16 +17,23 @@ use crate::agent::run::ToolCall;
 use crate::agent::tool_input::{StreamedCall, ToolInputs};
 use crate::cli::{InputFormat, OutputFormat};
 use crate::drive::session::{EventLog, SessionStore};
-use crate::drive::table::DriveStatus;
+use crate::drive::table::{DriveStatus, Inbound};
 use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
 use crate::exit;
-use crate::model::types::{ContentBlock, Message, Usage};
+use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Usage};
 use crate::permissions::Policy;
 use crate::reactor::Signal;
 use crate::stdio::{self, StdinItem};
 
 /// The largest prompt read from stdin in text mode (upstream's cap).
 pub const MAX_STDIN_PROMPT: usize = 10 * 1024 * 1024;
+
+/// A stream-json input line waiting for the run's turn boundary.
+enum Queued {
+    Message(Vec<ContentBlock>),
+    /// `{"type":"control","subtype":"compact"}`.
+    Compact,
+}
 
 pub struct Printer {
     run: RunId,
@@ -37,8 +44,9 @@ pub struct Printer {
     provider: &'static str,
     model: String,
     started: Instant,
-    /// stream-json input: messages that arrived while a turn was still running.
-    queued: VecDeque<Vec<ContentBlock>>,
+    /// stream-json input: messages (and compactions) that arrived while a turn was still
+    /// running.
+    queued: VecDeque<Queued>,
     stdin_done: bool,
     awaiting_input: bool,
     /// The text of the latest completed assistant turn (the `result`).
@@ -93,8 +101,25 @@ impl Recorder {
         }
     }
 
-    /// A user message: the first one starts the file (it is the header's `prompt`), later
-    /// ones are input lines.
+    /// Starts the file at the run's first record, with `prompt` as the header's.
+    fn open(&mut self, prompt: &str, images: &[ContentBlock]) -> std::io::Result<()> {
+        let mut header = self.header.clone();
+        header.insert("prompt".into(), json!(prompt));
+        if !images.is_empty() {
+            header.insert(
+                "images".into(),
+                Value::Array(images.iter().map(ContentBlock::to_json).collect()),
+            );
+        }
+        let mut log = self.store.create(header)?;
+        log.append_status(&DriveStatus::Starting.to_json())?;
+        log.append_status(&DriveStatus::Running.to_json())?;
+        self.log = Some(log);
+        Ok(())
+    }
+
+    /// A user message: the first one starts the file (it is the header's `prompt` and
+    /// `images`), later ones are input lines, as the drive core writes them.
     fn user(&mut self, content: &[ContentBlock]) {
         if self.broken {
             return;
@@ -104,28 +129,35 @@ impl Recorder {
             content: content.to_vec(),
         }
         .text();
+        let images: Vec<ContentBlock> = content
+            .iter()
+            .filter(|b| matches!(b, ContentBlock::Image { .. }))
+            .cloned()
+            .collect();
         let written = match self.log.as_mut() {
             Some(log) => log
-                .append_input(&json!({"type": "user_message", "text": text}))
+                .append_input(&Inbound::UserMessage { text, images }.to_json())
                 .and_then(|()| log.append_status(&DriveStatus::Running.to_json())),
-            None => {
-                let mut header = self.header.clone();
-                header.insert("prompt".into(), json!(text));
-                self.store.create(header).and_then(|mut log| {
-                    log.append_status(&DriveStatus::Starting.to_json())?;
-                    log.append_status(&DriveStatus::Running.to_json())?;
-                    self.log = Some(log);
-                    Ok(())
-                })
-            }
+            None => self.open(&text, &images),
         };
         if let Err(e) = written {
             self.failed("write", e);
         }
     }
 
+    /// An event; one before any user message (a compaction of what `--continue` brought)
+    /// starts the file with an empty prompt.
     fn event(&mut self, event: &TurnEvent) {
-        if let Some(log) = self.log.as_mut().filter(|_| !self.broken)
+        if self.broken {
+            return;
+        }
+        if self.log.is_none()
+            && let Err(e) = self.open("", &[])
+        {
+            self.failed("write", e);
+            return;
+        }
+        if let Some(log) = self.log.as_mut()
             && let Err(e) = log.append_event(&event.to_json())
         {
             self.failed("append to", e);
@@ -145,15 +177,7 @@ impl Recorder {
     /// nothing), and waiting for the disk at exit cost about 20 ms a run here, more than the
     /// rest of a short print run; only a power cut right after a run can lose its end.
     fn finish(&mut self, why: &StopCondition) {
-        let status = match why {
-            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
-            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
-                "the model stream was idle for {} s",
-                d.as_secs_f64()
-            )),
-            _ => DriveStatus::Done,
-        };
-        self.status(&status);
+        self.status(&DriveStatus::ended(why));
         // Dropping the log closes its descriptor, which releases its lock.
         self.log = None;
     }
@@ -259,6 +283,11 @@ impl Printer {
                 ("error", exit::ASSISTANT, Some(e.clone()))
             }
             StopCondition::ProviderError(e) => ("error", exit::RUNTIME, Some(e.clone())),
+            StopCondition::CompactionFailed(e) => (
+                "error",
+                exit::RUNTIME,
+                Some(format!("compaction failed: {e}")),
+            ),
             StopCondition::StreamIdle(d) => (
                 "error",
                 exit::RUNTIME,
@@ -320,7 +349,7 @@ impl Printer {
         }
     }
 
-    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Vec<ContentBlock>>, String> {
+    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Queued>, String> {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
@@ -338,25 +367,37 @@ impl Printer {
                 }
                 let content = match obj.get("content") {
                     Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
-                    Some(Value::Array(blocks)) => blocks
-                        .iter()
-                        .map(|b| match ContentBlock::from_json(b) {
-                            Ok(block @ ContentBlock::Text { .. }) => Ok(block),
-                            Ok(_) => {
-                                Err("stream-json input: only text blocks are accepted".to_owned())
-                            }
-                            Err(e) => Err(format!("stream-json input: {e}")),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?,
+                    Some(Value::Array(blocks)) => {
+                        let images = blocks.iter().filter(|b| b["type"] == "image").count();
+                        if images > MAX_IMAGES {
+                            return Err(format!(
+                                "stream-json input: {images} images in one message; at most {MAX_IMAGES}"
+                            ));
+                        }
+                        blocks
+                            .iter()
+                            .map(|b| match ContentBlock::from_json(b) {
+                                Ok(
+                                    block @ (ContentBlock::Text { .. }
+                                    | ContentBlock::Image { .. }),
+                                ) => Ok(block),
+                                Ok(_) => Err("stream-json input: only text and image blocks \
+                                              are accepted"
+                                    .to_owned()),
+                                Err(e) => Err(format!("stream-json input: {e}")),
+                            })
+                            .collect::<Result<Vec<_>, _>>()?
+                    }
                     _ => return Err(
-                        "stream-json input: `content` must be a string or an array of text blocks"
+                        "stream-json input: `content` must be a string or an array of text and image blocks"
                             .into(),
                     ),
                 };
-                Ok(Some(content))
+                Ok(Some(Queued::Message(content)))
             }
             Some("control") => match obj.get("subtype").and_then(Value::as_str) {
                 Some("interrupt") => Err(String::new()),
+                Some("compact") => Ok(Some(Queued::Compact)),
                 other => Err(format!(
                     "stream-json input: unknown control subtype {other:?}"
                 )),
@@ -370,12 +411,17 @@ impl Printer {
         if !self.awaiting_input {
             return Vec::new();
         }
-        if let Some(content) = self.queued.pop_front() {
+        if let Some(queued) = self.queued.pop_front() {
             self.awaiting_input = false;
-            if let Some(recorder) = self.recorder.as_mut() {
-                recorder.user(&content);
-            }
-            return vec![HostAction::SendInput(self.run, content)];
+            return vec![match queued {
+                Queued::Message(content) => {
+                    if let Some(recorder) = self.recorder.as_mut() {
+                        recorder.user(&content);
+                    }
+                    HostAction::SendInput(self.run, content)
+                }
+                Queued::Compact => HostAction::Compact(self.run),
+            }];
         }
         if self.stdin_done {
             self.awaiting_input = false;
@@ -440,6 +486,30 @@ impl Host for Printer {
             TurnEvent::RunEnd {
                 turns_without_edit, ..
             } => self.turns_without_edit = *turns_without_edit,
+            // Claude Code's `compact_boundary`, with caliban's figures and the summary.
+            TurnEvent::Compaction {
+                trigger,
+                pre_tokens,
+                post_tokens,
+                messages_summarized,
+                messages_kept,
+                summary,
+                usage,
+                ..
+            } => {
+                self.usage.add(usage);
+                self.frame(json!({
+                    "type": "system", "subtype": "compact_boundary",
+                    "session_id": self.session_id,
+                    "compact_metadata": {
+                        "trigger": trigger.as_str(), "pre_tokens": pre_tokens,
+                        "post_tokens": post_tokens,
+                        "messages_summarized": messages_summarized,
+                        "messages_kept": messages_kept,
+                    },
+                    "summary": summary,
+                }));
+            }
             TurnEvent::TurnEnd {
                 assistant_message,
                 usage,
@@ -522,9 +592,15 @@ impl Host for Printer {
             }
             StdinItem::Line(line) => match self.parse_input_line(&line) {
                 Ok(None) => Vec::new(),
-                Ok(Some(content)) => {
+                // A compaction is not a message: before any, it compacts what `--continue`
+                // or `--resume` brought (a fresh run has nothing to compact and waits on).
+                Ok(Some(Queued::Compact)) => {
+                    self.queued.push_back(Queued::Compact);
+                    self.feed_pending()
+                }
+                Ok(Some(queued)) => {
                     self.got_input = true;
-                    self.queued.push_back(content);
+                    self.queued.push_back(queued);
                     self.feed_pending()
                 }
                 // `control/interrupt`: stop the current turn, like a first Ctrl-C.
@@ -569,30 +645,9 @@ impl Printer {
     }
 }
 
-/// Published list prices (USD per million tokens, input/output) for models we know; other
-/// models report null rather than a guess.
+/// The run's cost at list prices, or null for a model whose price is unknown.
 fn cost_usd(model: &str, usage: &Usage) -> Value {
-    const PRICES: &[(&str, f64, f64)] = &[
-        ("claude-opus-4", 15.0, 75.0),
-        ("claude-sonnet-4", 3.0, 15.0),
-        ("claude-haiku-4", 1.0, 5.0),
-        ("claude-3-5-haiku", 0.8, 4.0),
-        ("gpt-4.1-mini", 0.4, 1.6),
-        ("gpt-4.1", 2.0, 8.0),
-        ("gpt-4o-mini", 0.15, 0.6),
-        ("gpt-4o", 2.5, 10.0),
-    ];
-    match PRICES
-        .iter()
-        .find(|(prefix, _, _)| model.starts_with(prefix))
-    {
-        Some((_, input, output)) => {
-            let cost =
-                usage.input_tokens as f64 * input / 1e6 + usage.output_tokens as f64 * output / 1e6;
-            json!((cost * 1e6).round() / 1e6)
-        }
-        None => Value::Null,
-    }
+    crate::model::catalog::cost_usd(model, usage).map_or(Value::Null, |cost| json!(cost))
 }
 
 #[cfg(test)]

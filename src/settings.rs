@@ -11,6 +11,8 @@
 //!
 //! ```json
 //! {"provider": "anthropic", "model": "…", "max_tokens": 8192, "max_turns": 50,
+//!  "context_window": 32768 | {"my-local-model": 32768, …},
+//!  "models": ["claude-sonnet-4-5", "claude-haiku-4-5"],
 //!  "project_instructions": true,
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
@@ -33,6 +35,26 @@ use serde_json::{Map, Value};
 
 use crate::permissions::{Action, Mode, PatternError, Rule, RuleSource};
 
+/// `"context_window"`: a number for every model, or an object of numbers by model name.
+#[derive(Clone, Debug, Default)]
+pub struct ContextWindows {
+    pub default: Option<u64>,
+    pub by_model: Vec<(String, u64)>,
+}
+
+impl ContextWindows {
+    /// The window of `model`: the settings' own for it, else the settings' one for every
+    /// model, else the one caliban knows.
+    pub fn of(&self, model: &str) -> Option<u64> {
+        self.by_model
+            .iter()
+            .find(|(name, _)| name == model)
+            .map(|(_, window)| *window)
+            .or(self.default)
+            .or_else(|| crate::model::catalog::context_window(model))
+    }
+}
+
 /// Largest settings file we read. Real ones are a few KiB; the cap keeps a mistaken path
 /// (a log file, a device) from being read into memory whole.
 const MAX_SETTINGS_BYTES: u64 = 1 << 20;
@@ -48,6 +70,12 @@ pub struct Settings {
     pub max_tokens: Option<u32>,
     pub max_turns: Option<u32>,
     pub default_mode: Option<Mode>,
+    /// Context windows that replace what caliban knows (`model::catalog`): one for every
+    /// model (`default`), and per model name.
+    pub context_window: ContextWindows,
+    /// Models a client may choose between (ACP's model selector); the configured model is
+    /// always among them.
+    pub models: Option<Vec<String>>,
     /// `"project_instructions": false` turns off reading `AGENTS.md` and kin.
     pub project_instructions: Option<bool>,
     /// Project rules first (the local file's before the shared file's), then user rules.
@@ -141,6 +169,21 @@ pub fn load(
         settings.max_tokens = settings.max_tokens.or(file.max_tokens);
         settings.max_turns = settings.max_turns.or(file.max_turns);
         settings.default_mode = settings.default_mode.or(file.default_mode);
+        settings.context_window.default = settings
+            .context_window
+            .default
+            .or(file.context_window.default);
+        for (model, window) in file.context_window.by_model {
+            if !settings
+                .context_window
+                .by_model
+                .iter()
+                .any(|(m, _)| *m == model)
+            {
+                settings.context_window.by_model.push((model, window));
+            }
+        }
+        settings.models = settings.models.or(file.models);
         settings.project_instructions = settings.project_instructions.or(file.project_instructions);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
@@ -225,6 +268,8 @@ struct FileSettings {
     max_tokens: Option<u32>,
     max_turns: Option<u32>,
     default_mode: Option<Mode>,
+    context_window: ContextWindows,
+    models: Option<Vec<String>>,
     project_instructions: Option<bool>,
     rules: Vec<Rule>,
     warnings: Vec<String>,
@@ -270,6 +315,26 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
             "max_tokens" => parser.out.max_tokens = Some(parser.positive(key, value)?),
             "max_turns" => parser.out.max_turns = Some(parser.positive(key, value)?),
             "permissions" => parser.permissions(value)?,
+            "context_window" => parser.context_window(value)?,
+            "models" => {
+                let models = value
+                    .as_array()
+                    .filter(|items| {
+                        items
+                            .iter()
+                            .all(|i| i.as_str().is_some_and(|s| !s.is_empty()))
+                    })
+                    .ok_or_else(|| {
+                        parser.invalid("'models' must be an array of non-empty strings".to_owned())
+                    })?;
+                parser.out.models = Some(
+                    models
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect(),
+                );
+            }
             "project_instructions" => match value {
                 Value::Bool(on) => parser.out.project_instructions = Some(*on),
                 _ => {
@@ -340,6 +405,29 @@ impl FileParser<'_> {
             .filter(|&n| n > 0)
             .and_then(|n| u32::try_from(n).ok())
             .ok_or_else(|| self.invalid(format!("'{key}' must be a positive integer")))
+    }
+
+    fn window(&self, key: &str, value: &Value) -> Result<u64, SettingsError> {
+        value
+            .as_u64()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| self.invalid(format!("'{key}' must be a positive integer")))
+    }
+
+    fn context_window(&mut self, value: &Value) -> Result<(), SettingsError> {
+        match value {
+            Value::Object(models) => {
+                for (model, window) in models {
+                    let window = self.window(&format!("context_window.{model}"), window)?;
+                    self.out
+                        .context_window
+                        .by_model
+                        .push((model.clone(), window));
+                }
+            }
+            other => self.out.context_window.default = Some(self.window("context_window", other)?),
+        }
+        Ok(())
     }
 
     fn permissions(&mut self, value: &Value) -> Result<(), SettingsError> {

@@ -214,7 +214,7 @@ fn acp_seed_handshake_then_a_second_prompt_continues_the_conversation() {
     assert_eq!(caps["loadSession"], true);
     assert_eq!(
         caps["promptCapabilities"],
-        json!({"image": false, "audio": false, "embeddedContext": true})
+        json!({"image": true, "audio": false, "embeddedContext": true})
     );
     assert_eq!(init["agentInfo"]["name"], "caliban");
     assert_eq!(r["auth"], json!({}));
@@ -460,9 +460,11 @@ fn acp_cancel_during_a_streaming_reply() {
         text_of(&r["secondUpdates"], "agent_message_chunk"),
         "A fresh answer."
     );
+    // Besides the answer, only the turn's context meter.
     assert_eq!(
         r["secondUpdates"].as_array().unwrap().len(),
         of_kind(&r["secondUpdates"], "agent_message_chunk").len()
+            + of_kind(&r["secondUpdates"], "usage_update").len()
     );
     // The next prompt continues the conversation in a new run: the cancelled request is
     // there, its partial answer is not.
@@ -1623,6 +1625,347 @@ fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
     assert!(!tools.contains("mcp__"), "{tools}");
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
+}
+
+// ---- the agent for long work (issue 14) ------------------------------------------------------
+
+/// A session whose second prompt outgrows a 10,000-token window twice compacts on its own
+/// twice in that one run, going on after each; `/compact` compacts it a third time; after a
+/// restart `session/load` replays the summary (a `compaction_update` for a client that shows
+/// them) and the next prompt continues from the latest summary alone.
+#[test]
+fn acp_compaction_auto_and_by_command_survives_session_load() {
+    let ws = Workspace::new("acp-compact");
+    ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
+    for (name, marker) in [
+        ("a.txt", "AAA"),
+        ("b.txt", "BBB"),
+        ("c.txt", "CCC"),
+        ("d.txt", "DDD"),
+    ] {
+        crate::print::big_file(&ws, name, marker);
+    }
+    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            read("ta", "a.txt"),
+            json!({"text": "ok one"}),
+            read("tb", "b.txt"),
+            json!({"text": "SUMMARY-ONE"}),
+            read("tc", "c.txt"),
+            read("td", "d.txt"),
+            json!({"text": "SUMMARY-TWO"}),
+            json!({"text": "ok two"}),
+            json!({"text": "SUMMARY-THREE"}),
+            json!({"text": "ok four"}),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "prompts": ["one", "two", "/compact"], "after": "four",
+               "caps": {"session": {"compaction": {}}}}),
+    );
+    let first = &r["first"];
+    let end_turn = json!({"stopReason": "end_turn"});
+    assert_eq!(first["stops"], json!([end_turn, end_turn, end_turn]));
+    assert_eq!(
+        text_of(&first["updates"], "agent_message_chunk"),
+        "ok oneok two"
+    );
+    // Each compaction is one entity: `in_progress` when it starts, then `completed`.
+    let updates = of_kind(&first["updates"], "compaction_update");
+    let started: Vec<&Value> = updates
+        .iter()
+        .filter(|u| u["status"] == "in_progress")
+        .copied()
+        .collect();
+    let compactions: Vec<&Value> = updates
+        .iter()
+        .filter(|u| u["status"] == "completed")
+        .copied()
+        .collect();
+    assert_eq!(
+        (started.len(), compactions.len()),
+        (3, 3),
+        "{}",
+        first["updates"]
+    );
+    for (s, c) in started.iter().zip(&compactions) {
+        assert_eq!(s["compactionId"], c["compactionId"]);
+    }
+    let expected = [
+        ("SUMMARY-ONE", "auto"),
+        ("SUMMARY-TWO", "auto"),
+        ("SUMMARY-THREE", "manual"),
+    ];
+    for (c, (summary, trigger)) in compactions.iter().zip(expected) {
+        assert_eq!(c["status"], "completed");
+        assert_eq!(c["summary"], json!([{"type": "text", "text": summary}]));
+        assert_eq!(c["_meta"]["caliban/compaction"]["trigger"], trigger);
+    }
+    assert_ne!(
+        compactions[0]["compactionId"],
+        compactions[1]["compactionId"]
+    );
+    // The context meter follows the conversation, and drops with each compaction.
+    let usage: Vec<u64> = of_kind(&first["updates"], "usage_update")
+        .iter()
+        .map(|u| {
+            assert_eq!(u["size"], 10000);
+            u["used"].as_u64().unwrap()
+        })
+        .collect();
+    // Per turn and compaction: Read a, "ok one", Read b, compaction, Read c, Read d,
+    // compaction, "ok two", compaction.
+    assert_eq!(usage.len(), 9, "{usage:?}");
+    assert!(usage[1] > 5000 && usage[5] > 4000, "{usage:?}");
+    // After a compaction the context is what the first request held (the system prompt
+    // and the tools, about 2,400 tokens with the long-work tools) and a summary; a big
+    // file is about 3,000.
+    for at in [3, 6, 8] {
+        assert!(
+            usage[at] < usage[0] + 1500,
+            "a compaction empties the context: {usage:?}"
+        );
+    }
+    // Within the run, the request after each automatic compaction holds its summary and
+    // not what it summarised.
+    let after_one = flat(&request_messages(&stub, 4));
+    assert!(
+        after_one.contains("SUMMARY-ONE") && !after_one.contains("BBB"),
+        "{after_one}"
+    );
+    let after_two = flat(&request_messages(&stub, 7));
+    assert!(
+        after_two.contains("SUMMARY-TWO") && !after_two.contains("DDD"),
+        "{after_two}"
+    );
+    // The replay shows the summary where the conversation it replaced was.
+    let second = &r["second"];
+    let kinds: Vec<&str> = second["replay"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|u| u["sessionUpdate"].as_str())
+        .collect();
+    assert_eq!(kinds, ["compaction_update"], "{}", second["replay"]);
+    assert_eq!(second["replay"][0]["summary"][0]["text"], "SUMMARY-THREE");
+    assert_eq!(second["stop"], end_turn);
+    assert_eq!(
+        text_of(&second["updates"], "agent_message_chunk"),
+        "ok four"
+    );
+    let after = flat(&request_messages(&stub, 9));
+    assert!(
+        after.contains("SUMMARY-THREE") && after.contains("four"),
+        "{after}"
+    );
+    for gone in [
+        "AAA",
+        "BBB",
+        "CCC",
+        "DDD",
+        "SUMMARY-ONE",
+        "SUMMARY-TWO",
+        "ok one",
+    ] {
+        assert!(!after.contains(gone), "{gone} was summarised away: {after}");
+    }
+}
+
+/// What an editor shows for caliban: `/` commands, model and thinking selectors that
+/// change the model's requests, a title and a context meter per turn, slash commands
+/// answered without a model turn, and `session/delete`.
+#[test]
+fn acp_editor_commands_selectors_usage_title_and_delete() {
+    let ws = Workspace::new("acp-editor");
+    ws.write(
+        ".caliban/settings.json",
+        r#"{"model": "claude-sonnet-4-5", "models": ["claude-haiku-4-5"]}"#,
+    );
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("hi there"), text_turn("again to you")]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "editor", "model": "claude-haiku-4-5",
+               "prompts": ["hello there\nsecond line", "/model", "/plan",
+                           "/model claude-sonnet-4-5", "again"]}),
+    );
+    assert_eq!(
+        r["init"]["agentCapabilities"]["sessionCapabilities"]["delete"],
+        json!({})
+    );
+    assert_eq!(
+        r["init"]["agentCapabilities"]["promptCapabilities"]["image"],
+        true
+    );
+    let options = r["session"]["configOptions"].as_array().unwrap();
+    let ids: Vec<(&str, &str)> = options
+        .iter()
+        .map(|o| (o["id"].as_str().unwrap(), o["category"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("mode", "mode"),
+            ("model", "model"),
+            ("thought_level", "thought_level")
+        ]
+    );
+    let models: Vec<&str> = options[1]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["value"].as_str())
+        .collect();
+    assert_eq!(models, ["claude-sonnet-4-5", "claude-haiku-4-5"]);
+    assert_eq!(options[1]["currentValue"], "claude-sonnet-4-5");
+    assert_eq!(options[2]["currentValue"], "off");
+    assert_eq!(
+        r["setModel"]["configOptions"][1]["currentValue"],
+        "claude-haiku-4-5"
+    );
+    assert_eq!(r["setThought"]["configOptions"][2]["currentValue"], "high");
+    assert_eq!(r["badModel"]["code"], -32602);
+    // The commands an editor completes after `/`.
+    let commands = of_kind(&r["updates"], "available_commands_update");
+    let names: Vec<&str> = commands[0]["availableCommands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    for name in ["compact", "model", "mode", "default", "acceptEdits", "plan"] {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
+    assert!(
+        r["stops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["stopReason"] == "end_turn")
+    );
+    // The title, once, from the first prompt's first line.
+    let titles = of_kind(&r["updates"], "session_info_update");
+    assert_eq!(titles.len(), 1, "{}", r["updates"]);
+    assert_eq!(titles[0]["title"], "hello there");
+    // A context meter per model turn, with the cost at list prices.
+    let usage = of_kind(&r["updates"], "usage_update");
+    assert_eq!(usage.len(), 2, "{}", r["updates"]);
+    assert_eq!(usage[0]["size"], 200_000);
+    assert_eq!(usage[0]["used"], 17);
+    assert_eq!(usage[0]["cost"]["currency"], "USD");
+    assert!(usage[1]["cost"]["amount"].as_f64().unwrap() > 0.0);
+    // Slash commands: answered here, with what is now set.
+    let said = text_of(&r["updates"], "agent_message_chunk");
+    assert!(
+        said.contains("Model: claude-haiku-4-5. Available: claude-sonnet-4-5, claude-haiku-4-5"),
+        "{said}"
+    );
+    assert!(
+        said.contains("Mode: plan") && said.contains("Model: claude-sonnet-4-5"),
+        "{said}"
+    );
+    let modes = of_kind(&r["updates"], "current_mode_update");
+    assert_eq!(modes[0]["currentModeId"], "plan");
+    assert!(!of_kind(&r["updates"], "config_option_update").is_empty());
+    // The selectors reach the model: the chosen model and a thinking budget, and the
+    // later switch applies to the live run's next request.
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2, "slash commands ask no model");
+    assert_eq!(requests[0]["body"]["model"], "claude-haiku-4-5");
+    assert_eq!(
+        requests[0]["body"]["thinking"],
+        json!({"type": "enabled", "budget_tokens": 4096})
+    );
+    assert_eq!(requests[1]["body"]["model"], "claude-sonnet-4-5");
+    // session/delete: gone from the list, and not loadable.
+    assert_eq!(r["list"]["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(r["deleted"], json!({}));
+    assert_eq!(r["listAfter"]["sessions"], json!([]));
+    assert_eq!(r["loadDeleted"]["code"], -32002);
+}
+
+/// Image blocks in a prompt (`promptCapabilities.image`) reach the model and come back in a
+/// `session/load` replay and in the continued conversation; one the model could not take is
+/// refused with the reason.
+#[test]
+fn acp_image_prompts_reach_the_model_and_survive_load() {
+    use crate::print::PNG;
+    let ws = Workspace::new("acp-image");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("a red dot"), text_turn("still a red dot")]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "restart", "after": "and now?", "prompts": [
+            [{"type": "text", "text": "what is this?"},
+             {"type": "image", "mimeType": "image/png", "data": PNG}],
+            [{"type": "image", "mimeType": "image/tiff", "data": "AAAA"}],
+        ]}),
+    );
+    let stops = &r["first"]["stops"];
+    assert_eq!(stops[0], json!({"stopReason": "end_turn"}));
+    assert_eq!(stops[1]["error"]["code"], -32602, "{stops}");
+    assert!(
+        stops[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unsupported image type `image/tiff`"),
+        "{stops}"
+    );
+    let first = request_messages(&stub, 0);
+    assert_eq!(first[0]["content"][0]["text"], "what is this?");
+    assert_eq!(first[0]["content"][1]["source"]["data"], PNG);
+    let replay = &r["second"]["replay"];
+    assert_eq!(replay[1]["sessionUpdate"], "user_message_chunk", "{replay}");
+    assert_eq!(
+        replay[1]["content"],
+        json!({"type": "image", "mimeType": "image/png", "data": PNG})
+    );
+    let after = request_messages(&stub, 1);
+    assert_eq!(after[0]["content"][1]["source"]["data"], PNG, "{after:?}");
+}
+
+/// A compaction the model cannot summarise fails the prompt with the reason, and a client
+/// that shows compactions sees it go from `in_progress` to `failed`.
+#[test]
+fn acp_failed_compaction_is_shown_and_fails_the_prompt() {
+    let ws = Workspace::new("acp-compact-failed");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![text_turn("ok"), json!({"faults": [{"status": 400}]})]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "caps": {"session": {"compaction": {}}},
+               "prompts": ["one", [{"type": "text", "text": "/compact"}]]}),
+    );
+    assert_eq!(r["stops"][0], json!({"stopReason": "end_turn"}));
+    let error = &r["stops"][1]["error"];
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("compaction failed"),
+        "{error}"
+    );
+    let updates = of_kind(&r["updates"], "compaction_update");
+    let statuses: Vec<&str> = updates
+        .iter()
+        .filter_map(|u| u["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["in_progress", "failed"], "{}", r["updates"]);
+    assert_eq!(updates[0]["compactionId"], updates[1]["compactionId"]);
+    assert!(updates[1]["error"].is_string());
 }
 
 #[test]

@@ -1201,6 +1201,54 @@ fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permiss
     }
 }
 
+// ---- the agent for long work (issue 14) ------------------------------------------------------
+
+/// The NDJSON plane takes images with a `UserMessage` (and says why it refuses one) and a
+/// `Compact` line, which compacts the conversation: a `Compaction` event line follows.
+#[test]
+fn ndjson_images_and_compact_lines() {
+    use crate::print::{PNG, image_block};
+    let ws = Workspace::new("agent-long");
+    let pki = pki(&ws);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("first"), text_turn("a red dot"), text_turn("SUMMARY")]}),
+    );
+    let spec = json!({"initial_prompt": "go", "interactive": true,
+                      "permission_posture": "unattended"});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &[]);
+    let mut client = Client::attached(&agent, &pki, "");
+    client.recv_until(is("TurnEnd"));
+    client.send_json(&json!({"type": "UserMessage", "images": [image_block("image/bmp", "AAAA")]}));
+    let refused = client.recv_line();
+    assert_eq!(refused["type"], "Error", "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("unsupported image type `image/bmp`"),
+        "{refused}"
+    );
+    client.send_json(&json!({"type": "UserMessage", "text": "what is this?",
+                             "images": [image_block("image/png", PNG)]}));
+    let turn = client.recv_until(is("TurnEnd"));
+    assert_eq!(text_of(&turn), "a red dot");
+    client.send_json(&json!({"type": "Compact"}));
+    let compaction = client.recv_until(is("Compaction"));
+    let compaction = compaction.last().unwrap();
+    assert_eq!(compaction["trigger"], "manual");
+    assert_eq!(compaction["summary"], "SUMMARY");
+    let reqs = stub.requests();
+    let last = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last["content"][1]["source"]["data"], PNG, "{last}");
+    assert!(reqs[2]["body"].to_string().contains("working notes"));
+}
+
 /// The networked agent's run calls the configured MCP servers like every surface's.
 #[test]
 fn ndjson_run_calls_configured_mcp_servers() {

@@ -2728,3 +2728,115 @@ fn every_run_on_disk_is_listed_page_by_page() {
         .sum();
     assert!(held <= 1001.0, "{held} runs in memory");
 }
+
+// ---- context compaction (issue 14) ----------------------------------------------------------
+
+/// An interactive run that outgrows a 10,000-token window compacts on its own; an input
+/// `{"compact": true}` compacts it again; both `Compaction` events are in the log, the run
+/// ends with the compacted conversation, and a restarted server replays the same events.
+#[test]
+fn compaction_auto_and_by_input_then_replayed_after_a_restart() {
+    let ws = Workspace::new("http-compact");
+    ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
+    crate::print::big_file(&ws, "a.txt", "AAA");
+    crate::print::big_file(&ws, "b.txt", "BBB");
+    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [read("ta", "a.txt"), read("tb", "b.txt"),
+                          {"text": "SUMMARY-ONE"}, {"text": "ok"}, {"text": "SUMMARY-TWO"}]}),
+    );
+    let mut server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let run = start_run(addr, json!({"prompt": "read both", "interactive": true}));
+    wait_state(addr, &run, "awaiting_input");
+    let resp = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"compact": true}),
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_for("the manual compaction", || {
+        let events = all_events(addr, &run);
+        (of_type(&events, "Compaction").len() == 2).then_some(())
+    });
+    wait_state(addr, &run, "awaiting_input");
+    let resp = post_json(addr, &format!("/runs/{run}/input"), &json!({"end": true}));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_terminal(addr, &run);
+    let events = all_events(addr, &run);
+    let compactions = of_type(&events, "Compaction");
+    assert_eq!(compactions[0]["trigger"], "auto");
+    assert_eq!(compactions[0]["summary"], "SUMMARY-ONE");
+    assert_eq!(compactions[1]["trigger"], "manual");
+    assert_eq!(compactions[1]["summary"], "SUMMARY-TWO");
+    let end = run_end(&events);
+    assert_eq!(end["stopped_for"], "EndOfTurn");
+    let final_messages = end["final_messages"].to_string();
+    assert!(final_messages.contains("SUMMARY-TWO"), "{final_messages}");
+    assert!(!final_messages.contains("AAA") && !final_messages.contains("SUMMARY-ONE"));
+
+    server.restart(&ws, &stub);
+    assert_eq!(all_events(server.addr, &run), events);
+}
+
+// ---- images in prompts (issue 14) -----------------------------------------------------------
+
+/// `images` on `POST /runs` and on input reach the model; one it could not take is a 400
+/// that says why.
+#[test]
+fn images_on_runs_and_input() {
+    use crate::print::{PNG, image_block};
+    let ws = Workspace::new("http-images");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("a red dot"), text_turn("another")]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    let bad = post_json(
+        addr,
+        "/runs",
+        &json!({"prompt": "x", "images": [image_block("image/bmp", "AAAA")]}),
+    );
+    assert_error(
+        &bad,
+        400,
+        "`images`: unsupported image type `image/bmp`: expected one of image/png, image/jpeg, image/gif, image/webp",
+    );
+    let run = start_run(
+        addr,
+        json!({"prompt": "what is this?", "interactive": true,
+               "images": [image_block("image/png", PNG)]}),
+    );
+    wait_state(addr, &run, "awaiting_input");
+    let bad = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"images": [{"type": "text", "text": "not an image"}]}),
+    );
+    assert_error(&bad, 400, "`images`: expected an image block");
+    let resp = post_json(
+        addr,
+        &format!("/runs/{run}/input"),
+        &json!({"images": [image_block("image/gif", "R0lGODlhAQABAAAAACw=")]}),
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_for("the second turn", || {
+        (stub.requests().len() == 2).then_some(())
+    });
+    let reqs = stub.requests();
+    let first = reqs[0]["body"]["messages"][0]["content"].clone();
+    assert_eq!(first[0]["text"], "what is this?");
+    assert_eq!(first[1]["source"]["data"], PNG);
+    let last = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        last["content"][0]["source"]["media_type"], "image/gif",
+        "{last}"
+    );
+}

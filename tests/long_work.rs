@@ -902,6 +902,94 @@ fn print_runs_are_recorded_and_continue() {
     assert_eq!(run(cmd, "").code, Some(64));
 }
 
+/// A compaction and the print-mode sessions that continue (issues 14.2, 14.3, 14.7
+/// together): a run that compacts is recorded with its compaction, so `--continue` goes on
+/// from the summary; the plan the summarised conversation held is carried over word for
+/// word, through a second compaction; and a compaction asked for before any message of a
+/// continued run (`control/compact` first) is recorded too.
+#[test]
+fn compacted_print_runs_continue_from_the_summary_with_their_plan() {
+    let ws = Workspace::new("continue-compacted");
+    let plan = json!({"todos": [
+        {"id": "1", "content": "read the code", "status": "completed"},
+        {"id": "2", "content": "fix the bug", "status": "in_progress"}]});
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            tool_turn(json!([call("p1", "TodoWrite", plan)])),
+            text_turn("planned"),
+            text_turn("SUMMARY-P"),
+            text_turn("continuing"),
+            text_turn("SUMMARY-Q"),
+            text_turn("ok"),
+            text_turn("fine"),
+        ]}),
+    );
+    let compact = r#"{"type":"control","subtype":"compact"}"#;
+    let user = |text: &str| format!("{{\"type\":\"user\",\"content\":\"{text}\"}}\n");
+    let print = |args: &[&str], input: &str| {
+        let mut cmd = caliban(&ws);
+        anthropic(&mut cmd, &stub);
+        cmd.arg("-p").args(args);
+        let out = run(cmd, input);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        out
+    };
+    let stream = [
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+    ];
+    let first = print(&stream, &format!("{}{compact}\n", user("plan it")));
+    let frames = first.frames();
+    assert!(frames.iter().any(|f| f["subtype"] == "plan"), "{first:?}");
+    assert!(
+        frames.iter().any(|f| f["subtype"] == "compact_boundary"),
+        "{first:?}"
+    );
+
+    // --continue: the summary and the plan, not what they replaced.
+    print(&["--continue", "go on"], "");
+    let sent = conversation_sent(&stub, 3);
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(
+        sent[0].contains("SUMMARY-P") && sent[0].contains("fix the bug"),
+        "{sent:?}"
+    );
+    assert_eq!(sent[2], "user: go on");
+    assert!(!sent.concat().contains("plan it"), "{sent:?}");
+
+    // A compaction first, then a message: recorded, and the plan carried again.
+    let third = print(
+        &[&stream[..], &["--continue"]].concat(),
+        &format!("{compact}\n{}", user("after")),
+    );
+    assert!(
+        third
+            .frames()
+            .iter()
+            .any(|f| f["subtype"] == "compact_boundary"),
+        "{third:?}"
+    );
+    let sent = conversation_sent(&stub, 5);
+    assert!(
+        sent[0].contains("SUMMARY-Q") && sent[0].contains("fix the bug"),
+        "{sent:?}"
+    );
+    assert_eq!(sent.last().unwrap(), "user: after");
+    assert!(!sent.concat().contains("SUMMARY-P"), "{sent:?}");
+
+    print(&["-c", "last"], "");
+    let sent = conversation_sent(&stub, 6);
+    assert!(sent[0].contains("SUMMARY-Q"), "{sent:?}");
+    assert!(!sent.concat().contains("SUMMARY-P"), "{sent:?}");
+    assert_eq!(
+        sent[sent.len() - 3..],
+        ["user: after", "assistant: ok", "user: last"]
+    );
+}
+
 /// An editor that offers its file system gets MultiEdit's read and write, as for Edit: the
 /// edits apply to its buffer (unsaved changes included), all at once.
 #[test]

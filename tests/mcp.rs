@@ -1400,6 +1400,149 @@ fn mcp_conformance_suite_matches_baseline() {
     raw.close_stdin();
 }
 
+// ---- context compaction (issue 14) ----------------------------------------------------------
+
+/// `caliban_send_input` with `compact: true` compacts an interactive run's conversation (a
+/// `Compaction` event, and the run waits for input again); a summary the model cannot give
+/// fails the run with `CompactionFailed`.
+#[test]
+fn mcp_send_input_compact_and_a_failed_compaction() {
+    let ws = Workspace::new("mcp-compact");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            text("first answer"),
+            text("THE-SUMMARY"),
+            json!({"faults": [{"status": 400}]}),
+        ]),
+    );
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    raw.initialize("2025-06-18", json!({}));
+    let run = raw.body(
+        1,
+        "caliban_run",
+        json!({"prompt": "one", "interactive": true}),
+    )["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    let mut id = 2;
+    let mut cursor = 0;
+    let mut events = Vec::new();
+    let mut wait_until = |raw: &mut Raw, done: &dyn Fn(&Value, &[Value]) -> bool| loop {
+        let body = raw.body(
+            id,
+            "caliban_poll",
+            json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
+        );
+        id += 1;
+        assert!(id < 60, "never got there: {body}");
+        events.extend(body["events"].as_array().cloned().unwrap_or_default());
+        cursor = body["next_cursor"].as_u64().expect("next_cursor");
+        if done(&body["status"], &events) {
+            return events.clone();
+        }
+    };
+    let compactions = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| e["event"]["type"] == "Compaction")
+            .count()
+    };
+    wait_until(&mut raw, &|s, _| s["state"] == "awaiting_input");
+    let sent = raw.body(
+        100,
+        "caliban_send_input",
+        json!({"run_id": run, "compact": true}),
+    );
+    assert_eq!(sent, json!({"ok": true}));
+    let seen = wait_until(&mut raw, &|s, e| {
+        s["state"] == "awaiting_input" && compactions(e) == 1
+    });
+    let compaction = seen
+        .iter()
+        .find(|e| e["event"]["type"] == "Compaction")
+        .expect("Compaction");
+    assert_eq!(compaction["v"], 1);
+    assert_eq!(compaction["event"]["trigger"], "manual");
+    assert_eq!(compaction["event"]["summary"], "THE-SUMMARY");
+    assert_eq!(compaction["event"]["messages_summarized"], 2);
+    raw.body(
+        101,
+        "caliban_send_input",
+        json!({"run_id": run, "compact": true}),
+    );
+    let seen = wait_until(&mut raw, &|s, _| s["state"] == "failed");
+    let end = &seen.last().expect("events")["event"];
+    assert_eq!(end["type"], "RunEnd");
+    assert!(end["stopped_for"]["CompactionFailed"].is_string(), "{end}");
+}
+
+/// `images` on `caliban_run` and `caliban_send_input` reach the model; one it could not take
+/// is refused with the reason.
+#[test]
+fn mcp_images_on_run_and_send_input() {
+    use crate::print::{PNG, image_block};
+    let ws = Workspace::new("mcp-images");
+    let stub = Stub::start(&ws, &script(vec![text("a red dot"), text("another")]));
+    let mut raw = Raw::start(&ws, &stub, &[]);
+    raw.initialize("2025-06-18", json!({}));
+    let bad = raw.request(
+        1,
+        "tools/call",
+        json!({"name": "caliban_run", "arguments": {"prompt": "x",
+               "images": [image_block("image/tiff", "AAAA")]}}),
+    );
+    assert!(
+        bad.to_string()
+            .contains("unsupported image type `image/tiff`"),
+        "{bad}"
+    );
+    let run = raw.body(
+        2,
+        "caliban_run",
+        json!({"prompt": "what is this?", "interactive": true,
+               "images": [image_block("image/png", PNG)]}),
+    )["run_id"]
+        .as_str()
+        .expect("run_id")
+        .to_owned();
+    for id in 3..40 {
+        let body = raw.body(
+            id,
+            "caliban_poll",
+            json!({"run_id": run, "cursor": 0, "wait_ms": 2000}),
+        );
+        if body["status"]["state"] == "awaiting_input" {
+            break;
+        }
+    }
+    let sent = raw.body(
+        50,
+        "caliban_send_input",
+        json!({"run_id": run, "text": "and this?", "images": [image_block("image/jpeg", "/9j/4AAQ")]}),
+    );
+    assert_eq!(sent, json!({"ok": true}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stub.requests().len() < 2 {
+        assert!(Instant::now() < deadline, "no second request");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reqs = stub.requests();
+    assert_eq!(
+        reqs[0]["body"]["messages"][0]["content"][1]["source"]["data"],
+        PNG
+    );
+    let last = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last["content"][0]["text"], "and this?");
+    assert_eq!(last["content"][1]["source"]["media_type"], "image/jpeg");
+}
+
 /// A `caliban_run` of `mcp serve` calls the configured MCP servers' tools, and may name the
 /// ones it wants with `mcp_servers`.
 #[test]

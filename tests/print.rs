@@ -1048,3 +1048,296 @@ fn a_stream_that_never_ends_meets_the_request_deadline() {
     );
     assert_eq!(stub.requests().len(), 1, "output was shown, so no retry");
 }
+
+// ---- context compaction (issue 14) ----------------------------------------------------------
+
+/// A 12 KiB file whose lines all carry `marker`: one Read of it is ~3,400 tokens.
+pub(crate) fn big_file(ws: &Workspace, name: &str, marker: &str) {
+    let line = format!("{marker} lorem ipsum dolor sit amet, consectetur\n");
+    ws.write(name, &line.repeat(12 * 1024 / line.len()));
+}
+
+/// Four Reads of big files in one run with a 10,000-token window (compacted past 7,500):
+/// every second Read pushes the next request past the limit, so the run compacts twice,
+/// each time summarising what came before, and goes on to finish.
+#[test]
+fn stream_json_compacts_twice_in_one_run_and_finishes() {
+    let ws = Workspace::new("compact-print");
+    ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
+    for (name, marker) in [
+        ("a.txt", "AAA"),
+        ("b.txt", "BBB"),
+        ("c.txt", "CCC"),
+        ("d.txt", "DDD"),
+    ] {
+        big_file(&ws, name, marker);
+    }
+    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            read("t1", "a.txt"), read("t2", "b.txt"),
+            {"text": "SUMMARY-ONE: read a.txt and b.txt"},
+            read("t3", "c.txt"), read("t4", "d.txt"),
+            {"text": "SUMMARY-TWO: read all four"},
+            {"text": "done"},
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--output-format",
+        "stream-json",
+        "read the four files",
+    ]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "done");
+    let boundaries: Vec<Value> = out
+        .frames()
+        .into_iter()
+        .filter(|f| f["subtype"] == "compact_boundary")
+        .collect();
+    assert_eq!(boundaries.len(), 2, "{out:?}");
+    for (b, summary) in boundaries.iter().zip(["SUMMARY-ONE", "SUMMARY-TWO"]) {
+        let meta = &b["compact_metadata"];
+        assert_eq!(meta["trigger"], "auto");
+        assert!(meta["pre_tokens"].as_u64().unwrap() > 7500, "{b}");
+        assert!(meta["post_tokens"].as_u64().unwrap() < 7500, "{b}");
+        assert!(b["summary"].as_str().unwrap().starts_with(summary), "{b}");
+    }
+    // The requests: the third and sixth ask for summaries; after each, the model sees the
+    // summary instead of what it summarised.
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 7);
+    let body = |n: usize| reqs[n]["body"].to_string();
+    for n in [2, 5] {
+        assert!(
+            body(n).contains("working notes"),
+            "request {n} asks for a summary"
+        );
+    }
+    assert!(body(3).contains("SUMMARY-ONE") && !body(3).contains("AAA"));
+    assert!(!body(3).contains("BBB"));
+    assert!(body(4).contains("CCC"));
+    assert!(body(6).contains("SUMMARY-TWO"));
+    for gone in ["SUMMARY-ONE", "AAA", "CCC", "DDD"] {
+        assert!(!body(6).contains(gone), "{gone} is summarised away");
+    }
+}
+
+/// `{"type":"control","subtype":"compact"}` compacts between two messages; a summary the
+/// model cannot give ends the run with `CompactionFailed`.
+#[test]
+fn stream_json_control_compact_and_its_failure() {
+    let ws = Workspace::new("compact-control");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"text": "first answer"},
+            {"text": "the summary"},
+            {"text": "second answer"},
+            {"text": "third answer"},
+            {"faults": [{"status": 400}]},
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args([
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+    ]);
+    let compact = r#"{"type":"control","subtype":"compact"}"#;
+    let input = format!(
+        "{{\"type\":\"user\",\"content\":\"one\"}}\n{compact}\n{{\"type\":\"user\",\"content\":\"two\"}}\n{{\"type\":\"user\",\"content\":\"three\"}}\n{compact}\n"
+    );
+    let out = run(cmd, &input);
+    let frames = out.frames();
+    let boundary = frames
+        .iter()
+        .find(|f| f["subtype"] == "compact_boundary")
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert_eq!(boundary["compact_metadata"]["trigger"], "manual");
+    assert_eq!(boundary["summary"], "the summary");
+    let reqs = stub.requests();
+    let second = reqs[2]["body"]["messages"].to_string();
+    assert!(
+        second.contains("the summary") && !second.contains("first answer"),
+        "{second}"
+    );
+    let result = out.result();
+    assert_eq!(result["subtype"], "error", "{out:?}");
+    assert!(
+        result["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("compaction failed"),
+        "{result}"
+    );
+    assert_eq!(out.code, Some(1));
+}
+
+// ---- images in prompts (issue 14) -----------------------------------------------------------
+
+/// A 1×1 PNG, base64.
+pub(crate) const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+/// An image block in upstream's shape.
+pub(crate) fn image_block(media_type: &str, data: &str) -> Value {
+    json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+}
+
+/// Images in stream-json input reach both providers in their own formats, and the run's
+/// session file keeps them (the first message's and a later one's), so `--continue` sends
+/// them again.
+#[test]
+fn stream_json_images_reach_both_wires() {
+    for wire in ["anthropic", "openai"] {
+        let ws = Workspace::new("image-print");
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [text_turn("a red dot"), text_turn("a jpeg"), text_turn("both")]}),
+        );
+        let command = || {
+            let mut cmd = caliban(&ws);
+            if wire == "anthropic" {
+                anthropic(&mut cmd, &stub);
+            } else {
+                openai(&mut cmd, &stub);
+            }
+            cmd
+        };
+        let mut cmd = command();
+        cmd.args([
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ]);
+        let line = json!({"type": "user", "content": [
+            {"type": "text", "text": "what is this?"}, image_block("image/png", PNG)]});
+        let jpeg = json!({"type": "user", "content": [image_block("image/jpeg", "/9j/4AAQ")]});
+        let out = run(cmd, &format!("{line}\n{jpeg}\n"));
+        assert_eq!(out.code, Some(0), "{wire}: {out:?}");
+        let mut cmd = command();
+        cmd.args(["-p", "--continue", "and both?"]);
+        assert_eq!(run(cmd, "").code, Some(0), "{wire}");
+        let continued = stub.requests()[2]["body"]["messages"].to_string();
+        assert!(
+            continued.contains(PNG) && continued.contains("/9j/4AAQ"),
+            "{wire}: {continued}"
+        );
+        let reqs = stub.requests();
+        let user = &reqs[0]["body"]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "user")
+            .cloned()
+            .unwrap();
+        let expected = if wire == "anthropic" {
+            json!([{"type": "text", "text": "what is this?", "cache_control": {"type": "ephemeral"}},
+                   image_block("image/png", PNG)])
+        } else {
+            json!([{"type": "text", "text": "what is this?"},
+                   {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG}")}}])
+        };
+        if wire == "anthropic" {
+            // The cache breakpoint goes on the last block of the last user message.
+            assert_eq!(user["content"][0]["text"], "what is this?");
+            assert_eq!(user["content"][1]["source"], expected[1]["source"]);
+        } else {
+            assert_eq!(user["content"], expected, "{user}");
+        }
+    }
+}
+
+/// An image neither provider takes is refused with the reason, never dropped.
+#[test]
+fn stream_json_refuses_images_it_cannot_send() {
+    let ws = Workspace::new("image-refused");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    for (block, why) in [
+        (
+            image_block("image/tiff", "AAAA"),
+            "unsupported image type `image/tiff`",
+        ),
+        (
+            image_block("image/png", "not base64!"),
+            "image data is not base64",
+        ),
+        (
+            json!({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}),
+            "unsupported image source `url`",
+        ),
+        (
+            image_block("image/png", &"A".repeat((3 << 20) + 4)),
+            "image too large",
+        ),
+    ] {
+        let mut cmd = caliban(&ws);
+        anthropic(&mut cmd, &stub);
+        cmd.args([
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ]);
+        let line = json!({"type": "user", "content": [block]});
+        let out = run(cmd, &format!("{line}\n"));
+        assert_eq!(out.code, Some(64), "{out:?}");
+        let error = out.result()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(error.contains(why), "{error}");
+    }
+    assert!(stub.requests().is_empty(), "nothing reached the model");
+}
+
+/// A model that refuses a request as too long for its window (one caliban thought would
+/// fit) gets a summary request instead, then the request again, compacted.
+#[test]
+fn prompt_too_long_compacts_and_sends_again() {
+    let ws = Workspace::new("compact-overflow");
+    big_file(&ws, "a.txt", "AAA");
+    let too_long = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 201000 tokens > 200000 maximum"}}"#;
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [{"id": "t1", "name": "Read", "input": {"path": "a.txt"}}]},
+            {"text": "THE-SUMMARY", "faults": [{"status": 400, "body": too_long}]},
+            {"text": "done"},
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "--output-format", "stream-json", "read a.txt"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "done");
+    let boundary = out
+        .frames()
+        .into_iter()
+        .find(|f| f["subtype"] == "compact_boundary")
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert_eq!(boundary["summary"], "THE-SUMMARY");
+    let reqs = stub.requests();
+    assert_eq!(
+        reqs.len(),
+        4,
+        "the refused request, the summary, the request again"
+    );
+    assert!(reqs[2]["body"].to_string().contains("working notes"));
+    let resent = reqs[3]["body"]["messages"].to_string();
+    assert!(
+        resent.contains("THE-SUMMARY") && !resent.contains("AAA"),
+        "{resent}"
+    );
+}

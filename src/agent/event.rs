@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::agent::compact::Trigger;
 use crate::model::types::{ContentBlock, Message, StopReason, Usage};
 use crate::tools::todo::Todo;
 
@@ -23,6 +24,8 @@ pub enum StopCondition {
     Refusal(String),
     ContentFilter(String),
     StreamIdle(Duration),
+    /// The summary that would have let the conversation go on could not be had.
+    CompactionFailed(String),
 }
 
 impl StopCondition {
@@ -36,6 +39,7 @@ impl StopCondition {
             StopCondition::Refusal(e) => json!({"Refusal": e}),
             StopCondition::ContentFilter(e) => json!({"ContentFilter": e}),
             StopCondition::StreamIdle(d) => json!({"StreamIdle": duration_json(*d)}),
+            StopCondition::CompactionFailed(e) => json!({"CompactionFailed": e}),
         }
     }
 }
@@ -88,6 +92,23 @@ pub enum TurnEvent {
         ttft: Option<Duration>,
         tbt: Option<Duration>,
     },
+    /// The older conversation was replaced by a summary (not one of upstream's eight: its
+    /// runs compact inside the provider layer and say nothing). `messages` replace the
+    /// summarised ones and the last `messages_kept` stay, which is how a session file
+    /// replays it (`agent::compact::replay`).
+    Compaction {
+        turn_index: u32,
+        trigger: Trigger,
+        /// The estimated size of the context before and after.
+        pre_tokens: u64,
+        post_tokens: u64,
+        messages_summarized: u32,
+        messages_kept: u32,
+        summary: String,
+        messages: Vec<Message>,
+        /// What the summary request cost.
+        usage: Usage,
+    },
     /// The model's plan, after a `TodoWrite` call changed it: the whole list. Not one of
     /// upstream's eight variants (it has no plan event); it comes between the call's
     /// `ToolCallStart` and `ToolCallEnd`.
@@ -116,6 +137,7 @@ impl TurnEvent {
             TurnEvent::ToolCallInputDelta { .. } => "ToolCallInputDelta",
             TurnEvent::ToolCallEnd { .. } => "ToolCallEnd",
             TurnEvent::TurnEnd { .. } => "TurnEnd",
+            TurnEvent::Compaction { .. } => "Compaction",
             TurnEvent::PlanUpdate { .. } => "PlanUpdate",
             TurnEvent::RunEnd { .. } => "RunEnd",
         }
@@ -179,6 +201,22 @@ impl TurnEvent {
                         "tool_results": tool_results.iter().map(Message::to_json).collect::<Vec<_>>(),
                         "stop_reason": stop_reason.as_str(), "usage": usage.to_json(),
                         "ttft": ttft.map(duration_json), "tbt": tbt.map(duration_json)}),
+            TurnEvent::Compaction {
+                turn_index,
+                trigger,
+                pre_tokens,
+                post_tokens,
+                messages_summarized,
+                messages_kept,
+                summary,
+                messages,
+                usage,
+            } => json!({"type": ty, "turn_index": turn_index, "trigger": trigger.as_str(),
+                        "pre_tokens": pre_tokens, "post_tokens": post_tokens,
+                        "messages_summarized": messages_summarized,
+                        "messages_kept": messages_kept, "summary": summary,
+                        "messages": messages.iter().map(Message::to_json).collect::<Vec<_>>(),
+                        "usage": usage.to_json()}),
             TurnEvent::PlanUpdate {
                 turn_index,
                 tool_use_id,

@@ -1,6 +1,7 @@
 //! The agent: the run state machine, the events it emits, and the streamed tool input it
 //! and its hosts gather.
 
+pub mod compact;
 pub mod event;
 pub mod run;
 pub(crate) mod tool_input;

@@ -6,16 +6,24 @@
 //! checks and tool execution for that turn) → `Model` … until the model stops asking for
 //! tools; then `Idle` again for an interactive run waiting for input, or `Done` after
 //! `RunEnd`, which is always the last event.
+//!
+//! COMPACTION (`Phase::Compact`): before a model turn whose request would not fit the
+//! context window (`RunConfig::context_window`), or when a client asks (`Run::compact`), the
+//! run asks the model for a summary of the older conversation instead, replaces those
+//! messages with it (`agent::compact`), emits `Compaction` and carries on with the turn (or
+//! waits for input again). A summary that cannot be had ends the run with
+//! `CompactionFailed`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::agent::compact::{self, Next, Trigger};
 use crate::agent::event::{StopCondition, TurnEvent, result_text};
 use crate::agent::tool_input::ToolInput;
 use crate::model::types::{
-    ContentBlock, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
+    ContentBlock, Effort, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
 };
 use crate::permissions::{Action, Policy};
 use crate::tools::ToolOutput;
@@ -30,6 +38,11 @@ pub struct RunConfig {
     pub tools: Vec<ToolSpec>,
     /// Interactive runs stop at each turn boundary and wait for `send_input`.
     pub interactive: bool,
+    /// The model's context window in tokens, when known: requests that would not fit are
+    /// compacted first. `None`: never compacted unless a client asks.
+    pub context_window: Option<u64>,
+    /// Extended thinking / reasoning effort (ACP's `thought_level`).
+    pub effort: Option<Effort>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -51,6 +64,9 @@ pub enum Effect {
     Ask(ToolCall),
     /// Stop the model stream and kill running tools (the run was cancelled).
     AbortWork,
+    /// A compaction began (its summary request follows); `Emit(Compaction)` or `RunEnd`
+    /// ends it. Hosts that show a compaction's progress (ACP) start showing it here.
+    CompactionStarted(Trigger),
     /// The turn ended and an interactive run now waits for input.
     AwaitInput,
     /// `RunEnd` was emitted; nothing more will happen.
@@ -135,11 +151,34 @@ impl ToolsPhase {
     }
 }
 
+/// What the run does once its compaction is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Then {
+    /// Send the model turn the compaction made room for.
+    Turn,
+    /// Wait for input again (a client asked while the run was idle).
+    Idle,
+}
+
+#[derive(Debug)]
+struct CompactAcc {
+    trigger: Trigger,
+    then: Then,
+    /// The summary request's messages.
+    request: Vec<Message>,
+    /// `messages[..split]` are summarised, the rest kept.
+    split: usize,
+    pre_tokens: u64,
+    text: String,
+    usage: Usage,
+}
+
 #[derive(Debug)]
 enum Phase {
     Idle,
     Model(TurnAcc),
     Tools(ToolsPhase),
+    Compact(CompactAcc),
     Done,
 }
 
@@ -157,6 +196,12 @@ pub struct Run {
     turn_count: u32,
     total_usage: Usage,
     turns_without_edit: u32,
+    /// The context's size in tokens as the last response reported it, and how many
+    /// messages it covered; `None` before the first response and after a compaction.
+    context: Option<(u64, usize)>,
+    /// The run compacted on its own and no model turn has completed since: it does not
+    /// compact again before one has (a kept part too large to fit would loop).
+    compacted_last: bool,
 }
 
 impl Run {
@@ -173,7 +218,21 @@ impl Run {
             turn_count: 0,
             total_usage: Usage::default(),
             turns_without_edit: 0,
+            context: None,
+            compacted_last: false,
         }
+    }
+
+    /// A client chose another model or thinking effort: the next request uses them.
+    pub fn reconfigure(
+        &mut self,
+        model: String,
+        context_window: Option<u64>,
+        effort: Option<Effort>,
+    ) {
+        self.config.model = model;
+        self.config.context_window = context_window;
+        self.config.effort = effort;
     }
 
     /// The tools offered besides the configured ones (MCP servers' tools, as they list
@@ -200,11 +259,24 @@ impl Run {
         self.turn_index
     }
 
-    /// The request for the turn in flight.
+    /// The request for the turn in flight (or for the summary, while compacting).
     pub fn model_request(&self) -> ModelRequest<'_> {
+        if let Phase::Compact(acc) = &self.phase {
+            return ModelRequest {
+                model: &self.config.model,
+                max_tokens: self.config.max_tokens.min(compact::SUMMARY_MAX_TOKENS),
+                effort: None,
+                system: compact::SYSTEM,
+                messages: &acc.request,
+                // Offered although not wanted: Anthropic refuses a conversation with tool
+                // calls in it and no tools defined.
+                tools: &self.tools,
+            };
+        }
         ModelRequest {
             model: &self.config.model,
             max_tokens: self.config.max_tokens,
+            effort: self.config.effort,
             system: &self.config.system,
             messages: &self.messages,
             tools: &self.tools,
@@ -223,7 +295,136 @@ impl Run {
         self.begin_turn(now)
     }
 
+    /// The estimated size in tokens of the next request: the last reported context plus
+    /// what was added since, or all of it estimated from its bytes.
+    pub fn context_tokens(&self) -> u64 {
+        match self.context {
+            Some((tokens, at)) if at <= self.messages.len() => self.messages[at..]
+                .iter()
+                .map(compact::message_tokens)
+                .fold(tokens, u64::saturating_add),
+            _ => {
+                let tools: usize = self
+                    .tools
+                    .iter()
+                    .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
+                    .sum();
+                let fixed = compact::tokens_of_bytes(self.config.system.len() + tools);
+                self.messages
+                    .iter()
+                    .map(compact::message_tokens)
+                    .fold(fixed, u64::saturating_add)
+            }
+        }
+    }
+
+    /// Compacts the conversation of an idle interactive run, as a client asked; the run
+    /// waits for input again afterwards. A conversation with nothing to summarise is left
+    /// as it is.
+    pub fn compact(&mut self) -> Vec<Effect> {
+        if !self.is_idle() {
+            return Vec::new();
+        }
+        let pre_tokens = self.context_tokens();
+        let keep = pre_tokens / 4;
+        self.start_compaction(Trigger::Manual, Then::Idle, pre_tokens, keep)
+            .unwrap_or_else(|| vec![Effect::AwaitInput])
+    }
+
+    fn start_compaction(
+        &mut self,
+        trigger: Trigger,
+        then: Then,
+        pre_tokens: u64,
+        keep_tokens: u64,
+    ) -> Option<Vec<Effect>> {
+        let split = compact::split_point(&self.messages, keep_tokens);
+        // Only what the model said can be summarised; a lone prompt is what it is.
+        if !self.messages[..split]
+            .iter()
+            .any(|m| m.role == Role::Assistant)
+        {
+            return None;
+        }
+        self.phase = Phase::Compact(CompactAcc {
+            trigger,
+            then,
+            request: compact::request_messages(&self.messages[..split]),
+            split,
+            pre_tokens,
+            text: String::new(),
+            usage: Usage::default(),
+        });
+        Some(vec![
+            Effect::CompactionStarted(trigger),
+            Effect::RequestModel,
+        ])
+    }
+
+    /// The summary arrived: the summarised messages give way to it, and the run goes on.
+    fn finish_compaction(&mut self, acc: CompactAcc, now: Instant) -> Vec<Effect> {
+        let summary = acc.text.trim();
+        if summary.is_empty() {
+            return self.finish(StopCondition::CompactionFailed(
+                "the model answered the summary request with no text".to_owned(),
+            ));
+        }
+        self.total_usage.add(&acc.usage);
+        let tail = self.messages.split_off(acc.split.min(self.messages.len()));
+        let next = if tail.is_empty() && acc.then == Then::Turn {
+            Next::Model
+        } else {
+            Next::User
+        };
+        // The plan lives in the conversation: when its last version is being summarised,
+        // the compacted head carries it word for word.
+        let plan = compact::latest_plan(&tail)
+            .is_none()
+            .then(|| compact::latest_plan(&self.messages))
+            .flatten();
+        let head = compact::head(summary, next, plan.as_deref());
+        let summarized = self.messages.len();
+        let kept = tail.len();
+        self.messages = head.clone();
+        self.messages.extend(tail);
+        self.context = None;
+        let mut out = vec![Effect::Emit(TurnEvent::Compaction {
+            turn_index: self.turn_index,
+            trigger: acc.trigger,
+            pre_tokens: acc.pre_tokens,
+            post_tokens: self.context_tokens(),
+            messages_summarized: u32::try_from(summarized).unwrap_or(u32::MAX),
+            messages_kept: u32::try_from(kept).unwrap_or(u32::MAX),
+            summary: summary.to_owned(),
+            messages: head,
+            usage: acc.usage,
+        })];
+        match acc.then {
+            Then::Turn => {
+                self.compacted_last = true;
+                out.extend(self.begin_turn(now));
+            }
+            Then::Idle => {
+                self.phase = Phase::Idle;
+                out.push(Effect::AwaitInput);
+            }
+        }
+        out
+    }
+
     fn begin_turn(&mut self, now: Instant) -> Vec<Effect> {
+        if let Some(window) = self.config.context_window
+            && !self.compacted_last
+        {
+            let limit = compact::limit(window, self.config.max_tokens);
+            let estimate = self.context_tokens();
+            if estimate > limit
+                && let Some(effects) =
+                    self.start_compaction(Trigger::Auto, Then::Turn, estimate, limit / 4)
+            {
+                return effects;
+            }
+        }
         self.phase = Phase::Model(TurnAcc {
             message_id: String::new(),
             model: self.config.model.clone(),
@@ -243,7 +444,12 @@ impl Run {
     /// True while nothing of the current model turn has been shown, so a failed request may
     /// be re-sent without the client seeing anything twice.
     pub fn can_retry_turn(&self) -> bool {
-        matches!(&self.phase, Phase::Model(acc) if !acc.announced)
+        match &self.phase {
+            Phase::Model(acc) => !acc.announced,
+            // A summary request shows nothing until it is complete.
+            Phase::Compact(_) => true,
+            _ => false,
+        }
     }
 
     /// Forgets a failed attempt's partial state before a retry.
@@ -254,10 +460,23 @@ impl Run {
             acc.stop = None;
             acc.requested_at = now;
         }
+        if let Phase::Compact(acc) = &mut self.phase {
+            acc.text.clear();
+            acc.usage = Usage::default();
+        }
     }
 
     pub fn on_model_event(&mut self, event: ModelEvent, now: Instant) -> Vec<Effect> {
         let turn_index = self.turn_index;
+        if let Phase::Compact(acc) = &mut self.phase {
+            // The summary is gathered, not shown: it is emitted whole in `Compaction`.
+            match event {
+                ModelEvent::TextDelta { text, .. } => acc.text.push_str(&text),
+                ModelEvent::Usage(usage) => acc.usage = usage,
+                _ => {}
+            }
+            return Vec::new();
+        }
         let Phase::Model(acc) = &mut self.phase else {
             return Vec::new();
         };
@@ -362,8 +581,13 @@ impl Run {
     /// The model stream ended normally: close the turn and decide what happens next.
     pub fn on_model_complete(&mut self, now: Instant) -> Vec<Effect> {
         let turn_index = self.turn_index;
-        let Phase::Model(mut acc) = std::mem::replace(&mut self.phase, Phase::Idle) else {
-            return Vec::new();
+        let mut acc = match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Model(acc) => acc,
+            Phase::Compact(acc) => return self.finish_compaction(acc, now),
+            other => {
+                self.phase = other;
+                return Vec::new();
+            }
         };
         let mut out = Vec::new();
         if !acc.announced {
@@ -436,7 +660,13 @@ impl Run {
             content,
         };
         self.messages.push(assistant.clone());
-        let _ = now;
+        let context = acc
+            .usage
+            .input_tokens
+            .saturating_add(acc.usage.output_tokens);
+        // A server that reports no usage leaves the estimate to the bytes.
+        self.context = (context > 0).then_some((context, self.messages.len()));
+        self.compacted_last = false;
 
         if calls.is_empty() {
             out.push(Effect::Emit(TurnEvent::TurnEnd {
@@ -636,10 +866,33 @@ impl Run {
         out
     }
 
+    /// The model refused the request as larger than its context window: a turn that showed
+    /// nothing yet compacts and is sent again (once between two completed turns, as
+    /// `begin_turn` compacts). Nothing to do — an empty answer — when the request was the
+    /// summary itself, or the run compacted since its last turn: the caller fails the run.
+    pub fn on_context_overflow(&mut self) -> Vec<Effect> {
+        let fresh = matches!(&self.phase, Phase::Model(acc) if !acc.announced);
+        if !fresh || self.compacted_last {
+            return Vec::new();
+        }
+        let estimate = self.context_tokens();
+        let window = self.config.context_window.unwrap_or(estimate);
+        let keep = compact::limit(window, self.config.max_tokens) / 4;
+        self.start_compaction(Trigger::Auto, Then::Turn, estimate, keep)
+            .unwrap_or_default()
+    }
+
     /// The model request failed for good (retries exhausted, or output already shown).
     pub fn on_model_failed(&mut self, condition: StopCondition) -> Vec<Effect> {
         if self.is_done() {
             return Vec::new();
+        }
+        if matches!(self.phase, Phase::Compact(_)) {
+            let why = match condition {
+                StopCondition::ProviderError(e) => e,
+                other => other.to_json().to_string(),
+            };
+            return self.finish(StopCondition::CompactionFailed(why));
         }
         self.finish(condition)
     }
@@ -705,6 +958,8 @@ mod tests {
             system: String::new(),
             tools: spec::all(),
             interactive: false,
+            context_window: None,
+            effort: None,
         };
         let policy = Policy::new(Vec::new(), Mode::Default, std::env::temp_dir());
         Run::new(config, policy, Vec::new())
@@ -900,6 +1155,171 @@ mod tests {
         assert!(
             out.contains(&Effect::RequestModel),
             "the model is told and asked again"
+        );
+    }
+
+    fn text(index: u32, text: &str) -> ModelEvent {
+        ModelEvent::TextDelta {
+            index,
+            text: text.into(),
+        }
+    }
+
+    fn usage(input_tokens: u64) -> ModelEvent {
+        ModelEvent::Usage(Usage {
+            input_tokens,
+            output_tokens: 10,
+            ..Usage::default()
+        })
+    }
+
+    #[test]
+    fn a_request_that_would_not_fit_is_compacted_first_and_the_turn_goes_on() {
+        let mut r = run();
+        r.config.context_window = Some(3000);
+        r.config.max_tokens = 100;
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(tool_start(1, "t1", "Read"), now);
+        r.on_model_event(input(1, r#"{"path":"a"}"#), now);
+        r.on_model_event(usage(500), now);
+        let out = r.on_model_complete(now);
+        assert!(
+            out.iter().any(|e| matches!(e, Effect::RunTool(_))),
+            "{out:?}"
+        );
+        // 500 + 10 reported, plus ~3000 tokens of result: past the limit of 2900.
+        let out = r.on_tool_done("t1", ToolOutput::ok("x".repeat(12_000)), now);
+        assert!(out.contains(&Effect::RequestModel), "{out:?}");
+        let request = r.model_request();
+        assert_eq!(request.system, compact::SYSTEM);
+        assert!(
+            request
+                .messages
+                .last()
+                .unwrap()
+                .text()
+                .contains(compact::INSTRUCTION)
+        );
+        assert!(r.can_retry_turn());
+        assert!(r.on_model_event(text(0, "the summary"), now).is_empty());
+        let out = r.on_model_complete(now);
+        let events = emitted(&out);
+        let TurnEvent::Compaction {
+            trigger,
+            pre_tokens,
+            post_tokens,
+            messages_summarized,
+            messages_kept,
+            summary,
+            ..
+        } = events[0]
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*trigger, Trigger::Auto);
+        assert!(pre_tokens > post_tokens, "{pre_tokens} > {post_tokens}");
+        assert_eq!((*messages_summarized, *messages_kept), (3, 0));
+        assert_eq!(summary, "the summary");
+        assert_eq!(out.last(), Some(&Effect::RequestModel), "the turn goes on");
+        let request = r.model_request();
+        assert_ne!(request.system, compact::SYSTEM);
+        assert_eq!(request.messages.len(), 1);
+        assert!(request.messages[0].text().contains("the summary"));
+        // It does not compact again before a turn completes, even if still too large.
+        r.on_model_event(text(0, "done"), now);
+        let out = r.on_model_complete(now);
+        assert_eq!(
+            out.last(),
+            Some(&Effect::Finished(StopCondition::EndOfTurn))
+        );
+    }
+
+    #[test]
+    fn a_failed_or_empty_summary_ends_the_run() {
+        for fail in [true, false] {
+            let mut r = run();
+            r.config.interactive = true;
+            let now = Instant::now();
+            r.send_user(vec![ContentBlock::text("go")], now);
+            r.on_model_event(text(0, "hi"), now);
+            assert_eq!(r.on_model_complete(now).last(), Some(&Effect::AwaitInput));
+            assert_eq!(
+                r.compact(),
+                vec![
+                    Effect::CompactionStarted(Trigger::Manual),
+                    Effect::RequestModel
+                ]
+            );
+            let out = if fail {
+                r.on_model_failed(StopCondition::ProviderError("overloaded".into()))
+            } else {
+                r.on_model_complete(now)
+            };
+            let Some(Effect::Finished(StopCondition::CompactionFailed(why))) = out.last() else {
+                panic!("{out:?}")
+            };
+            assert_eq!(why.contains("overloaded"), fail, "{why}");
+        }
+    }
+
+    /// Before any usage is known, the estimate counts every tool offered: the configured
+    /// ones (taken out of the config) and an MCP server's.
+    #[test]
+    fn the_estimate_counts_the_tools_offered() {
+        let mut r = run();
+        let bare = r.context_tokens();
+        let specs: usize = spec::all()
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
+            .sum();
+        assert_eq!(bare, compact::tokens_of_bytes(specs));
+        r.set_extra_tools(vec![ToolSpec {
+            name: "mcp__s__t".to_owned().into(),
+            description: "x".repeat(4000).into(),
+            input_schema: serde_json::json!({}),
+        }]);
+        assert!(r.context_tokens() > bare + 1000);
+    }
+
+    #[test]
+    fn a_manual_compaction_waits_for_input_again() {
+        let mut r = run();
+        r.config.interactive = true;
+        let now = Instant::now();
+        // Nothing to compact yet: the run just waits on.
+        assert_eq!(r.compact(), vec![Effect::AwaitInput]);
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(text(0, "hi"), now);
+        r.on_model_complete(now);
+        // An MCP server's tool the conversation may have called: the summary request
+        // offers it too (Anthropic refuses tool calls of tools not defined).
+        r.set_extra_tools(vec![ToolSpec {
+            name: "mcp__s__t".to_owned().into(),
+            description: "".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }]);
+        r.compact();
+        let request = r.model_request();
+        assert_eq!(request.system, compact::SYSTEM);
+        assert!(request.tools.iter().any(|t| t.name == "mcp__s__t"));
+        assert_eq!(request.tools.len(), spec::all().len() + 1);
+        r.on_model_event(text(0, "S"), now);
+        let out = r.on_model_complete(now);
+        assert!(matches!(
+            emitted(&out)[0],
+            TurnEvent::Compaction {
+                trigger: Trigger::Manual,
+                ..
+            }
+        ));
+        assert_eq!(out.last(), Some(&Effect::AwaitInput));
+        r.send_user(vec![ContentBlock::text("next")], now);
+        let roles: Vec<Role> = r.model_request().messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::User, Role::Assistant, Role::User],
+            "roles alternate"
         );
     }
 

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use crate::drive::table::{Inbound, RunSpec};
+use crate::model::types::ContentBlock;
 use crate::permissions::{Action, Mode, Rule, RuleSource};
 
 /// The operations a client can ask for (MCP names them by tool, HTTP by route).
@@ -174,6 +175,11 @@ pub(crate) enum Problem {
     },
     /// Input with neither `text` nor `end: true`.
     NoInput,
+    /// An entry of `images` the model could not take (type, size, not base64, not an
+    /// image block).
+    BadImage {
+        error: String,
+    },
 }
 
 /// Why an operation was refused before it reached the drive core.
@@ -243,6 +249,7 @@ impl fmt::Display for OpError {
             }
             Problem::BadRule { field, error } if serde => write!(f, "`{field}`: {error}"),
             Problem::BadRule { error, .. } => f.write_str(error),
+            Problem::BadImage { error } => write!(f, "`images`: {error}"),
             // Upstream's texts, which name the operation as each surface's clients know it.
             Problem::NoInput if serde => f.write_str("send_input requires `text` or `end: true`"),
             Problem::NoInput => f.write_str("input requires `text` or `end: true`"),
@@ -371,6 +378,21 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// `images`: image blocks in upstream's shape; absent or `null` is none.
+    fn images(&self) -> Result<Vec<ContentBlock>, OpError> {
+        match self.map.get("images") {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(blocks)) => ContentBlock::images_from_json(blocks)
+                .map_err(|error| self.error(Problem::BadImage { error })),
+            Some(other) => Err(self.error(Problem::BadImage {
+                error: format!(
+                    "expected an array of image blocks, not {}",
+                    unexpected(other)
+                ),
+            })),
+        }
+    }
+
     // Each operation reads its fields in the order of upstream's argument struct, the order
     // the MCP server has always checked them in, so which of several faults it names stays.
 
@@ -401,6 +423,7 @@ impl<'a> Fields<'a> {
                 rules.push(rule);
             }
         }
+        let images = self.images()?;
         // Names of configured MCP servers: the run gets only those (none for `[]`); absent
         // or null, every configured one. Only names: a client cannot make the server run a
         // command or reach a URL of its choosing (`DriveCore::start_run` checks them).
@@ -410,6 +433,7 @@ impl<'a> Fields<'a> {
         };
         Ok(RunSpec {
             prompt,
+            images,
             interactive,
             cwd,
             model,
@@ -423,14 +447,21 @@ impl<'a> Fields<'a> {
         })
     }
 
-    /// `end: true` wins over `text`, as upstream's does.
+    /// `end: true` wins over `text`, as upstream's does; `compact: true` (caliban's own)
+    /// comes between them.
     fn input(&self) -> Result<Inbound, OpError> {
         let text = self.opt_string("text")?;
         let end = self.flag("end")?;
-        match (end, text) {
-            (true, _) => Ok(Inbound::EndInput),
-            (false, Some(text)) => Ok(Inbound::UserMessage(text)),
-            (false, None) => Err(self.error(Problem::NoInput)),
+        let compact = self.flag("compact")?;
+        let images = self.images()?;
+        match (end, compact, text) {
+            (true, ..) => Ok(Inbound::EndInput),
+            (false, true, _) => Ok(Inbound::Compact),
+            (false, false, None) if images.is_empty() => Err(self.error(Problem::NoInput)),
+            (false, false, text) => Ok(Inbound::UserMessage {
+                text: text.unwrap_or_default(),
+                images,
+            }),
         }
     }
 
@@ -750,7 +781,7 @@ mod tests {
         };
         assert_eq!(
             decoded(json!({"run_id": "r", "text": "more"})),
-            Inbound::UserMessage("more".into())
+            Inbound::text("more".into())
         );
         // `end: true` wins over `text`.
         assert_eq!(
@@ -758,8 +789,16 @@ mod tests {
             Inbound::EndInput
         );
         assert_eq!(
+            decoded(json!({"run_id": "r", "text": "more", "compact": true})),
+            Inbound::Compact
+        );
+        assert_eq!(
+            decoded(json!({"run_id": "r", "end": true, "compact": true})),
+            Inbound::EndInput
+        );
+        assert_eq!(
             input(&json!({"text": "hi", "end": null}), HTTP).unwrap(),
-            Inbound::UserMessage("hi".into())
+            Inbound::text("hi".into())
         );
         // Neither: each surface's upstream text, after every field is type-checked.
         for args in [json!({"run_id": "r"}), json!({"run_id": "r", "end": false})] {

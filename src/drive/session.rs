@@ -704,9 +704,18 @@ impl EventLog {
             .map(|(_, status)| status)
     }
 
+    #[cfg(test)]
     pub fn messages(&self) -> io::Result<Vec<Value>> {
+        let mut messages = Vec::new();
+        self.extend_messages(&mut messages)?;
+        Ok(messages)
+    }
+
+    /// `messages`, appended to the conversation of the runs this one continues: a
+    /// `Compaction` event replaces what it summarised, theirs included
+    /// (`agent::compact::replay`).
+    pub fn extend_messages(&self, messages: &mut Vec<Value>) -> io::Result<()> {
         self.with_file(|file| {
-            let mut messages = Vec::new();
             let mut lines = LineReader::new(file, 0, self.end);
             while let LineEnd::Whole = lines.next_line()? {
                 let Some(line) = parse_line(lines.line()) else {
@@ -719,10 +728,10 @@ impl EventLog {
                         if let Some(Value::Array(history)) = header.get("history") {
                             messages.extend(history.iter().cloned());
                         }
-                        push_user_text(&mut messages, &header["prompt"]);
+                        push_user_text(messages, &header, "prompt");
                     }
                     Line::Input(input) if input["type"] == "user_message" => {
-                        push_user_text(&mut messages, &input["text"]);
+                        push_user_text(messages, &input, "text");
                     }
                     Line::Event { value, .. } if value["type"] == "TurnEnd" => {
                         let mut value = value;
@@ -734,10 +743,13 @@ impl EventLog {
                             messages.extend(results);
                         }
                     }
+                    Line::Event { value, .. } if value["type"] == "Compaction" => {
+                        crate::agent::compact::replay(messages, &value);
+                    }
                     _ => {}
                 }
             }
-            Ok(messages)
+            Ok(())
         })
     }
 
@@ -1323,9 +1335,18 @@ fn lock_for_append(file: &File, run_id: &str) -> io::Result<()> {
     }
 }
 
-fn push_user_text(messages: &mut Vec<Value>, text: &Value) {
-    if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
-        messages.push(json!({"role": "user", "content": [{"type": "text", "text": text}]}));
+/// A user message from a header's `prompt` and `images` or an input's `text` and
+/// `images`; nothing when both are empty.
+fn push_user_text(messages: &mut Vec<Value>, record: &Value, text_key: &str) {
+    let mut content = Vec::new();
+    if let Some(text) = record[text_key].as_str().filter(|t| !t.is_empty()) {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    if let Some(images) = record.get("images").and_then(Value::as_array) {
+        content.extend(images.iter().cloned());
+    }
+    if !content.is_empty() {
+        messages.push(json!({"role": "user", "content": content}));
     }
 }
 

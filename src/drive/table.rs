@@ -54,6 +54,22 @@ pub enum DriveStatus {
 }
 
 impl DriveStatus {
+    /// The status a run ends in: failed when the provider, the stream or a compaction
+    /// failed it, done otherwise (a refusal or a turn cap is an answer, not a failure).
+    pub fn ended(why: &StopCondition) -> DriveStatus {
+        match why {
+            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
+            StopCondition::CompactionFailed(e) => {
+                DriveStatus::Failed(format!("compaction failed: {e}"))
+            }
+            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
+                "the model stream was idle for {} s",
+                d.as_secs_f64()
+            )),
+            _ => DriveStatus::Done,
+        }
+    }
+
     pub fn to_json(&self) -> Value {
         match self {
             DriveStatus::Starting => json!({"state": "starting"}),
@@ -140,21 +156,71 @@ impl std::fmt::Display for DriveError {
     }
 }
 
+/// An image's share of the input queue.
+fn image_size(block: &ContentBlock) -> usize {
+    match block {
+        ContentBlock::Image { data, .. } => data.len(),
+        _ => 0,
+    }
+}
+
+/// A user message's content: its text (unless empty, as an image may come alone), then
+/// its images.
+fn user_content(text: String, images: Vec<ContentBlock>) -> Vec<ContentBlock> {
+    let mut content = Vec::with_capacity(images.len() + 1);
+    if !text.is_empty() || images.is_empty() {
+        content.push(ContentBlock::text(text));
+    }
+    content.extend(images);
+    content
+}
+
 const NOT_INTERACTIVE: &str = "drive session is not interactive; it accepts no input";
 const ENDED: &str = "drive session has ended; it accepts no further input";
 
 /// Follow-up input for an interactive run (upstream `DriveInbound`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Inbound {
-    UserMessage(String),
+    /// A message: its text and images (`ContentBlock::Image`).
+    UserMessage {
+        text: String,
+        images: Vec<ContentBlock>,
+    },
     EndInput,
+    /// Compact the conversation now (not upstream's): the run summarises it and waits for
+    /// input again.
+    Compact,
 }
 
 impl Inbound {
-    fn to_json(&self) -> Value {
+    /// A message of text alone.
+    pub fn text(text: String) -> Inbound {
+        Inbound::UserMessage {
+            text,
+            images: Vec::new(),
+        }
+    }
+
+    /// Bytes it adds to the input queue.
+    fn size(&self) -> usize {
         match self {
-            Inbound::UserMessage(text) => json!({"type": "user_message", "text": text}),
+            Inbound::UserMessage { text, images } => {
+                text.len() + images.iter().map(image_size).sum::<usize>()
+            }
+            Inbound::EndInput | Inbound::Compact => 0,
+        }
+    }
+
+    /// The input line a session file records.
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            Inbound::UserMessage { text, images } if images.is_empty() => {
+                json!({"type": "user_message", "text": text})
+            }
+            Inbound::UserMessage { text, images } => json!({"type": "user_message", "text": text,
+                "images": images.iter().map(ContentBlock::to_json).collect::<Vec<_>>()}),
             Inbound::EndInput => json!({"type": "end_input"}),
+            Inbound::Compact => json!({"type": "compact"}),
         }
     }
 }
@@ -163,6 +229,8 @@ impl Inbound {
 #[derive(Clone, Debug, Default)]
 pub struct RunSpec {
     pub prompt: String,
+    /// Images that come with the prompt (`ContentBlock::Image`).
+    pub images: Vec<ContentBlock>,
     pub interactive: bool,
     pub cwd: Option<PathBuf>,
     pub model: Option<String>,
@@ -178,6 +246,11 @@ pub struct RunSpec {
     pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
     pub extra_header: Map<String, Value>,
+    /// Thinking effort for this run (ACP's `thought_level`); the server's otherwise.
+    pub effort: Option<crate::model::types::Effort>,
+    /// Start by compacting `history` instead of sending `prompt` (which is then empty):
+    /// ACP's `/compact` in a session whose last run has ended.
+    pub compact_first: bool,
     /// The MCP servers whose tools the run is offered: by default every configured one;
     /// a client may name a subset (`mcp_servers`), a surface add its own (ACP's session).
     pub mcp: crate::mcp_client::Selection,
@@ -199,6 +272,10 @@ pub struct DriveConfig {
     pub max_working_runs: usize,
     /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
     pub max_live_runs: usize,
+    /// Context windows by model, for a run that names its own model.
+    pub context_windows: crate::settings::ContextWindows,
+    /// Models a client may choose between, the configured one first.
+    pub models: Vec<String>,
     /// The configured MCP servers' names: what a run's `mcp_servers` may name.
     pub mcp_names: Vec<String>,
 }
@@ -464,7 +541,7 @@ impl DriveCore {
     // ---- operations for surfaces ---------------------------------------------------------
 
     pub fn start_run(&mut self, spec: RunSpec) -> Result<RunId, DriveError> {
-        if spec.prompt.trim().is_empty() {
+        if spec.prompt.trim().is_empty() && spec.images.is_empty() && !spec.compact_first {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
         let live = self.runs.values().filter(|r| r.live);
@@ -512,6 +589,10 @@ impl DriveCore {
         run_config.interactive = spec.interactive;
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
+            run_config.context_window = self.config.context_windows.of(model);
+        }
+        if spec.effort.is_some() {
+            run_config.effort = spec.effort;
         }
         let workspace_str = workspace.display().to_string();
         let base = self
@@ -543,6 +624,12 @@ impl DriveCore {
         header.insert("created_ms".into(), json!(created_ms));
         header.insert("interactive".into(), json!(spec.interactive));
         header.insert("prompt".into(), json!(spec.prompt));
+        if !spec.images.is_empty() {
+            header.insert(
+                "images".into(),
+                Value::Array(spec.images.iter().map(ContentBlock::to_json).collect()),
+            );
+        }
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
@@ -568,10 +655,14 @@ impl DriveCore {
             workspace,
             mcp: spec.mcp.clone(),
         });
-        self.act(HostAction::SendInput(
-            id,
-            vec![ContentBlock::text(spec.prompt.clone())],
-        ));
+        if spec.compact_first {
+            self.act(HostAction::Compact(id));
+        } else {
+            self.act(HostAction::SendInput(
+                id,
+                user_content(spec.prompt.clone(), spec.images.clone()),
+            ));
+        }
         self.runs.insert(
             id,
             RunRecord {
@@ -702,11 +793,9 @@ impl DriveCore {
             if rec.log.header().get("continues_without_last_prompt") == Some(&json!(true)) {
                 drop_last_prompt(&mut messages);
             }
-            let own = rec
-                .log
-                .messages()
+            rec.log
+                .extend_messages(&mut messages)
                 .map_err(|e| DriveError::Build(format!("cannot read the session file: {e}")))?;
-            messages.extend(own);
         }
         Ok(messages)
     }
@@ -727,6 +816,24 @@ impl DriveCore {
 
     /// Changes a live run's permission mode, or adds a session rule that outranks the
     /// configured ones (an editor's "always allow"); a narrowing profile still applies.
+    /// A live run's next requests use `model` (with its context window) and `effort`.
+    pub fn reconfigure(
+        &mut self,
+        id: RunId,
+        model: &str,
+        effort: Option<crate::model::types::Effort>,
+    ) {
+        if self.is_live(id) {
+            let context_window = self.config.context_windows.of(model);
+            self.act(HostAction::Reconfigure {
+                run: id,
+                model: model.to_owned(),
+                context_window,
+                effort,
+            });
+        }
+    }
+
     pub fn update_policy(
         &mut self,
         id: RunId,
@@ -849,18 +956,8 @@ impl DriveCore {
         if rec.status.is_terminal() || !rec.live || rec.ended {
             return Err(DriveError::Input(ENDED.into()));
         }
-        let queued_bytes: usize = rec
-            .inputs
-            .iter()
-            .map(|i| match i {
-                Inbound::UserMessage(t) => t.len(),
-                Inbound::EndInput => 0,
-            })
-            .sum();
-        let size = match &input {
-            Inbound::UserMessage(t) => t.len(),
-            Inbound::EndInput => 0,
-        };
+        let queued_bytes: usize = rec.inputs.iter().map(Inbound::size).sum();
+        let size = input.size();
         if rec.inputs.len() >= MAX_QUEUED_INPUTS || queued_bytes + size > MAX_QUEUED_INPUT_BYTES {
             return Err(DriveError::Input(format!(
                 "{MAX_QUEUED_INPUTS} inputs or {MAX_QUEUED_INPUT_BYTES} bytes are already queued; wait for the run to take them"
@@ -886,12 +983,17 @@ impl DriveCore {
         // Logged when delivered, not when queued, so the file keeps conversation order.
         let _ = rec.log.append_input(&input.to_json());
         match input {
-            Inbound::UserMessage(text) => {
+            Inbound::UserMessage { text, images } => {
                 rec.status = DriveStatus::Running;
                 let _ = rec.log.append_status(&rec.status.to_json());
-                self.act(HostAction::SendInput(id, vec![ContentBlock::text(text)]));
+                self.act(HostAction::SendInput(id, user_content(text, images)));
             }
             Inbound::EndInput => self.act(HostAction::EndInput(id)),
+            Inbound::Compact => {
+                rec.status = DriveStatus::Running;
+                let _ = rec.log.append_status(&rec.status.to_json());
+                self.act(HostAction::Compact(id));
+            }
         }
         self.changed.insert(id);
     }
@@ -1101,12 +1203,7 @@ impl DriveCore {
             _ if rec.write_error.is_some() => {
                 DriveStatus::Failed(rec.write_error.clone().unwrap_or_default())
             }
-            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
-            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
-                "the model stream was idle for {} s",
-                d.as_secs_f64()
-            )),
-            _ => DriveStatus::Done,
+            _ => DriveStatus::ended(why),
         };
         let _ = rec.log.append_status(&rec.status.to_json());
         // A finished run is served from its file: no descriptor, lock or tail stays open.
@@ -1202,7 +1299,11 @@ mod tests {
                     system: String::new(),
                     tools: Vec::new(),
                     interactive: false,
+                    context_window: None,
+                    effort: None,
                 },
+                context_windows: Default::default(),
+                models: vec!["test-model".into()],
                 policy: Policy::new(Vec::new(), Mode::Default, self.workspace.clone()),
                 workspace: self.workspace.clone(),
                 provider: "anthropic",
@@ -1263,6 +1364,10 @@ mod tests {
                     format!("input {id} {}", text(blocks))
                 }
                 CoreAction::Engine(HostAction::EndInput(id)) => format!("end_input {id}"),
+                CoreAction::Engine(HostAction::Compact(id)) => format!("compact {id}"),
+                CoreAction::Engine(HostAction::Reconfigure { run, model, .. }) => {
+                    format!("reconfigure {run} {model}")
+                }
                 CoreAction::Engine(HostAction::Cancel(id)) => format!("cancel {id}"),
                 CoreAction::Engine(HostAction::Permit {
                     run,
@@ -1536,8 +1641,7 @@ mod tests {
         }
         core.on_await_input(id);
         assert_eq!(core.status(id), Ok(DriveStatus::AwaitingInput));
-        core.send_input(id, Inbound::UserMessage("more".into()))
-            .unwrap();
+        core.send_input(id, Inbound::text("more".into())).unwrap();
         assert_eq!(core.status(id), Ok(DriveStatus::Running));
         for i in 3..6 {
             core.on_event(id, &delta(i));
@@ -1719,30 +1823,29 @@ mod tests {
         );
         let by_count = start(&mut core, "p", true);
         for i in 0..MAX_QUEUED_INPUTS {
-            core.send_input(by_count, Inbound::UserMessage(format!("m{i}")))
+            core.send_input(by_count, Inbound::text(format!("m{i}")))
                 .unwrap();
         }
-        for input in [Inbound::UserMessage("one more".into()), Inbound::EndInput] {
+        for input in [Inbound::text("one more".into()), Inbound::EndInput] {
             let err = core.send_input(by_count, input).unwrap_err();
             assert_eq!(err.to_string(), full);
         }
 
         let by_bytes = start(&mut core, "p", true);
         let big = "x".repeat(MAX_QUEUED_INPUT_BYTES - 10);
-        core.send_input(by_bytes, Inbound::UserMessage(big))
-            .unwrap();
+        core.send_input(by_bytes, Inbound::text(big)).unwrap();
         let err = core
-            .send_input(by_bytes, Inbound::UserMessage("x".repeat(11)))
+            .send_input(by_bytes, Inbound::text("x".repeat(11)))
             .unwrap_err();
         assert_eq!(err.to_string(), full);
-        core.send_input(by_bytes, Inbound::UserMessage("x".repeat(10)))
+        core.send_input(by_bytes, Inbound::text("x".repeat(10)))
             .unwrap();
         // Nothing reached the engine while the runs were working.
         assert!(actions(&mut core).is_empty());
         // Taking one frees a slot.
         core.on_await_input(by_count);
         assert_eq!(actions(&mut core), ["input run-1 m0"]);
-        core.send_input(by_count, Inbound::UserMessage("now it fits".into()))
+        core.send_input(by_count, Inbound::text("now it fits".into()))
             .unwrap();
     }
 
@@ -1751,7 +1854,7 @@ mod tests {
         let tmp = TempDir::new("not-interactive");
         let mut core = tmp.core();
         let id = start(&mut core, "p", false);
-        for input in [Inbound::UserMessage("hi".into()), Inbound::EndInput] {
+        for input in [Inbound::text("hi".into()), Inbound::EndInput] {
             let err = core.send_input(id, input).unwrap_err();
             assert_eq!(
                 err,
@@ -1764,7 +1867,7 @@ mod tests {
         }
         finish_with_events(&mut core, id, 1);
         assert_eq!(
-            core.send_input(id, Inbound::UserMessage("hi".into())),
+            core.send_input(id, Inbound::text("hi".into())),
             Err(DriveError::Input(NOT_INTERACTIVE.into()))
         );
         assert!(actions(&mut core).is_empty());
@@ -1776,12 +1879,11 @@ mod tests {
         let mut core = tmp.core();
         let id = start(&mut core, "first", true);
         for text in ["a", "b"] {
-            core.send_input(id, Inbound::UserMessage(text.into()))
-                .unwrap();
+            core.send_input(id, Inbound::text(text.into())).unwrap();
         }
         core.send_input(id, Inbound::EndInput).unwrap();
         let ended = "cannot send input: drive session has ended; it accepts no further input";
-        let late = core.send_input(id, Inbound::UserMessage("c".into()));
+        let late = core.send_input(id, Inbound::text("c".into()));
         assert_eq!(late.unwrap_err().to_string(), ended);
         assert!(actions(&mut core).is_empty());
         // Not logged until delivered, so the conversation on disk is in the order the
@@ -1808,7 +1910,7 @@ mod tests {
         core.on_event(id, &run_end(StopCondition::EndOfTurn));
         core.on_finished(id, &StopCondition::EndOfTurn);
         assert_eq!(core.status(id), Ok(DriveStatus::Done));
-        let after = core.send_input(id, Inbound::UserMessage("d".into()));
+        let after = core.send_input(id, Inbound::text("d".into()));
         assert_eq!(after.unwrap_err().to_string(), ended);
         assert!(actions(&mut core).is_empty());
     }
@@ -1821,8 +1923,7 @@ mod tests {
         core.on_await_input(id);
         assert!(actions(&mut core).is_empty());
         core.take_changed();
-        core.send_input(id, Inbound::UserMessage("go".into()))
-            .unwrap();
+        core.send_input(id, Inbound::text("go".into())).unwrap();
         assert_eq!(actions(&mut core), ["input run-1 go"]);
         assert_eq!(core.status(id), Ok(DriveStatus::Running));
         assert_eq!(core.take_changed(), BTreeSet::from([id]));
@@ -1933,7 +2034,7 @@ mod tests {
         assert_eq!(core.status_at(RunId(2), 0), Ok(DriveStatus::Running));
         assert!(!core.is_live(RunId(2)));
         assert_eq!(
-            core.send_input(RunId(2), Inbound::UserMessage("hi".into())),
+            core.send_input(RunId(2), Inbound::text("hi".into())),
             Err(DriveError::Input(ENDED.into()))
         );
         assert_eq!(core.cancel(RunId(2)), Ok(()));

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use crate::http::sse::SseEvent;
 use crate::model::retry::{ProviderError, raw_error_message, snippet};
 use crate::model::types::{
-    ContentBlock, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
+    ContentBlock, Effort, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
 };
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -42,8 +42,28 @@ pub fn request_body(req: &ModelRequest) -> Vec<u8> {
     if !req.tools.is_empty() {
         body.insert("tools".into(), tools_json(req.tools));
     }
+    if let Some(budget) = req.effort.and_then(|e| thinking_budget(e, req.max_tokens)) {
+        body.insert(
+            "thinking".into(),
+            json!({"type": "enabled", "budget_tokens": budget}),
+        );
+    }
     body.insert("messages".into(), messages_json(req.messages));
     Value::Object(body).to_string().into_bytes()
+}
+
+/// The extended-thinking budget for `effort`. The API wants at least 1024 tokens and less
+/// than `max_tokens` (thinking counts towards it), so a budget is cut to leave half of
+/// `max_tokens` for the answer, and no thinking is asked for when that leaves under 1024.
+fn thinking_budget(effort: Effort, max_tokens: u32) -> Option<u32> {
+    const MIN_BUDGET: u32 = 1024;
+    let wanted = match effort {
+        Effort::Low => 2048,
+        Effort::Medium => 8192,
+        Effort::High => 24_576,
+    };
+    let budget = wanted.min(max_tokens / 2);
+    (budget >= MIN_BUDGET).then_some(budget)
 }
 
 /// Headers for a Messages request; the HTTP client adds `host` and `content-length`.
@@ -117,6 +137,7 @@ fn block_json(block: &ContentBlock) -> Option<Value> {
         // non-whitespace text"); they appear when a turn streamed nothing but a tool call.
         ContentBlock::Text { text } if text.trim().is_empty() => None,
         ContentBlock::Text { text } => Some(json!({"type": "text", "text": text})),
+        image @ ContentBlock::Image { .. } => Some(image.to_json()),
         // Thinking must be echoed verbatim with its signature. One without a signature (a cut
         // stream, or reasoning recorded from an OpenAI-compatible server) would be rejected,
         // and the model does not need it to continue.
@@ -582,6 +603,7 @@ mod tests {
         let req = ModelRequest {
             model: "claude-sonnet-4-5",
             max_tokens: 1024,
+            effort: None,
             system: "You are a coding agent.",
             messages: &messages,
             tools: &tools,
@@ -612,6 +634,7 @@ mod tests {
         let req = ModelRequest {
             model: "m",
             max_tokens: 8,
+            effort: None,
             system: "",
             messages: &messages,
             tools: &[],
@@ -676,6 +699,7 @@ mod tests {
         let req = ModelRequest {
             model: "m",
             max_tokens: 100,
+            effort: None,
             system: "",
             messages: &messages,
             tools: &[],

@@ -2,6 +2,7 @@
 //! stream decodes. The codecs (`anthropic`, `openai`) are pure; the engine moves the bytes.
 
 pub mod anthropic;
+pub mod catalog;
 pub mod openai;
 pub mod retry;
 pub mod types;

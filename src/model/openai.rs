@@ -33,6 +33,9 @@ pub fn request_body(req: &ModelRequest) -> Vec<u8> {
     // Without this OpenAI sends no usage at all on a stream.
     body.insert("stream_options".into(), json!({"include_usage": true}));
     body.insert("max_tokens".into(), json!(req.max_tokens));
+    if let Some(effort) = req.effort {
+        body.insert("reasoning_effort".into(), json!(effort.as_str()));
+    }
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if !req.system.is_empty() {
         messages.push(json!({"role": "system", "content": req.system}));
@@ -114,6 +117,27 @@ fn push_user(message: &Message, out: &mut Vec<Value>) {
         }
     }
     let text = joined_text(&message.content);
+    let images: Vec<Value> = message
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Image { media_type, data } => Some(json!({
+                "type": "image_url",
+                "image_url": {"url": format!("data:{media_type};base64,{data}")},
+            })),
+            _ => None,
+        })
+        .collect();
+    if !images.is_empty() {
+        // Parts only when there is an image: a plain string suits more chat templates.
+        let mut parts = Vec::with_capacity(images.len() + 1);
+        if !text.is_empty() {
+            parts.push(json!({"type": "text", "text": text}));
+        }
+        parts.extend(images);
+        out.push(json!({"role": "user", "content": parts}));
+        return;
+    }
     // An empty user message is kept when it is the only thing in the turn, so that roles
     // still alternate (several chat templates raise otherwise).
     if !text.is_empty() || !had_results {
@@ -699,6 +723,7 @@ mod tests {
         let req = ModelRequest {
             model: "gpt-4.1",
             max_tokens: 1024,
+            effort: None,
             system: "You are a coding agent.",
             messages: &messages,
             tools: &tools,
@@ -770,6 +795,7 @@ mod tests {
         let req = ModelRequest {
             model: "m",
             max_tokens: 5,
+            effort: None,
             system: "",
             messages: &messages,
             tools: &[],

@@ -33,6 +33,29 @@ impl fmt::Display for ProviderError {
 
 impl std::error::Error for ProviderError {}
 
+impl ProviderError {
+    /// The request did not fit the model's context window (Anthropic's "prompt is too
+    /// long", OpenAI's `context_length_exceeded`, llama.cpp's and vLLM's wordings): the run
+    /// may compact and send it again (`Run::on_context_overflow`).
+    pub fn is_context_overflow(&self) -> bool {
+        if self.status != 400 && self.status != 413 {
+            return false;
+        }
+        let message = self.message.to_ascii_lowercase();
+        self.kind == "context_length_exceeded"
+            || [
+                "prompt is too long",
+                "context window",
+                "context length",
+                "maximum context length",
+                "context_length_exceeded",
+                "exceeds the available context size",
+            ]
+            .iter()
+            .any(|needle| message.contains(needle))
+    }
+}
+
 /// Largest slice of a non-JSON error body we keep. Proxies answer with whole HTML pages, and
 /// the message ends up in a terminal line and in session logs.
 pub const MAX_RAW_ERROR_BODY: usize = 2048;
@@ -205,6 +228,38 @@ fn server_delay(header: &dyn Fn(&str) -> Option<String>) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn context_overflow_is_recognised_by_status_and_wording() {
+        let err = |status: u16, kind: &str, message: &str| ProviderError {
+            status,
+            kind: kind.into(),
+            message: message.into(),
+        };
+        assert!(
+            err(
+                400,
+                "invalid_request_error",
+                "prompt is too long: 201000 tokens > 200000 maximum"
+            )
+            .is_context_overflow()
+        );
+        assert!(err(400, "context_length_exceeded", "whatever").is_context_overflow());
+        assert!(
+            err(
+                400,
+                "",
+                "the request exceeds the available context size, try increasing it"
+            )
+            .is_context_overflow()
+        );
+        assert!(
+            !err(400, "invalid_request_error", "max_tokens: must be positive")
+                .is_context_overflow()
+        );
+        assert!(!err(500, "api_error", "prompt is too long").is_context_overflow());
+    }
+
     use super::*;
 
     fn no_headers(_: &str) -> Option<String> {

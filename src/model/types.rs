@@ -40,9 +40,95 @@ pub enum ContentBlock {
         content: Vec<ContentBlock>,
         is_error: bool,
     },
+    /// An image in a prompt, base64 as both providers take it; made by `ContentBlock::image`,
+    /// which checks what they would refuse.
+    Image {
+        media_type: String,
+        data: String,
+    },
 }
 
+/// Image types both providers take.
+pub const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// The largest image accepted, in base64 characters (3 MiB, about 2.25 MiB of image):
+/// under Anthropic's 5 MB per image, and small enough that a prompt with one still fits a
+/// run's input queue (`drive::table::MAX_QUEUED_INPUT_BYTES`) and a session-file line.
+pub const MAX_IMAGE_BASE64: usize = 3 << 20;
+
+/// The most images one message may carry.
+pub const MAX_IMAGES: usize = 8;
+
 impl ContentBlock {
+    /// An image block from base64 `data`, or why it cannot be sent: a type neither
+    /// provider takes, an image over `MAX_IMAGE_BASE64`, data that is not base64. Errors
+    /// are meant for the client that sent it; nothing is dropped silently.
+    pub fn image(media_type: &str, data: &str) -> Result<ContentBlock, String> {
+        if !IMAGE_TYPES.contains(&media_type) {
+            return Err(format!(
+                "unsupported image type `{media_type}`: expected one of {}",
+                IMAGE_TYPES.join(", ")
+            ));
+        }
+        if data.len() > MAX_IMAGE_BASE64 {
+            return Err(format!(
+                "image too large: {} bytes of base64, at most {MAX_IMAGE_BASE64}",
+                data.len()
+            ));
+        }
+        let body = data.trim_end_matches('=');
+        let base64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
+        let padding = data.len() - body.len();
+        if data.is_empty()
+            || !data.len().is_multiple_of(4)
+            || padding > 2
+            || !body.bytes().all(base64)
+        {
+            return Err("image data is not base64".to_owned());
+        }
+        Ok(ContentBlock::Image {
+            media_type: media_type.to_owned(),
+            data: data.to_owned(),
+        })
+    }
+
+    /// Images from upstream's block shape (`{"type":"image","source":{"type":"base64",
+    /// "media_type","data"}}`), as prompts on the drive surfaces and print mode's input
+    /// carry them; at most `MAX_IMAGES`.
+    pub fn images_from_json(blocks: &[Value]) -> Result<Vec<ContentBlock>, String> {
+        if blocks.len() > MAX_IMAGES {
+            return Err(format!(
+                "{} images in one message; at most {MAX_IMAGES}",
+                blocks.len()
+            ));
+        }
+        // Strict about the shape, unlike a session file's blocks: a client's typo (a field
+        // meant for another API) is refused rather than ignored.
+        let only = |value: &Value, keys: &[&str], what: &str| match value.as_object() {
+            Some(obj) => match obj.keys().find(|k| !keys.contains(&k.as_str())) {
+                Some(extra) => Err(format!("unexpected field `{extra}` in {what}")),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        };
+        blocks
+            .iter()
+            .map(|block| {
+                if block.get("type").and_then(Value::as_str) != Some("image") {
+                    return Err("expected an image block".to_owned());
+                }
+                only(block, &["type", "source"], "an image block")?;
+                if let Some(source) = block.get("source") {
+                    only(source, &["type", "media_type", "data"], "an image source")?;
+                }
+                match ContentBlock::from_json(block)? {
+                    image @ ContentBlock::Image { .. } => Ok(image),
+                    _ => Err("expected an image block".to_owned()),
+                }
+            })
+            .collect()
+    }
+
     pub fn text(text: impl Into<String>) -> ContentBlock {
         ContentBlock::Text { text: text.into() }
     }
@@ -72,6 +158,10 @@ impl ContentBlock {
                 "tool_use_id": tool_use_id,
                 "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
                 "is_error": is_error,
+            }),
+            ContentBlock::Image { media_type, data } => json!({
+                "type": "image",
+                "source": {"type": "base64", "media_type": media_type, "data": data},
             }),
         }
     }
@@ -119,6 +209,23 @@ impl ContentBlock {
                         .and_then(Value::as_bool)
                         .unwrap_or(false),
                 })
+            }
+            Some("image") => {
+                let source = value.get("source").unwrap_or(&Value::Null);
+                match source.get("type").and_then(Value::as_str) {
+                    Some("base64") => {}
+                    Some(other) => {
+                        return Err(format!(
+                            "unsupported image source `{other}`: send the image as base64"
+                        ));
+                    }
+                    None => return Err("an image block needs a base64 `source`".to_owned()),
+                }
+                let field = |key: &str| source.get(key).and_then(Value::as_str);
+                match (field("media_type"), field("data")) {
+                    (Some(media_type), Some(data)) => ContentBlock::image(media_type, data),
+                    _ => Err("an image source needs string `media_type` and `data`".to_owned()),
+                }
             }
             Some(other) => Err(format!("unknown content block type `{other}`")),
             None => Err("content block has no `type`".to_owned()),
@@ -259,11 +366,41 @@ pub struct ToolSpec {
     pub input_schema: Value,
 }
 
+/// How hard the model should think before answering (ACP's `thought_level` option):
+/// Anthropic's extended thinking budget, OpenAI's `reasoning_effort`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    pub fn parse(s: &str) -> Option<Effort> {
+        match s {
+            "low" => Some(Effort::Low),
+            "medium" => Some(Effort::Medium),
+            "high" => Some(Effort::High),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
+}
+
 /// Everything a provider codec needs to build one request body.
 #[derive(Clone, Debug)]
 pub struct ModelRequest<'a> {
     pub model: &'a str,
     pub max_tokens: u32,
+    /// Extended thinking / reasoning effort; `None` leaves the provider's default.
+    pub effort: Option<Effort>,
     pub system: &'a str,
     pub messages: &'a [Message],
     pub tools: &'a [ToolSpec],

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use mio::Token;
 
+use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::{CoreAction, CoreTimer, DriveCore};
@@ -99,6 +100,7 @@ pub trait Surface {
     /// The run's model request failed before any output and is retried after
     /// `notice.delay` (print mode's `api_retry` frame). Not an event: nothing is recorded.
     fn on_retry(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _notice: &RetryNotice) {}
+    fn on_compaction_started(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _trigger: Trigger) {}
     /// See `engine::Host::on_tool_start`.
     fn on_tool_start(
         &mut self,
@@ -179,6 +181,10 @@ impl<S: Surface> Host for DriveHost<S> {
 
     fn on_retry(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, notice: &RetryNotice) {
         self.with(ctx, |s, cx| s.on_retry(cx, run, notice));
+    }
+
+    fn on_compaction_started(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, trigger: Trigger) {
+        self.with(ctx, |s, cx| s.on_compaction_started(cx, run, trigger));
     }
 
     fn on_tool_start(

@@ -2,7 +2,8 @@
 //! `{id, content, status}`. Each call replaces the whole list. It touches nothing: the engine
 //! checks the input here and turns the plan into a `PlanUpdate` event, which each surface
 //! shows in its own way (an ACP `plan` update, a print-mode frame, the event itself on MCP
-//! and HTTP); the list itself lives in the conversation, as the call's input.
+//! and HTTP); the list itself lives in the conversation, as the call's input (a compaction
+//! that summarises the last call carries the list over: `agent::compact::latest_plan`).
 
 use std::borrow::Cow;
 

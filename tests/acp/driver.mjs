@@ -32,6 +32,17 @@ function answering(h, answers) {
   };
 }
 
+/** A prompt given as text, or as content blocks (an array); a refused block-array prompt
+ * resolves with `{error: {code, message}}` so a scenario can go on. */
+async function sendPrompt(h, sessionId, p) {
+  if (typeof p === "string") return prompt(h, sessionId, p);
+  try {
+    return await h.request(acp.methods.agent.session.prompt, { sessionId, prompt: p }, "session/prompt (blocks)", WAIT_MS);
+  } catch (e) {
+    return { error: { code: e.code, message: e.message } };
+  }
+}
+
 /** Index of the frame answering client request `id` (by position in `frames`). */
 function answerIndex(id) {
   return frames.findIndex((f) => f.dir === "a2c" && f.msg && !f.msg.method && f.msg.id === id);
@@ -64,7 +75,7 @@ const scenarios = {
         });
       }
       const stops = [];
-      for (const text of args.prompts ?? ["hello"]) stops.push(await prompt(h, sessionId, text));
+      for (const p of args.prompts ?? ["hello"]) stops.push(await sendPrompt(h, sessionId, p));
       // Terminals are released after the tool result; let that finish before closing.
       await h.waitFor(
         () => h.calls("terminal/create").length === h.calls("terminal/release").length,
@@ -151,7 +162,7 @@ const scenarios = {
       answering(h, args.answers);
       const { sessionId } = await openSession(h, args.cwd, args.caps ?? {});
       const stops = [];
-      for (const text of args.prompts ?? ["first"]) stops.push(await prompt(h, sessionId, text));
+      for (const p of args.prompts ?? ["first"]) stops.push(await sendPrompt(h, sessionId, p));
       return { sessionId, stops, updates: h.updates(sessionId) };
     });
     const sessionId = first.result.sessionId;
@@ -170,7 +181,8 @@ const scenarios = {
       const replay = frames
         .slice(loadFrom)
         .filter((f) => f.dir === "a2c" && f.msg?.method === "session/update")
-        .map((f) => f.msg.params.update);
+        .map((f) => f.msg.params.update)
+        .filter((u) => !["available_commands_update", "session_info_update"].includes(u.sessionUpdate));
       const from = h.updates(sessionId).length;
       const stop = await prompt(h, sessionId, args.after ?? "after the restart");
       let unknown;
@@ -182,6 +194,39 @@ const scenarios = {
       return { loaded, replay, stop, updates: h.updates(sessionId).slice(from), unknown };
     });
     return { first: first.result, second: second.result };
+  },
+
+  /** What an editor shows around a conversation: the session's commands, its config
+   * options (model, thinking), what setting them does, the title and context meter of its
+   * turns, slash commands, and session/delete. */
+  async editor() {
+    return withAgent(opts, async (h) => {
+      answering(h, args.answers);
+      const { init, session, sessionId } = await openSession(h, args.cwd, args.caps ?? {});
+      const hasCommands = () => h.updates(sessionId).some((u) => u.sessionUpdate === "available_commands_update");
+      await h.waitFor(hasCommands, "the session's available commands");
+      const set = (configId, value) => h.request(acp.methods.agent.session.setConfigOption, { sessionId, configId, value });
+      const setModel = await set("model", args.model);
+      const setThought = await set("thought_level", "high");
+      let badModel;
+      try {
+        await set("model", "no-such-model");
+      } catch (e) {
+        badModel = { code: e.code, message: e.message };
+      }
+      const stops = [];
+      for (const text of args.prompts ?? []) stops.push(await prompt(h, sessionId, text));
+      const list = await h.request(acp.methods.agent.session.list, {});
+      const deleted = await h.request(acp.methods.agent.session.delete, { sessionId });
+      const listAfter = await h.request(acp.methods.agent.session.list, {});
+      let loadDeleted;
+      try {
+        await h.request(acp.methods.agent.session.load, { sessionId, cwd: args.cwd, mcpServers: [] });
+      } catch (e) {
+        loadDeleted = { code: e.code, message: e.message };
+      }
+      return { init, session, setModel, setThought, badModel, stops, updates: h.updates(sessionId), list, deleted, listAfter, loadDeleted };
+    });
   },
 
   /** session/list, session/resume and session/close, across a restart. */
@@ -210,7 +255,11 @@ const scenarios = {
         cwd: args.cwd,
         mcpServers: [],
       });
-      const replayed = frames.slice(from).filter((f) => f.dir === "a2c" && f.msg?.method === "session/update").length;
+      const replayed = frames
+        .slice(from)
+        .filter((f) => f.dir === "a2c" && f.msg?.method === "session/update")
+        .filter((f) => !["available_commands_update", "session_info_update"].includes(f.msg.params.update.sessionUpdate))
+        .length;
       const stop = await prompt(h, first.result.a, "resumed");
       return { list, resumed, replayed, stop };
     });

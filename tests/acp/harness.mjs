@@ -103,8 +103,14 @@ export function validate(frames) {
       }
       const p = msg.params ?? {};
       if (msg.method === "session/update") {
-        if (!busy.get(p.sessionId)) problem(`update for ${p.sessionId} outside a prompt or load`);
         const u = p.update ?? {};
+        // The session's commands and title come right after session/new, load or resume is
+        // answered, as the ACP docs ask (metadata, not history); everything else belongs to
+        // a prompt or a load.
+        const metadata = ["available_commands_update", "session_info_update"];
+        if (!busy.get(p.sessionId) && !metadata.includes(u.sessionUpdate)) {
+          problem(`update for ${p.sessionId} outside a prompt or load: ${JSON.stringify(u).slice(0, 200)}`);
+        }
         for (const loc of u.locations ?? []) if (!isAbsolute(loc.path)) problem(`relative location ${loc.path}`);
         for (const c of Array.isArray(u.content) ? u.content : []) if (c.type === "diff" && !isAbsolute(c.path)) problem(`relative diff path ${c.path}`);
       }

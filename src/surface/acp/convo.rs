@@ -7,19 +7,23 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use crate::agent::compact;
 use crate::log;
-use crate::model::types::{ContentBlock, Message, Role};
+use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Role};
 use crate::surface::acp::call_ids::CallIds;
 use crate::surface::acp::card::{self, OldText};
 use crate::tools::table;
 
-/// The user text of a `session/prompt`: text blocks as they are, mentions (`resource_link`,
-/// `resource`) inline as markdown links, and the text of embedded resources appended as
-/// context after the message. Images and audio are not advertised, and are left out.
-pub fn prompt_text(blocks: &Value) -> Result<String, String> {
+/// The user text of a `session/prompt` and its images: text blocks as they are, mentions
+/// (`resource_link`, `resource`) inline as markdown links, the text of embedded resources
+/// appended as context after the message, and `image` blocks (`promptCapabilities.image`)
+/// as images for the model. An image the model could not take, or audio (not advertised),
+/// is refused with the reason rather than left out.
+pub fn prompt_content(blocks: &Value) -> Result<(String, Vec<ContentBlock>), String> {
     let Some(blocks) = blocks.as_array() else {
         return Err("`prompt` must be an array of content blocks".into());
     };
+    let mut images = Vec::new();
     let mut text = String::new();
     let mut context = String::new();
     for block in blocks {
@@ -39,12 +43,28 @@ pub fn prompt_text(blocks: &Value) -> Result<String, String> {
                     context.push_str(&format!("\n\n<context ref=\"{uri}\">\n{body}\n</context>"));
                 }
             }
+            Some("image") => {
+                if images.len() == MAX_IMAGES {
+                    return Err(format!("more than {MAX_IMAGES} images in one prompt"));
+                }
+                let (Some(media_type), Some(data)) =
+                    (str_of(block, "mimeType"), str_of(block, "data"))
+                else {
+                    return Err(
+                        "an image block needs `mimeType` and base64 `data` (an image \
+                                given only by `uri` is not fetched)"
+                            .into(),
+                    );
+                };
+                images.push(ContentBlock::image(&media_type, &data)?);
+            }
+            Some("audio") => return Err("audio is not supported in prompts".into()),
             Some(other) => log::info(&format!("ignoring a `{other}` block in a prompt")),
             None => return Err("a prompt content block has no `type`".into()),
         }
     }
     text.push_str(&context);
-    Ok(text)
+    Ok((text, images))
 }
 
 fn last_segment(uri: &str) -> String {
@@ -96,9 +116,18 @@ fn text_content(text: &str) -> Value {
 /// The `session/update`s that replay a conversation: user and agent text, thoughts, and one
 /// `tool_call` per call carrying its input and final status and result. A call's result is
 /// the one answering it in the message that follows its own (by id, and among calls that
-/// share an id, in order), and its card gets a session-unique id from `ids`.
-pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Value> {
+/// share an id, in order), and its card gets a session-unique id from `ids`. A compaction's
+/// summary (`agent::compact::head`) is shown as a `compaction_update` to a client that
+/// advertised `session.compaction` (`compaction`), else as a thought, its acknowledgement
+/// not at all, and the plan it carried over (`compact::PLAN_INTRO`) as a `plan` update.
+pub fn replay(
+    messages: &[Value],
+    workspace: &Path,
+    ids: &mut CallIds,
+    compaction: bool,
+) -> Vec<Value> {
     let mut updates = Vec::new();
+    let mut compactions = 0;
     // The cards of the last assistant message's calls not answered yet, by the model's id.
     let mut unanswered: HashMap<String, VecDeque<usize>> = HashMap::new();
     for message in messages {
@@ -113,7 +142,37 @@ pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Va
             .flatten()
         {
             let text = block.get("text").and_then(Value::as_str);
+            let summary = text.and_then(|t| t.strip_prefix(compact::SUMMARY_INTRO));
+            let carried_plan = text.and_then(compact::plan_of_text);
             match (role, block.get("type").and_then(Value::as_str)) {
+                ("user", Some("text")) if summary.is_some() => {
+                    let summary = summary.unwrap_or_default();
+                    let summary = summary.strip_suffix(compact::CONTINUE).unwrap_or(summary);
+                    compactions += 1;
+                    updates.push(if compaction {
+                        json!({"sessionUpdate": "compaction_update",
+                               "compactionId": format!("replayed-{compactions}"),
+                               "status": "completed",
+                               "summary": [{"type": "text", "text": summary}]})
+                    } else {
+                        json!({"sessionUpdate": "agent_thought_chunk",
+                               "content": {"type": "text", "text": format!(
+                                   "The conversation was compacted. Summary:\n\n{summary}\n\n")}})
+                    });
+                }
+                ("assistant", Some("text")) if text == Some(compact::ACK) => {}
+                // The plan a compaction carried over, shown as the live session last showed it.
+                ("user", Some("text")) if carried_plan.is_some() => {
+                    let todos = carried_plan.unwrap_or_default();
+                    updates.push(super::updates::plan_update(&todos));
+                }
+                ("user", Some("image")) => {
+                    let source = block.get("source").unwrap_or(&Value::Null);
+                    updates.push(json!({
+                        "sessionUpdate": "user_message_chunk",
+                        "content": {"type": "image", "mimeType": source["media_type"],
+                                    "data": source["data"]}}));
+                }
                 ("user", Some("text")) => updates.push(json!({
                     "sessionUpdate": "user_message_chunk",
                     "content": {"type": "text", "text": text.unwrap_or_default()}})),
@@ -194,11 +253,36 @@ mod tests {
             {"type": "image", "data": "AA==", "mimeType": "image/png"}
         ]);
         assert_eq!(
-            prompt_text(&blocks).unwrap(),
+            prompt_content(&blocks).unwrap().0,
             "look at [@main.rs](file:///w/src/main.rs) and [@notes.md](file:///w/notes.md)\
              \n\n<context ref=\"file:///w/notes.md\">\nbe brief\n</context>"
         );
-        assert!(prompt_text(&json!("hi")).is_err());
+        assert!(prompt_content(&json!("hi")).is_err());
+        let png = json!([{"type": "text", "text": "see"},
+                         {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="}]);
+        let (text, images) = prompt_content(&png).unwrap();
+        assert_eq!((text.as_str(), images.len()), ("see", 1));
+        for (bad, why) in [
+            (
+                json!({"type": "image", "mimeType": "image/tiff", "data": "AAAA"}),
+                "unsupported image type",
+            ),
+            (
+                json!({"type": "image", "mimeType": "image/png", "data": "a b!"}),
+                "not base64",
+            ),
+            (
+                json!({"type": "image", "mimeType": "image/png", "uri": "file:///x.png"}),
+                "needs `mimeType`",
+            ),
+            (
+                json!({"type": "audio", "mimeType": "audio/wav", "data": "AAAA"}),
+                "audio",
+            ),
+        ] {
+            let err = prompt_content(&json!([bad])).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
     }
 
     #[test]
@@ -230,7 +314,7 @@ mod tests {
             json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                    "content": [{"type": "text", "text": "a.txt"}], "is_error": true}]}),
         ];
-        let updates = replay(&messages, Path::new("/"), &mut CallIds::default());
+        let updates = replay(&messages, Path::new("/"), &mut CallIds::default(), false);
         let kinds: Vec<&str> = updates
             .iter()
             .map(|u| u["sessionUpdate"].as_str().unwrap())
@@ -267,7 +351,7 @@ mod tests {
             json!({"role": "assistant", "content": [call("call_0", "echo four")]}),
         ];
         let mut ids = CallIds::default();
-        let updates = replay(&messages, Path::new("/"), &mut ids);
+        let updates = replay(&messages, Path::new("/"), &mut ids, false);
         let cards: Vec<(&str, &str, &str, &str)> = updates
             .iter()
             .filter(|u| u["sessionUpdate"] == "tool_call")
@@ -291,5 +375,31 @@ mod tests {
         );
         // A live card after the replay gets a fresh id too.
         assert_eq!(ids.open("call_0"), "call_0#5");
+    }
+
+    /// A compacted conversation replays as its summary, the plan the compaction carried
+    /// over (the editor's plan panel is filled again) and what was kept.
+    #[test]
+    fn replay_shows_a_compaction_and_the_plan_it_carried() {
+        use crate::agent::compact::{Next, head};
+        use crate::tools::todo::parse_input;
+        let todos = parse_input(&json!({"todos": [
+            {"id": "1", "content": "read", "status": "completed"},
+            {"id": "2", "content": "fix", "status": "in_progress"}]}))
+        .unwrap();
+        let mut messages: Vec<Value> = head("SUMMARY", Next::User, Some(&todos))
+            .iter()
+            .map(Message::to_json)
+            .collect();
+        messages.push(json!({"role": "user", "content": [{"type": "text", "text": "next"}]}));
+        let updates = replay(&messages, Path::new("/"), &mut CallIds::default(), true);
+        let kinds: Vec<&str> = updates
+            .iter()
+            .map(|u| u["sessionUpdate"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["compaction_update", "plan", "user_message_chunk"]);
+        assert_eq!(updates[0]["summary"][0]["text"], "SUMMARY");
+        assert_eq!(updates[1]["entries"][1]["content"], "fix");
+        assert_eq!(updates[1]["entries"][1]["status"], "in_progress");
     }
 }

@@ -27,6 +27,7 @@
 mod call_ids;
 mod card;
 mod client;
+mod commands;
 mod convo;
 mod delegate;
 mod mcp;
@@ -117,6 +118,10 @@ pub struct AcpServe {
     caps: ClientCaps,
     /// The client shows `notice` updates (`clientCapabilities.session.notices`).
     notices: bool,
+    /// The client shows `compaction_update`s (`clientCapabilities.session.compaction`).
+    compaction: bool,
+    /// Numbers compactions, for their `compactionId`.
+    next_compaction: u64,
     sessions: HashMap<String, Session>,
     /// The session of each run this process started and still runs.
     runs: HashMap<RunId, String>,
@@ -151,6 +156,8 @@ impl AcpServe {
         AcpServe {
             caps: ClientCaps::default(),
             notices: false,
+            compaction: false,
+            next_compaction: 0,
             sessions: HashMap::new(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
@@ -223,6 +230,7 @@ impl AcpServe {
             "session/resume" => self.open_session(ctx, params, false),
             "session/list" => self.list_sessions(ctx.core, params),
             "session/close" => self.close_session(ctx, params),
+            "session/delete" => self.delete_session(ctx, params),
             "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
             "session/set_config_option" => self.set_config_option(ctx, params),
             "session/prompt" => match self
@@ -235,7 +243,21 @@ impl AcpServe {
             },
             _ => Err(RpcError::method_not_found(method)),
         };
+        // A session just opened gets its commands and title after the answer (Zed drops
+        // updates for a session it does not know yet).
+        let opened = match (method, &result) {
+            ("session/new", Ok(answer)) => {
+                answer["sessionId"].as_str().map(|s| (s.to_owned(), None))
+            }
+            ("session/load" | "session/resume", Ok(_)) => params["sessionId"]
+                .as_str()
+                .map(|s| (s.to_owned(), AcpServe::stored_title(ctx.core, s))),
+            _ => None,
+        };
         self.reply(id, result);
+        if let Some((sid, title)) = opened {
+            self.announce_session(&sid, title);
+        }
     }
 
     fn on_notification(&mut self, ctx: &mut Cx<AcpKey>, method: &str, params: &Value) {
@@ -301,13 +323,14 @@ impl AcpServe {
             terminal: caps["terminal"] == true,
         };
         self.notices = caps["session"]["notices"].is_object();
+        self.compaction = caps["session"]["compaction"].is_object();
         Ok(json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": true,
-                "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                "promptCapabilities": {"image": true, "audio": false, "embeddedContext": true},
                 "mcpCapabilities": {"http": true, "sse": true},
-                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}, "delete": {}},
             },
             "authMethods": [],
             "agentInfo": {"name": "caliban", "title": "Caliban", "version": crate::cli::VERSION},
@@ -358,6 +381,17 @@ impl Surface for AcpServe {
     fn on_retry(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             self.show_retry(&sid, notice);
+        }
+    }
+
+    fn on_compaction_started(
+        &mut self,
+        _ctx: &mut Cx<AcpKey>,
+        run: RunId,
+        trigger: crate::agent::compact::Trigger,
+    ) {
+        if let Some(sid) = self.runs.get(&run).cloned() {
+            self.compaction_started(&sid, trigger);
         }
     }
 

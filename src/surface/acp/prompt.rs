@@ -9,6 +9,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::commands::{self, Command};
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
 use crate::agent::event::StopCondition;
 use crate::drive::table::{DriveStatus, Inbound, RunSpec};
@@ -193,6 +194,7 @@ impl PromptState {
             StopCondition::MaxTurnsReached(_) => Ok("max_turn_requests"),
             StopCondition::Refusal(_) | StopCondition::ContentFilter(_) => Ok("refusal"),
             StopCondition::ProviderError(e) => Err(e.clone()),
+            StopCondition::CompactionFailed(e) => Err(format!("compaction failed: {e}")),
             StopCondition::StreamIdle(d) => Err(format!(
                 "the model stream was idle for {} s",
                 d.as_secs_f64()
@@ -229,15 +231,32 @@ impl AcpServe {
         params: &Value,
     ) -> Result<(), RpcError> {
         let sid = str_param(params, "sessionId")?.to_owned();
-        let text = convo::prompt_text(params.get("prompt").unwrap_or(&Value::Null))
+        let (text, images) = convo::prompt_content(params.get("prompt").unwrap_or(&Value::Null))
             .map_err(invalid_params)?;
-        if text.trim().is_empty() {
+        if text.trim().is_empty() && images.is_empty() {
             return Err(invalid_params("session/prompt requires non-empty text"));
+        }
+        let command = commands::parse(&text);
+        let compact = command == Some(Command::Compact);
+        if !self.sessions.contains_key(&sid) {
+            return Err(unknown_session(&sid));
+        }
+        if let Some(command) = command.filter(|_| !compact) {
+            return self.run_command(ctx, id, &sid, command);
         }
         let session = self
             .sessions
             .get_mut(&sid)
             .ok_or_else(|| unknown_session(&sid))?;
+        if compact && session.run.is_none() {
+            self.outbox.update(
+                &sid,
+                json!({"sessionUpdate": "agent_message_chunk",
+                       "content": {"type": "text", "text": "Nothing to compact yet."}}),
+            );
+            self.reply(id.clone(), Ok(stop_reason("end_turn")));
+            return Ok(());
+        }
         match session.prompt.admit(id, params) {
             Admit::Start => {}
             Admit::Queued => return Ok(()),
@@ -251,8 +270,13 @@ impl AcpServe {
         let live = session.run.filter(|run| ctx.core.is_live(*run));
         match live {
             Some(run) if ctx.core.status(run) == Ok(DriveStatus::AwaitingInput) => {
+                let input = if compact {
+                    Inbound::Compact
+                } else {
+                    Inbound::UserMessage { text, images }
+                };
                 ctx.core
-                    .send_input(run, Inbound::UserMessage(text))
+                    .send_input(run, input)
                     .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
                 // A client that came back may prompt without loading the session first.
                 self.runs.insert(run, sid.clone());
@@ -287,8 +311,21 @@ impl AcpServe {
                 }
                 let mut extra_header = Map::new();
                 extra_header.insert(SESSION_FIELD.into(), json!(sid));
+                if session.run.is_none() {
+                    // The session's first prompt names it.
+                    let title = commands::title_of(&text);
+                    self.outbox.update(
+                        &sid,
+                        json!({"sessionUpdate": "session_info_update", "title": title}),
+                    );
+                }
+                let default_model = &ctx.core.config().run.model;
                 let spec = RunSpec {
-                    prompt: text,
+                    prompt: if compact { String::new() } else { text },
+                    images,
+                    compact_first: compact,
+                    model: (session.model != *default_model).then(|| session.model.clone()),
+                    effort: session.effort,
                     interactive: true,
                     cwd: Some(session.cwd.clone()),
                     history,

@@ -1,8 +1,9 @@
 //! The session registry: `Session` (a sequence of interactive runs tied together by the
 //! `acp_session` field of their session headers) and the requests that open, list, close
 //! and configure one: `session/new`, `session/load` (which replays the conversation),
-//! `session/resume`, `session/list`, `session/close`, `session/set_mode` and
-//! `session/set_config_option` (the permission mode).
+//! `session/resume`, `session/list`, `session/close`, `session/delete`, `session/set_mode`
+//! and `session/set_config_option` (the permission mode, the model, the thinking effort).
+//! A session's run carries its model and effort into the next run it starts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::call_ids::CallIds;
+use super::commands::title_of;
 use super::permission::Asked;
 use super::prompt::PromptState;
 use super::tasks::Task;
@@ -22,11 +24,8 @@ use crate::log;
 use crate::permissions::{Mode, Rule};
 use crate::surface::host::Cx;
 
-/// The longest session title `session/list` shows.
-const MAX_TITLE_CHARS: usize = 80;
-
 /// The permission modes a session can be switched to, as `session/new` advertises them.
-const MODES: [(Mode, &str, &str); 5] = [
+pub(super) const MODES: [(Mode, &str, &str); 5] = [
     (
         Mode::Default,
         "Default",
@@ -79,10 +78,19 @@ pub(super) struct Session {
     pub(super) run_end: Option<Value>,
     /// The session's MCP servers, on the engine's hub.
     pub(super) mcp: Vec<crate::mcp_client::ServerId>,
+    /// The model the session's runs use (the `model` config option).
+    pub(super) model: String,
+    /// What the session's turns used so far, for `usage_update`'s cost.
+    pub(super) usage: crate::model::types::Usage,
+    /// Thinking effort (the `thought_level` config option); `None` is off.
+    pub(super) effort: Option<crate::model::types::Effort>,
+    /// The `compactionId` of the compaction in progress, shown `in_progress` to a client
+    /// that advertised `session.compaction`.
+    pub(super) compacting: Option<String>,
 }
 
 impl Session {
-    pub(super) fn new(cwd: PathBuf, mode: Mode, run: Option<RunId>) -> Session {
+    pub(super) fn new(cwd: PathBuf, mode: Mode, run: Option<RunId>, model: String) -> Session {
         Session {
             cwd,
             mode,
@@ -96,6 +104,10 @@ impl Session {
             tasks: HashMap::new(),
             run_end: None,
             mcp: Vec::new(),
+            model,
+            usage: Default::default(),
+            effort: None,
+            compacting: None,
         }
     }
 }
@@ -111,19 +123,6 @@ fn modes_json(current: Mode) -> Value {
         "availableModes": MODES.iter().map(|(mode, name, description)| json!({
             "id": mode.as_str(), "name": name, "description": description})).collect::<Vec<_>>(),
     })
-}
-
-fn config_options_json(current: Mode) -> Value {
-    json!([{
-        "id": "mode",
-        "name": "Mode",
-        "description": "What caliban may do without asking",
-        "category": "mode",
-        "type": "select",
-        "currentValue": current.as_str(),
-        "options": MODES.iter().map(|(mode, name, description)| json!({
-            "value": mode.as_str(), "name": name, "description": description})).collect::<Vec<_>>(),
-    }])
 }
 
 /// The session's directory (known: the session was just opened).
@@ -177,11 +176,13 @@ impl AcpServe {
         let cwd = Self::session_cwd(ctx.core, params)?;
         let id = crate::auth::new_uuid();
         let mode = ctx.core.config().policy.mode();
-        self.sessions
-            .insert(id.clone(), Session::new(cwd, mode, None));
+        let model = ctx.core.config().run.model.clone();
+        let session = Session::new(cwd, mode, None, model);
+        let options = self.config_options(ctx, &session);
+        self.sessions.insert(id.clone(), session);
         self.connect_servers(ctx, &id, params);
-        let mut result = json!({"sessionId": id, "modes": modes_json(mode),
-                  "configOptions": config_options_json(mode)});
+        let mut result =
+            json!({"sessionId": id, "modes": modes_json(mode), "configOptions": options});
         with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
         Ok(result)
     }
@@ -221,7 +222,7 @@ impl AcpServe {
         {
             match ctx.core.messages(run) {
                 Ok(messages) => {
-                    let updates = convo::replay(&messages, &cwd, &mut shown);
+                    let updates = convo::replay(&messages, &cwd, &mut shown, self.compaction);
                     if replay {
                         for update in updates {
                             self.outbox.update(&id, update);
@@ -233,10 +234,11 @@ impl AcpServe {
             }
         }
         let default_mode = ctx.core.config().policy.mode();
+        let default_model = ctx.core.config().run.model.clone();
         let session = self
             .sessions
             .entry(id.clone())
-            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest));
+            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest, default_model));
         session.cwd = cwd;
         session.ids.absorb(shown);
         if let Some(run) = newest
@@ -245,9 +247,12 @@ impl AcpServe {
             self.runs.insert(run, id.clone());
         }
         let mode = session.mode;
+        let options = match self.sessions.get(&id) {
+            Some(session) => self.config_options(ctx, session),
+            None => json!([]),
+        };
         self.connect_servers(ctx, &id, params);
-        let mut result =
-            json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)});
+        let mut result = json!({"modes": modes_json(mode), "configOptions": options});
         with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
         Ok(result)
     }
@@ -277,17 +282,9 @@ impl AcpServe {
             if cwd.as_ref().is_some_and(|c| *c != run_cwd) {
                 continue;
             }
-            let entry = found.entry(session.to_owned()).or_insert_with(|| {
-                let title: String = summary
-                    .prompt
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(MAX_TITLE_CHARS)
-                    .collect();
-                (title, run_cwd, 0)
-            });
+            let entry = found
+                .entry(session.to_owned())
+                .or_insert_with(|| (title_of(&summary.prompt), run_cwd, 0));
             entry.2 = entry.2.max(summary.created_ms);
         }
         let mut sessions: Vec<(String, (String, String, u64))> = found.into_iter().collect();
@@ -353,16 +350,51 @@ impl AcpServe {
     ) -> Result<Value, RpcError> {
         let id = str_param(params, "sessionId")?.to_owned();
         let option = str_param(params, "configId")?;
-        if option != "mode" {
-            return Err(invalid_params(format!("unknown config option `{option}`")));
-        }
         let value = str_param(params, "value")?;
-        self.switch_mode(ctx, &id, value)?;
-        let mode = self.sessions.get(&id).map_or(Mode::Default, |s| s.mode);
-        Ok(json!({"configOptions": config_options_json(mode)}))
+        match option {
+            "mode" => self.switch_mode(ctx, &id, value)?,
+            "model" => self.set_model(ctx, &id, Some(value), None)?,
+            "thought_level" => self.set_model(ctx, &id, None, Some(value))?,
+            _ => return Err(invalid_params(format!("unknown config option `{option}`"))),
+        }
+        let session = self.sessions.get(&id).ok_or_else(|| unknown_session(&id))?;
+        Ok(json!({"configOptions": self.config_options(ctx, session)}))
     }
 
-    fn switch_mode(
+    /// `session/delete`: the session is closed if open (its prompt answered, its run
+    /// stopped) and its runs' session files removed, so neither `session/list` nor
+    /// `session/load` finds it again.
+    pub(super) fn delete_session(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let id = str_param(params, "sessionId")?.to_owned();
+        let open = self.sessions.contains_key(&id);
+        if open {
+            self.close_session(ctx, params)?;
+        }
+        ctx.core.load_existing();
+        let runs = ctx.core.find_by_header(SESSION_FIELD, &json!(id));
+        if runs.is_empty() && !open {
+            return Err(unknown_session(&id));
+        }
+        for run in runs {
+            ctx.core
+                .delete(run)
+                .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+        }
+        Ok(json!({}))
+    }
+
+    /// The title of a stored session: its first run's prompt, as `session/list` shows it.
+    pub(super) fn stored_title(core: &DriveCore, id: &str) -> Option<String> {
+        let first = *core.find_by_header(SESSION_FIELD, &json!(id)).first()?;
+        let header = core.header(first).ok()?;
+        Some(title_of(header["prompt"].as_str()?))
+    }
+
+    pub(super) fn switch_mode(
         &mut self,
         ctx: &mut Cx<AcpKey>,
         id: &str,

@@ -6,11 +6,20 @@ use serde_json::{Map, Value, json};
 
 use super::card::{self, Described, JsonEnd, OldText};
 use super::{AcpKey, AcpServe};
+use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
 use crate::engine::RetryNotice;
 use crate::surface::host::Cx;
 use crate::tools::todo::{Todo, TodoStatus};
+
+/// How a compaction ended, for `show_compaction`.
+#[derive(Debug, PartialEq)]
+pub(super) enum Compacted<'a> {
+    Done(&'a str),
+    Failed(&'a str),
+    Cancelled,
+}
 
 /// A tool call's card while the call is open.
 pub(super) struct Card {
@@ -146,6 +155,19 @@ impl AcpServe {
                     "caliban/usage": total_usage.to_json(),
                     "caliban/turns": turn_count,
                 }));
+                // A compaction still open ended with the run.
+                match stopped_for {
+                    StopCondition::CompactionFailed(error) => {
+                        self.show_compaction(sid, Compacted::Failed(error), json!({}))
+                    }
+                    StopCondition::Cancelled => {
+                        self.show_compaction(sid, Compacted::Cancelled, json!({}))
+                    }
+                    _ => {}
+                }
+                let Some(session) = self.sessions.get_mut(sid) else {
+                    return;
+                };
                 let why = match stopped_for {
                     StopCondition::Cancelled => "cancelled".to_owned(),
                     other => format!("not run: the run ended ({})", other.to_json()),
@@ -168,9 +190,115 @@ impl AcpServe {
                     self.sessions.insert(sid.to_owned(), session);
                 }
             }
+            TurnEvent::TurnEnd { usage, .. } => {
+                session.usage.add(usage);
+                let used = usage.input_tokens.saturating_add(usage.output_tokens);
+                self.show_usage(ctx, sid, used);
+            }
+            TurnEvent::Compaction {
+                trigger,
+                pre_tokens,
+                post_tokens,
+                summary,
+                usage,
+                ..
+            } => {
+                session.usage.add(usage);
+                let meta = json!({"caliban/compaction": {
+                    "trigger": trigger.as_str(), "pre_tokens": pre_tokens,
+                    "post_tokens": post_tokens}});
+                self.show_compaction(sid, Compacted::Done(summary), meta);
+                self.show_usage(ctx, sid, *post_tokens);
+            }
+            TurnEvent::TurnStart { .. } => {}
             TurnEvent::PlanUpdate { todos, .. } => self.outbox.update(sid, plan_update(todos)),
-            TurnEvent::TurnStart { .. } | TurnEvent::TurnEnd { .. } => {}
         }
+    }
+
+    /// A compaction began: `in_progress` for a client that advertised
+    /// `session.compaction` (its first update fixes where the editor shows it); nothing for
+    /// one that did not.
+    pub(super) fn compaction_started(&mut self, sid: &str, trigger: Trigger) {
+        if !self.compaction {
+            return;
+        }
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        self.next_compaction += 1;
+        let id = format!("compaction-{}", self.next_compaction);
+        session.compacting = Some(id.clone());
+        self.outbox.update(
+            sid,
+            json!({"sessionUpdate": "compaction_update", "compactionId": id,
+                   "status": "in_progress",
+                   "_meta": {"caliban/compaction": {"trigger": trigger.as_str()}}}),
+        );
+    }
+
+    /// How a compaction ended, as the client can show it: the `compaction_update` that
+    /// closes the one in progress for a client that advertised `session.compaction`, else
+    /// a thought chunk (like a retry), so the user still learns why the agent's memory of
+    /// the early conversation is now a summary. A run that ends with no compaction open
+    /// shows nothing for `Cancelled`.
+    pub(super) fn show_compaction(&mut self, sid: &str, outcome: Compacted, meta: Value) {
+        let Some(session) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let open = session.compacting.take();
+        if open.is_none() && outcome == Compacted::Cancelled {
+            return;
+        }
+        let update = if self.compaction {
+            let id = open.unwrap_or_else(|| {
+                self.next_compaction += 1;
+                format!("compaction-{}", self.next_compaction)
+            });
+            let mut update =
+                json!({"sessionUpdate": "compaction_update", "compactionId": id, "_meta": meta});
+            match outcome {
+                Compacted::Done(summary) => {
+                    update["status"] = json!("completed");
+                    update["summary"] = json!([{"type": "text", "text": summary}]);
+                }
+                Compacted::Failed(error) => {
+                    update["status"] = json!("failed");
+                    update["error"] = json!(error);
+                }
+                Compacted::Cancelled => update["status"] = json!("cancelled"),
+            }
+            update
+        } else {
+            let text = match outcome {
+                Compacted::Done(summary) => format!(
+                    "The conversation was compacted to free the context window. Summary:\n\n{summary}\n\n"
+                ),
+                Compacted::Failed(error) => {
+                    format!("Compacting the conversation failed: {error}\n\n")
+                }
+                Compacted::Cancelled => "Compacting the conversation was cancelled.\n\n".into(),
+            };
+            json!({"sessionUpdate": "agent_thought_chunk",
+                   "content": {"type": "text", "text": text}, "_meta": meta})
+        };
+        self.outbox.update(sid, update);
+    }
+
+    /// `usage_update`: the context's size against the model's window, and what the session
+    /// cost so far where the model's price is known. Not sent for a model whose window is
+    /// unknown (`size` is required).
+    pub(super) fn show_usage(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, used: u64) {
+        let Some(session) = self.sessions.get(sid) else {
+            return;
+        };
+        let Some(size) = ctx.core.config().context_windows.of(&session.model) else {
+            return;
+        };
+        let mut update = json!({"sessionUpdate": "usage_update", "used": used, "size": size});
+        if let Some(cost) = crate::model::catalog::cost_usd(&session.model, &session.usage) {
+            update["cost"] = json!({"amount": cost, "currency": "USD"});
+        }
+        self.outbox.update(sid, update);
     }
 
     /// A retry of the model request, which would otherwise be seconds of nothing: a

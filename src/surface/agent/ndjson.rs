@@ -10,8 +10,9 @@
 //!   duplicated. Only as the first line after the preamble, sent in the same write: the
 //!   replay starts once the read that finished the preamble is handled, so a later `Resume`
 //!   is answered with an `Error` line and the connection is closed.
-//! - `{"type":"UserMessage","text":"…"}`, `{"type":"EndInput"}`: input for an interactive
-//!   run (upstream's `AttachInbound`).
+//! - `{"type":"UserMessage","text":"…","images":[…]?}`, `{"type":"EndInput"}`: input for an
+//!   interactive run (upstream's `AttachInbound`; `images` are image blocks, caliban's own).
+//! - `{"type":"Compact"}`: compact the run's conversation now (a `Compaction` event follows).
 //! - `{"type":"Permit","tool_use_id":"…","allow":true|false,"reason":"…"?}`: the answer to
 //!   a `PermissionRequest` (the drive API's permit body, decoded by `drive::ops`).
 //!
@@ -39,6 +40,7 @@ use crate::drive::ops::{self, Dialect};
 use crate::drive::table::{DriveCore, Inbound, RunSpec};
 use crate::engine::{HostAction, RunId};
 use crate::log;
+use crate::model::types::ContentBlock;
 use crate::reactor::Signal;
 use crate::surface::front::ConnId;
 use crate::surface::host::{Cx, Surface};
@@ -202,14 +204,25 @@ impl Plane {
                 self.link.finish_client();
                 return;
             }
-            "UserMessage" => match value.get("text").and_then(Value::as_str) {
-                Some(text) => core
-                    .send_input(run, Inbound::UserMessage(text.to_owned()))
+            "UserMessage" => match (value.get("text").and_then(Value::as_str), &value["images"]) {
+                (Some(text), Value::Null) => core
+                    .send_input(run, Inbound::text(text.to_owned()))
                     .map_err(|e| e.to_string()),
-                None => Err("`text` must be a string".to_owned()),
+                (text, Value::Array(blocks)) => ContentBlock::images_from_json(blocks)
+                    .map_err(|e| format!("`images`: {e}"))
+                    .and_then(|images| {
+                        let text = text.unwrap_or_default().to_owned();
+                        core.send_input(run, Inbound::UserMessage { text, images })
+                            .map_err(|e| e.to_string())
+                    }),
+                (None, _) => Err("`text` must be a string".to_owned()),
+                (Some(_), _) => Err("`images` must be an array of image blocks".to_owned()),
             },
             "EndInput" => core
                 .send_input(run, Inbound::EndInput)
+                .map_err(|e| e.to_string()),
+            "Compact" => core
+                .send_input(run, Inbound::Compact)
                 .map_err(|e| e.to_string()),
             "Permit" => ops::answer(&value, Dialect::HTTP)
                 .map_err(|e| e.to_string())
@@ -219,7 +232,7 @@ impl Plane {
                 }),
             "" => Err("a line needs a string `type`".to_owned()),
             other => Err(format!(
-                "unknown type `{other}`: expected UserMessage, EndInput, Permit or Resume"
+                "unknown type `{other}`: expected UserMessage, EndInput, Compact, Permit or Resume"
             )),
         };
         if let Err(message) = result {

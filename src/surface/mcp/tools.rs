@@ -226,6 +226,12 @@ pub fn list(modern: bool) -> Value {
                         "items": {"type": "string"},
                         "type": "array",
                     },
+                    "images": {
+                        "default": [],
+                        "description": "Images for the model, each an image block with a base64 source (`{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"media_type\":\"image/png\",\"data\":\"…\"}}`): png, jpeg, gif or webp, at most 3 MiB of base64 each, 8 a message. Anything else is refused.",
+                        "items": {"type": "object"},
+                        "type": "array",
+                    },
                     "cwd": optional_string(
                         "Directory for this run, relative to the server's workspace and inside it (default: the workspace)."
                     ),
@@ -272,10 +278,21 @@ pub fn list(modern: bool) -> Value {
             input_schema(
                 "SendInputArgs",
                 json!({
+                    "compact": {
+                        "default": false,
+                        "description": "Compact the run's conversation now (summarise the older part; a `Compaction` event follows) instead of sending a message. `end` wins over it, and it over `text`.",
+                        "type": "boolean",
+                    },
                     "end": {
                         "default": false,
                         "description": "End the conversation instead of sending a message.",
                         "type": "boolean",
+                    },
+                    "images": {
+                        "default": [],
+                        "description": "Images for the model, each an image block with a base64 source (`{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"media_type\":\"image/png\",\"data\":\"…\"}}`): png, jpeg, gif or webp, at most 3 MiB of base64 each, 8 a message. Anything else is refused.",
+                        "items": {"type": "object"},
+                        "type": "array",
                     },
                     "run_id": run_id("The run to feed."),
                     "text": optional_string("A follow-up user message to inject."),
