@@ -8,6 +8,11 @@ exit. Spawning `true` the same way is the floor any process pays on this machine
 90th percentiles over the rounds.
 
     python3 bench/initialize.py [BINARY] [--surface acp|mcp] [--rounds N] [--state XDG_STATE_HOME]
+                                [--max-rss KIB]
+
+RSS is VmRSS right after the reply, as for the peers; the anonymous part (heap, stack,
+written data: RssAnon) is printed beside it, the rest being pages of the binary itself.
+`--max-rss` exits 1 when the median RSS is above it (`.ci/run` holds DESIGN's 2.5 MB bar).
 
 BINARY defaults to the static release build (target/x86_64-unknown-linux-gnu/release/caliban)
 or else target/release/caliban. The environment is empty apart from a throwaway state
@@ -48,11 +53,14 @@ def default_binary():
 
 
 def rss_kib(pid):
+    """(VmRSS, RssAnon) in KiB."""
+    fields = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssAnon"):
+                fields[name] = int(value.split()[0])
+    return fields.get("VmRSS", 0), fields.get("RssAnon", 0)
 
 
 def one_round(argv, env, cwd, surface):
@@ -93,6 +101,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--surface", choices=["acp", "mcp"], default="acp")
     ap.add_argument("--state", help="XDG_STATE_HOME to use (say, one holding many sessions)")
+    ap.add_argument("--max-rss", type=int, metavar="KIB", help="fail above this median RSS")
     a = ap.parse_args()
     binary = os.path.abspath(a.binary or default_binary())
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,19 +114,23 @@ def main():
         }
         argv = [binary, a.surface, "serve"]
         one_round(argv, env, tmp, a.surface)  # warm the page cache
-        init, rss, exits, floor = [], [], [], []
+        init, rss, anon, exits, floor = [], [], [], [], []
         for _ in range(a.rounds):
             floor.append(floor_round())
-            ms, kib, exit_ms = one_round(argv, env, tmp, a.surface)
+            ms, (kib, anon_kib), exit_ms = one_round(argv, env, tmp, a.surface)
             init.append(ms)
             rss.append(kib)
+            anon.append(anon_kib)
             exits.append(exit_ms)
     size = os.path.getsize(binary) / 1024 / 1024
     print(f"{a.surface} serve: {binary} ({size:.2f} MiB), {a.rounds} rounds")
     print(f"spawn `true` (floor)           ms  {summary(floor)}")
     print(f"spawn → initialize reply       ms  {summary(init)}")
     print(f"stdin EOF → exit               ms  {summary(exits)}")
-    print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}")
+    print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}"
+          f"  (anonymous {statistics.median(anon):.0f})")
+    if a.max_rss is not None and statistics.median(rss) > a.max_rss:
+        sys.exit(f"RSS after initialize is above {a.max_rss} KiB")
 
 
 if __name__ == "__main__":
