@@ -170,7 +170,7 @@ fn agent_setup(
             .system_prompt
             .clone()
             .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
-        tools: tools::spec::all(),
+        tools: std::sync::Arc::new(tools::spec::all()),
         interactive,
     };
     let engine_config = EngineConfig {

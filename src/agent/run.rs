@@ -8,6 +8,7 @@
 //! `RunEnd`, which is always the last event.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -27,7 +28,10 @@ pub struct RunConfig {
     pub max_tokens: u32,
     pub max_turns: u32,
     pub system: String,
-    pub tools: Vec<ToolSpec>,
+    /// Shared by every run a server starts: the built-in tools' schemas are a tree of JSON
+    /// values, which copied into each of 10,000 idle runs was most of their memory. A run
+    /// with tools of its own (MCP servers, an allowlist) gets a copy of its own.
+    pub tools: Arc<Vec<ToolSpec>>,
     /// Interactive runs stop at each turn boundary and wait for `send_input`.
     pub interactive: bool,
 }
@@ -684,7 +688,7 @@ mod tests {
             max_tokens: 100,
             max_turns: 5,
             system: String::new(),
-            tools: spec::all(),
+            tools: Arc::new(spec::all()),
             interactive: false,
         };
         let policy = Policy::new(Vec::new(), Mode::Default, std::env::temp_dir());

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -498,7 +499,9 @@ impl DriveCore {
         };
         let mut run_config = self.config.run.clone();
         run_config.interactive = spec.interactive;
-        run_config.tools.extend(spec.extra_tools.iter().cloned());
+        if !spec.extra_tools.is_empty() {
+            Arc::make_mut(&mut run_config.tools).extend(spec.extra_tools.iter().cloned());
+        }
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
         }
@@ -731,9 +734,7 @@ impl DriveCore {
     /// Offers runs started from now on only the built-in tools named in `names` (a
     /// networked agent's `tool_allowlist`); a call to any other is refused by the run.
     pub fn retain_tools(&mut self, names: &[String]) {
-        self.config
-            .run
-            .tools
+        Arc::make_mut(&mut self.config.run.tools)
             .retain(|tool| names.iter().any(|n| *n == tool.name));
     }
 
@@ -1176,7 +1177,7 @@ mod tests {
                     max_tokens: 8192,
                     max_turns: 50,
                     system: String::new(),
-                    tools: Vec::new(),
+                    tools: Arc::default(),
                     interactive: false,
                 },
                 policy: Policy::new(Vec::new(), Mode::Default, self.workspace.clone()),
