@@ -383,18 +383,17 @@ impl DriveCore {
             return;
         }
         self.loaded_existing = true;
-        let summaries = match self.store.list() {
-            Ok(s) => s,
+        // Only the newest runs are brought in (older ones are read from disk when asked for),
+        // so only their files are read: start-up does not grow with the directory's history.
+        let numbers = match self.store.run_numbers_below(None, MAX_FINISHED_IN_MEMORY) {
+            Ok((numbers, _)) => numbers,
             Err(e) => {
                 log::warn(&format!("cannot list earlier sessions: {e}"));
                 return;
             }
         };
-        let skip = summaries.len().saturating_sub(MAX_FINISHED_IN_MEMORY);
-        for summary in summaries.into_iter().skip(skip) {
-            if let Some(run) = RunId::parse(&summary.run_id) {
-                self.load_record(run);
-            }
+        for number in numbers {
+            self.load_record(RunId(number));
         }
     }
 
@@ -780,7 +779,7 @@ impl DriveCore {
                 .last_status()
                 .and_then(DriveStatus::from_json)
                 .unwrap_or(DriveStatus::Starting);
-            if !status.is_terminal() && !self.store.written_elsewhere(&id) {
+            if !status.is_terminal() && !self.store.written_elsewhere(&log) {
                 status = DriveStatus::Failed(INTERRUPTED.into());
             }
             page.push(RunSummary {
@@ -1060,6 +1059,9 @@ impl DriveCore {
         self.changed.insert(run);
         if !rec.inputs.is_empty() {
             self.deliver_input(run);
+        } else {
+            // An idle run holds no descriptor: a server may keep thousands of them.
+            self.store.idle(&mut rec.log);
         }
     }
 
