@@ -439,6 +439,14 @@ impl SessionStore {
         }
     }
 
+    /// `close` without the sync, for a run this process only read or marked interrupted:
+    /// losing that last line to a power cut costs nothing (the next start marks the run
+    /// again), while a start-up that loads a thousand interrupted runs would otherwise wait
+    /// on a thousand `fsync`s once the syncer's queue is full.
+    pub fn let_go(&self, log: &mut EventLog) {
+        drop(log.detach());
+    }
+
     /// Waits until every sync handed over by `close` is done, or until `deadline`; returns
     /// whether they all are.
     #[cfg(test)]

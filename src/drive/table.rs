@@ -429,7 +429,7 @@ impl DriveCore {
             }
         }
         // Hold no descriptor or tail for a run this process does not write.
-        self.store.close(&mut log);
+        self.store.let_go(&mut log);
         let used = self.use_now();
         self.runs.insert(
             run,
