@@ -1481,9 +1481,18 @@ fn stamp_now(event: &str) -> std::borrow::Cow<'_, str> {
     if !event.contains(placeholder) {
         return std::borrow::Cow::Borrowed(event);
     }
-    let now = std::time::SystemTime::now()
+    // Stamps are unique across the stub's connection threads (two reading the clock in the
+    // same nanosecond get consecutive values), so a client can tell every event apart.
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let clock = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let previous = LAST.fetch_max(clock, std::sync::atomic::Ordering::Relaxed);
+    let now = if clock > previous {
+        clock
+    } else {
+        LAST.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    };
     std::borrow::Cow::Owned(event.replace(placeholder, &format!("@{now:019}")))
 }
 
