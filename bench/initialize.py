@@ -4,8 +4,9 @@ editor or an orchestrating agent sees it.
 
 Each round spawns the binary with pipes, writes one `initialize` request, and stops the clock
 when the whole reply line has been read; then it reads the idle RSS, closes stdin and times the
-exit. Spawning `true` the same way is the floor any process pays on this machine. Medians and
-90th percentiles over the rounds.
+exit. Spawning `true` the same way is the floor any process pays on this machine, and a
+`/bin/sh` that answers with a fixed line the floor for the whole exchange (time and RSS).
+Medians and 90th percentiles over the rounds.
 
     python3 bench/initialize.py [BINARY] [--surface acp|mcp] [--rounds N] [--state XDG_STATE_HOME]
                                 [--max-rss KIB]
@@ -81,6 +82,16 @@ def one_round(argv, env, cwd, surface):
     return (ready - start) / 1e6, rss, (gone - eof) / 1e6
 
 
+# The floor for the whole exchange: a shell that answers any first line with a fixed reply and
+# waits for stdin to close, measured through the same harness (time and RSS).
+ECHO_REPLY = '{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1}}'
+ECHO_SHELL = ["/bin/sh", "-c", f"read line; echo '{ECHO_REPLY}'; read rest"]
+
+
+def echo_round(surface, env, cwd):
+    return one_round(ECHO_SHELL, env, cwd, surface)
+
+
 def floor_round():
     start = time.perf_counter_ns()
     p = subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -115,8 +126,12 @@ def main():
         argv = [binary, a.surface, "serve"]
         one_round(argv, env, tmp, a.surface)  # warm the page cache
         init, rss, anon, exits, floor = [], [], [], [], []
+        echo, echo_rss = [], []
         for _ in range(a.rounds):
             floor.append(floor_round())
+            ms, (kib, _), _ = echo_round(a.surface, env, tmp)
+            echo.append(ms)
+            echo_rss.append(kib)
             ms, (kib, anon_kib), exit_ms = one_round(argv, env, tmp, a.surface)
             init.append(ms)
             rss.append(kib)
@@ -125,6 +140,8 @@ def main():
     size = os.path.getsize(binary) / 1024 / 1024
     print(f"{a.surface} serve: {binary} ({size:.2f} MiB), {a.rounds} rounds")
     print(f"spawn `true` (floor)           ms  {summary(floor)}")
+    print(f"echo shell → reply (floor)     ms  {summary(echo)}"
+          f"  RSS {statistics.median(echo_rss):.0f} KiB")
     print(f"spawn → initialize reply       ms  {summary(init)}")
     print(f"stdin EOF → exit               ms  {summary(exits)}")
     print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}"

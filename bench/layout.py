@@ -26,7 +26,6 @@ Needs valgrind (callgrind_control), binutils (nm, readelf) and, for --check, per
 """
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -34,20 +33,13 @@ import sys
 import tempfile
 import time
 
+from initialize import initialize_line  # the same `initialize` the benchmark sends
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = "x86_64-unknown-linux-gnu"
 # The README's release recipe; keep the two in step.
 RUSTFLAGS = "-C target-feature=+crt-static -C relocation-model=static"
 OUT = os.path.join(ROOT, "src", "startup.ld")
-
-INITIALIZE = {
-    "acp": {"protocolVersion": 1, "clientCapabilities": {}},
-    "mcp": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "layout", "version": "0"},
-    },
-}
 
 # C code a real start-up runs that callgrind does not report: the static binary's vDSO
 # set-up (valgrind gives its guest no vDSO) and libm's ifunc resolver for trunc.
@@ -73,11 +65,6 @@ def env_for(tmp):
     }
 
 
-def init_line(surface):
-    msg = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE[surface]}
-    return (json.dumps(msg) + "\n").encode()
-
-
 def build():
     target_dir = os.path.join(ROOT, "target", "layout")
     env = dict(os.environ, RUSTFLAGS=RUSTFLAGS)
@@ -97,7 +84,7 @@ def trace(binary, surface, tmp):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         env=env_for(tmp), cwd=tmp)
     try:
-        child.stdin.write(init_line(surface))
+        child.stdin.write(initialize_line(surface))
         child.stdin.flush()
         if not child.stdout.readline():
             sys.exit(f"{surface} serve under valgrind gave no reply")
@@ -215,7 +202,7 @@ def perf_faults(binary, surface):
                  "--", binary, surface, "serve"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env=env_for(tmp), cwd=tmp)
-            child.stdin.write(init_line(surface))
+            child.stdin.write(initialize_line(surface))
             child.stdin.flush()
             child.stdout.readline()
             time.sleep(0.3)
