@@ -523,8 +523,9 @@ pub struct EventLog {
     ignored: u64,
     /// Whether `sync` has made the file's directory entry durable yet.
     dir_synced: bool,
-    /// The writer id of the store that created this run in this process, if one did: that
-    /// writer's lock is ours, so it does not keep us off the file (`reopen_for_append`).
+    /// The writer id of this process's store (the one that created or loaded the log), if
+    /// it has one: a header naming it is ours, so its lock does not keep us off the file
+    /// (`reopen_for_append`).
     own_writer: Option<Arc<str>>,
 }
 
