@@ -54,7 +54,7 @@
 //! holds an exclusive `flock` on `<dir>/.writers/<writer>.lock` for as long as it lives and
 //! names `<writer>` in the header of every run it creates, so another process that finds a
 //! run's file unlocked still leaves it alone while that writer lock is held. A writer that
-//! crashed leaves its lock file unlocked, and the next store to open the directory removes it.
+//! crashed leaves its lock file unlocked, and the next store to create a run there removes it.
 
 use crate::clock::now_ms;
 use crate::log;
@@ -163,9 +163,11 @@ pub struct SessionStore {
     /// The number `create` tries first.
     next_run: u64,
     /// This store's writer id and its locked lock file, named in the header of every run it
-    /// creates; `None` where the file system has no `flock` (idle runs then keep their
+    /// creates; `None` before the first run (a stdio server that never starts one makes no
+    /// lock file) and where the file system has no `flock` (idle runs then keep their
     /// descriptor, and with it their own lock).
     writer: Option<(Arc<str>, File)>,
+    writer_tried: bool,
     syncer: Syncer,
 }
 
@@ -189,17 +191,11 @@ impl SessionStore {
     pub fn open(dir: PathBuf) -> io::Result<SessionStore> {
         DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
         let next_run = max_run_number(&dir)?.map_or(1, |n| n.saturating_add(1));
-        let writer = match take_writer_lock(&dir) {
-            Ok(writer) => writer,
-            Err(e) => {
-                log::debug(&format!("no writer lock in {}: {e}", dir.display()));
-                None
-            }
-        };
         Ok(SessionStore {
             dir,
             next_run,
-            writer,
+            writer: None,
+            writer_tried: false,
             syncer: Syncer(Pool::new("caliban-sync", SYNC_WORKERS, SYNC_QUEUE_CAP)),
         })
     }
@@ -224,6 +220,13 @@ impl SessionStore {
         header
             .entry("created_ms")
             .or_insert_with(|| json!(now_ms()));
+        if !self.writer_tried {
+            self.writer_tried = true;
+            self.writer = take_writer_lock(&self.dir).unwrap_or_else(|e| {
+                log::debug(&format!("no writer lock in {}: {e}", self.dir.display()));
+                None
+            });
+        }
         match &self.writer {
             Some((writer, _)) => header.insert("writer".into(), json!(writer.as_ref())),
             None => header.remove("writer"),
@@ -2215,7 +2218,7 @@ mod tests {
         first.idle(&mut run);
         assert_eq!(all_events(&first.load("run-1").unwrap()).len(), 2);
         // Once the writer is gone (its store dropped, or its process dead), the run is
-        // anyone's to end, and its lock file is swept by the next store.
+        // anyone's to end, and a dead writer's lock file is swept by the next store.
         drop(run);
         drop(first);
         let mut seen = second.load("run-1").unwrap();
@@ -2224,9 +2227,12 @@ mod tests {
         let writers = tmp.0.join("sessions").join(WRITERS_DIR);
         let stale = writers.join("1-1.lock");
         fs::write(&stale, "").unwrap();
-        let _third = tmp.store("sessions");
+        // A store takes its writer lock with its first run, sweeping the stale ones then.
+        let mut third = tmp.store("sessions");
+        assert!(stale.exists());
+        third.create(header("q")).unwrap();
         assert!(!stale.exists(), "an unlocked writer lock is swept");
-        assert_eq!(fs::read_dir(&writers).unwrap().count(), 2);
+        assert_eq!(fs::read_dir(&writers).unwrap().count(), 1);
     }
 
     #[test]
