@@ -1,4 +1,5 @@
-//! Shared by the bench binaries (included with `#[path]`): starting `caliban stub-model`.
+//! Shared by the bench binaries (included with `#[path]`): starting `caliban stub-model`,
+//! reading numbers from the environment.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -20,4 +21,13 @@ pub fn start_stub(bin: &str, script: &Path) -> (Child, String) {
         .expect("stub banner");
     let url = line.trim().trim_start_matches("listening on ").to_owned();
     (stub, url)
+}
+
+/// The number in environment variable `name`, or `default`.
+#[allow(dead_code)] // not every bench takes settings from the environment
+pub fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

@@ -4,10 +4,16 @@ editor or an orchestrating agent sees it.
 
 Each round spawns the binary with pipes, writes one `initialize` request, and stops the clock
 when the whole reply line has been read; then it reads the idle RSS, closes stdin and times the
-exit. Spawning `true` the same way is the floor any process pays on this machine. Medians and
-90th percentiles over the rounds.
+exit. Spawning `true` the same way is the floor any process pays on this machine, and a
+`/bin/sh` that answers with a fixed line the floor for the whole exchange (time and RSS).
+Medians and 90th percentiles over the rounds.
 
     python3 bench/initialize.py [BINARY] [--surface acp|mcp] [--rounds N] [--state XDG_STATE_HOME]
+                                [--max-rss KIB]
+
+RSS is VmRSS right after the reply, as for the peers; the anonymous part (heap, stack,
+written data: RssAnon) is printed beside it, the rest being pages of the binary itself.
+`--max-rss` exits 1 when the median RSS is above it (`.ci/run` holds DESIGN's 2.5 MB bar).
 
 BINARY defaults to the static release build (target/x86_64-unknown-linux-gnu/release/caliban)
 or else target/release/caliban. The environment is empty apart from a throwaway state
@@ -48,11 +54,14 @@ def default_binary():
 
 
 def rss_kib(pid):
+    """(VmRSS, RssAnon) in KiB."""
+    fields = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssAnon"):
+                fields[name] = int(value.split()[0])
+    return fields.get("VmRSS", 0), fields.get("RssAnon", 0)
 
 
 def one_round(argv, env, cwd, surface):
@@ -71,6 +80,16 @@ def one_round(argv, env, cwd, surface):
     p.wait(timeout=10)
     gone = time.perf_counter_ns()
     return (ready - start) / 1e6, rss, (gone - eof) / 1e6
+
+
+# The floor for the whole exchange: a shell that answers any first line with a fixed reply and
+# waits for stdin to close, measured through the same harness (time and RSS).
+ECHO_REPLY = '{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1}}'
+ECHO_SHELL = ["/bin/sh", "-c", f"read line; echo '{ECHO_REPLY}'; read rest"]
+
+
+def echo_round(surface, env, cwd):
+    return one_round(ECHO_SHELL, env, cwd, surface)
 
 
 def floor_round():
@@ -93,6 +112,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--surface", choices=["acp", "mcp"], default="acp")
     ap.add_argument("--state", help="XDG_STATE_HOME to use (say, one holding many sessions)")
+    ap.add_argument("--max-rss", type=int, metavar="KIB", help="fail above this median RSS")
     a = ap.parse_args()
     binary = os.path.abspath(a.binary or default_binary())
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,19 +125,29 @@ def main():
         }
         argv = [binary, a.surface, "serve"]
         one_round(argv, env, tmp, a.surface)  # warm the page cache
-        init, rss, exits, floor = [], [], [], []
+        init, rss, anon, exits, floor = [], [], [], [], []
+        echo, echo_rss = [], []
         for _ in range(a.rounds):
             floor.append(floor_round())
-            ms, kib, exit_ms = one_round(argv, env, tmp, a.surface)
+            ms, (kib, _), _ = echo_round(a.surface, env, tmp)
+            echo.append(ms)
+            echo_rss.append(kib)
+            ms, (kib, anon_kib), exit_ms = one_round(argv, env, tmp, a.surface)
             init.append(ms)
             rss.append(kib)
+            anon.append(anon_kib)
             exits.append(exit_ms)
     size = os.path.getsize(binary) / 1024 / 1024
     print(f"{a.surface} serve: {binary} ({size:.2f} MiB), {a.rounds} rounds")
     print(f"spawn `true` (floor)           ms  {summary(floor)}")
+    print(f"echo shell → reply (floor)     ms  {summary(echo)}"
+          f"  RSS {statistics.median(echo_rss):.0f} KiB")
     print(f"spawn → initialize reply       ms  {summary(init)}")
     print(f"stdin EOF → exit               ms  {summary(exits)}")
-    print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}")
+    print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}"
+          f"  (anonymous {statistics.median(anon):.0f})")
+    if a.max_rss is not None and statistics.median(rss) > a.max_rss:
+        sys.exit(f"RSS after initialize is above {a.max_rss} KiB")
 
 
 if __name__ == "__main__":

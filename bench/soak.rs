@@ -31,13 +31,6 @@ mod common;
 const BIN: &str = env!("CARGO_BIN_EXE_caliban");
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// A small deterministic generator (xorshift), so a rerun injects the same faults.
 struct Rng(u64);
 
@@ -947,10 +940,10 @@ fn pct(sorted: &[Duration], p: usize) -> f64 {
 }
 
 fn main() {
-    let runs = env_num("SOAK_RUNS", 1000) as usize;
-    let secs = env_num("SOAK_SECS", 60);
-    let drip_ms = env_num("SOAK_DRIP_MS", 250);
-    let poll_ms = env_num("SOAK_POLL_MS", 500);
+    let runs = common::env_num("SOAK_RUNS", 1000) as usize;
+    let secs = common::env_num("SOAK_SECS", 60);
+    let drip_ms = common::env_num("SOAK_DRIP_MS", 250);
+    let poll_ms = common::env_num("SOAK_POLL_MS", 500);
 
     let dir = std::env::temp_dir().join(format!("caliban-bench-soak-{}", std::process::id()));
     let ws = dir.join("workspace");

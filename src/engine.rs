@@ -389,8 +389,8 @@ pub trait Host {
     fn on_io(&mut self, _ctx: &mut Ctx<Self::Key>, _key: Self::Key) {}
     /// Expiry of a timer armed with `Ctx::add_timer(_, key)`.
     fn on_timer(&mut self, _ctx: &mut Ctx<Self::Key>, _key: Self::Key) {}
-    /// Called once the engine has no queued work left after a wake-up: a good moment to
-    /// push buffered stream data to clients.
+    /// Called once the engine has no queued work left after a round of wake-ups (everything
+    /// one `epoll_wait` reported): a good moment to push buffered stream data to clients.
     fn after_batch(&mut self, _ctx: &mut Ctx<Self::Key>) {}
     /// Bytes the host wants on stdout; the engine writes them without blocking the loop.
     fn take_output(&mut self) -> Vec<u8> {
@@ -773,11 +773,16 @@ impl<K: HostKey> Engine<K> {
             self.reactor.wait(&mut wakes, None)?;
             for wake in wakes.drain(..) {
                 self.dispatch(wake, host);
-                self.drain(host);
+                self.perform_queued(host);
                 if self.quit {
                     break;
                 }
             }
+            // Once per round of wakes, not once per wake: with many runs streaming, one
+            // epoll_wait reports many model sockets, and the host fans their events out
+            // (follow streams, long-polls, the ACP outbox on stdout) in one pass, with one
+            // write per client instead of one per model read.
+            self.drain(host);
         }
         self.shutdown();
         if let Some(stdout) = self.stdout.as_mut() {
@@ -863,7 +868,7 @@ impl<K: HostKey> Engine<K> {
     }
 
     /// Performs queued effects and host actions until both queues are empty.
-    fn drain(&mut self, host: &mut impl Host<Key = K>) {
+    fn perform_queued(&mut self, host: &mut impl Host<Key = K>) {
         loop {
             if let Some((run, notice)) = self.notices.pop_front() {
                 host.on_retry(&mut self.ctx(), run, &notice);
@@ -882,6 +887,15 @@ impl<K: HostKey> Engine<K> {
                 self.on_hub_events(early);
                 continue;
             }
+            return;
+        }
+    }
+
+    /// `perform_queued`, then the host's `after_batch` (again while it queues actions), then
+    /// the host's output to stdout.
+    fn drain(&mut self, host: &mut impl Host<Key = K>) {
+        loop {
+            self.perform_queued(host);
             host.after_batch(&mut self.ctx());
             if self.actions.is_empty() {
                 break;

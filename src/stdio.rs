@@ -21,6 +21,11 @@ const STDOUT_FD: i32 = 1;
 /// a peer that never sends a newline does not grow us without bound).
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 
+/// Bytes asked of polled stdin per read. It lives on the loop's stack, and every stack page it
+/// touches stays resident for the life of the process: 64 KiB (a whole pipe buffer) cost an
+/// idle `acp serve` 48 KiB more than this, for a few more reads of a rare large message.
+const READ_CHUNK: usize = 16 * 1024;
+
 /// What stdin produced since the last call.
 #[derive(Debug, PartialEq, Eq)]
 pub enum StdinItem {
@@ -77,7 +82,7 @@ impl Stdin {
             Mode::Finished => {}
             Mode::Polled { saved_flags } => {
                 let saved = *saved_flags;
-                let mut buf = [0u8; 64 * 1024];
+                let mut buf = [0u8; READ_CHUNK];
                 loop {
                     match sys::read_fd(STDIN_FD, &mut buf) {
                         Ok(0) => {

@@ -22,6 +22,10 @@
 //! TURN = {
 //!   "thinking":    "…",        optional; a thinking block (Anthropic) / reasoning_content (OpenAI)
 //!   "text":        "…",        optional; streamed a few words per delta
+//!   "stamps":      N,          optional; after the text, N more text deltas, each
+//!                              `@` and the time it is written (19 digits, ns since the
+//!                              Unix epoch) then a space: relay benchmarks measure the
+//!                              latency from this byte to their client's
 //!   "tool_calls":  [{"id": "toolu_1"?, "name": "Read", "input": {…}?}, …],   optional
 //!   "stop_reason": "end_turn" | "tool_use" | "max_tokens" | "refusal",
 //!                              optional; default "tool_use" when tool_calls is non-empty,
@@ -127,6 +131,11 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(100);
 /// Stack of a connection thread: enough for serde_json's 128-level nesting limit, small
 /// enough for a thousand concurrent connections.
 const CONN_STACK_BYTES: usize = 512 * 1024;
+/// Most stamped deltas one turn may ask for.
+const MAX_STAMPS: u64 = 1_000_000;
+/// A stamped delta's text until it is written: the placeholder is as long as the stamp
+/// (`stamp_now`) and unlike anything else a turn streams.
+const STAMPED_DELTA: &str = "@0000000000000000000 ";
 /// Words per streamed text or thinking delta.
 const WORDS_PER_DELTA: usize = 3;
 /// `created` stamp on OpenAI chunks: fixed so that transcripts are byte-for-byte reproducible.
@@ -265,6 +274,8 @@ pub struct Script {
 struct Turn {
     thinking: Option<String>,
     text: Option<String>,
+    /// Text deltas stamped with their send time, after `text`.
+    stamps: u64,
     tool_calls: Vec<ToolCall>,
     stop_reason: StopReason,
     usage: UsageSpec,
@@ -410,6 +421,7 @@ fn parse_turn(value: &Value, at: &str) -> Result<Turn, String> {
         &[
             "thinking",
             "text",
+            "stamps",
             "tool_calls",
             "stop_reason",
             "usage",
@@ -419,6 +431,10 @@ fn parse_turn(value: &Value, at: &str) -> Result<Turn, String> {
     )?;
     let thinking = opt_string(obj, "thinking", at)?.filter(|s| !s.is_empty());
     let text = opt_string(obj, "text", at)?.filter(|s| !s.is_empty());
+    let stamps = opt_u64(obj, "stamps", at)?.unwrap_or(0);
+    if stamps > MAX_STAMPS {
+        return Err(format!("{at}: \"stamps\" is at most {MAX_STAMPS}"));
+    }
     let tool_calls = match obj.get("tool_calls") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(calls)) => calls
@@ -478,6 +494,7 @@ fn parse_turn(value: &Value, at: &str) -> Result<Turn, String> {
     Ok(Turn {
         thinking,
         text,
+        stamps,
         tool_calls,
         stop_reason,
         usage,
@@ -1397,10 +1414,10 @@ fn anthropic_events(turn: &Turn, ctx: &StreamCtx) -> Vec<String> {
         push(block_stop(index));
         index += 1;
     }
-    if let Some(text) = &turn.text {
+    if turn.text.is_some() || turn.stamps > 0 {
         push(block_start(index, r#"{"type":"text","text":""}"#));
         ping_once(&mut push);
-        for piece in split_words(text, WORDS_PER_DELTA) {
+        for piece in text_pieces(turn) {
             push(block_delta(
                 index,
                 &format!(r#"{{"type":"text_delta","text":{}}}"#, js(piece)),
@@ -1444,6 +1461,39 @@ fn anthropic_events(turn: &Turn, ctx: &StreamCtx) -> Vec<String> {
     ));
     push(r#"{"type":"message_stop"}"#.to_string());
     events
+}
+
+/// A turn's text deltas: its words a few at a time, then its stamps.
+fn text_pieces(turn: &Turn) -> impl Iterator<Item = &str> {
+    let words = turn
+        .text
+        .as_deref()
+        .map(|t| split_words(t, WORDS_PER_DELTA));
+    words
+        .into_iter()
+        .flatten()
+        .chain((0..turn.stamps).map(|_| STAMPED_DELTA))
+}
+
+/// `event` with its stamp placeholders replaced by the time now.
+fn stamp_now(event: &str) -> std::borrow::Cow<'_, str> {
+    let placeholder = STAMPED_DELTA.trim_end();
+    if !event.contains(placeholder) {
+        return std::borrow::Cow::Borrowed(event);
+    }
+    // Stamps are unique across the stub's connection threads (two reading the clock in the
+    // same nanosecond get consecutive values), so a client can tell every event apart.
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let previous = LAST.fetch_max(clock, std::sync::atomic::Ordering::Relaxed);
+    let now = if clock > previous {
+        clock
+    } else {
+        LAST.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    };
+    std::borrow::Cow::Owned(event.replace(placeholder, &format!("@{now:019}")))
 }
 
 /// The `type` of an event we built: the SSE `event:` name always equals it.
@@ -1493,7 +1543,11 @@ fn openai_events(turn: &Turn, ctx: &StreamCtx) -> Vec<String> {
         encode_event(None, &data, None)
     };
     let mut events = Vec::new();
-    let content = if turn.text.is_some() { r#""""# } else { "null" };
+    let content = if turn.text.is_some() || turn.stamps > 0 {
+        r#""""#
+    } else {
+        "null"
+    };
     events.push(frame(
         &format!(r#"{{"role":"assistant","content":{content},"refusal":null}}"#),
         None,
@@ -1506,10 +1560,8 @@ fn openai_events(turn: &Turn, ctx: &StreamCtx) -> Vec<String> {
             ));
         }
     }
-    if let Some(text) = &turn.text {
-        for piece in split_words(text, WORDS_PER_DELTA) {
-            events.push(frame(&format!(r#"{{"content":{}}}"#, js(piece)), None));
-        }
+    for piece in text_pieces(turn) {
+        events.push(frame(&format!(r#"{{"content":{}}}"#, js(piece)), None));
     }
     // Each call opens with id, type and name, then streams its arguments; parallel calls are
     // interleaved round-robin so clients must really key fragments by index.
@@ -1724,6 +1776,7 @@ fn write_stream(
         if n_sent > 0 && fault.drip_ms > 0 {
             thread::sleep(Duration::from_millis(fault.drip_ms));
         }
+        let event = stamp_now(event);
         if req.http10 {
             stream.write_all(event.as_bytes())?;
         } else {
@@ -2494,6 +2547,38 @@ mod tests {
         assert_eq!(res.end, End::Complete);
         let n_events = anthropic_json(&res.body).len() as u32;
         assert!(began.elapsed() >= Duration::from_millis(30) * (n_events - 1));
+    }
+
+    #[test]
+    fn stamped_deltas_carry_their_send_time() {
+        let addr = start(r#"{"turns":[{"text":"hi","stamps":3},{"stamps":2}]}"#);
+        let mut client = Client::connect(addr);
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let res = client.call(&anthropic(ANTHROPIC_BODY));
+        let texts: Vec<String> = anthropic_json(&res.body)
+            .iter()
+            .filter(|e| e["delta"]["type"] == "text_delta")
+            .map(|e| e["delta"]["text"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(texts.len(), 4, "{texts:?}");
+        assert_eq!(texts[0], "hi");
+        for stamp in &texts[1..] {
+            let digits = stamp.strip_prefix('@').unwrap().strip_suffix(' ').unwrap();
+            assert_eq!(digits.len(), 19, "{stamp:?}");
+            assert!(digits.parse::<u128>().unwrap() >= before, "{stamp:?}");
+        }
+        // On the OpenAI wire too, a turn of stamps alone is a text turn.
+        let res = Client::connect(addr).call(&openai(OPENAI_BODY));
+        let (chunks, _) = openai_chunks(&res.body);
+        let stamps: Vec<&str> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .filter(|t| t.starts_with('@'))
+            .collect();
+        assert_eq!(stamps.len(), 2, "{chunks:?}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ const CONTAINERFILE: &str = include_str!("../Containerfile");
 const DOCKERIGNORE: &str = include_str!("../.dockerignore");
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// The README's release build, which the Containerfile copies the result of.
-const RUSTFLAGS: &str = "-C target-feature=+crt-static";
+const RUSTFLAGS: &str = "-C target-feature=+crt-static -C relocation-model=static";
 /// `Bash`'s answer where there is no shell (`tools::bash::NO_SHELL`).
 const NO_SHELL: &str = "no shell in this image: /bin/bash and /bin/sh not found";
 

@@ -15,6 +15,7 @@
 //! `CompactionFailed`.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -35,7 +36,10 @@ pub struct RunConfig {
     pub max_tokens: u32,
     pub max_turns: u32,
     pub system: String,
-    pub tools: Vec<ToolSpec>,
+    /// Shared by every run a server starts: the built-in tools' schemas are a tree of JSON
+    /// values, which copied into each of 10,000 idle runs was most of their memory. A run
+    /// with tools of its own (MCP servers, an allowlist) gets a copy of its own.
+    pub tools: Arc<Vec<ToolSpec>>,
     /// Interactive runs stop at each turn boundary and wait for `send_input`.
     pub interactive: bool,
     /// The model's context window in tokens, when known: requests that would not fit are
@@ -186,7 +190,9 @@ pub struct Run {
     config: RunConfig,
     /// What the model is offered: the configured tools (taken out of `config`, not copied:
     /// an idle run's size counts), then the tools MCP servers offer now (`set_extra_tools`).
-    tools: Vec<ToolSpec>,
+    /// Shared with every run of the same configuration (see `RunConfig::tools`) until MCP
+    /// servers add tools of their own.
+    tools: Arc<Vec<ToolSpec>>,
     /// How many of `tools` are the configured ones.
     configured_tools: usize,
     policy: Policy,
@@ -238,8 +244,12 @@ impl Run {
     /// The tools offered besides the configured ones (MCP servers' tools, as they list
     /// them now): the next model request offers them, and calls are checked against them.
     pub fn set_extra_tools(&mut self, extra: Vec<ToolSpec>) {
-        self.tools.truncate(self.configured_tools);
-        self.tools.extend(extra);
+        if extra.is_empty() && self.tools.len() == self.configured_tools {
+            return;
+        }
+        let tools = Arc::make_mut(&mut self.tools);
+        tools.truncate(self.configured_tools);
+        tools.extend(extra);
     }
 
     pub fn policy_mut(&mut self) -> &mut Policy {
@@ -956,7 +966,7 @@ mod tests {
             max_tokens: 100,
             max_turns: 5,
             system: String::new(),
-            tools: spec::all(),
+            tools: Arc::new(spec::all()),
             interactive: false,
             context_window: None,
             effort: None,

@@ -48,8 +48,15 @@
 //! lock, reads lines written since the load, and cuts off a crash's partial last line. A file
 //! damaged in the middle is never appended to, since the new lines would be unreadable too.
 //! Closing a finished run releases the lock at once, before its sync is done.
+//!
+//! An idle run (one waiting for input, which a server may hold by the ten thousand) keeps no
+//! descriptor either (`SessionStore::idle`). Its lock is then the process's own: each store
+//! holds an exclusive `flock` on `<dir>/.writers/<writer>.lock` for as long as it lives and
+//! names `<writer>` in the header of every run it creates, so another process that finds a
+//! run's file unlocked still leaves it alone while that writer lock is held. A writer that
+//! crashed leaves its lock file unlocked, and the next store to create a run there removes it.
 
-use crate::clock::{millis_since_epoch, now_ms};
+use crate::clock::now_ms;
 use crate::log;
 use crate::workers::Pool;
 use std::borrow::Cow;
@@ -100,6 +107,9 @@ const EVENT_LINE_PREFIX: &str = r#"{"kind":"event","cursor":"#;
 /// gives between SIGTERM and SIGKILL.
 pub const SYNC_EXIT_WAIT: Duration = Duration::from_secs(5);
 
+/// Where the stores writing a directory hold their writer locks, under the directory.
+const WRITERS_DIR: &str = ".writers";
+
 /// Syncer threads. Syncs of one directory's files share a disk and a journal, so a second
 /// thread would mostly wait on the first; one also keeps syncs in the order runs finished.
 const SYNC_WORKERS: usize = 1;
@@ -129,7 +139,9 @@ pub fn run_number(run_id: &str) -> Option<u64> {
     crate::engine::RunId::parse(run_id).map(|id| id.0)
 }
 
-/// A past run as `SessionStore::list` reports it.
+/// A past run as `SessionStore::list` reports it (tests only: the drive table pages run
+/// numbers with `run_numbers_below` and loads just the runs it shows).
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionSummary {
     pub run_id: String,
@@ -150,6 +162,12 @@ pub struct SessionStore {
     dir: PathBuf,
     /// The number `create` tries first.
     next_run: u64,
+    /// This store's writer id and its locked lock file, named in the header of every run it
+    /// creates; `None` before the first run (a stdio server that never starts one makes no
+    /// lock file) and where the file system has no `flock` (idle runs then keep their
+    /// descriptor, and with it their own lock).
+    writer: Option<(Arc<str>, File)>,
+    writer_tried: bool,
     syncer: Syncer,
 }
 
@@ -176,6 +194,8 @@ impl SessionStore {
         Ok(SessionStore {
             dir,
             next_run,
+            writer: None,
+            writer_tried: false,
             syncer: Syncer(Pool::new("caliban-sync", SYNC_WORKERS, SYNC_QUEUE_CAP)),
         })
     }
@@ -200,6 +220,17 @@ impl SessionStore {
         header
             .entry("created_ms")
             .or_insert_with(|| json!(now_ms()));
+        if !self.writer_tried {
+            self.writer_tried = true;
+            self.writer = take_writer_lock(&self.dir).unwrap_or_else(|e| {
+                log::debug(&format!("no writer lock in {}: {e}", self.dir.display()));
+                None
+            });
+        }
+        match &self.writer {
+            Some((writer, _)) => header.insert("writer".into(), json!(writer.as_ref())),
+            None => header.remove("writer"),
+        };
         if header
             .values()
             .any(|v| nested_deeper_than(v, MAX_EVENT_DEPTH))
@@ -263,6 +294,7 @@ impl SessionStore {
             full.insert("run_id".into(), json!(run_id));
             full.append(&mut header);
             let mut log = EventLog::new(run_id, path, Access::Append(file), Tail::live());
+            log.own_writer = self.writer.as_ref().map(|(writer, _)| writer.clone());
             log.header = Value::Object(full);
             log.end = line.len() as u64;
             return Ok(log);
@@ -271,6 +303,7 @@ impl SessionStore {
 
     /// Every run file in the directory, sorted by run number. A file that cannot be read (or has
     /// a format version this build does not know) is left out rather than failing the list.
+    #[cfg(test)]
     pub fn list(&self) -> io::Result<Vec<SessionSummary>> {
         let logs = self.list_logs()?;
         Ok(logs.into_iter().map(|(summary, _)| summary).collect())
@@ -278,6 +311,7 @@ impl SessionStore {
 
     /// `list`, with each run's loaded log too, for a caller that wants both without scanning
     /// every file twice.
+    #[cfg(test)]
     pub fn list_logs(&self) -> io::Result<Vec<(SessionSummary, EventLog)>> {
         let mut sessions = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
@@ -297,7 +331,7 @@ impl SessionStore {
             let modified_ms = entry
                 .metadata()
                 .and_then(|meta| meta.modified())
-                .map(millis_since_epoch)
+                .map(crate::clock::millis_since_epoch)
                 .unwrap_or(0);
             let summary = SessionSummary {
                 run_id: log.run_id.clone(),
@@ -355,14 +389,29 @@ impl SessionStore {
         Ok((numbers, more))
     }
 
-    /// Whether another process holds `run_id`'s file for appending (it is still running
-    /// there); false when nobody does or the file cannot be opened.
-    pub fn written_elsewhere(&self, run_id: &str) -> bool {
-        if check_run_id(run_id).is_err() {
-            return false;
-        }
-        File::open(self.path_of(run_id))
+    /// Whether another process still writes the run of `log` (a loaded one): it holds the
+    /// file's lock, or the run is idle there and its writer lock is held.
+    pub fn written_elsewhere(&self, log: &EventLog) -> bool {
+        File::open(&log.path)
             .is_ok_and(|file| matches!(file.try_lock(), Err(TryLockError::WouldBlock)))
+            || log.writer_alive_elsewhere()
+    }
+
+    /// Lets go of a live run's descriptor while it waits for input, so idle runs hold none;
+    /// its tail stays, and its next append takes the file again. Only for a run this store
+    /// created while it holds its writer lock (which keeps other processes off the file);
+    /// otherwise the run keeps its descriptor.
+    pub fn idle(&self, log: &mut EventLog) {
+        let ours = match (&self.writer, &log.own_writer) {
+            (Some((writer, _)), Some(own)) => writer == own,
+            _ => false,
+        };
+        if !ours || !matches!(log.access, Access::Append(_)) {
+            return;
+        }
+        if let Access::Append(file) = mem::replace(&mut log.access, Access::Detached) {
+            let _ = file.unlock();
+        }
     }
 
     /// The log of a past (or concurrently written) run: its readable prefix, indexed. It holds
@@ -373,6 +422,7 @@ impl SessionStore {
         let path = self.path_of(run_id);
         let file = File::open(&path)?;
         let mut log = EventLog::new(run_id.to_owned(), path, Access::Detached, Tail::none());
+        log.own_writer = self.writer.as_ref().map(|(writer, _)| writer.clone());
         log.ingest(&file)?;
         Ok(log)
     }
@@ -392,6 +442,14 @@ impl SessionStore {
         }
     }
 
+    /// `close` without the sync, for a run this process only read or marked interrupted:
+    /// losing that last line to a power cut costs nothing (the next start marks the run
+    /// again), while a start-up that loads a thousand interrupted runs would otherwise wait
+    /// on a thousand `fsync`s once the syncer's queue is full.
+    pub fn let_go(&self, log: &mut EventLog) {
+        drop(log.detach());
+    }
+
     /// Waits until every sync handed over by `close` is done, or until `deadline`; returns
     /// whether they all are.
     #[cfg(test)]
@@ -406,13 +464,26 @@ impl SessionStore {
         check_run_id(run_id)?;
         let path = self.path_of(run_id);
         let file = OpenOptions::new().read(true).open(&path)?;
-        if let Err(TryLockError::WouldBlock) = file.try_lock() {
+        let idle_elsewhere = || {
+            self.load(run_id)
+                .is_ok_and(|log| log.writer_alive_elsewhere())
+        };
+        if matches!(file.try_lock(), Err(TryLockError::WouldBlock)) || idle_elsewhere() {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!("{run_id} is being written by another caliban process"),
             ));
         }
         fs::remove_file(path)
+    }
+}
+
+impl Drop for SessionStore {
+    /// The writer lock file goes with its store (a crash leaves it to the next store's sweep).
+    fn drop(&mut self) {
+        if let Some((writer, _)) = &self.writer {
+            let _ = fs::remove_file(self.dir.join(WRITERS_DIR).join(format!("{writer}.lock")));
+        }
     }
 }
 
@@ -455,6 +526,10 @@ pub struct EventLog {
     ignored: u64,
     /// Whether `sync` has made the file's directory entry durable yet.
     dir_synced: bool,
+    /// The writer id of this process's store (the one that created or loaded the log), if
+    /// it has one: a header naming it is ours, so its lock does not keep us off the file
+    /// (`reopen_for_append`).
+    own_writer: Option<Arc<str>>,
 }
 
 impl fmt::Debug for EventLog {
@@ -486,7 +561,24 @@ impl EventLog {
             damaged: false,
             ignored: 0,
             dir_synced: false,
+            own_writer: None,
         }
+    }
+
+    /// Whether the header names a writer other than this process's that is still alive (its
+    /// writer lock is held): the run is idle in that process, which will append to it again.
+    fn writer_alive_elsewhere(&self) -> bool {
+        let Some(writer) = self.header["writer"].as_str() else {
+            return false;
+        };
+        if self.own_writer.as_deref() == Some(writer) || !is_writer_id(writer) {
+            return false;
+        }
+        let Some(dir) = self.path.parent() else {
+            return false;
+        };
+        File::open(dir.join(WRITERS_DIR).join(format!("{writer}.lock")))
+            .is_ok_and(|file| matches!(file.try_lock(), Err(TryLockError::WouldBlock)))
     }
 
     pub fn run_id(&self) -> &str {
@@ -794,6 +886,15 @@ impl EventLog {
             .open(&self.path)?;
         lock_for_append(&file, &self.run_id)?;
         self.ingest(&file)?;
+        if self.writer_alive_elsewhere() {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "{}: session file is being written by another process",
+                    self.run_id
+                ),
+            ));
+        }
         if self.damaged {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -1333,6 +1434,54 @@ fn lock_for_append(file: &File, run_id: &str) -> io::Result<()> {
         Err(TryLockError::Error(error)) if error.kind() == io::ErrorKind::Unsupported => Ok(()),
         Err(TryLockError::Error(error)) => Err(error),
     }
+}
+
+/// A writer id as `take_writer_lock` makes them (`<pid>-<nanoseconds>`), so a header's
+/// `writer` can only ever name a file in the writers directory.
+fn is_writer_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 48 && id.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+}
+
+/// Takes this store's writer lock in `<dir>/.writers`, first removing the lock files of
+/// writers that are gone (unlocked). The file is locked under a temporary name and renamed
+/// into place, so a `.lock` file is never seen unlocked while its writer lives. `None` where
+/// the file system has no `flock`.
+fn take_writer_lock(dir: &Path) -> io::Result<Option<(Arc<str>, File)>> {
+    let writers = dir.join(WRITERS_DIR);
+    DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&writers)?;
+    for entry in fs::read_dir(&writers)?.flatten() {
+        let path = entry.path();
+        let stale = File::open(&path).is_ok_and(|file| file.try_lock().is_ok());
+        if stale {
+            let _ = fs::remove_file(&path);
+        }
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let id = format!("{}-{nanos}", std::process::id());
+    let temporary = writers.join(format!("{id}.tmp"));
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {
+            let _ = fs::remove_file(&temporary);
+            return Ok(None);
+        }
+        Err(TryLockError::Error(e)) => return Err(e),
+        Err(TryLockError::WouldBlock) => {
+            return Err(io::Error::other("a fresh lock file is locked"));
+        }
+    }
+    fs::rename(&temporary, writers.join(format!("{id}.lock")))?;
+    Ok(Some((id.into(), file)))
 }
 
 /// A user message from a header's `prompt` and `images` or an input's `text` and
@@ -2063,6 +2212,48 @@ mod tests {
         file.write_all(b"\n").unwrap();
         assert_eq!(half.refresh().unwrap(), 1);
         assert_eq!((half.len(), half.ignored_bytes()), (251, 0));
+    }
+
+    #[test]
+    fn an_idle_run_holds_no_descriptor_yet_stays_its_writers() {
+        let tmp = TempDir::new("idle");
+        let mut first = tmp.store("sessions");
+        let mut run = first.create(header("p")).unwrap();
+        run.append_event(&delta(0, "x")).unwrap();
+        first.idle(&mut run);
+        assert!(matches!(run.access, Access::Detached));
+        // A second server on the directory finds the file unlocked, but the run's writer
+        // still lives: it may neither mark the run interrupted nor delete it.
+        let second = tmp.store("sessions");
+        let mut seen = second.load("run-1").unwrap();
+        assert!(second.written_elsewhere(&seen));
+        let err = seen.append_status(&json!({"state": "failed"})).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(
+            second.delete("run-1").unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        // The writer goes on where it stopped, taking the file again.
+        run.append_event(&delta(1, "x")).unwrap();
+        assert!(matches!(run.access, Access::Append(_)));
+        first.idle(&mut run);
+        assert_eq!(all_events(&first.load("run-1").unwrap()).len(), 2);
+        // Once the writer is gone (its store dropped, or its process dead), the run is
+        // anyone's to end, and a dead writer's lock file is swept by the next store.
+        drop(run);
+        drop(first);
+        let mut seen = second.load("run-1").unwrap();
+        assert!(!second.written_elsewhere(&seen));
+        seen.append_status(&json!({"state": "failed"})).unwrap();
+        let writers = tmp.0.join("sessions").join(WRITERS_DIR);
+        let stale = writers.join("1-1.lock");
+        fs::write(&stale, "").unwrap();
+        // A store takes its writer lock with its first run, sweeping the stale ones then.
+        let mut third = tmp.store("sessions");
+        assert!(stale.exists());
+        third.create(header("q")).unwrap();
+        assert!(!stale.exists(), "an unlocked writer lock is swept");
+        assert_eq!(fs::read_dir(&writers).unwrap().count(), 1);
     }
 
     #[test]

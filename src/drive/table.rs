@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -463,18 +464,17 @@ impl DriveCore {
             return;
         }
         self.loaded_existing = true;
-        let summaries = match self.store.list() {
-            Ok(s) => s,
+        // Only the newest runs are brought in (older ones are read from disk when asked for),
+        // so only their files are read: start-up does not grow with the directory's history.
+        let numbers = match self.store.run_numbers_below(None, MAX_FINISHED_IN_MEMORY) {
+            Ok((numbers, _)) => numbers,
             Err(e) => {
                 log::warn(&format!("cannot list earlier sessions: {e}"));
                 return;
             }
         };
-        let skip = summaries.len().saturating_sub(MAX_FINISHED_IN_MEMORY);
-        for summary in summaries.into_iter().skip(skip) {
-            if let Some(run) = RunId::parse(&summary.run_id) {
-                self.load_record(run);
-            }
+        for number in numbers {
+            self.load_record(RunId(number));
         }
     }
 
@@ -510,7 +510,7 @@ impl DriveCore {
             }
         }
         // Hold no descriptor or tail for a run this process does not write.
-        self.store.close(&mut log);
+        self.store.let_go(&mut log);
         let used = self.use_now();
         self.runs.insert(
             run,
@@ -862,9 +862,7 @@ impl DriveCore {
     /// Offers runs started from now on only the built-in tools named in `names` (a
     /// networked agent's `tool_allowlist`); a call to any other is refused by the run.
     pub fn retain_tools(&mut self, names: &[String]) {
-        self.config
-            .run
-            .tools
+        Arc::make_mut(&mut self.config.run.tools)
             .retain(|tool| names.iter().any(|n| *n == tool.name));
     }
 
@@ -910,7 +908,7 @@ impl DriveCore {
                 .last_status()
                 .and_then(DriveStatus::from_json)
                 .unwrap_or(DriveStatus::Starting);
-            if !status.is_terminal() && !self.store.written_elsewhere(&id) {
+            if !status.is_terminal() && !self.store.written_elsewhere(&log) {
                 status = DriveStatus::Failed(INTERRUPTED.into());
             }
             page.push(RunSummary {
@@ -1185,6 +1183,9 @@ impl DriveCore {
         self.changed.insert(run);
         if !rec.inputs.is_empty() {
             self.deliver_input(run);
+        } else {
+            // An idle run holds no descriptor: a server may keep thousands of them.
+            self.store.idle(&mut rec.log);
         }
     }
 
@@ -1297,7 +1298,7 @@ mod tests {
                     max_tokens: 8192,
                     max_turns: 50,
                     system: String::new(),
-                    tools: Vec::new(),
+                    tools: Arc::default(),
                     interactive: false,
                     context_window: None,
                     effort: None,

@@ -495,11 +495,6 @@ impl<P: Default, C: Wire> Front<P, C> {
         self.slots.get(&id)
     }
 
-    /// The open connections' surface states.
-    pub(crate) fn states(&self) -> impl Iterator<Item = (ConnId, &P)> {
-        self.slots.iter().map(|(id, slot)| (*id, &slot.state))
-    }
-
     pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }

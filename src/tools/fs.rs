@@ -1020,11 +1020,12 @@ pub(crate) fn grep_spec() -> ToolSpec {
     ToolSpec {
         name: Cow::Borrowed("Grep"),
         description: Cow::Borrowed(
-            "Search file contents with a regular expression (Rust regex syntax, \
-            matched one line at a time). Returns `path:line: text` for each matching line, \
-            with workspace-relative paths and lines cut at 500 characters, up to \
-            `max_matches` (default 100) and 64 KiB. Skips `.git`, binary files and files \
-            over 5 MB, and does not follow symlinks while walking directories.",
+            "Search file contents with a regular expression (Rust regex syntax without \
+            `\\p{…}` Unicode property classes, matched one line at a time). Returns \
+            `path:line: text` for each matching line, with workspace-relative paths and \
+            lines cut at 500 characters, up to `max_matches` (default 100) and 64 KiB. Skips \
+            `.git`, binary files and files over 5 MB, and does not follow symlinks while \
+            walking directories.",
         ),
         input_schema: closed_object(
             json!({
@@ -2765,6 +2766,9 @@ mod tests {
         let msg = err("Grep", json!({"pattern": "fn ("}), &ws);
         assert!(msg.starts_with("Grep: invalid regex `fn (`"), "{msg}");
         let msg = err("Grep", json!({"pattern": r"\w{1000}{1000}"}), &ws);
+        assert!(msg.contains("invalid regex"), "{msg}");
+        // Property classes are left out of the binary (Cargo.toml, regex features).
+        let msg = err("Grep", json!({"pattern": r"\p{Greek}"}), &ws);
         assert!(msg.contains("invalid regex"), "{msg}");
         assert!(
             err("Grep", json!({"pattern": "x", "max_matches": 0}), &ws).contains("`max_matches`")

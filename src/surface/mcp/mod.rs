@@ -162,6 +162,9 @@ pub struct McpHost {
     stdio_open: bool,
     waits: HashMap<u64, Wait>,
     wait_index: HashMap<(SessionKey, Id), u64>,
+    /// The waits on each run, so a change looks at its own waits only: with a thousand
+    /// long-polls, a look at every wait was most of a model event's cost in user space.
+    run_waits: HashMap<RunId, Vec<u64>>,
     next_wait: u64,
     /// Which session started each run still in progress.
     owners: HashMap<RunId, SessionKey>,
@@ -231,6 +234,7 @@ impl McpHost {
             stdout: Vec::new(),
             stdio_open: true,
             waits: HashMap::new(),
+            run_waits: HashMap::new(),
             wait_index: HashMap::new(),
             next_wait: 0,
             owners: HashMap::new(),
@@ -642,6 +646,7 @@ impl McpHost {
         let timer = ctx.add_timer(first, McpKey::Wait(wait_id));
         let now = Instant::now();
         self.wait_index.insert((session, request.clone()), wait_id);
+        self.run_waits.entry(run).or_default().push(wait_id);
         self.waits.insert(
             wait_id,
             Wait {
@@ -670,6 +675,12 @@ impl McpHost {
         ctx.cancel_timer(wait.timer);
         self.wait_index
             .remove(&(wait.session, wait.request.clone()));
+        if let Some(ids) = self.run_waits.get_mut(&wait.run) {
+            ids.retain(|&id| id != wait_id);
+            if ids.is_empty() {
+                self.run_waits.remove(&wait.run);
+            }
+        }
         Some(wait)
     }
 
@@ -965,11 +976,16 @@ impl Surface for McpHost {
 
     fn after_batch(&mut self, ctx: &mut Cx<McpKey>, changed: &BTreeSet<RunId>) {
         if !changed.is_empty() {
-            let ready: Vec<u64> = self
-                .waits
+            let ready: Vec<u64> = changed
                 .iter()
-                .filter(|(_, w)| changed.contains(&w.run) && Self::has_news(ctx.core, w))
-                .map(|(id, _)| *id)
+                .filter_map(|run| self.run_waits.get(run))
+                .flatten()
+                .filter(|id| {
+                    self.waits
+                        .get(id)
+                        .is_some_and(|w| Self::has_news(ctx.core, w))
+                })
+                .copied()
                 .collect();
             for id in ready {
                 self.finish_wait(ctx, id);
