@@ -29,6 +29,7 @@ use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{self, Provider, StreamDecoder};
 use crate::reactor::{Reactor, Signal, TimerId, Wake};
 use crate::reaper::{self, Sweep};
+use crate::sandbox;
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, Stream};
@@ -154,6 +155,11 @@ pub enum HostAction {
         mode: Option<crate::permissions::Mode>,
         rule: Option<Box<crate::permissions::Rule>>,
     },
+    /// Changes a run's sandbox (within the server's; the drive core checked).
+    SetSandbox {
+        run: RunId,
+        sandbox: crate::sandbox::Mode,
+    },
     /// The result of a tool call the host took with `ToolPlacement::Delegated`.
     ToolResult {
         run: RunId,
@@ -244,12 +250,14 @@ pub trait Host {
     }
     /// An allowed tool call is about to run. A host that can run it elsewhere (an editor's
     /// own file system or terminal) answers `Delegated` and later reports the result with
-    /// `HostAction::ToolResult`.
+    /// `HostAction::ToolResult`. A `confined` call is a command in the run's sandbox: only
+    /// caliban can confine it, so it must run here (`Local`), never in an editor's terminal.
     fn on_tool_start(
         &mut self,
         _ctx: &mut Ctx<Self::Key>,
         _run: RunId,
         _call: &ToolCall,
+        _confined: bool,
     ) -> ToolPlacement {
         ToolPlacement::Local
     }
@@ -675,6 +683,11 @@ impl<K: HostKey> Engine<K> {
                     }
                 }
             }
+            HostAction::SetSandbox { run, sandbox } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    slot.run.policy_mut().set_sandbox(sandbox);
+                }
+            }
             HostAction::Quit => self.quit = true,
         }
     }
@@ -690,9 +703,32 @@ impl<K: HostKey> Engine<K> {
             }
             Effect::RunTool(call) => {
                 self.stats.tool_calls += 1;
-                match host.on_tool_start(&mut self.ctx(), run, &call) {
-                    ToolPlacement::Local => self.start_tool(run, call),
-                    ToolPlacement::Delegated => {}
+                let Some(slot) = self.runs.get_mut(&run) else {
+                    return;
+                };
+                // The sandbox answers a file tool's call first, wherever it would run, so
+                // neither the tool nor an editor can do what a command may not.
+                let mode = slot.run.sandbox_for(&call.id);
+                if let Err(why) =
+                    sandbox::check_file_tool(mode, &call.name, &call.input, &slot.workspace)
+                {
+                    let output = ToolOutput::error(format!("{}: {why}", call.name));
+                    let effects =
+                        slot.run
+                            .on_tool_sandboxed(&call.id, output, &why, Instant::now());
+                    self.push_effects(run, effects);
+                    return;
+                }
+                // A command the sandbox confines runs here, never in an editor's terminal,
+                // which nothing of ours would confine.
+                let process = matches!(
+                    table::lookup(&call.name).map(|tool| tool.runs),
+                    Some(Runs::Process(_))
+                );
+                let confined = process && sandbox::confines(mode);
+                match host.on_tool_start(&mut self.ctx(), run, &call, confined) {
+                    ToolPlacement::Delegated if !confined => {}
+                    _ => self.start_tool(run, call),
                 }
             }
             Effect::Ask(call) => match host.on_ask(&mut self.ctx(), run, &call) {
@@ -1184,13 +1220,14 @@ impl<K: HostKey> Engine<K> {
         &mut self,
         run: RunId,
         call: ToolCall,
-        spawn: fn(&Value, &Path) -> Result<BashJob, ToolOutput>,
+        spawn: fn(&Value, &Path, sandbox::Mode) -> Result<BashJob, ToolOutput>,
         workspace: &Path,
     ) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        match spawn(&call.input, workspace) {
+        let mode = slot.run.sandbox_for(&call.id);
+        match spawn(&call.input, workspace, mode) {
             Ok(mut job) => {
                 let tokens = [self.reactor.token(), self.reactor.token()];
                 if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
@@ -1289,10 +1326,15 @@ impl<K: HostKey> Engine<K> {
         let Some(task) = slot.bash.remove(tool) else {
             return;
         };
-        let output = task.job.output();
+        let (output, sandboxed) = task.job.result();
         self.forget_bash(&task);
         if let Some(slot) = self.runs.get_mut(&run) {
-            let effects = slot.run.on_tool_done(tool, output, Instant::now());
+            let effects = match sandboxed {
+                Some(why) => slot
+                    .run
+                    .on_tool_sandboxed(tool, output, &why, Instant::now()),
+                None => slot.run.on_tool_done(tool, output, Instant::now()),
+            };
             self.push_effects(run, effects);
         }
     }

@@ -40,6 +40,7 @@ mod permissions;
 mod print;
 mod reactor;
 mod reaper;
+mod sandbox;
 mod settings;
 mod stdio;
 mod stub_model;

@@ -13,8 +13,15 @@
 //! {"provider": "anthropic", "model": "…", "max_tokens": 8192, "max_turns": 50,
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
-//!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]}}
+//!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
+//!  "sandbox": {"mode": "workspace-write", "network_ports": [443], "deny_read": ["~/x"],
+//!              "allow_read": ["~/.npmrc"], "writable": ["~/.cache"],
+//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off"}}
 //! ```
+//!
+//! A workspace's files may only narrow the sandbox (`mode` no wider than the user's, more
+//! `deny_read`); its other keys there are ignored with a warning, as a cloned repository
+//! must not widen what commands may do.
 
 use std::fmt;
 use std::fs::File;
@@ -24,6 +31,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::permissions::{Action, Mode, PatternError, Rule, RuleSource};
+use crate::sandbox;
 
 /// Largest settings file we read. Real ones are a few KiB; the cap keeps a mistaken path
 /// (a log file, a device) from being read into memory whole.
@@ -42,6 +50,7 @@ pub struct Settings {
     pub default_mode: Option<Mode>,
     /// Project rules first (the local file's before the shared file's), then user rules.
     pub rules: Vec<Rule>,
+    pub sandbox: sandbox::Settings,
     /// Things worth telling the user that do not stop the run: unknown keys, dropped rules.
     pub warnings: Vec<String>,
 }
@@ -127,8 +136,31 @@ pub fn load(
         settings.default_mode = settings.default_mode.or(file.default_mode);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
+        merge_sandbox(&mut settings.sandbox, file.sandbox, source);
     }
     Ok(settings)
+}
+
+/// Folds one file's sandbox settings in (files arrive highest priority first). Workspace
+/// files only narrow: their modes combine to the strictest, their deny lists add up.
+fn merge_sandbox(into: &mut sandbox::Settings, file: sandbox::Settings, source: RuleSource) {
+    if source == RuleSource::Project {
+        if let Some(mode) = file.mode {
+            into.project_mode = Some(into.project_mode.map_or(mode, |m| m.narrowed(mode)));
+        }
+        into.deny_read.extend(file.deny_read);
+        return;
+    }
+    into.mode = into.mode.or(file.mode);
+    into.deny_read.extend(file.deny_read);
+    into.allow_read.extend(file.allow_read);
+    into.writable.extend(file.writable);
+    if into.network_ports.is_empty() {
+        into.network_ports = file.network_ports;
+    }
+    into.protected_writable.extend(file.protected_writable);
+    into.unavailable = into.unavailable.or(file.unavailable);
+    into.mcp_servers = into.mcp_servers.or(file.mcp_servers);
 }
 
 /// Rules from `--allow`, `--deny` and `--ask`: deny first, then ask, then allow, so a pattern
@@ -155,7 +187,7 @@ pub fn rules_from_cli(
 
 /// `$XDG_CONFIG_HOME`, or `$HOME/.config`. The XDG spec says to ignore a relative or empty
 /// `XDG_CONFIG_HOME`.
-fn user_config_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+pub(crate) fn user_config_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     if let Some(dir) = env("XDG_CONFIG_HOME").filter(|dir| dir.starts_with('/')) {
         return Some(PathBuf::from(dir));
     }
@@ -196,6 +228,7 @@ struct FileSettings {
     max_turns: Option<u32>,
     default_mode: Option<Mode>,
     rules: Vec<Rule>,
+    sandbox: sandbox::Settings,
     warnings: Vec<String>,
 }
 
@@ -235,6 +268,7 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
             "max_tokens" => parser.out.max_tokens = Some(parser.positive(key, value)?),
             "max_turns" => parser.out.max_turns = Some(parser.positive(key, value)?),
             "permissions" => parser.permissions(value)?,
+            "sandbox" => parser.sandbox(value)?,
             // Editors add a schema reference for completion; it configures nothing.
             "$schema" => {}
             _ => parser.warn(format!("unknown key '{key}' ignored")),
@@ -339,6 +373,90 @@ impl FileParser<'_> {
         }
         self.out.default_mode = Some(mode);
         Ok(())
+    }
+
+    /// The `sandbox` object. In a workspace's file only `mode` and `deny_read` count.
+    fn sandbox(&mut self, value: &Value) -> Result<(), SettingsError> {
+        let Value::Object(fields) = value else {
+            return Err(self.invalid("'sandbox' must be an object".to_owned()));
+        };
+        let project = self.source == RuleSource::Project;
+        for (key, value) in fields {
+            if value.is_null() {
+                continue;
+            }
+            let at = format!("sandbox.{key}");
+            let mode = |value: &Value| {
+                value
+                    .as_str()
+                    .and_then(sandbox::Mode::parse)
+                    .ok_or_else(|| {
+                        self.invalid(format!("'{at}' must be one of {}", sandbox::Mode::names()))
+                    })
+            };
+            match key.as_str() {
+                "mode" => self.out.sandbox.mode = Some(mode(value)?),
+                "deny_read" => self.out.sandbox.deny_read = self.paths(&at, value)?,
+                _ if project => self.warn(format!(
+                    "'{at}' is ignored in workspace settings (a workspace may only narrow the \
+                     sandbox); set it in user settings"
+                )),
+                "allow_read" => self.out.sandbox.allow_read = self.paths(&at, value)?,
+                "writable" => self.out.sandbox.writable = self.paths(&at, value)?,
+                "protected_writable" => {
+                    self.out.sandbox.protected_writable = self.strings(&at, value)?
+                }
+                "network_ports" => {
+                    let ports = value
+                        .as_array()
+                        .and_then(|items| {
+                            items
+                                .iter()
+                                .map(|item| item.as_u64().and_then(|n| u16::try_from(n).ok()))
+                                .collect::<Option<Vec<u16>>>()
+                        })
+                        .filter(|ports| !ports.contains(&0));
+                    self.out.sandbox.network_ports = ports.ok_or_else(|| {
+                        self.invalid(format!("'{at}' must be an array of ports (1-65535)"))
+                    })?;
+                }
+                "unavailable" => {
+                    let fallback = value.as_str().and_then(sandbox::Fallback::parse);
+                    self.out.sandbox.unavailable = Some(fallback.ok_or_else(|| {
+                        self.invalid(format!("'{at}' must be \"refuse\" or \"unconfined\""))
+                    })?);
+                }
+                "mcp_servers" => self.out.sandbox.mcp_servers = Some(mode(value)?),
+                _ => self.warn(format!("unknown key '{at}' ignored")),
+            }
+        }
+        Ok(())
+    }
+
+    fn strings(&self, at: &str, value: &Value) -> Result<Vec<String>, SettingsError> {
+        value
+            .as_array()
+            .and_then(|items| {
+                items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .ok_or_else(|| self.invalid(format!("'{at}' must be an array of strings")))
+    }
+
+    /// Absolute paths or `~/…`: a relative one would mean a different place in every run.
+    fn paths(&self, at: &str, value: &Value) -> Result<Vec<String>, SettingsError> {
+        let paths = self.strings(at, value)?;
+        if let Some(bad) = paths
+            .iter()
+            .find(|p| !(p.starts_with('/') || p.starts_with("~/") || *p == "~"))
+        {
+            return Err(self.invalid(format!(
+                "'{at}' holds `{bad}`: paths must be absolute or start with ~/"
+            )));
+        }
+        Ok(paths)
     }
 
     fn rule(&mut self, idx: usize, rule: &Value) -> Result<(), SettingsError> {
@@ -653,6 +771,57 @@ mod tests {
         );
         let settings = load_in(&tmp, &home(&tmp)).unwrap();
         assert_eq!(settings.default_mode, Some(Mode::BypassPermissions));
+    }
+
+    #[test]
+    fn a_workspace_may_narrow_the_sandbox_but_not_widen_it() {
+        let tmp = TempDir::new();
+        tmp.write(
+            "home/.config/caliban/settings.json",
+            r#"{"sandbox": {"mode": "network", "network_ports": [443], "writable": ["~/.cache"],
+                            "protected_writable": [".git/"], "unavailable": "unconfined",
+                            "deny_read": ["/srv/keys"], "allow_read": ["~/.npmrc"],
+                            "mcp_servers": "workspace-write"}}"#,
+        );
+        tmp.write(
+            "ws/.caliban/settings.json",
+            r#"{"sandbox": {"mode": "off", "writable": ["/"], "deny_read": ["~/notes"],
+                            "protected_writable": [".caliban/"], "unavailable": "unconfined"}}"#,
+        );
+        tmp.write(
+            "ws/.caliban/settings.local.json",
+            r#"{"sandbox": {"mode": "read-only"}}"#,
+        );
+        let settings = load_in(&tmp, &home(&tmp)).unwrap();
+        let sandbox = &settings.sandbox;
+        assert_eq!(sandbox.mode, Some(sandbox::Mode::Network));
+        // `off` and `read-only` from the workspace: the strictest counts, as a narrowing.
+        assert_eq!(sandbox.project_mode, Some(sandbox::Mode::ReadOnly));
+        assert_eq!(sandbox.network_ports, [443]);
+        assert_eq!(sandbox.writable, ["~/.cache"]);
+        assert_eq!(sandbox.protected_writable, [".git/"]);
+        assert_eq!(sandbox.unavailable, Some(sandbox::Fallback::Unconfined));
+        assert_eq!(sandbox.mcp_servers, Some(sandbox::Mode::WorkspaceWrite));
+        assert_eq!(sandbox.deny_read, ["~/notes", "/srv/keys"]);
+        assert_eq!(sandbox.allow_read, ["~/.npmrc"]);
+        let ignored = settings
+            .warnings
+            .iter()
+            .filter(|w| w.contains("ignored in workspace settings"))
+            .count();
+        assert_eq!(ignored, 3, "{:?}", settings.warnings);
+
+        for bad in [
+            r#"{"sandbox": {"mode": "yolo"}}"#,
+            r#"{"sandbox": {"network_ports": [0]}}"#,
+            r#"{"sandbox": {"writable": ["relative/dir"]}}"#,
+            r#"{"sandbox": {"unavailable": "maybe"}}"#,
+            r#"{"sandbox": "off"}"#,
+        ] {
+            let tmp = TempDir::new();
+            tmp.write("home/.config/caliban/settings.json", bad);
+            assert!(load_in(&tmp, &home(&tmp)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -528,7 +528,10 @@ fn acp_cancel_during_bash_in_an_editor_terminal() {
     let r = drive(
         &ws,
         &stub,
+        // An editor's terminal is outside the sandbox's reach: with one on, Bash runs in
+        // caliban instead (`sandbox::acp_bash_runs_in_caliban_not_the_editor_terminal`).
         json!({"scenario": "cancel", "cancelOn": "terminal", "cancelDelayMs": 200,
+               "agent": agent(&["--sandbox", "off"]),
                "caps": {"terminal": true}, "prompts": ["sleep", "next"]}),
     );
     assert_eq!(r["stop"]["stopReason"], "cancelled");
@@ -881,7 +884,9 @@ fn acp_fs_and_terminal_delegation() {
     let r = drive(
         &ws,
         &stub,
+        // Delegated to the editor's terminal only without a sandbox (see the test above).
         json!({"scenario": "prompts", "prompts": ["do it all"], "mode": "bypassPermissions",
+               "agent": agent(&["--sandbox", "off"]),
                "caps": {"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": true},
                "buffers": {buffered.clone(): "the unsaved buffer\n"}}),
     );

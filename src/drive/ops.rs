@@ -167,6 +167,9 @@ pub(crate) enum Problem {
     UnknownMode {
         value: String,
     },
+    UnknownSandbox {
+        value: String,
+    },
     /// A rule pattern in `deny`, `ask` or `allow` that does not parse.
     BadRule {
         field: &'static str,
@@ -241,6 +244,22 @@ impl fmt::Display for OpError {
                     rest.join(", ")
                 )
             }
+            Problem::UnknownSandbox { value } if serde => {
+                let names: Vec<String> = crate::sandbox::Mode::ALL
+                    .iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect();
+                write!(
+                    f,
+                    "unknown variant `{value}`, expected one of {}",
+                    names.join(", ")
+                )
+            }
+            Problem::UnknownSandbox { value } => write!(
+                f,
+                "invalid sandbox `{value}`: expected {}",
+                crate::sandbox::Mode::names()
+            ),
             Problem::BadRule { field, error } if serde => write!(f, "`{field}`: {error}"),
             Problem::BadRule { error, .. } => f.write_str(error),
             // Upstream's texts, which name the operation as each surface's clients know it.
@@ -401,6 +420,14 @@ impl<'a> Fields<'a> {
                 rules.push(rule);
             }
         }
+        // Not upstream's: read after its fields, so which of several faults is named stays.
+        let sandbox = match self.opt_string("sandbox")? {
+            None => None,
+            Some(value) => Some(
+                crate::sandbox::Mode::parse(&value)
+                    .ok_or_else(|| self.error(Problem::UnknownSandbox { value }))?,
+            ),
+        };
         Ok(RunSpec {
             prompt,
             interactive,
@@ -408,6 +435,7 @@ impl<'a> Fields<'a> {
             model,
             permission_mode,
             rules,
+            sandbox,
             ..RunSpec::default()
         })
     }

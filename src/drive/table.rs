@@ -168,6 +168,8 @@ pub struct RunSpec {
     pub model: Option<String>,
     pub permission_mode: Option<Mode>,
     pub rules: Vec<Rule>,
+    /// A stricter sandbox for the run's commands; a wider one is refused.
+    pub sandbox: Option<crate::sandbox::Mode>,
     /// An earlier conversation this run continues: the model sees it all; the session
     /// header records only where it came from (`continues`), or the messages themselves
     /// when there is no earlier run to point at.
@@ -463,6 +465,16 @@ impl DriveCore {
         if spec.prompt.trim().is_empty() {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
+        let server_sandbox = self.config.policy.sandbox();
+        if let Some(asked) = spec
+            .sandbox
+            .filter(|asked| !asked.is_within(server_sandbox))
+        {
+            return Err(DriveError::BadRequest(format!(
+                "sandbox `{asked}` is wider than the server's `{server_sandbox}`: a run may only \
+                 narrow it"
+            )));
+        }
         let live = self.runs.values().filter(|r| r.live);
         let (mut n_live, mut n_working) = (0, 0);
         for rec in live {
@@ -512,6 +524,9 @@ impl DriveCore {
         if !spec.rules.is_empty() || spec.permission_mode.is_some() {
             policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
         }
+        if let Some(sandbox) = spec.sandbox {
+            policy.set_sandbox(sandbox);
+        }
         let policy = policy.with_cwd(&workspace);
 
         let mut header = spec.extra_header.clone();
@@ -533,6 +548,7 @@ impl DriveCore {
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
+        header.insert("sandbox".into(), crate::sandbox::describe(policy.sandbox()));
         let mut log = self
             .store
             .create(header)
@@ -717,6 +733,26 @@ impl DriveCore {
             mode,
             rule: rule.map(Box::new),
         });
+        Ok(())
+    }
+
+    /// Sets a live run's sandbox (an editor's choice for its session): within the server's,
+    /// never wider.
+    pub fn set_sandbox(
+        &mut self,
+        id: RunId,
+        sandbox: crate::sandbox::Mode,
+    ) -> Result<(), DriveError> {
+        let server = self.config.policy.sandbox();
+        if !sandbox.is_within(server) {
+            return Err(DriveError::BadRequest(format!(
+                "sandbox `{sandbox}` is wider than the server's `{server}`"
+            )));
+        }
+        if !self.record(id)?.live {
+            return Err(DriveError::Input(ENDED.into()));
+        }
+        self.act(HostAction::SetSandbox { run: id, sandbox });
         Ok(())
     }
 
@@ -1178,6 +1214,7 @@ mod tests {
                     system: String::new(),
                     tools: Vec::new(),
                     interactive: false,
+                    sandbox_retry: true,
                 },
                 policy: Policy::new(Vec::new(), Mode::Default, self.workspace.clone()),
                 workspace: self.workspace.clone(),
@@ -1252,6 +1289,9 @@ mod tests {
                     mode.map(Mode::as_str),
                     rule.is_some()
                 ),
+                CoreAction::Engine(HostAction::SetSandbox { run, sandbox }) => {
+                    format!("sandbox {run} {sandbox}")
+                }
                 CoreAction::Engine(HostAction::ToolResult { run, .. }) => {
                     format!("tool_result {run}")
                 }
@@ -1361,6 +1401,44 @@ mod tests {
             actions(&mut core),
             ["start run-2 in .", "input run-2 again"]
         );
+    }
+
+    #[test]
+    fn a_run_may_narrow_the_sandbox_and_is_refused_a_wider_one() {
+        let t = TempDir::new("sandbox");
+        let mut core = t.core();
+        core.config.policy = core
+            .config
+            .policy
+            .clone()
+            .with_sandbox(crate::sandbox::Mode::WorkspaceWrite);
+        let wider = RunSpec {
+            sandbox: Some(crate::sandbox::Mode::Off),
+            ..spec("p", false)
+        };
+        match core.start_run(wider) {
+            Err(DriveError::BadRequest(e)) => assert_eq!(
+                e,
+                "sandbox `off` is wider than the server's `workspace-write`: a run may only \
+                 narrow it"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let narrower = RunSpec {
+            sandbox: Some(crate::sandbox::Mode::ReadOnly),
+            ..spec("p", false)
+        };
+        let id = core
+            .start_run(narrower)
+            .expect("a narrower sandbox is fine");
+        let log = core.store.load(&id.to_string()).expect("the session file");
+        assert_eq!(log.header()["sandbox"]["mode"], "read-only");
+        // A live run moves within the server's sandbox, back to it included.
+        assert!(
+            core.set_sandbox(id, crate::sandbox::Mode::WorkspaceWrite)
+                .is_ok()
+        );
+        assert!(core.set_sandbox(id, crate::sandbox::Mode::Network).is_err());
     }
 
     #[test]

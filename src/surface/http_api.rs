@@ -694,7 +694,10 @@ fn op_error(e: OpError) -> (u16, String) {
         | Problem::Missing { .. }
         | Problem::WrongType { .. }
         | Problem::Negative { .. } => 422,
-        Problem::UnknownMode { .. } | Problem::BadRule { .. } | Problem::NoInput => 400,
+        Problem::UnknownMode { .. }
+        | Problem::UnknownSandbox { .. }
+        | Problem::BadRule { .. }
+        | Problem::NoInput => 400,
     };
     (status, e.to_string())
 }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::model::types::ToolSpec;
 use crate::reaper::{self, CallTag, Sweep};
+use crate::sandbox::{self, Mode};
 use crate::sys;
 use crate::tools::ToolOutput;
 use crate::tools::spec::closed_object;
@@ -82,6 +83,9 @@ pub struct BashJob {
     /// Tags every process of this call; the call is over for the reaper once its shell is
     /// reaped (or the job dropped).
     tag: CallTag,
+    /// The sandbox the command runs in (`None`: unconfined), and where, to explain a
+    /// failure it caused.
+    sandbox: Option<(Mode, PathBuf, PathBuf)>,
 }
 
 /// `Bash` as offered to the model.
@@ -195,13 +199,16 @@ pub fn parse_input(input: &Value, workspace: &Path) -> Result<BashInput, ToolOut
 }
 
 impl BashJob {
-    /// Validates the input and starts the child. Errors are tool results for the model.
-    pub fn spawn(input: &Value, workspace: &Path) -> Result<BashJob, ToolOutput> {
+    /// Validates the input and starts the child in the `mode` sandbox. Errors are tool
+    /// results for the model.
+    pub fn spawn(input: &Value, workspace: &Path, mode: Mode) -> Result<BashJob, ToolOutput> {
         let BashInput {
             command,
             timeout,
             cwd,
         } = parse_input(input, workspace)?;
+        let confinement = sandbox::prepare(mode, workspace, &cwd)
+            .map_err(|e| ToolOutput::error(format!("Bash: {e}")))?;
         let mut cmd = Command::new(shell());
         cmd.arg("-c")
             .arg(&command)
@@ -209,9 +216,22 @@ impl BashJob {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let sandbox = confinement
+            .is_some()
+            .then(|| (mode, workspace.to_path_buf(), cwd.clone()));
+        if sandbox.is_some() {
+            for name in sandbox::SCRUBBED_ENV {
+                cmd.env_remove(name);
+            }
+        }
         let tag = CallTag::new();
-        let mut child = reaper::spawn(&mut cmd, Some(&tag))
-            .map_err(|e| ToolOutput::error(format!("Bash: cannot start {}: {e}", shell())))?;
+        let mut child = reaper::spawn(&mut cmd, Some(&tag), confinement).map_err(|e| {
+            let within = match &sandbox {
+                Some((mode, ..)) => format!(" in the sandbox ({mode})"),
+                None => String::new(),
+            };
+            ToolOutput::error(format!("Bash: cannot start {}{within}: {e}", shell()))
+        })?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Receiver, pipe::Receiver)> {
             let out = pipe::Receiver::from(child.stdout.take().ok_or(io::ErrorKind::BrokenPipe)?);
@@ -241,6 +261,7 @@ impl BashJob {
             killed_for: None,
             timeout,
             tag,
+            sandbox,
         })
     }
 
@@ -382,6 +403,22 @@ impl BashJob {
             (None, _) => text.push_str("[exit status unknown]"),
         }
         ToolOutput { is_error, text }
+    }
+
+    /// The result for the model and, when the command failed in a way the sandbox explains,
+    /// why (also noted at the end of the result).
+    pub fn result(&self) -> (ToolOutput, Option<String>) {
+        let mut output = self.output();
+        let note = match &self.sandbox {
+            Some((mode, workspace, cwd)) if output.is_error => {
+                sandbox::explain(*mode, workspace, cwd, &output.text)
+            }
+            _ => None,
+        };
+        if let Some(note) = &note {
+            output.text.push_str(&format!("\n[sandbox: {note}]"));
+        }
+        (output, note)
     }
 }
 

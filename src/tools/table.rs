@@ -51,8 +51,8 @@ pub(crate) enum Runs {
     /// Blocking, bounded file-system work on the engine's tool worker pool.
     Worker(fn(&Value, &Path) -> ToolOutput),
     /// A child process whose pipes the engine watches on the reactor and whose process
-    /// group it kills on timeout or cancel.
-    Process(fn(&Value, &Path) -> Result<BashJob, ToolOutput>),
+    /// group it kills on timeout or cancel, started in the run's sandbox.
+    Process(fn(&Value, &Path, crate::sandbox::Mode) -> Result<BashJob, ToolOutput>),
 }
 
 /// What the permission policy needs to know about a tool.

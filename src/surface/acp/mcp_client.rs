@@ -554,7 +554,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts the server in its own process group; its stderr is ours.
+    /// Starts the server in its own process group, in the sandbox MCP servers get
+    /// (`sandbox::mcp_server`); its stderr is ours.
     pub fn spawn(config: &ServerConfig, cwd: &Path) -> io::Result<Server> {
         let mut cmd = Command::new(&config.command);
         cmd.args(&config.args)
@@ -563,7 +564,7 @@ impl Server {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = reaper::spawn(&mut cmd, None)?;
+        let mut child = reaper::spawn(&mut cmd, None, crate::sandbox::mcp_server(cwd)?)?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Sender, pipe::Receiver)> {
             let stdin = pipe::Sender::from(child.stdin.take().ok_or(io::ErrorKind::BrokenPipe)?);

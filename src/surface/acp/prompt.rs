@@ -356,6 +356,7 @@ impl AcpServe {
                     continues_without_last_prompt: session.drop_last_prompt,
                     extra_header,
                     extra_tools,
+                    sandbox: Some(session.sandbox),
                     ..RunSpec::default()
                 };
                 let run = ctx

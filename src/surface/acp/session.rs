@@ -2,7 +2,7 @@
 //! `acp_session` field of their session headers) and the requests that open, list, close
 //! and configure one: `session/new`, `session/load` (which replays the conversation),
 //! `session/resume`, `session/list`, `session/close`, `session/set_mode` and
-//! `session/set_config_option` (the permission mode).
+//! `session/set_config_option` (the permission mode, and the sandbox of its commands).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -20,6 +20,7 @@ use crate::engine::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
 use crate::permissions::{Mode, Rule};
+use crate::sandbox::Mode as SandboxMode;
 use crate::surface::host::Cx;
 
 /// The longest session title `session/list` shows.
@@ -57,6 +58,9 @@ const MODES: [(Mode, &str, &str); 5] = [
 pub(super) struct Session {
     pub(super) cwd: PathBuf,
     pub(super) mode: Mode,
+    /// The sandbox of the session's commands: the server's, or a stricter one the editor
+    /// chose (the `sandbox` config option).
+    pub(super) sandbox: SandboxMode,
     /// Rules from "always" answers, given to every run the session starts.
     pub(super) rules: Vec<Rule>,
     /// The newest run (live or not): a new run continues its conversation.
@@ -86,10 +90,16 @@ pub(super) struct Session {
 }
 
 impl Session {
-    pub(super) fn new(cwd: PathBuf, mode: Mode, run: Option<RunId>) -> Session {
+    pub(super) fn new(
+        cwd: PathBuf,
+        mode: Mode,
+        sandbox: SandboxMode,
+        run: Option<RunId>,
+    ) -> Session {
         Session {
             cwd,
             mode,
+            sandbox,
             rules: Vec::new(),
             run,
             drop_last_prompt: false,
@@ -118,7 +128,33 @@ fn modes_json(current: Mode) -> Value {
     })
 }
 
-fn config_options_json(current: Mode) -> Value {
+/// What each sandbox mode lets commands do, as a select option describes it.
+const SANDBOXES: [(SandboxMode, &str, &str); 4] = [
+    (
+        SandboxMode::ReadOnly,
+        "Read-only",
+        "Commands read the machine but write nothing",
+    ),
+    (
+        SandboxMode::WorkspaceWrite,
+        "Workspace",
+        "Commands write only in the workspace and temp directories, with no network",
+    ),
+    (
+        SandboxMode::Network,
+        "Workspace and network",
+        "Commands write in the workspace and reach the network over TCP",
+    ),
+    (
+        SandboxMode::Off,
+        "Unsandboxed",
+        "Commands run with your full rights",
+    ),
+];
+
+/// The session's options: the permission mode, and the sandbox among the server's and the
+/// stricter ones (an editor may narrow it, never widen it).
+fn config_options_json(current: Mode, sandbox: SandboxMode, server: SandboxMode) -> Value {
     json!([{
         "id": "mode",
         "name": "Mode",
@@ -128,6 +164,16 @@ fn config_options_json(current: Mode) -> Value {
         "currentValue": current.as_str(),
         "options": MODES.iter().map(|(mode, name, description)| json!({
             "value": mode.as_str(), "name": name, "description": description})).collect::<Vec<_>>(),
+    }, {
+        "id": "sandbox",
+        "name": "Sandbox",
+        "description": "What commands may do once allowed to run",
+        "type": "select",
+        "currentValue": sandbox.as_str(),
+        "options": SANDBOXES.iter().filter(|(mode, ..)| mode.is_within(server))
+            .map(|(mode, name, description)| json!({
+                "value": mode.as_str(), "name": name, "description": description}))
+            .collect::<Vec<_>>(),
     }])
 }
 
@@ -164,11 +210,12 @@ impl AcpServe {
         let cwd = Self::session_cwd(ctx.core, params)?;
         let id = crate::auth::new_uuid();
         let mode = ctx.core.config().policy.mode();
+        let sandbox = ctx.core.config().policy.sandbox();
         self.sessions
-            .insert(id.clone(), Session::new(cwd, mode, None));
+            .insert(id.clone(), Session::new(cwd, mode, sandbox, None));
         self.connect_servers(ctx, &id, params);
         Ok(json!({"sessionId": id, "modes": modes_json(mode),
-                  "configOptions": config_options_json(mode)}))
+                  "configOptions": config_options_json(mode, sandbox, sandbox)}))
     }
 
     /// `session/load` (with `replay`) and `session/resume`: a session of this process or of
@@ -218,10 +265,11 @@ impl AcpServe {
             }
         }
         let default_mode = ctx.core.config().policy.mode();
+        let server_sandbox = ctx.core.config().policy.sandbox();
         let session = self
             .sessions
             .entry(id.clone())
-            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest));
+            .or_insert_with(|| Session::new(cwd.clone(), default_mode, server_sandbox, newest));
         session.cwd = cwd;
         session.ids.absorb(shown);
         if let Some(run) = newest
@@ -229,9 +277,10 @@ impl AcpServe {
         {
             self.runs.insert(run, id.clone());
         }
-        let mode = session.mode;
+        let (mode, sandbox) = (session.mode, session.sandbox);
         self.connect_servers(ctx, &id, params);
-        Ok(json!({"modes": modes_json(mode), "configOptions": config_options_json(mode)}))
+        Ok(json!({"modes": modes_json(mode),
+                  "configOptions": config_options_json(mode, sandbox, server_sandbox)}))
     }
 
     pub(super) fn list_sessions(
@@ -344,13 +393,48 @@ impl AcpServe {
     ) -> Result<Value, RpcError> {
         let id = str_param(params, "sessionId")?.to_owned();
         let option = str_param(params, "configId")?;
-        if option != "mode" {
-            return Err(invalid_params(format!("unknown config option `{option}`")));
-        }
         let value = str_param(params, "value")?;
-        self.switch_mode(ctx, &id, value)?;
-        let mode = self.sessions.get(&id).map_or(Mode::Default, |s| s.mode);
-        Ok(json!({"configOptions": config_options_json(mode)}))
+        match option {
+            "mode" => self.switch_mode(ctx, &id, value)?,
+            "sandbox" => self.switch_sandbox(ctx, &id, value)?,
+            _ => return Err(invalid_params(format!("unknown config option `{option}`"))),
+        }
+        let server = ctx.core.config().policy.sandbox();
+        let (mode, sandbox) = self
+            .sessions
+            .get(&id)
+            .map_or((Mode::Default, server), |s| (s.mode, s.sandbox));
+        Ok(json!({"configOptions": config_options_json(mode, sandbox, server)}))
+    }
+
+    /// The editor's choice of sandbox for the session: the server's or a stricter one, for
+    /// the live run at once and for every run after it.
+    fn switch_sandbox(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        id: &str,
+        value: &str,
+    ) -> Result<(), RpcError> {
+        let server = ctx.core.config().policy.sandbox();
+        let sandbox = SandboxMode::parse(value)
+            .filter(|mode| mode.is_within(server))
+            .ok_or_else(|| {
+                invalid_params(format!(
+                    "sandbox `{value}` is not offered: expected the server's `{server}` or a \
+                     stricter one"
+                ))
+            })?;
+        let session = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| unknown_session(id))?;
+        session.sandbox = sandbox;
+        if let Some(run) = session.run
+            && ctx.core.is_live(run)
+        {
+            let _ = ctx.core.set_sandbox(run, sandbox);
+        }
+        Ok(())
     }
 
     fn switch_mode(
