@@ -479,9 +479,11 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
             }
         }
     }
+    // Most entries do not exist on a given machine: one lstat rules them out.
     let denied = config
         .deny
         .iter()
+        .filter(|spelled| spelled.symlink_metadata().is_ok())
         .filter_map(|spelled| canonical(spelled).map(|real| (real, spelled.clone())))
         // Hiding what holds the workspace would hide the command's own directory.
         .filter(|(real, _)| !workspace.starts_with(real) && !cwd.starts_with(real))
@@ -545,6 +547,7 @@ fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> 
             for (path, _) in &plan.denied {
                 mounts.hide(path)?;
             }
+            mounts.private_proc();
             Some(mounts)
         }
         None => {
@@ -655,9 +658,10 @@ pub fn check_file_tool(
     };
     let config = config();
     let denied = config.deny.iter().find(|spelled| {
-        spelled
-            .canonicalize()
-            .is_ok_and(|real| path.abs.starts_with(real))
+        spelled.symlink_metadata().is_ok()
+            && spelled
+                .canonicalize()
+                .is_ok_and(|real| path.abs.starts_with(real))
     });
     if let Some(spelled) = denied {
         return Err(format!(

@@ -3,8 +3,9 @@
 //!
 //! It owns: signal handlers that write to a self-pipe, file-status-flag changes, process
 //! groups (setsid in the child, group kill), the child subreaper flag and single-process
-//! kill and reap, fd-type probes, and the terminal check. It must
-//! not know about runs, protocols or the reactor's tokens.
+//! kill and reap, fd-type probes, the terminal check, and the sandbox's kernel calls
+//! (Landlock rulesets, seccomp filters, mount namespaces; `Confinement`). It must not know
+//! about runs, protocols, the reactor's tokens, or what a sandbox mode allows.
 
 use std::ffi::CString;
 use std::io;
@@ -653,6 +654,12 @@ enum MountStep {
     HideDir(CString),
     /// `/dev/null` over a file, on a `nodev` mount: opening it fails with EACCES.
     HideFile { path: CString, keep: libc::c_ulong },
+    /// A procfs of its own on /proc with `hidepid=4` ("ptraceable"): a process the child
+    /// may not ptrace-read (with Landlock, any outside its sandbox) is not there at all, so
+    /// neither is its environment (caliban's holds API keys, and Landlock alone does not
+    /// keep `/proc/PID/environ` from a confined root). Kernels before 5.8 do not know the
+    /// option: the step is then skipped.
+    PrivateProc,
 }
 
 /// What a child does in a mount namespace of its own before it runs the command: paths made
@@ -672,6 +679,9 @@ const ROOT: &std::ffi::CStr = c"/";
 const DEV_NULL: &std::ffi::CStr = c"/dev/null";
 const TMPFS: &std::ffi::CStr = c"tmpfs";
 const HIDDEN_TMPFS_OPTIONS: &std::ffi::CStr = c"size=4k,nr_inodes=1,mode=000";
+const PROC: &std::ffi::CStr = c"proc";
+const PROC_DIR: &std::ffi::CStr = c"/proc";
+const PROC_OPTIONS: &std::ffi::CStr = c"hidepid=4";
 
 impl MountPlan {
     pub fn new(ns: MountNs) -> MountPlan {
@@ -696,6 +706,14 @@ impl MountPlan {
         let keep = kept_mount_flags(&path)?;
         self.steps.push(MountStep::ReadOnly { path, keep });
         Ok(())
+    }
+
+    /// Gives the child a /proc showing only the processes it may inspect. Only with
+    /// `MountNs::Plain`: in a user namespace the kernel lets no new procfs be mounted.
+    pub fn private_proc(&mut self) {
+        if self.ns == MountNs::Plain {
+            self.steps.push(MountStep::PrivateProc);
+        }
     }
 
     /// Hides `path` from the child: an empty directory for a directory, a file nobody can
@@ -813,6 +831,10 @@ impl MountPlan {
                         | libc::MS_NOEXEC
                         | keep;
                     mount(None, path, None, flags, None)?;
+                }
+                MountStep::PrivateProc => {
+                    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                    let _ = mount(Some(PROC), PROC_DIR, Some(PROC), flags, Some(PROC_OPTIONS));
                 }
             }
         }
@@ -1115,6 +1137,7 @@ impl Confinement {
         if let Some(mounts) = self.mounts.as_ref().filter(|m| !m.is_empty()) {
             mounts.apply()?;
         }
+
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
             return Err(io::Error::last_os_error());

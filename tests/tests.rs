@@ -11,4 +11,5 @@ mod http_util;
 mod mcp;
 mod openapi;
 mod print;
+mod sandbox;
 mod tls;

@@ -63,6 +63,16 @@ const scenarios = {
           value: args.configMode,
         });
       }
+      let sandbox;
+      if (args.configSandbox) {
+        sandbox = await h
+          .request(acp.methods.agent.session.setConfigOption, {
+            sessionId,
+            configId: "sandbox",
+            value: args.configSandbox,
+          })
+          .catch((e) => ({ error: String(e?.message ?? e) }));
+      }
       const stops = [];
       for (const text of args.prompts ?? ["hello"]) stops.push(await prompt(h, sessionId, text));
       // Terminals are released after the tool result; let that finish before closing.
@@ -76,6 +86,7 @@ const scenarios = {
         auth,
         mode,
         config,
+        sandbox,
         sessionId,
         stops,
         updates: h.updates(sessionId),
