@@ -727,8 +727,8 @@ impl<K: HostKey> Engine<K> {
                 );
                 let confined = process && sandbox::confines(mode);
                 match host.on_tool_start(&mut self.ctx(), run, &call, confined) {
-                    ToolPlacement::Delegated if !confined => {}
-                    _ => self.start_tool(run, call),
+                    ToolPlacement::Local => self.start_tool(run, call),
+                    ToolPlacement::Delegated => {}
                 }
             }
             Effect::Ask(call) => match host.on_ask(&mut self.ctx(), run, &call) {

@@ -1194,6 +1194,117 @@ mod tests {
         value
     }
 
+    /// Runs a classic-BPF seccomp program over one syscall, as the kernel would: the
+    /// instructions `SeccompFilter::new` uses, nothing else.
+    fn run_filter(prog: &[libc::sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_le_bytes());
+        data[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (i, arg) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&arg.to_le_bytes());
+        }
+        let (mut acc, mut pc) = (0u32, 0usize);
+        loop {
+            let ins = prog[pc];
+            let code = u32::from(ins.code);
+            pc += 1;
+            match code {
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                    let at = ins.k as usize;
+                    acc = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+                }
+                c if c == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K => acc &= ins.k,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                    pc += usize::from(if acc == ins.k { ins.jt } else { ins.jf });
+                }
+                c if c == libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K => {
+                    pc += usize::from(if acc >= ins.k { ins.jt } else { ins.jf });
+                }
+                c if c == libc::BPF_RET | libc::BPF_K => return ins.k,
+                other => panic!("unexpected instruction {other:#x}"),
+            }
+        }
+    }
+
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    // libc's ioctl numbers are u64 with glibc and c_int with musl.
+    #[allow(clippy::unnecessary_cast)]
+    fn the_seccomp_filter_refuses_what_it_says_and_allows_the_rest() {
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let errno = |e: i32| libc::SECCOMP_RET_ERRNO | e as u32;
+        let socket = |domain: i32, kind: i32| {
+            [
+                domain as u64,
+                (kind | libc::SOCK_CLOEXEC) as u64,
+                0,
+                0,
+                0,
+                0,
+            ]
+        };
+        for policy in [SocketPolicy::LocalOnly, SocketPolicy::Inet] {
+            let prog = SeccompFilter::new(policy).0;
+            let run = |nr: libc::c_long, args: [u64; 6]| run_filter(&prog, AUDIT_ARCH, nr, args);
+            for nr in DENIED_SYSCALLS {
+                assert_eq!(run(*nr, [0; 6]), errno(libc::EPERM), "{nr}");
+            }
+            for nr in [
+                libc::SYS_read,
+                libc::SYS_write,
+                libc::SYS_execve,
+                libc::SYS_clone,
+            ] {
+                assert_eq!(run(nr, [0; 6]), allow, "{nr}");
+            }
+            let tiocsti = [0, libc::TIOCSTI as u64, 0, 0, 0, 0];
+            assert_eq!(run(libc::SYS_ioctl, tiocsti), errno(libc::EPERM));
+            assert_eq!(
+                run(libc::SYS_ioctl, [0, libc::TCGETS as u64, 0, 0, 0, 0]),
+                allow
+            );
+            assert_eq!(
+                run(libc::SYS_socket, socket(libc::AF_UNIX, libc::SOCK_STREAM)),
+                allow
+            );
+            assert_eq!(
+                run(libc::SYS_socket, socket(libc::AF_PACKET, libc::SOCK_RAW)),
+                errno(libc::EACCES)
+            );
+            let inet = match policy {
+                SocketPolicy::LocalOnly => errno(libc::EACCES),
+                SocketPolicy::Inet => allow,
+            };
+            for domain in [libc::AF_INET, libc::AF_INET6] {
+                for kind in [libc::SOCK_STREAM, libc::SOCK_DGRAM] {
+                    assert_eq!(
+                        run(libc::SYS_socket, socket(domain, kind)),
+                        inet,
+                        "{policy:?}"
+                    );
+                }
+                let raw = run(libc::SYS_socket, socket(domain, libc::SOCK_RAW));
+                assert_eq!(raw, errno(libc::EACCES), "{policy:?}");
+            }
+            // Another ABI's numbers mean other syscalls: refused whole.
+            assert_eq!(
+                run_filter(&prog, 0x4000_0003, 3, [0; 6]),
+                errno(libc::EPERM)
+            );
+            if cfg!(target_arch = "x86_64") {
+                assert_eq!(run(0x4000_0000, [0; 6]), errno(libc::EPERM), "x32");
+            }
+        }
+    }
+
+    #[test]
+    fn the_landlock_abi_is_a_version_or_a_reason() {
+        match landlock_abi() {
+            Ok(abi) => assert!(abi >= 1),
+            Err(e) => assert!(e.raw_os_error().is_some(), "{e}"),
+        }
+    }
+
     #[test]
     fn keepalive_also_bounds_how_long_unacknowledged_data_may_wait() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");

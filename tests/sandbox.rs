@@ -642,16 +642,6 @@ fn http_a_run_may_narrow_the_sandbox_not_widen_it() {
     let ws = Workspace::new("sbx-http-narrow");
     let stub = Stub::start(&ws, &script(vec![bash_call("b", "echo x > inside.txt")]));
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
-    let wider = post_json(
-        server.addr,
-        "/runs",
-        &json!({"prompt": "go", "sandbox": "off"}),
-    );
-    assert_eq!(wider.status, 400, "{wider:?}");
-    assert_eq!(
-        wider.json()["error"],
-        "sandbox `off` is wider than the server's `workspace-write`: a run may only narrow it"
-    );
     let unknown = post_json(
         server.addr,
         "/runs",
@@ -679,6 +669,17 @@ fn http_a_run_may_narrow_the_sandbox_not_widen_it() {
     );
     assert!(!ws.path("inside.txt").exists());
     assert_eq!(session_header(&ws, &run)["sandbox"]["mode"], "read-only");
+
+    // As with permission_mode, asking for more than the server allows has no effect.
+    let ws = Workspace::new("sbx-http-wider");
+    let stub = Stub::start(&ws, &json!({"turns": [{"text": "hi"}]}));
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let wider = start_run(server.addr, json!({"prompt": "go", "sandbox": "off"}));
+    wait_terminal(server.addr, &wider);
+    assert_eq!(
+        session_header(&ws, &wider)["sandbox"]["mode"],
+        "workspace-write"
+    );
 }
 
 #[test]

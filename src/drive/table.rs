@@ -168,7 +168,7 @@ pub struct RunSpec {
     pub model: Option<String>,
     pub permission_mode: Option<Mode>,
     pub rules: Vec<Rule>,
-    /// A stricter sandbox for the run's commands; a wider one is refused.
+    /// A stricter sandbox for the run's commands; a wider one has no effect.
     pub sandbox: Option<crate::sandbox::Mode>,
     /// An earlier conversation this run continues: the model sees it all; the session
     /// header records only where it came from (`continues`), or the messages themselves
@@ -465,16 +465,6 @@ impl DriveCore {
         if spec.prompt.trim().is_empty() {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
-        let server_sandbox = self.config.policy.sandbox();
-        if let Some(asked) = spec
-            .sandbox
-            .filter(|asked| !asked.is_within(server_sandbox))
-        {
-            return Err(DriveError::BadRequest(format!(
-                "sandbox `{asked}` is wider than the server's `{server_sandbox}`: a run may only \
-                 narrow it"
-            )));
-        }
         let live = self.runs.values().filter(|r| r.live);
         let (mut n_live, mut n_working) = (0, 0);
         for rec in live {
@@ -524,8 +514,9 @@ impl DriveCore {
         if !spec.rules.is_empty() || spec.permission_mode.is_some() {
             policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
         }
+        // As with the permission mode, a wider sandbox than the server's has no effect.
         if let Some(sandbox) = spec.sandbox {
-            policy.set_sandbox(sandbox);
+            policy.set_sandbox(policy.sandbox().narrowed(sandbox));
         }
         let policy = policy.with_cwd(&workspace);
 
@@ -1404,7 +1395,7 @@ mod tests {
     }
 
     #[test]
-    fn a_run_may_narrow_the_sandbox_and_is_refused_a_wider_one() {
+    fn a_run_may_narrow_the_sandbox_and_never_widen_it() {
         let t = TempDir::new("sandbox");
         let mut core = t.core();
         core.config.policy = core
@@ -1416,14 +1407,9 @@ mod tests {
             sandbox: Some(crate::sandbox::Mode::Off),
             ..spec("p", false)
         };
-        match core.start_run(wider) {
-            Err(DriveError::BadRequest(e)) => assert_eq!(
-                e,
-                "sandbox `off` is wider than the server's `workspace-write`: a run may only \
-                 narrow it"
-            ),
-            other => panic!("{other:?}"),
-        }
+        let id = core.start_run(wider).expect("a wider sandbox is ignored");
+        let log = core.store.load(&id.to_string()).expect("the session file");
+        assert_eq!(log.header()["sandbox"]["mode"], "workspace-write");
         let narrower = RunSpec {
             sandbox: Some(crate::sandbox::Mode::ReadOnly),
             ..spec("p", false)
