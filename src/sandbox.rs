@@ -4,7 +4,8 @@
 //! between fork and exec with no helper binary (`sys::Confinement`): a Landlock domain
 //! (files, TCP ports, signals and abstract sockets), a seccomp filter (socket families,
 //! mounting, namespaces, io_uring and other ways around Landlock) and, where caliban may
-//! have one, a private mount namespace (protected paths read-only, the deny list hidden).
+//! have one, a private mount namespace (protected paths read-only, the deny list hidden, a
+//! `/proc` that shows only the command's own processes).
 //! All three are inherited by every descendant, across `setsid`, `nohup` and exec.
 //!
 //! Modes, strictest first: `read-only` (no writes but to /dev/null and kin), `workspace-write`

@@ -569,41 +569,41 @@ impl LandlockRuleset {
         if allowed == 0 {
             return Ok(());
         }
-        let attr = LandlockPathBeneathAttr {
+        // `parent` stays open until the kernel has taken the rule.
+        self.add_rule(&LandlockRule::PathBeneath(LandlockPathBeneathAttr {
             allowed_access: allowed,
             parent_fd: parent.as_raw_fd(),
-        };
-        // SAFETY: `attr` is a live packed struct of the layout the kernel expects for this
-        // rule type, and both descriptors are open for the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_add_rule,
-                self.fd.as_raw_fd(),
-                LANDLOCK_RULE_PATH_BENEATH,
-                &attr as *const LandlockPathBeneathAttr,
-                0 as libc::c_uint,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        }))
     }
 
     /// Allows `access` (`BIND_TCP`, `CONNECT_TCP`) for TCP port `port`.
     pub fn allow_port(&self, port: u16, access: u64) -> io::Result<()> {
-        let attr = LandlockNetPortAttr {
+        self.add_rule(&LandlockRule::NetPort(LandlockNetPortAttr {
             allowed_access: access,
             port: u64::from(port),
+        }))
+    }
+
+    fn add_rule(&self, rule: &LandlockRule) -> io::Result<()> {
+        let (kind, attr): (libc::c_int, *const libc::c_void) = match rule {
+            LandlockRule::PathBeneath(attr) => (
+                LANDLOCK_RULE_PATH_BENEATH,
+                (attr as *const LandlockPathBeneathAttr).cast(),
+            ),
+            LandlockRule::NetPort(attr) => (
+                LANDLOCK_RULE_NET_PORT,
+                (attr as *const LandlockNetPortAttr).cast(),
+            ),
         };
-        // SAFETY: `attr` is a live struct of the layout the kernel expects for a port rule,
-        // and the ruleset descriptor is open.
+        // SAFETY: `attr` points at a live struct of the layout the kernel expects for
+        // `kind` (the enum pairs them), and the ruleset descriptor (and a path rule's
+        // `parent_fd`, held by the caller) are open for the call.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_landlock_add_rule,
                 self.fd.as_raw_fd(),
-                LANDLOCK_RULE_NET_PORT,
-                &attr as *const LandlockNetPortAttr,
+                kind,
+                attr,
                 0 as libc::c_uint,
             )
         };
@@ -612,6 +612,12 @@ impl LandlockRuleset {
         }
         Ok(())
     }
+}
+
+/// A rule for `landlock_add_rule`: its type and the attribute struct of that type.
+enum LandlockRule {
+    PathBeneath(LandlockPathBeneathAttr),
+    NetPort(LandlockNetPortAttr),
 }
 
 /// How a child gets a mount namespace of its own.

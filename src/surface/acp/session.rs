@@ -424,17 +424,27 @@ impl AcpServe {
                      stricter one"
                 ))
             })?;
+        let (session, live) = self.session_and_live_run(ctx, id)?;
+        session.sandbox = sandbox;
+        if let Some(run) = live {
+            let _ = ctx.core.set_sandbox(run, sandbox);
+        }
+        Ok(())
+    }
+
+    /// Session `id`, and its run if still live: a change of the session's options applies
+    /// to that run at once.
+    fn session_and_live_run(
+        &mut self,
+        ctx: &Cx<AcpKey>,
+        id: &str,
+    ) -> Result<(&mut Session, Option<RunId>), RpcError> {
         let session = self
             .sessions
             .get_mut(id)
             .ok_or_else(|| unknown_session(id))?;
-        session.sandbox = sandbox;
-        if let Some(run) = session.run
-            && ctx.core.is_live(run)
-        {
-            let _ = ctx.core.set_sandbox(run, sandbox);
-        }
-        Ok(())
+        let live = session.run.filter(|&run| ctx.core.is_live(run));
+        Ok((session, live))
     }
 
     fn switch_mode(
@@ -449,14 +459,9 @@ impl AcpServe {
                  bypassPermissions"
             ))
         })?;
-        let session = self
-            .sessions
-            .get_mut(id)
-            .ok_or_else(|| unknown_session(id))?;
+        let (session, live) = self.session_and_live_run(ctx, id)?;
         session.mode = mode;
-        if let Some(run) = session.run
-            && ctx.core.is_live(run)
-        {
+        if let Some(run) = live {
             let _ = ctx.core.update_policy(run, Some(mode), None);
         }
         Ok(())
