@@ -715,7 +715,8 @@ Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
         "\nENVIRONMENT:\n    ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL,\n    \
 HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE, XDG_CONFIG_HOME,\n    \
 CALIBAN_AGENT_TOKEN, CALIBAN_AGENT_TLS_CERT, CALIBAN_AGENT_TLS_KEY, CALIBAN_AGENT_SPEC,\n    \
-CALIBAN_AGENT_IDLE_TIMEOUT_SECS, CALIBAN_SANDBOX_NO_LANDLOCK, CALIBAN_SANDBOX_NO_MOUNTNS\n\n\
+CALIBAN_AGENT_IDLE_TIMEOUT_SECS, CALIBAN_SANDBOX_NO_LANDLOCK, CALIBAN_SANDBOX_NO_MOUNTNS,\n    \
+CALIBAN_SANDBOX_USERNS\n\n\
 EXIT CODES:\n    0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input,\n    \
 75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice\n",
     );
@@ -776,8 +777,8 @@ streams on loopback for offline use.\n.SH OPTIONS\n"
 The bearer token and PEM paths \\fBagent serve \\-\\-listen\\fR requires; without them it refuses to start (exit 78).\n\
 .TP\n\\fBCALIBAN_AGENT_SPEC\\fR\nThe spawn spec as JSON text, when \\fB\\-\\-spec\\fR is not given.\n\
 .TP\n\\fBCALIBAN_AGENT_IDLE_TIMEOUT_SECS\\fR\nSeconds with no client and no run working before \\fBagent serve\\fR exits (default 300, 0 = never).\n\
-.TP\n\\fBCALIBAN_SANDBOX_NO_LANDLOCK\\fR, \\fBCALIBAN_SANDBOX_NO_MOUNTNS\\fR\n\
-Set to 1, behave as if the kernel had no Landlock (the \\fBsandbox.unavailable\\fR setting then decides), or as if caliban could not have a mount namespace (Landlock alone confines).\n\
+.TP\n\\fBCALIBAN_SANDBOX_NO_LANDLOCK\\fR, \\fBCALIBAN_SANDBOX_NO_MOUNTNS\\fR, \\fBCALIBAN_SANDBOX_USERNS\\fR\n\
+Set to 1, behave as if the kernel had no Landlock (the \\fBsandbox.unavailable\\fR setting then decides), as if caliban could not have a mount namespace (Landlock alone confines), or as if it had one only in a user namespace (as without privilege).\n\
 .SH EXIT STATUS\n0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input, \
 75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice.\n",
     );

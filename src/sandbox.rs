@@ -211,10 +211,12 @@ pub struct Config {
     /// `$HOME`, for showing paths as `~/…`.
     home: Option<PathBuf>,
     /// Test hooks from the environment: behave as if the kernel had no Landlock
-    /// (`CALIBAN_SANDBOX_NO_LANDLOCK=1`) or caliban could not have a mount namespace
-    /// (`CALIBAN_SANDBOX_NO_MOUNTNS=1`).
+    /// (`CALIBAN_SANDBOX_NO_LANDLOCK=1`), or caliban could not have a mount namespace
+    /// (`CALIBAN_SANDBOX_NO_MOUNTNS=1`), or only one in a user namespace, as without
+    /// privilege (`CALIBAN_SANDBOX_USERNS=1`).
     no_landlock: bool,
     no_mount_ns: bool,
+    userns_only: bool,
 }
 
 impl Config {
@@ -279,6 +281,7 @@ impl Config {
             home,
             no_landlock: flag("CALIBAN_SANDBOX_NO_LANDLOCK"),
             no_mount_ns: flag("CALIBAN_SANDBOX_NO_MOUNTNS"),
+            userns_only: flag("CALIBAN_SANDBOX_USERNS"),
         }
     }
 
@@ -347,10 +350,11 @@ pub fn landlock_abi() -> Result<u32, String> {
 /// The mount namespace children can have, probed once (a throwaway fork) when first needed.
 fn mount_ns() -> Option<MountNs> {
     static NS: OnceLock<Option<MountNs>> = OnceLock::new();
-    if config().no_mount_ns {
+    let config = config();
+    if config.no_mount_ns {
         return None;
     }
-    *NS.get_or_init(sys::probe_mount_ns)
+    *NS.get_or_init(|| sys::probe_mount_ns(config.userns_only))
 }
 
 /// Whether a mode is in force for commands, and if not, what happens instead.
@@ -993,7 +997,8 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
         match mount_ns() {
             Some(MountNs::Plain) => "yes: protected paths read-only, deny list hidden",
             Some(MountNs::User) =>
-                "yes, in a user namespace: protected paths read-only, deny list hidden",
+                "yes, in a user namespace: protected paths read-only, deny list hidden (your \
+                 other processes stay visible in /proc)",
             None =>
                 "no: Landlock alone fences protected and denied paths (no new entries in the directories that hold them)",
         }

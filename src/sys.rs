@@ -851,10 +851,14 @@ impl MountPlan {
 /// Which kind of mount namespace a child of ours can enter, tried in a throwaway child (a
 /// fork that only unshares and exits); `None` when neither works (no privilege and user
 /// namespaces off, a container's seccomp profile, or caliban itself already confined).
-pub fn probe_mount_ns() -> Option<MountNs> {
-    [MountNs::Plain, MountNs::User]
-        .into_iter()
-        .find(|&ns| probe_one(ns))
+/// `user_only` tries only a user namespace, as a process without privilege would.
+pub fn probe_mount_ns(user_only: bool) -> Option<MountNs> {
+    let kinds: &[MountNs] = if user_only {
+        &[MountNs::User]
+    } else {
+        &[MountNs::Plain, MountNs::User]
+    };
+    kinds.iter().copied().find(|&ns| probe_one(ns))
 }
 
 fn probe_one(ns: MountNs) -> bool {

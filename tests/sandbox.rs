@@ -273,6 +273,38 @@ fn commands_see_no_process_outside_the_sandbox_nor_caliban_s_environment() {
 }
 
 #[test]
+fn in_a_user_namespace_as_without_privilege_the_fences_hold() {
+    let ws = Workspace::new("sbx-userns");
+    let home = fake_home("home-userns");
+    let env = [("CALIBAN_SANDBOX_USERNS", "1")];
+    let texts = home_reads(&ws, &home, &env);
+    assert!(!texts[0].contains("PRIVATE-KEY-BYTES"), "{}", texts[0]);
+    assert!(
+        texts[0].contains("~/.ssh is on its deny list"),
+        "{}",
+        texts[0]
+    );
+    assert!(!texts[1].contains("NETRC-SECRET"), "{}", texts[1]);
+    assert!(texts[3].starts_with("readable\n"), "{}", texts[3]);
+    git_init(&ws);
+    let calls = vec![
+        bash_call("git", "git config core.fsmonitor 'touch pwned'"),
+        bash_call(
+            "new",
+            "echo c > new-at-the-root.txt && cat new-at-the-root.txt",
+        ),
+    ];
+    let (_, results) = print_run(&ws, calls, &[], &env);
+    assert!(
+        results["git"].contains("Read-only file system"),
+        "{}",
+        results["git"]
+    );
+    assert!(!git_config(&ws).contains("fsmonitor"));
+    assert!(results["new"].starts_with("c\n"), "{}", results["new"]);
+}
+
+#[test]
 fn without_a_mount_namespace_landlock_alone_holds_the_deny_list_and_protected_paths() {
     let ws = Workspace::new("sbx-nomnt");
     let home = fake_home("home-nomnt");
