@@ -8,10 +8,12 @@
 //! the mount plan, and in the child the mount namespace, its mounts, `landlock_restrict_self`
 //! and the filter). The workspace holds a `.git` and the home a `.ssh`, `.aws` and
 //! `.netrc`, so the mount plan has something to do, as on a real machine.
+//! Besides wall time it reports CPU time (caliban's and its reaped children's, user and
+//! system), which the load of other processes on the machine hardly moves.
 //! `BENCH_ROUNDS` sets the rounds (default 30).
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 #[path = "common.rs"]
 mod common;
@@ -70,7 +72,8 @@ fn main() {
             Some(("CALIBAN_SANDBOX_NO_MOUNTNS", "1")),
         ),
     ];
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); modes.len()];
+    let mut wall: Vec<Vec<Duration>> = vec![Vec::new(); modes.len()];
+    let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); modes.len()];
     for _ in 0..rounds {
         for (at, (_, mode, env)) in modes.iter().enumerate() {
             // A fresh stub per run so every run sees the whole script.
@@ -81,17 +84,14 @@ fn main() {
                 .env("ANTHROPIC_BASE_URL", &url)
                 .env("HOME", &home)
                 .current_dir(&ws)
-                .args(["-p", "go", "--allow", "Bash", "--sandbox", mode])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+                .args(["-p", "go", "--allow", "Bash", "--sandbox", mode]);
             if let Some((key, value)) = env {
                 cmd.env(key, value);
             }
-            let start = Instant::now();
-            let status = cmd.status().expect("run caliban");
-            samples[at].push(start.elapsed());
-            assert!(status.success(), "{mode}: {status:?}");
+            let run = common::timed(&mut cmd);
+            assert!(run.success, "{mode} failed");
+            wall[at].push(run.wall);
+            cpu[at].push(run.cpu);
             let _ = stub.kill();
             let _ = stub.wait();
         }
@@ -99,22 +99,22 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!("binary: {BIN}");
-    println!("rounds: {rounds}, {CALLS} Bash calls per run");
+    println!("rounds: {rounds}, {CALLS} Bash calls per run; medians, per call = run / {CALLS}");
     println!(
-        "{:<48} {:>12} {:>14} {:>16}",
-        "sandbox", "run median", "per Bash call", "added per call"
+        "{:<46} {:>10} {:>10} {:>10} {:>10}",
+        "sandbox", "wall/call", "added", "cpu/call", "added"
     );
     let per_call = |d: Duration| d.as_secs_f64() * 1e3 / CALLS as f64;
-    let medians: Vec<Duration> = samples.into_iter().map(median).collect();
-    let off = per_call(medians[0]);
-    for ((label, ..), run) in modes.iter().zip(&medians) {
-        let call = per_call(*run);
+    let wall: Vec<f64> = wall.into_iter().map(|s| per_call(median(s))).collect();
+    let cpu: Vec<f64> = cpu.into_iter().map(|s| per_call(median(s))).collect();
+    for (at, (label, ..)) in modes.iter().enumerate() {
         println!(
-            "{:<48} {:>10.2}ms {:>12.3}ms {:>+14.3}ms",
+            "{:<46} {:>8.3}ms {:>+8.3}ms {:>8.3}ms {:>+8.3}ms",
             label,
-            run.as_secs_f64() * 1e3,
-            call,
-            call - off
+            wall[at],
+            wall[at] - wall[0],
+            cpu[at],
+            cpu[at] - cpu[0]
         );
     }
 }

@@ -716,8 +716,8 @@ const NETWORK_MARKERS: &[&str] = &[
     "Network is unreachable",
 ];
 
-/// Most bytes of a command's output searched for denials.
-const MAX_EXPLAIN_BYTES: usize = 64 * 1024;
+/// Most characters of a command's output searched for denials.
+const MAX_EXPLAIN_CHARS: usize = 64 * 1024;
 
 /// A note for the model when a command run under `mode` failed in a way the sandbox
 /// explains: which rule, and what the command may do. `None` when nothing in `output`
@@ -726,7 +726,7 @@ pub fn explain(mode: Mode, workspace: &Path, cwd: &Path, output: &str) -> Option
     if status(mode) != Status::Enforced {
         return None;
     }
-    let text = crate::text::cut_chars(output, MAX_EXPLAIN_BYTES).map_or(output, |(head, _)| head);
+    let text = crate::text::cut_chars(output, MAX_EXPLAIN_CHARS).map_or(output, |(head, _)| head);
     let plan = plan(mode, workspace, cwd);
     let config = config();
     let mut seen_denial = false;
