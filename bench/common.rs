@@ -8,6 +8,20 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `BENCH_ROUNDS` from the environment, else `default`.
+pub fn rounds(default: usize) -> usize {
+    std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The middle sample.
+pub fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
 /// What one process cost, as `wait4` reports it.
 pub struct Timed {
     pub wall: Duration,

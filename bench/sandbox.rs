@@ -31,16 +31,8 @@ type Variant = (
     Option<(&'static str, &'static str)>,
 );
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
 fn main() {
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let rounds = common::rounds(30);
     // Not under /tmp: a home inside a temp dir would put a deny-listed path inside a
     // writable root, which no real machine has.
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -105,8 +97,14 @@ fn main() {
         "sandbox", "wall/call", "added", "cpu/call", "added"
     );
     let per_call = |d: Duration| d.as_secs_f64() * 1e3 / CALLS as f64;
-    let wall: Vec<f64> = wall.into_iter().map(|s| per_call(median(s))).collect();
-    let cpu: Vec<f64> = cpu.into_iter().map(|s| per_call(median(s))).collect();
+    let wall: Vec<f64> = wall
+        .into_iter()
+        .map(|s| per_call(common::median(s)))
+        .collect();
+    let cpu: Vec<f64> = cpu
+        .into_iter()
+        .map(|s| per_call(common::median(s)))
+        .collect();
     for (at, (label, ..)) in modes.iter().enumerate() {
         println!(
             "{:<46} {:>8.3}ms {:>+8.3}ms {:>8.3}ms {:>+8.3}ms",

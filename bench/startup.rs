@@ -6,23 +6,14 @@
 //! table; copy them into bench/RESULTS.md with the machine and date.
 
 use std::process::Command;
-use std::time::Duration;
 
 #[path = "common.rs"]
 mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_caliban");
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
 fn main() {
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let rounds = common::rounds(200);
 
     let dir = std::env::temp_dir().join(format!("caliban-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
@@ -65,9 +56,9 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 
-    let floor = median(true_t);
-    let version = median(version_t);
-    let print = median(print_t);
+    let floor = common::median(true_t);
+    let version = common::median(version_t);
+    let print = common::median(print_t);
     version_rss.sort();
     print_rss.sort();
     let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);

@@ -228,25 +228,30 @@ fn home_reads(ws: &Workspace, home: &Outside, env: &[(&str, &str)]) -> Vec<Strin
         .to_vec()
 }
 
+/// The key and the netrc stayed unread, an ordinary file in the home did not.
+fn assert_home_fenced(texts: &[String]) {
+    assert!(!texts[0].contains("PRIVATE-KEY-BYTES"), "{}", texts[0]);
+    assert!(!texts[1].contains("NETRC-SECRET"), "{}", texts[1]);
+    assert!(texts[1].contains("Permission denied"), "{}", texts[1]);
+    assert!(texts[3].starts_with("readable\n"), "{}", texts[3]);
+}
+
 #[test]
 fn the_deny_list_keeps_keys_and_caliban_settings_from_commands() {
     let ws = Workspace::new("sbx-deny");
     let home = fake_home("home");
     let texts = home_reads(&ws, &home, &[]);
-    assert!(!texts[0].contains("PRIVATE-KEY-BYTES"), "{}", texts[0]);
+    assert_home_fenced(&texts);
     assert!(
         texts[0].contains("blocked by the sandbox (workspace-write): ~/.ssh is on its deny list"),
         "{}",
         texts[0]
     );
-    assert!(!texts[1].contains("NETRC-SECRET"), "{}", texts[1]);
-    assert!(texts[1].contains("Permission denied"), "{}", texts[1]);
     assert!(
         texts[2].contains("~/.config/caliban is on its deny list"),
         "{}",
         texts[2]
     );
-    assert!(texts[3].starts_with("readable\n"), "{}", texts[3]);
 }
 
 #[test]
@@ -278,14 +283,12 @@ fn in_a_user_namespace_as_without_privilege_the_fences_hold() {
     let home = fake_home("home-userns");
     let env = [("CALIBAN_SANDBOX_USERNS", "1")];
     let texts = home_reads(&ws, &home, &env);
-    assert!(!texts[0].contains("PRIVATE-KEY-BYTES"), "{}", texts[0]);
+    assert_home_fenced(&texts);
     assert!(
         texts[0].contains("~/.ssh is on its deny list"),
         "{}",
         texts[0]
     );
-    assert!(!texts[1].contains("NETRC-SECRET"), "{}", texts[1]);
-    assert!(texts[3].starts_with("readable\n"), "{}", texts[3]);
     git_init(&ws);
     let calls = vec![
         bash_call("git", "git config core.fsmonitor 'touch pwned'"),
@@ -310,10 +313,8 @@ fn without_a_mount_namespace_landlock_alone_holds_the_deny_list_and_protected_pa
     let home = fake_home("home-nomnt");
     let env = [("CALIBAN_SANDBOX_NO_MOUNTNS", "1")];
     let texts = home_reads(&ws, &home, &env);
-    assert!(!texts[0].contains("PRIVATE-KEY-BYTES"), "{}", texts[0]);
+    assert_home_fenced(&texts);
     assert!(texts[0].contains("Permission denied"), "{}", texts[0]);
-    assert!(!texts[1].contains("NETRC-SECRET"), "{}", texts[1]);
-    assert!(texts[3].starts_with("readable\n"), "{}", texts[3]);
 
     git_init(&ws);
     ws.write("src/a.txt", "a\n");
