@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use serde_json::json;
+
 use crate::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
 use crate::engine::{self, Engine, EngineConfig, HostKey};
 use crate::model::retry::RetryPolicy;
@@ -15,8 +17,8 @@ use crate::permissions::{Mode, Policy};
 use crate::print::{self, Printer};
 use crate::surface::{self, ListenConfig, http_api};
 use crate::{
-    agent, auth, drive, exit, http, log, reaper, sandbox, settings, stub_model, sys, tools,
-    transport,
+    agent, auth, drive, exit, http, instructions, log, reaper, sandbox, settings, stub_model, sys,
+    tools, transport,
 };
 
 pub fn main() -> ExitCode {
@@ -95,6 +97,8 @@ struct AgentSetup {
     policy: Policy,
     run_config: agent::run::RunConfig,
     engine_config: EngineConfig,
+    /// Where each run's project instructions come from (`run_config.system` has none yet).
+    instructions: instructions::Sources,
 }
 
 /// What to do when no model provider can be set up.
@@ -233,7 +237,12 @@ fn agent_setup(
         request_timeout: args
             .request_timeout
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
+        mcp: mcp_setup(args, &settings, &workspace)?,
     };
+    let instructions = instructions::Sources::from_env(
+        !args.no_project_instructions && settings.project_instructions != Some(false),
+        &env_var,
+    );
     Ok(AgentSetup {
         workspace,
         provider,
@@ -242,6 +251,64 @@ fn agent_setup(
         policy,
         run_config,
         engine_config,
+        instructions,
+    })
+}
+
+/// The configured MCP servers: `--mcp-config` files, the settings files' `mcpServers` and
+/// the workspace's `.mcp.json` (precedence in `mcp_client::config::load`), with the
+/// workspace's own servers only once approved (`mcp_client::approval`).
+fn mcp_setup(
+    args: &PrintArgs,
+    settings: &settings::Settings,
+    workspace: &Path,
+) -> Result<engine::McpConfig, u8> {
+    use crate::mcp_client::{approval::Approvals, config};
+    let mut approvals = Approvals::new(
+        args.approve_mcp.clone(),
+        settings.enabled_mcpjson_servers.clone(),
+        settings.enable_all_project_mcp_servers,
+        crate::mcp_client::approval::default_file(&env_var),
+    );
+    let from_settings: Vec<(config::Origin, serde_json::Map<String, serde_json::Value>)> = settings
+        .mcp_servers
+        .iter()
+        .map(|(source, servers)| {
+            let origin = if *source == crate::permissions::RuleSource::User {
+                config::Origin::User
+            } else {
+                config::Origin::Project
+            };
+            (origin, servers.clone())
+        })
+        .collect();
+    let (servers, warnings) = config::load(
+        workspace,
+        &args.mcp_config,
+        &from_settings,
+        &approvals,
+        &env_var,
+    )
+    .map_err(|e| config_error(&e))?;
+    for warning in &warnings {
+        log::warn(warning);
+    }
+    if !args.approve_mcp.is_empty()
+        && let Err(e) = approvals.record(workspace, &servers)
+    {
+        log::warn(&format!("cannot remember MCP server approvals: {e}"));
+    }
+    let call_timeout = args
+        .mcp_timeout
+        .map(Duration::from_secs_f64)
+        .or(settings
+            .mcp_timeout
+            .map(|s| Duration::from_secs(u64::from(s))))
+        .unwrap_or(crate::mcp_client::DEFAULT_CALL_TIMEOUT);
+    Ok(engine::McpConfig {
+        servers,
+        workspace: workspace.to_path_buf(),
+        call_timeout,
     })
 }
 
@@ -272,15 +339,29 @@ fn run_print(args: PrintArgs) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    let resumed = match &args.resume {
+        Some(resume) => match resume_point(&setup, resume) {
+            Ok(point) => Some(point),
+            Err(e) => return config_error(&e),
+        },
+        None => None,
+    };
     let AgentSetup {
         workspace,
         provider,
         mode,
         policy,
-        run_config,
+        mut run_config,
         engine_config,
+        instructions,
         ..
     } = setup;
+    let loaded = instructions.load(&workspace);
+    run_config.system = loaded.system_prompt(&run_config.system);
+    let (history, continues, session_id) = match resumed {
+        Some(point) => (point.history, Some(point.run), point.session_id),
+        None => (Vec::new(), None, auth::new_uuid()),
+    };
     let tool_names: Vec<String> = run_config
         .tools
         .iter()
@@ -316,21 +397,45 @@ fn run_print(args: PrintArgs) -> u8 {
         }
     };
     engine.attach_stdout();
-    let policy_sandbox = policy.sandbox();
-    let run = agent::run::Run::new(run_config, policy.clone(), Vec::new());
+    // Said in the init frame and in the session header alike.
+    let sandbox = sandbox::describe(policy.sandbox());
+    let model_name = run_config.model.clone();
+    let run = agent::run::Run::new(run_config, policy.clone(), history);
     let run_id = engine.add_run(run, workspace.clone());
     let mut printer = Printer::new(
         run_id,
         args.output_format,
         args.input_format,
         args.include_partial_messages,
-        auth::new_uuid(),
+        session_id.clone(),
         provider.kind.as_str(),
         provider.model.clone(),
         policy,
     );
-    let sandbox = sandbox::describe(policy_sandbox);
-    printer.init_frame(&tool_names, &workspace_str, mode.as_str(), sandbox);
+    // Recorded like a driven run, so a later `--continue` or `--resume` can go on with it.
+    match session_store() {
+        Ok(store) => {
+            let mut header = serde_json::Map::new();
+            header.insert("surface".into(), json!("print"));
+            header.insert("session_id".into(), json!(session_id));
+            header.insert("interactive".into(), json!(interactive));
+            header.insert("cwd".into(), json!(workspace_str));
+            header.insert("model".into(), json!(model_name));
+            header.insert("provider".into(), json!(provider.kind.as_str()));
+            header.insert("sandbox".into(), sandbox.clone());
+            if let Some(previous) = continues {
+                header.insert("continues".into(), json!(previous.to_string()));
+            }
+            if !loaded.is_empty() {
+                header.insert("instructions".into(), loaded.to_json());
+            }
+            printer.record(print::Recorder::new(store, header));
+        }
+        Err(e) => log::warn(&format!(
+            "{e}; this run is not recorded and cannot be continued"
+        )),
+    }
+    printer.init_frame(&tool_names, &workspace_str, mode.as_str(), sandbox, &loaded);
     match prompt {
         Some(prompt) => {
             let action = printer.start_text(prompt);
@@ -349,6 +454,73 @@ fn run_print(args: PrintArgs) -> u8 {
         return exit::RUNTIME;
     }
     printer.exit_code
+}
+
+/// The session files' store: `$XDG_STATE_HOME/caliban/sessions`.
+fn session_store() -> Result<drive::session::SessionStore, String> {
+    drive::session::default_dir(&env_var)
+        .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
+        .map_err(|e| format!("session store: {e}"))
+}
+
+/// The conversation a print run continues (`--continue`, `--resume`).
+struct ResumePoint {
+    run: engine::RunId,
+    history: Vec<model::types::Message>,
+    /// The conversation keeps its session id.
+    session_id: String,
+}
+
+/// Finds the run to continue and rebuilds its conversation, through the drive core so that
+/// it is read exactly as the drive surfaces read their runs (continuation chains included).
+fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint, String> {
+    let config = drive::table::DriveConfig {
+        run: setup.run_config.clone(),
+        policy: setup.policy.clone(),
+        workspace: setup.workspace.clone(),
+        provider: setup.provider.kind.as_str(),
+        permission_timeout: drive::table::DEFAULT_PERMISSION_TIMEOUT,
+        system_prompt: None,
+        instructions: setup.instructions.clone(),
+        max_working_runs: drive::table::MAX_WORKING_RUNS,
+        max_live_runs: drive::table::MAX_LIVE_RUNS,
+        mcp_names: Vec::new(),
+    };
+    let mut core = drive::table::DriveCore::new(session_store()?, config);
+    core.load_existing();
+    let run = match resume {
+        cli::Resume::Id(id) if engine::RunId::parse(id).is_some() => {
+            core.resolve(id).map_err(|e| e.to_string())?
+        }
+        cli::Resume::Id(id) => core
+            .find_by_header("session_id", &json!(id))
+            .last()
+            .copied()
+            .ok_or_else(|| format!("--resume {id}: no session with that id or run id"))?,
+        cli::Resume::Latest => {
+            let cwd = json!(setup.workspace.display().to_string());
+            let print_runs: Vec<engine::RunId> = core
+                .find_by_header("cwd", &cwd)
+                .into_iter()
+                .filter(|run| core.header(*run).is_ok_and(|h| h["surface"] == "print"))
+                .collect();
+            print_runs.last().copied().ok_or_else(|| {
+                format!(
+                    "--continue: no earlier print-mode session in {}",
+                    setup.workspace.display()
+                )
+            })?
+        }
+    };
+    let header = core.header(run).map_err(|e| e.to_string())?;
+    let messages = core.messages(run).map_err(|e| e.to_string())?;
+    Ok(ResumePoint {
+        run,
+        history: model::types::Message::list_from_json(&messages),
+        session_id: header["session_id"]
+            .as_str()
+            .map_or_else(auth::new_uuid, str::to_owned),
+    })
 }
 
 /// Where a network surface listens: address, TLS, limits and the auth gate, checked
@@ -400,9 +572,7 @@ fn drive_core(
     let key_files: Vec<PathBuf> = args.tls_key.iter().cloned().collect();
     let mut setup = agent_setup(&args.agent, false, no_provider, &key_files)?;
     setup.run_config.sandbox_retry = true;
-    let store = drive::session::default_dir(&env_var)
-        .and_then(|dir| drive::session::SessionStore::open(dir).map_err(|e| e.to_string()))
-        .map_err(|e| config_error(&format!("session store: {e}")))?;
+    let store = session_store().map_err(|e| config_error(&e))?;
     let drive_config = drive::table::DriveConfig {
         run: setup.run_config,
         policy: setup.policy,
@@ -413,10 +583,18 @@ fn drive_core(
             .map(Duration::from_secs_f64)
             .unwrap_or(drive::table::DEFAULT_PERMISSION_TIMEOUT),
         system_prompt: args.agent.system_prompt.clone(),
+        instructions: setup.instructions,
         max_working_runs: args
             .max_working_runs
             .unwrap_or(drive::table::MAX_WORKING_RUNS),
         max_live_runs: args.max_live_runs.unwrap_or(drive::table::MAX_LIVE_RUNS),
+        mcp_names: setup
+            .engine_config
+            .mcp
+            .servers
+            .iter()
+            .map(|s| s.name.clone())
+            .collect(),
     };
     let mut core = drive::table::DriveCore::new(store, drive_config);
     // `GET /runs` lists earlier runs from the start; the stdio surfaces (spawned by editors

@@ -66,6 +66,20 @@ pub const FLAGS: &[Flag] = &[
         "",
     ),
     flag(
+        "continue",
+        Some('c'),
+        None,
+        "Continue the latest print-mode conversation in this workspace (print mode only).",
+        "",
+    ),
+    flag(
+        "resume",
+        Some('r'),
+        Some("ID"),
+        "Continue the conversation of ID: a result frame's session_id, or a run id (run-N) of any surface (print mode only).",
+        "",
+    ),
+    flag(
         "provider",
         None,
         Some("NAME"),
@@ -98,6 +112,13 @@ pub const FLAGS: &[Flag] = &[
         None,
         Some("TEXT"),
         "Replace the built-in system prompt.",
+        "",
+    ),
+    flag(
+        "no-project-instructions",
+        None,
+        None,
+        "Do not add AGENTS.md, CALIBAN.md or CLAUDE.md files (the project's and the user's) to the system prompt.",
         "",
     ),
     flag(
@@ -140,6 +161,27 @@ pub const FLAGS: &[Flag] = &[
         None,
         Some("MODE"),
         "What commands may do: read-only, workspace-write (default where the kernel has Landlock), network or off.",
+        "",
+    ),
+    flag(
+        "mcp-config",
+        None,
+        Some("FILE"),
+        "Use the MCP servers FILE names ({\"mcpServers\": {…}}, as in .mcp.json). Repeatable; a later file wins a name.",
+        "",
+    ),
+    flag(
+        "approve-mcp",
+        None,
+        Some("NAME"),
+        "Approve the workspace's MCP server NAME (from .mcp.json or project settings), or `all`; remembered for the workspace. Repeatable.",
+        "",
+    ),
+    flag(
+        "mcp-timeout",
+        None,
+        Some("SECS"),
+        "Cancel an MCP tool call with no answer and no progress for SECS (default 300).",
         "",
     ),
     flag(
@@ -331,11 +373,14 @@ pub struct PrintArgs {
     pub output_format: OutputFormat,
     pub input_format: InputFormat,
     pub include_partial_messages: bool,
+    /// `--continue` / `--resume ID`: the conversation this print run goes on with.
+    pub resume: Option<Resume>,
     pub provider: Option<String>,
     pub model: Option<String>,
     pub max_tokens: Option<u32>,
     pub max_turns: Option<u32>,
     pub system_prompt: Option<String>,
+    pub no_project_instructions: bool,
     pub cwd: Option<PathBuf>,
     pub allow: Vec<String>,
     pub ask: Vec<String>,
@@ -346,7 +391,19 @@ pub struct PrintArgs {
     pub first_byte_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
     pub request_timeout: Option<f64>,
+    pub mcp_config: Vec<PathBuf>,
+    pub approve_mcp: Vec<String>,
+    pub mcp_timeout: Option<f64>,
     pub verbose: u8,
+}
+
+/// Which earlier conversation a print run continues.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// `--continue`: the latest print-mode run in the workspace.
+    Latest,
+    /// `--resume ID`: a session id (a result frame's `session_id`) or a run id.
+    Id(String),
 }
 
 /// Which drive surface a `… serve` command starts.
@@ -411,11 +468,13 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         output_format: OutputFormat::Text,
         input_format: InputFormat::Text,
         include_partial_messages: false,
+        resume: None,
         provider: None,
         model: None,
         max_tokens: None,
         max_turns: None,
         system_prompt: None,
+        no_project_instructions: false,
         cwd: None,
         allow: Vec::new(),
         ask: Vec::new(),
@@ -426,6 +485,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         first_byte_timeout: None,
         idle_timeout: None,
         request_timeout: None,
+        mcp_config: Vec::new(),
+        approve_mcp: Vec::new(),
+        mcp_timeout: None,
         verbose: 0,
     };
     let mut positional: Vec<String> = Vec::new();
@@ -440,6 +502,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                     .any(|f| f.long == name && f.scope.split('|').any(|s| s == surface.name()))
             };
             match arg {
+                Long("continue" | "resume") | Short('c' | 'r') => {
+                    return Err(lexopt::Error::from(format!(
+                        "--continue and --resume apply to print mode, not `{}`",
+                        surface.name()
+                    )));
+                }
                 Long(name)
                     if !on(name) && FLAGS.iter().any(|f| f.long == name && !f.scope.is_empty()) =>
                 {
@@ -522,6 +590,22 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 }
             }
             Long("include-partial-messages") => print.include_partial_messages = true,
+            Short('c') | Long("continue") => {
+                if matches!(print.resume, Some(Resume::Id(_))) {
+                    return Err("--continue and --resume cannot be combined".into());
+                }
+                print.resume = Some(Resume::Latest);
+            }
+            Short('r') | Long("resume") => {
+                if print.resume == Some(Resume::Latest) {
+                    return Err("--continue and --resume cannot be combined".into());
+                }
+                let id = parser.value()?.string()?;
+                if id.trim().is_empty() {
+                    return Err(bad_value("--resume", &id, "a session id or run id"));
+                }
+                print.resume = Some(Resume::Id(id));
+            }
             Long("provider") => print.provider = Some(parser.value()?.string()?),
             Long("model") => print.model = Some(parser.value()?.string()?),
             Long("max-tokens") => print.max_tokens = Some(parser.value()?.parse()?),
@@ -533,6 +617,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                 print.max_turns = Some(n);
             }
             Long("system-prompt") => print.system_prompt = Some(parser.value()?.string()?),
+            Long("no-project-instructions") => print.no_project_instructions = true,
             Short('C') | Long("cwd") => print.cwd = Some(parser.value()?.into()),
             Long("allow") => print.allow.push(parser.value()?.string()?),
             Long("ask") => print.ask.push(parser.value()?.string()?),
@@ -544,6 +629,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
                     bad_value("--sandbox", &value, &crate::sandbox::Mode::names())
                 })?);
             }
+            Long("mcp-config") => print.mcp_config.push(parser.value()?.into()),
+            Long("approve-mcp") => print.approve_mcp.push(parser.value()?.string()?),
+            Long("mcp-timeout") => print.mcp_timeout = Some(seconds(&mut parser, "--mcp-timeout")?),
             Long("max-retries") => print.max_retries = Some(parser.value()?.parse()?),
             Long("first-byte-timeout") => {
                 print.first_byte_timeout = Some(seconds(&mut parser, "--first-byte-timeout")?)

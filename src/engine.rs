@@ -24,6 +24,7 @@ use crate::agent::run::{Effect, Run, ToolCall};
 use crate::http::client::{ClientEvent, Exchange};
 use crate::http::sse::SseDecoder;
 use crate::log;
+use crate::mcp_client::{self, Alarm, Hub, HubEvent, Selection, ServerId, Source};
 use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{self, Provider, StreamDecoder};
@@ -32,8 +33,9 @@ use crate::reaper::{self, Sweep};
 use crate::sandbox;
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
-use crate::tools::bash::{BashJob, Stream};
+use crate::tools::bash::{BashJob, SHELL_BUFFER_CAP, ShellOp, Stream};
 use crate::tools::table::{self, Runs};
+use crate::tools::web::{FetchRequest, MAX_FETCH_BODY};
 use crate::workers::Pool;
 
 /// Error bodies are read for their message and retry hints, never kept whole.
@@ -59,6 +61,10 @@ const DNS_WORKERS: usize = 2;
 /// over for lookups of attempts abandoned on timeout that are still waiting. Beyond it the
 /// lookup fails and the request takes the usual retry path.
 const DNS_QUEUE_CAP: usize = 128;
+/// Background shells one run keeps, running or finished. A finished one gives its place to a
+/// new one (the oldest goes first); when all are running, a new one is refused until the
+/// model stops one, so a loop of `background: true` calls cannot fill the machine.
+const MAX_SHELLS_PER_RUN: usize = 16;
 
 /// A run's id, the one spelling of it everywhere in the process; `run-N` on the wire and in
 /// session file names (`Display`/`parse`), so a string is parsed once, at a surface's edge.
@@ -114,6 +120,29 @@ pub struct EngineConfig {
     pub idle_timeout: Duration,
     /// Longest a whole request may take, however steadily it streams.
     pub request_timeout: Duration,
+    /// The configured MCP servers and how long one of their calls may go quiet.
+    pub mcp: McpConfig,
+}
+
+/// What the engine's MCP hub starts from (`mcp_client`).
+#[derive(Clone, Debug)]
+pub struct McpConfig {
+    /// Servers from settings, `.mcp.json` and `--mcp-config`, approvals applied.
+    pub servers: Vec<mcp_client::config::ServerConfig>,
+    /// Where configured stdio servers run.
+    pub workspace: PathBuf,
+    /// A call with no answer and no progress for this long is cancelled.
+    pub call_timeout: Duration,
+}
+
+impl Default for McpConfig {
+    fn default() -> McpConfig {
+        McpConfig {
+            servers: Vec::new(),
+            workspace: PathBuf::from("."),
+            call_timeout: mcp_client::DEFAULT_CALL_TIMEOUT,
+        }
+    }
 }
 
 pub enum AskReply {
@@ -139,6 +168,8 @@ pub enum HostAction {
         id: RunId,
         run: Box<Run>,
         workspace: PathBuf,
+        /// The MCP servers whose tools the run is offered.
+        mcp: Selection,
     },
     SendInput(RunId, Vec<ContentBlock>),
     EndInput(RunId),
@@ -186,6 +217,8 @@ pub struct Ctx<'a, K> {
     timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
     actions: &'a mut VecDeque<HostAction>,
     stats: Stats,
+    mcp: &'a mut Hub,
+    lookups: Lookups<'a>,
 }
 
 impl<K: HostKey> Ctx<'_, K> {
@@ -222,6 +255,110 @@ impl<K: HostKey> Ctx<'_, K> {
 
     pub fn stats(&self) -> Stats {
         self.stats
+    }
+
+    /// Starts an MCP server for the host's own use (an ACP session's), to name in a run's
+    /// `Selection::servers`.
+    pub fn mcp_start(
+        &mut self,
+        config: mcp_client::config::ServerConfig,
+        cwd: PathBuf,
+    ) -> ServerId {
+        let (hub, mut io) = self.mcp_io();
+        hub.start(&mut io, config, cwd)
+    }
+
+    /// A server `mcp_start` started, or a fresh instance of it if it died (so a run
+    /// started now gets its tools again).
+    pub fn mcp_ensure(&mut self, id: ServerId) -> ServerId {
+        let (hub, mut io) = self.mcp_io();
+        hub.ensure(&mut io, id)
+    }
+
+    /// Stops a server `mcp_start` started; its calls in flight are answered as failed.
+    pub fn mcp_stop(&mut self, id: ServerId) {
+        let (hub, mut io) = self.mcp_io();
+        let events = hub.stop(&mut io, id);
+        hub.defer(events);
+    }
+
+    /// The hub and the reactor lent to it, borrowed apart.
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+        (
+            &mut *self.mcp,
+            McpIo {
+                reactor: &mut *self.reactor,
+                owners: &mut *self.owners,
+                timers: &mut *self.timers,
+                lookups: self.lookups,
+            },
+        )
+    }
+}
+
+/// What DNS lookups need: the pool, and the way back to the loop.
+#[derive(Clone, Copy)]
+struct Lookups<'a> {
+    pool: &'a Pool,
+    tx: &'a Sender<Completion>,
+    waker: &'a Arc<Waker>,
+}
+
+/// The engine's reactor lent to the MCP hub: its tokens and timers are routed back to it.
+struct McpIo<'a, K> {
+    reactor: &'a mut Reactor,
+    owners: &'a mut HashMap<Token, Owner<K>>,
+    timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
+    lookups: Lookups<'a>,
+}
+
+impl<K> mcp_client::Io for McpIo<'_, K> {
+    fn registry(&self) -> &mio::Registry {
+        self.reactor.registry()
+    }
+
+    fn token(&mut self, server: ServerId, source: Source) -> Token {
+        let token = self.reactor.token();
+        self.owners.insert(token, Owner::Mcp(server, source));
+        token
+    }
+
+    fn forget_token(&mut self, token: Token) {
+        self.owners.remove(&token);
+    }
+
+    fn add_timer(&mut self, after: Duration, server: ServerId, alarm: Alarm) -> TimerId {
+        let id = self.reactor.add_timer(after);
+        self.timers.insert(id, TimerOwner::Mcp(server, alarm));
+        id
+    }
+
+    fn cancel_timer(&mut self, id: TimerId) {
+        self.timers.remove(&id);
+        self.reactor.cancel_timer(id);
+    }
+
+    fn resolve(&mut self, host: String, port: u16, server: ServerId, exchange: u64) {
+        let tx = self.lookups.tx.clone();
+        let waker = Arc::clone(self.lookups.waker);
+        let done = tx.clone();
+        let spawned =
+            crate::transport::resolve_in_background(self.lookups.pool, host, port, move |result| {
+                let _ = tx.send(Completion::McpResolved {
+                    server,
+                    exchange,
+                    result,
+                });
+                let _ = waker.wake();
+            });
+        if let Err(error) = spawned {
+            let _ = done.send(Completion::McpResolved {
+                server,
+                exchange,
+                result: Err(error),
+            });
+            let _ = self.lookups.waker.wake();
+        }
     }
 }
 
@@ -272,8 +409,14 @@ enum Owner<K> {
     Model(RunId),
     BashOut(RunId, String),
     BashErr(RunId, String),
+    /// A background shell's pipes, by its `shell_id`.
+    ShellOut(RunId, String),
+    ShellErr(RunId, String),
+    /// A `WebFetch` call's connection, by its tool_use_id.
+    Fetch(RunId, String),
     Stdin,
     Stdout,
+    Mcp(ServerId, Source),
     Host(K),
 }
 
@@ -285,6 +428,11 @@ enum TimerOwner<K> {
     Backoff(RunId),
     BashTimeout(RunId, String),
     BashGrace(RunId, String),
+    /// A `WebFetch` call's deadline.
+    Fetch(RunId, String),
+    Mcp(ServerId, Alarm),
+    /// How long a run's model request waits for its MCP servers' tool lists.
+    McpWait(RunId),
     Host(K),
 }
 
@@ -299,6 +447,37 @@ enum Completion {
         tool_use_id: String,
         output: ToolOutput,
     },
+    /// The address of a `WebFetch` call's host (or proxy).
+    FetchResolved {
+        run: RunId,
+        tool_use_id: String,
+        token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    },
+    McpResolved {
+        server: ServerId,
+        exchange: u64,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    },
+}
+
+/// A `WebFetch` call in flight.
+struct FetchTask {
+    request: FetchRequest,
+    exchange: Exchange,
+    deadline: TimerId,
+    status: Option<u16>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl FetchTask {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 struct ModelCall {
@@ -385,12 +564,62 @@ struct BashTask {
     grace: Option<TimerId>,
 }
 
+/// A background shell of a run (`Bash` with `background: true`), by its `shell_id`.
+struct ShellTask {
+    job: BashJob,
+    tokens: [Token; 2],
+    /// Where the last `BashOutput` of this shell stopped: the next one starts there.
+    read_at: u64,
+    /// The pipes are closed and their tokens forgotten.
+    released: bool,
+}
+
 struct RunSlot {
     run: Run,
     workspace: PathBuf,
     model: ModelState,
     attempt: u32,
     bash: HashMap<String, BashTask>,
+    shells: BTreeMap<String, ShellTask>,
+    /// Numbers the run's shells: `shell_1`, `shell_2`, …
+    shells_started: u64,
+    /// `WebFetch` calls in flight, by tool_use_id.
+    fetches: HashMap<String, FetchTask>,
+    /// The MCP servers whose tools the run is offered.
+    mcp: Vec<ServerId>,
+    mcp_wait: McpWait,
+    /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
+    mcp_gave_up: bool,
+}
+
+/// Whether a run's model request waits for its MCP servers to list their tools (at most
+/// `mcp_client::START_WAIT`): so its first turn sees them, and a turn after a server said
+/// its tools changed (`tools/list_changed`, usually during the call just answered) sees
+/// the new list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum McpWait {
+    /// No wait in progress.
+    Idle,
+    /// The request waits; the timer ends the wait.
+    Waiting(TimerId),
+}
+
+impl RunSlot {
+    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>) -> RunSlot {
+        RunSlot {
+            run,
+            workspace,
+            model: ModelState::Idle,
+            attempt: 0,
+            bash: HashMap::new(),
+            shells: BTreeMap::new(),
+            shells_started: 0,
+            fetches: HashMap::new(),
+            mcp,
+            mcp_wait: McpWait::Idle,
+            mcp_gave_up: false,
+        }
+    }
 }
 
 pub struct Engine<K: HostKey> {
@@ -405,8 +634,10 @@ pub struct Engine<K: HostKey> {
     waker: Arc<Waker>,
     /// File tool calls run here (`start_tool`); started lazily, so idle costs nothing.
     tool_workers: Pool,
-    /// DNS lookups for model requests run here (`start_model`).
+    /// DNS lookups for model requests and `WebFetch` run here.
     dns_workers: Pool,
+    /// TLS for `WebFetch`: the provider's when it has one, else built on first use.
+    web_tls: Option<Arc<rustls::ClientConfig>>,
     stdin: Option<Stdin>,
     stdout: Option<Stdout>,
     /// A SIGINT/SIGTERM arrived: the final stdout flush gets a deadline.
@@ -417,6 +648,8 @@ pub struct Engine<K: HostKey> {
     notices: VecDeque<(RunId, RetryNotice)>,
     stats: Stats,
     quit: bool,
+    /// Every MCP server of the process; runs name theirs in `RunSlot::mcp`.
+    mcp: Hub,
 }
 
 impl<K: HostKey> Engine<K> {
@@ -424,6 +657,11 @@ impl<K: HostKey> Engine<K> {
         let reactor = Reactor::new()?;
         let waker = reactor.waker();
         let (tx, rx) = channel();
+        let mcp = Hub::new(
+            config.mcp.servers.clone(),
+            config.mcp.workspace.clone(),
+            config.mcp.call_timeout,
+        );
         Ok(Engine {
             reactor,
             config,
@@ -436,6 +674,7 @@ impl<K: HostKey> Engine<K> {
             waker,
             tool_workers: Pool::new("caliban-tool", TOOL_WORKERS, TOOL_QUEUE_CAP),
             dns_workers: Pool::new("caliban-dns", DNS_WORKERS, DNS_QUEUE_CAP),
+            web_tls: None,
             stdin: None,
             stdout: None,
             signalled: false,
@@ -445,6 +684,7 @@ impl<K: HostKey> Engine<K> {
             notices: VecDeque::new(),
             stats: Stats::default(),
             quit: false,
+            mcp,
         })
     }
 
@@ -466,17 +706,27 @@ impl<K: HostKey> Engine<K> {
     pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
         let id = RunId(self.next_run);
         self.next_run += 1;
-        self.runs.insert(
-            id,
-            RunSlot {
-                run,
-                workspace,
-                model: ModelState::Idle,
-                attempt: 0,
-                bash: HashMap::new(),
-            },
-        );
+        let (hub, mut io) = self.mcp_io();
+        let servers = hub.select(&mut io, &Selection::default());
+        self.runs.insert(id, RunSlot::new(run, workspace, servers));
         id
+    }
+
+    /// The hub and the reactor lent to it, borrowed apart.
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+        (
+            &mut self.mcp,
+            McpIo {
+                reactor: &mut self.reactor,
+                owners: &mut self.owners,
+                timers: &mut self.timers,
+                lookups: Lookups {
+                    pool: &self.dns_workers,
+                    tx: &self.tx,
+                    waker: &self.waker,
+                },
+            },
+        )
     }
 
     /// Queues actions to perform when the loop starts (e.g. the first prompt).
@@ -491,6 +741,12 @@ impl<K: HostKey> Engine<K> {
             timers: &mut self.timers,
             actions: &mut self.actions,
             stats: self.stats,
+            mcp: &mut self.mcp,
+            lookups: Lookups {
+                pool: &self.dns_workers,
+                tx: &self.tx,
+                waker: &self.waker,
+            },
         }
     }
 
@@ -541,11 +797,29 @@ impl<K: HostKey> Engine<K> {
                     let (run, id) = (*run, id.clone());
                     self.on_bash_ready(run, &id, Stream::Stderr);
                 }
+                Some(Owner::ShellOut(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_shell_ready(run, &id, Some(Stream::Stdout));
+                }
+                Some(Owner::ShellErr(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_shell_ready(run, &id, Some(Stream::Stderr));
+                }
+                Some(Owner::Fetch(run, id)) => {
+                    let (run, id) = (*run, id.clone());
+                    self.on_fetch_ready(run, &id);
+                }
                 Some(Owner::Stdin) => self.drain_stdin(host),
                 Some(Owner::Stdout) => {
                     if let Some(stdout) = self.stdout.as_mut() {
                         stdout.flush();
                     }
+                }
+                Some(Owner::Mcp(server, source)) => {
+                    let (server, source) = (*server, *source);
+                    let (hub, mut io) = self.mcp_io();
+                    let events = hub.on_ready(&mut io, server, source);
+                    self.on_hub_events(events);
                 }
                 Some(Owner::Host(key)) => {
                     let key = *key;
@@ -594,6 +868,11 @@ impl<K: HostKey> Engine<K> {
                 self.act(action);
                 continue;
             }
+            let early = self.mcp.take_early();
+            if !early.is_empty() {
+                self.on_hub_events(early);
+                continue;
+            }
             host.after_batch(&mut self.ctx());
             if self.actions.is_empty() {
                 break;
@@ -621,17 +900,15 @@ impl<K: HostKey> Engine<K> {
     fn act(&mut self, action: HostAction) {
         let now = Instant::now();
         match action {
-            HostAction::StartRun { id, run, workspace } => {
-                self.runs.insert(
-                    id,
-                    RunSlot {
-                        run: *run,
-                        workspace,
-                        model: ModelState::Idle,
-                        attempt: 0,
-                        bash: HashMap::new(),
-                    },
-                );
+            HostAction::StartRun {
+                id,
+                run,
+                workspace,
+                mcp,
+            } => {
+                let (hub, mut io) = self.mcp_io();
+                let servers = hub.select(&mut io, &mcp);
+                self.runs.insert(id, RunSlot::new(*run, workspace, servers));
             }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
@@ -699,7 +976,7 @@ impl<K: HostKey> Engine<K> {
                 if let Some(slot) = self.runs.get_mut(&run) {
                     slot.attempt = 0;
                 }
-                self.start_model(run);
+                self.request_model(run);
             }
             Effect::RunTool(call) => {
                 self.stats.tool_calls += 1;
@@ -753,6 +1030,92 @@ impl<K: HostKey> Engine<K> {
 
     // ---- model requests ------------------------------------------------------------------
 
+    /// A new model request: it waits (bounded) while any of the run's MCP servers is
+    /// listing its tools; then it offers the tools they list now, so a server that finished
+    /// listing late, or changed its tools, reaches the run's next turn.
+    fn request_model(&mut self, run: RunId) {
+        self.request_model_waiting(run, true);
+    }
+
+    fn request_model_waiting(&mut self, run: RunId, may_wait: bool) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        if let McpWait::Waiting(_) = slot.mcp_wait {
+            return;
+        }
+        if may_wait && !slot.mcp_gave_up && self.mcp.any_listing(&slot.mcp) {
+            let timer = self.reactor.add_timer(mcp_client::START_WAIT);
+            self.timers.insert(timer, TimerOwner::McpWait(run));
+            slot.mcp_wait = McpWait::Waiting(timer);
+            return;
+        }
+        if !slot.mcp.is_empty() {
+            slot.run.set_extra_tools(self.mcp.tools(&slot.mcp));
+        }
+        self.start_model(run);
+    }
+
+    /// A run's wait for its servers is over: they all settled, or (`gave_up`) the wait ran
+    /// out and the stragglers are left out of this turn.
+    fn end_mcp_wait(&mut self, run: RunId, gave_up: bool) {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let McpWait::Waiting(timer) = slot.mcp_wait else {
+            return;
+        };
+        slot.mcp_wait = McpWait::Idle;
+        slot.mcp_gave_up |= gave_up;
+        if gave_up {
+            let stragglers: Vec<&str> = slot
+                .mcp
+                .iter()
+                .filter(|id| self.mcp.any_listing(&[**id]))
+                .map(|id| self.mcp.name(*id))
+                .collect();
+            log::warn(&format!(
+                "MCP servers still listing their tools after {} s, going ahead without their new lists: {}",
+                mcp_client::START_WAIT.as_secs(),
+                stragglers.join(", ")
+            ));
+        } else {
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        self.request_model_waiting(run, false);
+    }
+
+    /// What the MCP hub reports: calls answered, servers ready.
+    fn on_hub_events(&mut self, events: Vec<HubEvent>) {
+        let now = Instant::now();
+        for event in events {
+            match event {
+                HubEvent::CallDone { key, output } => {
+                    let run = RunId(key.run);
+                    if let Some(slot) = self.runs.get_mut(&run) {
+                        let effects = slot.run.on_tool_done(&key.tool_use_id, output, now);
+                        self.push_effects(run, effects);
+                    }
+                }
+                HubEvent::Settled => {
+                    let ready: Vec<RunId> = self
+                        .runs
+                        .iter()
+                        .filter(|(_, s)| {
+                            matches!(s.mcp_wait, McpWait::Waiting(_))
+                                && !self.mcp.any_listing(&s.mcp)
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for run in ready {
+                        self.end_mcp_wait(run, false);
+                    }
+                }
+            }
+        }
+    }
+
     fn start_model(&mut self, run: RunId) {
         if let Some(mut stale) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
             self.release_model(&mut stale);
@@ -794,25 +1157,32 @@ impl<K: HostKey> Engine<K> {
             output_started: false,
             deadline,
         }));
-        // An address literal needs no lookup (and no thread).
-        if let Ok(ip) = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-        {
-            self.on_resolved(run, token, Ok(vec![std::net::SocketAddr::new(ip, port)]));
-            return;
+        let done = move |result| Completion::Resolved { run, token, result };
+        if let Some(now) = self.look_up(host, port, done) {
+            self.on_resolved(run, token, now);
+        }
+    }
+
+    /// Looks `host` up on the DNS pool; the answer comes back as the completion `done`
+    /// makes of it. An address literal needs no lookup (and no thread), and a lookup the
+    /// pool refuses fails at once: those answers are returned, for the caller to handle now.
+    fn look_up(
+        &self,
+        host: String,
+        port: u16,
+        done: impl FnOnce(Result<Vec<std::net::SocketAddr>, String>) -> Completion + Send + 'static,
+    ) -> Option<Result<Vec<std::net::SocketAddr>, String>> {
+        if let Some(addr) = crate::transport::literal_addr(&host, port) {
+            return Some(Ok(vec![addr]));
         }
         let tx = self.tx.clone();
         let waker = Arc::clone(&self.waker);
-        let spawned =
-            crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
-                let _ = tx.send(Completion::Resolved { run, token, result });
-                let _ = waker.wake();
-            });
-        if let Err(error) = spawned {
-            self.on_resolved(run, token, Err(error));
-        }
+        crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
+            let _ = tx.send(done(result));
+            let _ = waker.wake();
+        })
+        .err()
+        .map(Err)
     }
 
     fn on_resolved(
@@ -1076,6 +1446,12 @@ impl<K: HostKey> Engine<K> {
         };
         match owner {
             TimerOwner::Host(key) => host.on_timer(&mut self.ctx(), key),
+            TimerOwner::Mcp(server, alarm) => {
+                let (hub, mut io) = self.mcp_io();
+                let events = hub.on_timer(&mut io, server, alarm);
+                self.on_hub_events(events);
+            }
+            TimerOwner::McpWait(run) => self.end_mcp_wait(run, true),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
@@ -1096,6 +1472,17 @@ impl<K: HostKey> Engine<K> {
                     });
                     self.reap_children();
                 }
+            }
+            TimerOwner::Fetch(run, id) => {
+                let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(&id)) else {
+                    return;
+                };
+                let output = ToolOutput::error(format!(
+                    "WebFetch: no complete answer from {} within {} s",
+                    task.request.url,
+                    task.request.timeout.as_secs()
+                ));
+                self.end_fetch(run, &id, output);
             }
             TimerOwner::BashGrace(run, tool) => {
                 if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(&tool)) {
@@ -1178,7 +1565,6 @@ impl<K: HostKey> Engine<K> {
         let runs = match table::lookup(&call.name) {
             Some(tool) => tool.runs,
             None => {
-                // Not a built-in (an MCP server's tool), and its host did not take it.
                 let output = ToolOutput::error(format!("unknown tool `{}`", call.name));
                 let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
                 self.push_effects(run, effects);
@@ -1189,6 +1575,43 @@ impl<K: HostKey> Engine<K> {
             Runs::Worker(work) => work,
             Runs::Process(spawn) => {
                 self.start_process(run, call, spawn, &workspace);
+                return;
+            }
+            Runs::Fetch(parse) => {
+                match parse(&call.input) {
+                    Ok(request) => self.start_fetch(run, call.id, request),
+                    Err(refused) => self.tool_done(run, &call.id, refused),
+                }
+                return;
+            }
+            Runs::Plan(parse) => {
+                let output = match parse(&call.input) {
+                    Ok(todos) => {
+                        let output = crate::tools::todo::summary(&todos);
+                        let event = TurnEvent::PlanUpdate {
+                            turn_index: slot.run.turn_index(),
+                            tool_use_id: call.id.clone(),
+                            todos,
+                        };
+                        // Shown before the call's end, like the work of any other tool.
+                        self.push_effects(run, vec![Effect::Emit(event)]);
+                        output
+                    }
+                    Err(refused) => refused,
+                };
+                self.tool_done(run, &call.id, output);
+                return;
+            }
+            Runs::Shell(parse) => {
+                let output = match parse(&call.input) {
+                    Ok(op) => self.shell_op(run, op),
+                    Err(refused) => refused,
+                };
+                self.tool_done(run, &call.id, output);
+                return;
+            }
+            Runs::Mcp => {
+                self.start_mcp_call(run, call);
                 return;
             }
         };
@@ -1226,8 +1649,14 @@ impl<K: HostKey> Engine<K> {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
+        // A background shell is spawned here too, in the run's sandbox: it is confined
+        // exactly as a foreground command is.
         let mode = slot.run.sandbox_for(&call.id);
         match spawn(&call.input, workspace, mode) {
+            Ok(job) if job.is_background() => {
+                let output = self.start_shell(run, &call, job);
+                self.tool_done(run, &call.id, output);
+            }
             Ok(mut job) => {
                 let tokens = [self.reactor.token(), self.reactor.token()];
                 if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
@@ -1265,8 +1694,394 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
+    /// Feeds a tool's result to its run.
+    fn tool_done(&mut self, run: RunId, tool_use_id: &str, output: ToolOutput) {
+        if let Some(slot) = self.runs.get_mut(&run) {
+            let effects = slot.run.on_tool_done(tool_use_id, output, Instant::now());
+            self.push_effects(run, effects);
+        }
+    }
+
+    /// Sends an MCP server's tool call; its answer comes back as a `HubEvent::CallDone`.
+    fn start_mcp_call(&mut self, run: RunId, call: ToolCall) {
+        let Some(servers) = self.runs.get(&run).map(|s| s.mcp.clone()) else {
+            return;
+        };
+        let key = mcp_client::client::CallKey {
+            run: run.0,
+            tool_use_id: call.id.clone(),
+        };
+        let (hub, mut io) = self.mcp_io();
+        if let Err(output) = hub.call(&mut io, &servers, key, &call.name, &call.input)
+            && let Some(slot) = self.runs.get_mut(&run)
+        {
+            let effects = slot.run.on_tool_done(&call.id, output, Instant::now());
+            self.push_effects(run, effects);
+        }
+    }
+
+    // ---- background shells ---------------------------------------------------------------
+
+    /// Keeps a job started with `background: true` as a shell of the run, watching its
+    /// pipes; the answer is the call's result.
+    fn start_shell(&mut self, run: RunId, call: &ToolCall, mut job: BashJob) -> ToolOutput {
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return ToolOutput::error("the run is gone");
+        };
+        if slot.shells.len() >= MAX_SHELLS_PER_RUN {
+            // The lowest-numbered finished shell is the oldest (the map's order is the ids'
+            // text, not their numbers).
+            let oldest_finished = slot
+                .shells
+                .iter()
+                .filter(|(_, shell)| shell.job.exited())
+                .min_by_key(|(id, _)| shell_number(id))
+                .map(|(id, _)| id.clone());
+            match oldest_finished.and_then(|id| slot.shells.remove(&id)) {
+                Some(mut gone) => {
+                    release_shell(&mut self.owners, self.reactor.registry(), &mut gone);
+                }
+                None => {
+                    job.kill("too many background shells");
+                    job.reap_blocking();
+                    return ToolOutput::error(format!(
+                        "Bash: {MAX_SHELLS_PER_RUN} background shells are running; stop one \
+                         with KillShell first"
+                    ));
+                }
+            }
+        }
+        slot.shells_started += 1;
+        let id = format!("shell_{}", slot.shells_started);
+        let tokens = [self.reactor.token(), self.reactor.token()];
+        if let Err(e) = job.register(self.reactor.registry(), tokens[0], tokens[1]) {
+            job.kill("could not watch the process");
+            job.close_pipes(self.reactor.registry());
+            job.reap_blocking();
+            return ToolOutput::error(format!("Bash: cannot watch pipes: {e}"));
+        }
+        self.owners
+            .insert(tokens[0], Owner::ShellOut(run, id.clone()));
+        self.owners
+            .insert(tokens[1], Owner::ShellErr(run, id.clone()));
+        slot.shells.insert(
+            id.clone(),
+            ShellTask {
+                job,
+                tokens,
+                read_at: 0,
+                released: false,
+            },
+        );
+        let command = call.input["command"].as_str().unwrap_or_default();
+        ToolOutput::ok(format!(
+            "Started background shell {id}: {command}\nRead its output with BashOutput \
+             (shell_id \"{id}\") and stop it with KillShell; it is killed when the run ends."
+        ))
+    }
+
+    /// Reads what waits in a shell's pipes (one, or both when `None`), and lets its pipes go
+    /// once it has exited and they are drained.
+    fn on_shell_ready(&mut self, run: RunId, id: &str, stream: Option<Stream>) {
+        let Some(shell) = self.runs.get_mut(&run).and_then(|s| s.shells.get_mut(id)) else {
+            return;
+        };
+        let registry = self.reactor.registry();
+        match stream {
+            Some(stream) => shell.job.drain(registry, stream),
+            None => {
+                shell.job.drain(registry, Stream::Stdout);
+                shell.job.drain(registry, Stream::Stderr);
+            }
+        }
+        if shell.job.is_complete() {
+            release_shell(&mut self.owners, registry, shell);
+        }
+    }
+
+    /// Answers `BashOutput` and `KillShell`.
+    fn shell_op(&mut self, run: RunId, op: ShellOp) -> ToolOutput {
+        let (tool, id) = match &op {
+            ShellOp::Output { shell_id, .. } => ("BashOutput", shell_id.clone()),
+            ShellOp::Kill { shell_id } => ("KillShell", shell_id.clone()),
+        };
+        // The freshest answer includes what is waiting in the pipes right now.
+        self.on_shell_ready(run, &id, None);
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return ToolOutput::error("the run is gone");
+        };
+        let known = || {
+            let ids: Vec<&str> = slot.shells.keys().map(String::as_str).collect();
+            if ids.is_empty() {
+                "this run has started none".to_owned()
+            } else {
+                format!("this run's shells: {}", ids.join(", "))
+            }
+        };
+        if !slot.shells.contains_key(&id) {
+            return ToolOutput::error(format!("{tool}: no background shell `{id}`; {}", known()));
+        }
+        let Some(shell) = slot.shells.get_mut(&id) else {
+            return ToolOutput::error(format!("{tool}: no background shell `{id}`"));
+        };
+        match op {
+            ShellOp::Output { since, .. } => {
+                let read = shell.job.shell_output(since.unwrap_or(shell.read_at));
+                shell.read_at = read.to;
+                let mut text = format!("{id}: {}\n", shell.job.shell_state());
+                if read.lost > 0 {
+                    text.push_str(&format!(
+                        "[{} bytes before offset {} were dropped: only the latest {} KiB are \
+                         kept]\n",
+                        read.lost,
+                        read.from,
+                        SHELL_BUFFER_CAP / 1024
+                    ));
+                }
+                if read.text.is_empty() {
+                    text.push_str("[no new output]\n");
+                } else {
+                    text.push_str(&read.text);
+                    if !read.text.ends_with('\n') {
+                        text.push('\n');
+                    }
+                    // A background shell is confined as a foreground command is; the model
+                    // hears why a write failed the same way (no retry prompt: the shell is
+                    // already running).
+                    if let Some(note) = shell.job.sandbox_note(&read.text) {
+                        text.push_str(&format!("[sandbox: {note}]\n"));
+                    }
+                }
+                if read.to < read.total {
+                    text.push_str(&format!(
+                        "[bytes {}-{} of {}; more waits: call BashOutput with since_offset {}]",
+                        read.from, read.to, read.total, read.to
+                    ));
+                } else {
+                    text.push_str(&format!(
+                        "[bytes {}-{} of {}; next since_offset {}]",
+                        read.from, read.to, read.total, read.to
+                    ));
+                }
+                ToolOutput::ok(text)
+            }
+            ShellOp::Kill { .. } => {
+                if shell.job.exited() {
+                    return ToolOutput::ok(format!(
+                        "{id} had already ended ({}); nothing to kill",
+                        shell.job.shell_state()
+                    ));
+                }
+                shell.job.kill("KillShell");
+                shell.job.reap_blocking();
+                // What it wrote before it died stays readable.
+                let registry = self.reactor.registry();
+                shell.job.drain(registry, Stream::Stdout);
+                shell.job.drain(registry, Stream::Stderr);
+                release_shell(&mut self.owners, registry, shell);
+                let total = shell.job.shell_output(u64::MAX).total;
+                ToolOutput::ok(format!(
+                    "Killed {id} and every process it started; its {total} bytes of output stay \
+                     readable with BashOutput."
+                ))
+            }
+        }
+    }
+
+    // ---- WebFetch ------------------------------------------------------------------------
+
+    /// Starts (or, after a same-site redirect, restarts) a `WebFetch` call's GET.
+    fn start_fetch(&mut self, run: RunId, tool_use_id: String, request: FetchRequest) {
+        let proxy =
+            match crate::http::client::proxy_for(&request.target, &|name| std::env::var(name).ok())
+            {
+                Ok(proxy) => proxy,
+                Err(e) => {
+                    return self.tool_done(
+                        run,
+                        &tool_use_id,
+                        ToolOutput::error(format!("WebFetch: {e}")),
+                    );
+                }
+            };
+        let tls = if request.target.tls {
+            match self.web_tls() {
+                Ok(tls) => Some(tls),
+                Err(e) => {
+                    let output = ToolOutput::error(format!("WebFetch: TLS: {e}"));
+                    return self.tool_done(run, &tool_use_id, output);
+                }
+            }
+        } else {
+            None
+        };
+        let Some(slot) = self.runs.get_mut(&run) else {
+            return;
+        };
+        let token = self.reactor.token();
+        let exchange = Exchange::new(
+            token,
+            request.target.clone(),
+            proxy,
+            tls,
+            request.request_bytes(),
+        );
+        let (host, port) = exchange.dial_target();
+        let deadline = self.reactor.add_timer(request.timeout);
+        self.timers
+            .insert(deadline, TimerOwner::Fetch(run, tool_use_id.clone()));
+        self.owners
+            .insert(token, Owner::Fetch(run, tool_use_id.clone()));
+        slot.fetches.insert(
+            tool_use_id.clone(),
+            FetchTask {
+                request,
+                exchange,
+                deadline,
+                status: None,
+                headers: Vec::new(),
+                body: Vec::new(),
+            },
+        );
+        let id = tool_use_id.clone();
+        let done = move |result| Completion::FetchResolved {
+            run,
+            tool_use_id: id,
+            token,
+            result,
+        };
+        if let Some(now) = self.look_up(host, port, done) {
+            self.on_fetch_resolved(run, &tool_use_id, token, now);
+        }
+    }
+
+    /// The roots and settings `WebFetch` trusts: the model client's, or loaded once.
+    fn web_tls(&mut self) -> Result<Arc<rustls::ClientConfig>, String> {
+        if let Some(tls) = self.web_tls.as_ref().or(self.config.provider.tls.as_ref()) {
+            return Ok(Arc::clone(tls));
+        }
+        // Once per process: reading the system's CA bundle is the one blocking step.
+        let (tls, _) = crate::transport::client_config()?;
+        self.web_tls = Some(Arc::clone(&tls));
+        Ok(tls)
+    }
+
+    fn on_fetch_resolved(
+        &mut self,
+        run: RunId,
+        id: &str,
+        token: Token,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    ) {
+        let Some(task) = self
+            .runs
+            .get_mut(&run)
+            .and_then(|s| s.fetches.get_mut(id))
+            .filter(|t| t.exchange.token() == token)
+        else {
+            return;
+        };
+        let mut events = Vec::new();
+        task.exchange
+            .on_resolved(self.reactor.registry(), result, &mut events);
+        self.on_fetch_events(run, id, events);
+    }
+
+    fn on_fetch_ready(&mut self, run: RunId, id: &str) {
+        let Some(task) = self.runs.get_mut(&run).and_then(|s| s.fetches.get_mut(id)) else {
+            return;
+        };
+        let mut events = Vec::new();
+        task.exchange.on_ready(self.reactor.registry(), &mut events);
+        self.on_fetch_events(run, id, events);
+    }
+
+    fn on_fetch_events(&mut self, run: RunId, id: &str, events: Vec<ClientEvent>) {
+        for event in events {
+            let Some(task) = self.runs.get_mut(&run).and_then(|s| s.fetches.get_mut(id)) else {
+                return;
+            };
+            match event {
+                ClientEvent::Head(head) => {
+                    task.status = Some(head.status);
+                    task.headers = head.headers;
+                }
+                ClientEvent::Body(bytes) => {
+                    let room = MAX_FETCH_BODY - task.body.len();
+                    task.body.extend_from_slice(&bytes[..room.min(bytes.len())]);
+                    if bytes.len() > room {
+                        // Enough: the rest is never read.
+                        return self.finish_fetch(run, id, true);
+                    }
+                }
+                ClientEvent::End => return self.finish_fetch(run, id, false),
+                ClientEvent::Failed { error, .. } => {
+                    let output =
+                        ToolOutput::error(format!("WebFetch: {}: {error}", task.request.url));
+                    return self.end_fetch(run, id, output);
+                }
+            }
+        }
+    }
+
+    /// The response is complete (or `cut` at the cap): follow a same-site redirect, or
+    /// answer with the page.
+    fn finish_fetch(&mut self, run: RunId, id: &str, cut: bool) {
+        let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(id)) else {
+            return;
+        };
+        let status = task.status.unwrap_or(0);
+        let output = if (300..400).contains(&status) && status != 304 {
+            match task.request.redirect(status, task.header("location")) {
+                Ok(next) => {
+                    self.end_fetch_quietly(run, id);
+                    return self.start_fetch(run, id.to_owned(), next);
+                }
+                Err(output) => output,
+            }
+        } else {
+            let content_type = task.header("content-type").unwrap_or_default();
+            task.request.render(status, content_type, &task.body, cut)
+        };
+        self.end_fetch(run, id, output);
+    }
+
+    /// Drops a fetch's connection, token and deadline.
+    fn end_fetch_quietly(&mut self, run: RunId, id: &str) -> bool {
+        let Some(mut task) = self.runs.get_mut(&run).and_then(|s| s.fetches.remove(id)) else {
+            return false;
+        };
+        task.exchange.close(self.reactor.registry());
+        self.owners.remove(&task.exchange.token());
+        self.timers.remove(&task.deadline);
+        self.reactor.cancel_timer(task.deadline);
+        true
+    }
+
+    /// Ends a fetch with its result for the model.
+    fn end_fetch(&mut self, run: RunId, id: &str, output: ToolOutput) {
+        if self.end_fetch_quietly(run, id) {
+            self.tool_done(run, id, output);
+        }
+    }
+
     fn on_completion(&mut self, done: Completion) {
         match done {
+            Completion::FetchResolved {
+                run,
+                tool_use_id,
+                token,
+                result,
+            } => self.on_fetch_resolved(run, &tool_use_id, token, result),
+            Completion::McpResolved {
+                server,
+                exchange,
+                result,
+            } => {
+                let (hub, mut io) = self.mcp_io();
+                let events = hub.on_resolved(&mut io, server, exchange, result);
+                self.on_hub_events(events);
+            }
             Completion::Resolved { run, token, result } => self.on_resolved(run, token, result),
             Completion::Tool {
                 run,
@@ -1290,15 +2105,24 @@ impl<K: HostKey> Engine<K> {
 
     fn reap_children(&mut self) {
         let mut check = Vec::new();
+        let mut shells = Vec::new();
         for (run_id, slot) in self.runs.iter_mut() {
             for (tool, task) in slot.bash.iter_mut() {
                 if !task.job.exited() && task.job.try_reap() {
                     check.push((*run_id, tool.clone()));
                 }
             }
+            for (id, shell) in slot.shells.iter_mut() {
+                if !shell.job.exited() && shell.job.try_reap() {
+                    shells.push((*run_id, id.clone()));
+                }
+            }
         }
         for (run, tool) in check {
             self.maybe_finish_bash(run, &tool);
+        }
+        for (run, id) in shells {
+            self.on_shell_ready(run, &id, None);
         }
         // Processes caliban adopted: reap those that exited, kill those of calls now over.
         reaper::sweep(Sweep::Ended);
@@ -1358,6 +2182,17 @@ impl<K: HostKey> Engine<K> {
         };
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
+        let shells = std::mem::take(&mut slot.shells);
+        let fetches: Vec<String> = slot.fetches.keys().cloned().collect();
+        if let McpWait::Waiting(timer) = slot.mcp_wait {
+            slot.mcp_wait = McpWait::Idle;
+            self.timers.remove(&timer);
+            self.reactor.cancel_timer(timer);
+        }
+        if !slot.mcp.is_empty() {
+            let (hub, mut io) = self.mcp_io();
+            hub.cancel_run(&mut io, run.0);
+        }
         match model {
             ModelState::InFlight(mut call) => self.release_model(&mut call),
             ModelState::Backoff(timer) => {
@@ -1372,6 +2207,15 @@ impl<K: HostKey> Engine<K> {
             task.job.reap_blocking();
             self.forget_bash(&task);
         }
+        for id in fetches {
+            self.end_fetch_quietly(run, &id);
+        }
+        // Background shells live as long as their run.
+        for (_, mut shell) in shells {
+            shell.job.kill("the run ended");
+            release_shell(&mut self.owners, self.reactor.registry(), &mut shell);
+            shell.job.reap_blocking();
+        }
     }
 
     fn shutdown(&mut self) {
@@ -1379,6 +2223,10 @@ impl<K: HostKey> Engine<K> {
         for run in ids {
             self.abort_work(run);
         }
+        let (hub, mut io) = self.mcp_io();
+        hub.stop_all(&mut io);
+        // Nothing is left to answer: the hub's last events are dropped.
+        self.mcp.take_early();
     }
 }
 
@@ -1388,6 +2236,29 @@ impl<K: HostKey> Drop for Engine<K> {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Closes a shell's pipes and forgets their tokens (once).
+fn release_shell<K>(
+    owners: &mut HashMap<Token, Owner<K>>,
+    registry: &mio::Registry,
+    shell: &mut ShellTask,
+) {
+    if shell.released {
+        return;
+    }
+    shell.released = true;
+    shell.job.close_pipes(registry);
+    for token in shell.tokens {
+        owners.remove(&token);
+    }
+}
+
+/// `shell_7` → 7, for telling which shell is older.
+fn shell_number(id: &str) -> u64 {
+    id.strip_prefix("shell_")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A cheap jitter source for backoff; it only needs to de-synchronise clients.

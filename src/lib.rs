@@ -5,7 +5,7 @@
 //! Layers, each depending only on those below it:
 //! `app` (the command line) → `print`, `surface` (the drive surfaces over `surface::host`) →
 //! `drive` (run table, sessions, operation decoders) → `engine` (performs effects) →
-//! `agent` (decides) → `model`, `tools`, `permissions`, `settings` → `http`, `transport`,
+//! `mcp_client` (MCP servers the runs call) → `agent` (decides) → `model`, `tools`, `permissions`, `settings` → `http`, `transport`,
 //! `stdio`, `jsonrpc`, `reactor` → `workers` (bounded pools for blocking calls), `reaper`
 //! (descendants that outlive their parents), `sys` (every `unsafe` and libc call), `log`,
 //! `clock`, `text`, `exit`.
@@ -33,8 +33,10 @@ mod exit;
 pub mod fuzzing;
 mod glob;
 mod http;
+mod instructions;
 mod jsonrpc;
 mod log;
+mod mcp_client;
 mod model;
 mod permissions;
 mod print;

@@ -3,7 +3,9 @@
 //! ending with the exit codes of upstream's headless protocol.
 //!
 //! It is a `Host` of the engine: it renders events and answers Asks (always "deny, here is
-//! how to allow it": nobody can be asked). It holds no agent logic.
+//! how to allow it": nobody can be asked). It holds no agent logic. Its run is recorded in a
+//! session file exactly as the drive core records a driven run (`Recorder`), which is what
+//! `--continue` and `--resume` read back.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -14,6 +16,8 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::agent::tool_input::{StreamedCall, ToolInputs};
 use crate::cli::{InputFormat, OutputFormat};
+use crate::drive::session::{EventLog, SessionStore};
+use crate::drive::table::DriveStatus;
 use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
 use crate::exit;
 use crate::model::types::{ContentBlock, Message, Usage};
@@ -53,7 +57,106 @@ pub struct Printer {
     turns_without_edit: u32,
     /// The run's permission policy, to tell the model how an Ask could be allowed.
     policy: Policy,
+    /// Where the run is recorded, unless no session directory could be opened.
+    recorder: Option<Recorder>,
     pub exit_code: u8,
+}
+
+/// A print run's session file, written line by line as `drive::table::DriveCore` writes a
+/// driven run's (header, statuses, events, inputs), so everything that reads runs back (`GET
+/// /runs`, `DriveCore::messages` for `--continue`) reads it the same way. A write that fails
+/// is reported once and recording stops; the run goes on.
+pub struct Recorder {
+    store: SessionStore,
+    /// The header's fields; the prompt is added when the first user message arrives.
+    header: serde_json::Map<String, Value>,
+    log: Option<EventLog>,
+    broken: bool,
+}
+
+impl Recorder {
+    pub fn new(store: SessionStore, header: serde_json::Map<String, Value>) -> Recorder {
+        Recorder {
+            store,
+            header,
+            log: None,
+            broken: false,
+        }
+    }
+
+    fn failed(&mut self, what: &str, error: std::io::Error) {
+        if !self.broken {
+            self.broken = true;
+            crate::log::warn(&format!(
+                "cannot {what} the session file ({error}); this run will not be resumable"
+            ));
+        }
+    }
+
+    /// A user message: the first one starts the file (it is the header's `prompt`), later
+    /// ones are input lines.
+    fn user(&mut self, content: &[ContentBlock]) {
+        if self.broken {
+            return;
+        }
+        let text = Message {
+            role: crate::model::types::Role::User,
+            content: content.to_vec(),
+        }
+        .text();
+        let written = match self.log.as_mut() {
+            Some(log) => log
+                .append_input(&json!({"type": "user_message", "text": text}))
+                .and_then(|()| log.append_status(&DriveStatus::Running.to_json())),
+            None => {
+                let mut header = self.header.clone();
+                header.insert("prompt".into(), json!(text));
+                self.store.create(header).and_then(|mut log| {
+                    log.append_status(&DriveStatus::Starting.to_json())?;
+                    log.append_status(&DriveStatus::Running.to_json())?;
+                    self.log = Some(log);
+                    Ok(())
+                })
+            }
+        };
+        if let Err(e) = written {
+            self.failed("write", e);
+        }
+    }
+
+    fn event(&mut self, event: &TurnEvent) {
+        if let Some(log) = self.log.as_mut().filter(|_| !self.broken)
+            && let Err(e) = log.append_event(&event.to_json())
+        {
+            self.failed("append to", e);
+        }
+    }
+
+    fn status(&mut self, status: &DriveStatus) {
+        if let Some(log) = self.log.as_mut().filter(|_| !self.broken)
+            && let Err(e) = log.append_status(&status.to_json())
+        {
+            self.failed("append to", e);
+        }
+    }
+
+    /// The run ended: its last status, then the file is closed. Unlike a server's finished
+    /// run it is not fsynced: every line is already written (a crash of this process loses
+    /// nothing), and waiting for the disk at exit cost about 20 ms a run here, more than the
+    /// rest of a short print run; only a power cut right after a run can lose its end.
+    fn finish(&mut self, why: &StopCondition) {
+        let status = match why {
+            StopCondition::ProviderError(e) => DriveStatus::Failed(e.clone()),
+            StopCondition::StreamIdle(d) => DriveStatus::Failed(format!(
+                "the model stream was idle for {} s",
+                d.as_secs_f64()
+            )),
+            _ => DriveStatus::Done,
+        };
+        self.status(&status);
+        // Dropping the log closes its descriptor, which releases its lock.
+        self.log = None;
+    }
 }
 
 impl Printer {
@@ -91,8 +194,14 @@ impl Printer {
             got_input: false,
             turns_without_edit: 0,
             policy,
+            recorder: None,
             exit_code: exit::RUNTIME,
         }
+    }
+
+    /// Records the run in a session file (see `Recorder`).
+    pub fn record(&mut self, recorder: Recorder) {
+        self.recorder = Some(recorder);
     }
 
     /// Writes one stream-json frame (only in that format).
@@ -111,19 +220,22 @@ impl Printer {
     }
 
     /// The opening frame; `sandbox` is `sandbox::describe` of the run's mode, so a reader
-    /// sees whether its commands are confined before any runs.
+    /// sees whether its commands are confined before any runs; `instructions` the project
+    /// instructions the run was given.
     pub fn init_frame(
         &mut self,
         tools: &[String],
         cwd: &str,
         permission_mode: &str,
         sandbox: Value,
+        instructions: &crate::instructions::Loaded,
     ) {
         self.frame(json!({
             "type": "system", "subtype": "init", "session_id": self.session_id,
             "model": format!("{}/{}", self.provider, self.model), "tools": tools, "plugins": [],
             "settingSources": ["user", "project"], "mcp_servers": [], "bare_mode": false,
             "cwd": cwd, "permission_mode": permission_mode, "sandbox": sandbox,
+            "instructions": instructions.to_json(),
         }));
     }
 
@@ -264,6 +376,9 @@ impl Printer {
         }
         if let Some(content) = self.queued.pop_front() {
             self.awaiting_input = false;
+            if let Some(recorder) = self.recorder.as_mut() {
+                recorder.user(&content);
+            }
             return vec![HostAction::SendInput(self.run, content)];
         }
         if self.stdin_done {
@@ -283,6 +398,9 @@ impl Host for Printer {
     }
 
     fn on_event(&mut self, _ctx: &mut Ctx<()>, _run: RunId, event: &TurnEvent) {
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.event(event);
+        }
         match event {
             TurnEvent::AssistantTextDelta { text, .. } if self.partial => {
                 self.frame(json!({"type": "text", "delta": text}));
@@ -311,6 +429,16 @@ impl Host for Printer {
                 self.frame(json!({
                     "type": "tool_result", "tool_use_id": tool_use_id, "is_error": is_error,
                     "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
+                }));
+            }
+            TurnEvent::PlanUpdate {
+                tool_use_id, todos, ..
+            } => {
+                // After the call's tool_use frame, before its tool_result.
+                self.flush_tool_uses();
+                self.frame(json!({
+                    "type": "system", "subtype": "plan", "tool_use_id": tool_use_id,
+                    "todos": todos.iter().map(crate::tools::todo::Todo::to_json).collect::<Vec<_>>(),
                 }));
             }
             TurnEvent::RunEnd {
@@ -355,12 +483,18 @@ impl Host for Printer {
 
     fn on_await_input(&mut self, ctx: &mut Ctx<()>, _run: RunId) {
         self.awaiting_input = true;
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.status(&DriveStatus::AwaitingInput);
+        }
         for action in self.feed_pending() {
             ctx.act(action);
         }
     }
 
     fn on_finished(&mut self, ctx: &mut Ctx<()>, _run: RunId, why: &StopCondition) {
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.finish(why);
+        }
         self.result(why);
         ctx.act(HostAction::Quit);
     }
@@ -426,7 +560,11 @@ impl Host for Printer {
 impl Printer {
     /// Marks the printer as started by a text-mode prompt: no more input will come.
     pub fn start_text(&mut self, prompt: String) -> HostAction {
-        HostAction::SendInput(self.run, vec![ContentBlock::text(prompt)])
+        let content = vec![ContentBlock::text(prompt)];
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.user(&content);
+        }
+        HostAction::SendInput(self.run, content)
     }
 
     /// stream-json input: the run starts with the first user line.

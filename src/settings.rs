@@ -11,17 +11,25 @@
 //!
 //! ```json
 //! {"provider": "anthropic", "model": "…", "max_tokens": 8192, "max_turns": 50,
+//!  "project_instructions": true,
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
 //!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
 //!  "sandbox": {"mode": "workspace-write", "network_ports": [443], "deny_read": ["~/x"],
 //!              "allow_read": ["~/.npmrc"], "writable": ["~/.cache"],
-//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off"}}
+//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off"},
+//!  "mcpServers": {"name": {"command": "…", "args": ["…"]}},
+//!  "mcp_timeout": 300,
+//!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false}
 //! ```
 //!
 //! A workspace's files may only narrow the sandbox (`mode` no wider than the user's, more
 //! `deny_read`); its other keys there are ignored with a warning, as a cloned repository
 //! must not widen what commands may do.
+//!
+//! `mcpServers` is read as `mcp_client::config` reads `.mcp.json`; the approval keys
+//! (`enabledMcpjsonServers`, `enableAllProjectMcpServers`, as Claude Code names them) count
+//! only in the user's own file, since a workspace must not approve its own servers.
 
 use std::fmt;
 use std::fs::File;
@@ -48,11 +56,19 @@ pub struct Settings {
     pub max_tokens: Option<u32>,
     pub max_turns: Option<u32>,
     pub default_mode: Option<Mode>,
+    /// `"project_instructions": false` turns off reading `AGENTS.md` and kin.
+    pub project_instructions: Option<bool>,
     /// Project rules first (the local file's before the shared file's), then user rules.
     pub rules: Vec<Rule>,
     pub sandbox: sandbox::Settings,
     /// Things worth telling the user that do not stop the run: unknown keys, dropped rules.
     pub warnings: Vec<String>,
+    /// Each file's `mcpServers`, highest priority first, with whether it is the user's.
+    pub mcp_servers: Vec<(RuleSource, Map<String, Value>)>,
+    pub mcp_timeout: Option<u32>,
+    /// Approvals of project MCP servers, from the user's file only.
+    pub enabled_mcpjson_servers: Vec<String>,
+    pub enable_all_project_mcp_servers: bool,
 }
 
 #[derive(Debug)]
@@ -134,9 +150,23 @@ pub fn load(
         settings.max_tokens = settings.max_tokens.or(file.max_tokens);
         settings.max_turns = settings.max_turns.or(file.max_turns);
         settings.default_mode = settings.default_mode.or(file.default_mode);
+        settings.project_instructions = settings.project_instructions.or(file.project_instructions);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
         merge_sandbox(&mut settings.sandbox, file.sandbox, source);
+        settings.mcp_timeout = settings.mcp_timeout.or(file.mcp_timeout);
+        if let Some(servers) = file.mcp_servers {
+            settings.mcp_servers.push((source, servers));
+        }
+        if source == RuleSource::User {
+            settings.enabled_mcpjson_servers = file.enabled_mcpjson_servers;
+            settings.enable_all_project_mcp_servers = file.enable_all_project_mcp_servers;
+        } else if !file.enabled_mcpjson_servers.is_empty() || file.enable_all_project_mcp_servers {
+            settings.warnings.push(format!(
+                "{}: MCP server approvals count only in your user settings; ignored here",
+                path.display()
+            ));
+        }
     }
     Ok(settings)
 }
@@ -227,9 +257,14 @@ struct FileSettings {
     max_tokens: Option<u32>,
     max_turns: Option<u32>,
     default_mode: Option<Mode>,
+    project_instructions: Option<bool>,
     rules: Vec<Rule>,
     sandbox: sandbox::Settings,
     warnings: Vec<String>,
+    mcp_servers: Option<Map<String, Value>>,
+    mcp_timeout: Option<u32>,
+    enabled_mcpjson_servers: Vec<String>,
+    enable_all_project_mcp_servers: bool,
 }
 
 /// Validates one file. Structural mistakes in known keys are errors, since guessing could
@@ -269,6 +304,36 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
             "max_turns" => parser.out.max_turns = Some(parser.positive(key, value)?),
             "permissions" => parser.permissions(value)?,
             "sandbox" => parser.sandbox(value)?,
+            "project_instructions" => match value {
+                Value::Bool(on) => parser.out.project_instructions = Some(*on),
+                _ => {
+                    return Err(
+                        parser.invalid("'project_instructions' must be true or false".to_owned())
+                    );
+                }
+            },
+            "mcpServers" => match value {
+                Value::Object(servers) => parser.out.mcp_servers = Some(servers.clone()),
+                _ => {
+                    return Err(parser
+                        .invalid("'mcpServers' must be an object of servers by name".to_owned()));
+                }
+            },
+            "mcp_timeout" => parser.out.mcp_timeout = Some(parser.positive(key, value)?),
+            "enabledMcpjsonServers" => {
+                parser.out.enabled_mcpjson_servers = value
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+            }
+            "enableAllProjectMcpServers" => {
+                parser.out.enable_all_project_mcp_servers = value.as_bool() == Some(true);
+            }
             // Editors add a schema reference for completion; it configures nothing.
             "$schema" => {}
             _ => parser.warn(format!("unknown key '{key}' ignored")),

@@ -134,6 +134,16 @@ fn roots_from_file(path: &Path) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
+/// The address of a host that is an IP literal (`[::1]` or `127.0.0.1`): it needs no
+/// lookup, and no thread.
+pub(crate) fn literal_addr(host: &str, port: u16) -> Option<std::net::SocketAddr> {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| std::net::SocketAddr::new(ip, port))
+}
+
 /// Resolves `host:port` on one of `workers`' threads (getaddrinfo blocks) and hands the
 /// result to `deliver`, which is expected to post it to the loop and wake it. Fails only when
 /// the pool cannot take the lookup (its queue is full, or no thread starts); then `deliver`

@@ -1810,3 +1810,51 @@ fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
 }
+
+#[test]
+fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
+    let ws = Workspace::new("acp-mcp-http");
+    let server = crate::mcp_client::PyHttp::start("http", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("mcp__web__echo", "toolu_h", json!({"text": "from acp"})),
+            text_turn("done"),
+        ]),
+    );
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    let init = raw.recv();
+    assert_eq!(
+        init["result"]["agentCapabilities"]["mcpCapabilities"],
+        json!({"http": true, "sse": true}),
+        "{init}"
+    );
+    let servers = json!([{"type": "http", "name": "web", "url": server.url,
+                          "headers": [{"name": "X-Editor", "value": "test"}]}]);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
+        .to_string(),
+    );
+    let session = raw.recv()["result"]["sessionId"].clone();
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                "params": {"sessionId": session,
+                           "prompt": [{"type": "text", "text": "echo"}]}})
+        .to_string(),
+    );
+    let (answer, updates) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let opening = updates
+        .iter()
+        .map(|f| &f["params"]["update"])
+        .find(|u| u["sessionUpdate"] == "tool_call" && u["toolCallId"] == "toolu_h")
+        .expect("a tool_call card for the MCP call");
+    assert_eq!(opening["kind"], "other", "{opening}");
+    assert_eq!(opening["title"], "mcp__web__echo", "{opening}");
+    let sent = flat(&request_messages(&stub, 1));
+    assert!(sent.contains("echo: from acp"), "{sent}");
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+}

@@ -31,10 +31,10 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(90);
 
 // ---- a test CA, made by openssl ---------------------------------------------------------------
 
-struct Pki {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
+pub(crate) struct Pki {
+    pub(crate) ca: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
     /// A CA that signed nothing here.
     other_ca: PathBuf,
     /// A key that does not belong to `cert`.
@@ -57,6 +57,11 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A CA, a server certificate for `localhost` and 127.0.0.1 signed by it, an unrelated CA
 /// and a stray key, in `ws/pki`.
 fn pki(ws: &Workspace) -> Pki {
+    pki_for(ws, "DNS:localhost,IP:127.0.0.1")
+}
+
+/// The same, the server certificate's subjectAltName being `san` (openssl's syntax).
+pub(crate) fn pki_for(ws: &Workspace, san: &str) -> Pki {
     let dir = ws.path("pki");
     std::fs::create_dir_all(&dir).expect("mkdir pki");
     let ec = [
@@ -97,8 +102,10 @@ fn pki(ws: &Workspace) -> Pki {
     openssl(&dir, &args);
     std::fs::write(
         dir.join("server.ext"),
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
-         extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        format!(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+        ),
     )
     .expect("write ext");
     openssl(
@@ -144,7 +151,7 @@ fn pki(ws: &Workspace) -> Pki {
 
 // ---- the agent --------------------------------------------------------------------------------
 
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
     /// `tls://ADDR` or `unix:PATH`, from the start-up line.
     endpoint: String,
@@ -154,7 +161,12 @@ struct Agent {
 impl Agent {
     /// Starts `caliban agent serve` with `flags`, the stub as its model and `env`, and waits
     /// for its start-up line.
-    fn start(ws: &Workspace, stub: &Stub, flags: &[&str], env: &[(&str, &str)]) -> Agent {
+    pub(crate) fn start(
+        ws: &Workspace,
+        stub: &Stub,
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let mut cmd = caliban(ws);
         anthropic(&mut cmd, stub);
         cmd.args(["agent", "serve"]).args(flags);
@@ -197,14 +209,14 @@ impl Agent {
         }
     }
 
-    fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.endpoint
             .strip_prefix("tls://")
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("not a TLS endpoint: {}", self.endpoint))
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.stderr
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -1187,4 +1199,33 @@ fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permiss
         assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
         break;
     }
+}
+
+/// The networked agent's run calls the configured MCP servers like every surface's.
+#[test]
+fn ndjson_run_calls_configured_mcp_servers() {
+    let ws = Workspace::new("agent-mcp-client");
+    let pki = pki(&ws);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [{"id": "toolu_m", "name": "mcp__py__echo", "input": {"text": "net"}}]},
+            text_turn("done"),
+        ]}),
+    );
+    ws.write(
+        "mcp.json",
+        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+    );
+    let cfg = path_str(&ws.path("mcp.json"));
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &["--mcp-config", &cfg]);
+    let mut client = Client::attached(&agent, &pki, "");
+    let lines = client.recv_to_end();
+    let end = lines
+        .iter()
+        .find(|l| l["type"] == "ToolCallEnd" && l["tool_use_id"] == "toolu_m")
+        .unwrap_or_else(|| panic!("no ToolCallEnd: {lines:?}"));
+    assert_eq!(end["is_error"], false, "{end}");
+    assert_eq!(end["result_text"], "echo: net", "{end}");
 }

@@ -70,7 +70,18 @@ impl Serve {
         extra_args: &[&str],
         extra_env: &[(&str, &str)],
     ) -> Serve {
-        let mut cmd = serve_command(ws, stub, extra_args, extra_env);
+        let mut serve = Serve::spawn(serve_command(ws, stub, extra_args, extra_env));
+        serve.args = extra_args.iter().map(|s| s.to_string()).collect();
+        serve.env = extra_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        serve
+    }
+
+    /// Runs `cmd`, which ends in `caliban http serve …` (it may be wrapped, as in a chroot
+    /// or a container), and waits for its listening line.
+    pub fn spawn(mut cmd: Command) -> Serve {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -119,11 +130,8 @@ impl Serve {
             addr,
             scheme: scheme.to_owned(),
             stderr: log,
-            args: extra_args.iter().map(|s| s.to_string()).collect(),
-            env: extra_env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            args: Vec::new(),
+            env: Vec::new(),
         }
     }
 

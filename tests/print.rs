@@ -134,7 +134,19 @@ fn stream_json_frames_in_order() {
     );
     assert_eq!(
         frames[0]["tools"],
-        json!(["Bash", "Read", "Write", "Edit", "Glob", "Grep"])
+        json!([
+            "Bash",
+            "BashOutput",
+            "KillShell",
+            "Read",
+            "Write",
+            "Edit",
+            "MultiEdit",
+            "Glob",
+            "Grep",
+            "WebFetch",
+            "TodoWrite"
+        ])
     );
     assert_eq!(frames[1]["input"], json!({"path": "notes.txt"}));
     assert_eq!(frames[2]["is_error"], false);

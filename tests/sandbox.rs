@@ -1,9 +1,11 @@
 //! The sandbox on the real kernel: every mode's writes, the deny list, the network, what a
 //! command's descendants inherit, the `core.fsmonitor` escalation, the prompt to run a
-//! refused call outside the sandbox, and what happens where Landlock is missing
-//! (simulated with `CALIBAN_SANDBOX_NO_LANDLOCK`) or a mount namespace is
-//! (`CALIBAN_SANDBOX_NO_MOUNTNS`). Commands come from the stub model as `Bash` calls, run
-//! by the real binary; nothing here is mocked.
+//! refused call outside the sandbox, background shells (confined as foreground commands),
+//! `MultiEdit` (held to the file tools' policy), `WebFetch` (not a command, so not
+//! confined), and what happens where Landlock is missing (simulated with
+//! `CALIBAN_SANDBOX_NO_LANDLOCK`) or a mount namespace is (`CALIBAN_SANDBOX_NO_MOUNTNS`).
+//! Commands come from the stub model as `Bash` calls, run by the real binary; nothing here
+//! is mocked.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -73,7 +75,17 @@ fn print_run(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Output, std::collections::HashMap<String, String>) {
-    let stub = Stub::start(ws, &script(calls));
+    print_script_run(ws, &script(calls), args, env)
+}
+
+/// `print_run` of a whole stub script.
+fn print_script_run(
+    ws: &Workspace,
+    script: &Value,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, std::collections::HashMap<String, String>) {
+    let stub = Stub::start(ws, script);
     let mut cmd = caliban(ws);
     anthropic(&mut cmd, &stub);
     cmd.args(["-p", "go", "--output-format", "stream-json"])
@@ -156,6 +168,11 @@ fn workspace_write_writes_inside_the_workspace_and_temp_dirs_only() {
     assert!(texts[1].contains("Permission denied"), "{}", texts[1]);
     assert!(texts[1].contains(&expected), "{}", texts[1]);
     assert!(texts[2].ends_with("[exit code: 0]"), "{}", texts[2]);
+    // The print run's session file says the same as its init frame.
+    assert_eq!(
+        session_header(&ws, "run-1")["sandbox"],
+        init_frame(&out)["sandbox"]
+    );
 }
 
 #[test]
@@ -470,6 +487,73 @@ fn descendants_in_sessions_of_their_own_stay_confined() {
     }
 }
 
+#[test]
+fn a_background_shell_is_confined_like_a_foreground_command() {
+    let ws = Workspace::new("sbx-background");
+    let outside = Outside::new("background-shell");
+    // The background shell writes inside and (fails to) outside, then says it is done; its
+    // error is in its pipe by then. The foreground call waits for that.
+    let background = format!(
+        "echo bg > bg-inside.txt; echo x > {}; touch bg-done",
+        outside.display("bg.txt")
+    );
+    let script = json!({"turns": [
+        {"tool_calls": [{"id": "bg", "name": "Bash",
+                         "input": {"command": background, "background": true}}]},
+        {"tool_calls": [bash_call("wait", "while [ ! -e bg-done ]; do sleep 0.02; done")]},
+        {"tool_calls": [{"id": "read", "name": "BashOutput", "input": {"shell_id": "shell_1"}}]},
+        {"text": "done"},
+    ]});
+    let args = ["--sandbox", "workspace-write"];
+    let (out, results) = print_script_run(&ws, &script, &args, &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        results["bg"].starts_with("Started background shell shell_1"),
+        "{}",
+        results["bg"]
+    );
+    assert_eq!(ws.read("bg-inside.txt"), "bg\n");
+    assert!(
+        !outside.path("bg.txt").exists(),
+        "a background shell wrote outside the workspace"
+    );
+    // Its output explains the refusal as a foreground command's result does.
+    let read = &results["read"];
+    assert!(read.contains("Permission denied"), "{read}");
+    let expected = format!(
+        "[sandbox: write to {} blocked by the sandbox (workspace-write)",
+        outside.display("bg.txt")
+    );
+    assert!(read.contains(&expected), "{read}");
+}
+
+#[test]
+fn web_fetch_is_not_a_command_the_sandbox_confines() {
+    // The sandbox takes the network from commands; WebFetch is caliban's own request,
+    // governed by the permission rules, so it works even in read-only.
+    let ws = Workspace::new("sbx-webfetch");
+    let site = crate::long_work::web_server();
+    let calls = vec![json!({"id": "f", "name": "WebFetch",
+                            "input": {"url": format!("{site}/page")}})];
+    let (out, results) = print_run(
+        &ws,
+        calls,
+        &[
+            "--sandbox",
+            "read-only",
+            "--allow",
+            "WebFetch(domain:127.0.0.1)",
+        ],
+        &[],
+    );
+    assert_eq!(init_frame(&out)["sandbox"]["mode"], "read-only");
+    assert!(
+        results["f"].starts_with(&format!("→ WebFetch {site}/page (200, ")),
+        "{}",
+        results["f"]
+    );
+}
+
 fn git_init(ws: &Workspace) {
     let status = std::process::Command::new("git")
         .args(["init", "-q", "."])
@@ -499,6 +583,9 @@ fn the_fsmonitor_escalation_is_blocked_even_in_bypass_permissions() {
             &format!("printf '[core]\\n\\tfsmonitor = {hook}\\n' >> .git/config"),
         ),
         json!({"id": "write", "name": "Write", "input": {"path": ".git/config", "content": config}}),
+        json!({"id": "multi", "name": "MultiEdit", "input": {"path": ".git/config", "edits": [
+            {"old_string": "[core]", "new_string": format!("[core]\n\tfsmonitor = {hook}")},
+        ]}}),
     ];
     let args = ["--permission-mode", "bypassPermissions"];
     let (out, results) = print_run(&ws, calls, &args, &[]);
@@ -520,6 +607,15 @@ fn the_fsmonitor_escalation_is_blocked_even_in_bypass_permissions() {
          protected path (git's config and hooks: a `core.fsmonitor`, `core.pager`, alias or \
          hook there runs any command the next time an allowed git command runs), read-only \
          unless sandbox.protected_writable lists it"
+    );
+    // MultiEdit is held to the same policy as Write and Edit.
+    assert!(
+        results["multi"].starts_with(
+            "MultiEdit: write to `.git/config` blocked by the sandbox (workspace-write): .git/ \
+             is a protected path"
+        ),
+        "{}",
+        results["multi"]
     );
 
     // A repository that arrived with the hook in place: it runs, inside the sandbox.

@@ -647,3 +647,43 @@ fn unreachable_proxy_fails_clearly() {
     );
     assert!(took < Duration::from_secs(20), "took {took:?}");
 }
+
+/// WebFetch of an `https://` URL verifies the site with the roots the model client trusts
+/// (`SSL_CERT_FILE` here), even when the model itself is reached over plain HTTP.
+#[test]
+fn web_fetch_over_https_verifies_the_site() {
+    let ws = Workspace::new("tls-webfetch");
+    let site = crate::long_work::web_server();
+    let relay = tls_relay(site.trim_start_matches("http://").parse().expect("site"));
+    let fetch = |id: &str, host: &str| {
+        json!({"id": id, "name": "WebFetch",
+               "input": {"url": format!("https://{host}:{}/page", relay.port())}})
+    };
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [fetch("f1", "localhost")]},
+            text_turn("read it"),
+            {"tool_calls": [fetch("f2", "localhost")]},
+            text_turn("refused"),
+        ]}),
+    );
+    for (ca, id) in [("ca.pem", "f1"), ("other-ca.pem", "f2")] {
+        let mut cmd = caliban(&ws);
+        cmd.env("ANTHROPIC_BASE_URL", &stub.url)
+            .env("SSL_CERT_FILE", fixture(ca))
+            .args(["-p", "--allow", "WebFetch(domain:localhost)", "fetch"]);
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let (failed, text) = crate::long_work::tool_result(&stub, id);
+        if id == "f1" {
+            assert!(!failed, "{text}");
+            assert!(
+                text.contains("(200, text/html") && text.contains("Release notes"),
+                "{text}"
+            );
+        } else {
+            assert!(failed, "an untrusted certificate is refused: {text}");
+        }
+    }
+}

@@ -292,3 +292,47 @@ pub fn process_with_marker_exists(marker: &str) -> bool {
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// The python of a venv under the target dir named `name`, with the pinned `requirements`
+/// (a file under `tests/`) installed from PyPI: made once per target dir, and again when
+/// the pins change; one installer at a time across test threads.
+pub fn venv_python(name: &str, requirements: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = dir.join("bin/python");
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(requirements);
+    let want = std::fs::read_to_string(&file).expect("read the requirements");
+    let marker = dir.join("installed-requirements.txt");
+    let lock = std::fs::File::create(dir.with_extension("lock")).expect("venv lock file");
+    lock.lock().expect("venv lock");
+    if std::fs::read_to_string(&marker).ok() == Some(want.clone()) {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir)
+        .status()
+        .expect("python3 is needed for these tests");
+    assert!(status.success(), "python3 -m venv failed");
+    let out = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&file)
+        .output()
+        .expect("run pip");
+    assert!(
+        out.status.success(),
+        "pip install -r {requirements} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&marker, want).expect("write marker");
+    python
+}

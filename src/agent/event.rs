@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::model::types::{ContentBlock, Message, StopReason, Usage};
+use crate::tools::todo::Todo;
 
 /// Upstream caps `ToolCallEnd.result_text` at this many characters (head kept).
 pub const STREAM_RESULT_TEXT_CAP: usize = 8 * 1024;
@@ -87,6 +88,14 @@ pub enum TurnEvent {
         ttft: Option<Duration>,
         tbt: Option<Duration>,
     },
+    /// The model's plan, after a `TodoWrite` call changed it: the whole list. Not one of
+    /// upstream's eight variants (it has no plan event); it comes between the call's
+    /// `ToolCallStart` and `ToolCallEnd`.
+    PlanUpdate {
+        turn_index: u32,
+        tool_use_id: String,
+        todos: Vec<Todo>,
+    },
     RunEnd {
         final_messages: Vec<Message>,
         total_usage: Usage,
@@ -107,6 +116,7 @@ impl TurnEvent {
             TurnEvent::ToolCallInputDelta { .. } => "ToolCallInputDelta",
             TurnEvent::ToolCallEnd { .. } => "ToolCallEnd",
             TurnEvent::TurnEnd { .. } => "TurnEnd",
+            TurnEvent::PlanUpdate { .. } => "PlanUpdate",
             TurnEvent::RunEnd { .. } => "RunEnd",
         }
     }
@@ -169,6 +179,12 @@ impl TurnEvent {
                         "tool_results": tool_results.iter().map(Message::to_json).collect::<Vec<_>>(),
                         "stop_reason": stop_reason.as_str(), "usage": usage.to_json(),
                         "ttft": ttft.map(duration_json), "tbt": tbt.map(duration_json)}),
+            TurnEvent::PlanUpdate {
+                turn_index,
+                tool_use_id,
+                todos,
+            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
+                        "todos": todos.iter().map(Todo::to_json).collect::<Vec<_>>()}),
             TurnEvent::RunEnd {
                 final_messages,
                 total_usage,

@@ -154,6 +154,11 @@ enum Phase {
 
 pub struct Run {
     config: RunConfig,
+    /// What the model is offered: the configured tools (taken out of `config`, not copied:
+    /// an idle run's size counts), then the tools MCP servers offer now (`set_extra_tools`).
+    tools: Vec<ToolSpec>,
+    /// How many of `tools` are the configured ones.
+    configured_tools: usize,
     policy: Policy,
     messages: Vec<Message>,
     phase: Phase,
@@ -164,8 +169,11 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn new(config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+    pub fn new(mut config: RunConfig, policy: Policy, history: Vec<Message>) -> Run {
+        let tools = std::mem::take(&mut config.tools);
         Run {
+            configured_tools: tools.len(),
+            tools,
             config,
             policy,
             messages: history,
@@ -175,6 +183,13 @@ impl Run {
             total_usage: Usage::default(),
             turns_without_edit: 0,
         }
+    }
+
+    /// The tools offered besides the configured ones (MCP servers' tools, as they list
+    /// them now): the next model request offers them, and calls are checked against them.
+    pub fn set_extra_tools(&mut self, extra: Vec<ToolSpec>) {
+        self.tools.truncate(self.configured_tools);
+        self.tools.extend(extra);
     }
 
     pub fn policy_mut(&mut self) -> &mut Policy {
@@ -189,6 +204,11 @@ impl Run {
         matches!(self.phase, Phase::Idle)
     }
 
+    /// The turn in progress (or the next one, between turns), for events the engine adds.
+    pub fn turn_index(&self) -> u32 {
+        self.turn_index
+    }
+
     /// The request for the turn in flight.
     pub fn model_request(&self) -> ModelRequest<'_> {
         ModelRequest {
@@ -196,7 +216,7 @@ impl Run {
             max_tokens: self.config.max_tokens,
             system: &self.config.system,
             messages: &self.messages,
-            tools: &self.config.tools,
+            tools: &self.tools,
         }
     }
 
@@ -474,12 +494,11 @@ impl Run {
                 tools.results[slot] = Some(ToolOutput::error(error));
                 continue;
             }
-            if !self.config.tools.iter().any(|t| t.name == call.name) {
+            if !self.tools.iter().any(|t| t.name == call.name) {
                 tools.results[slot] = Some(ToolOutput::error(format!(
                     "unknown tool '{}'; available tools: {}",
                     call.name,
-                    self.config
-                        .tools
+                    self.tools
                         .iter()
                         .map(|t| t.name.as_ref())
                         .collect::<Vec<_>>()

@@ -428,6 +428,13 @@ impl<'a> Fields<'a> {
                     .ok_or_else(|| self.error(Problem::UnknownSandbox { value }))?,
             ),
         };
+        // Names of configured MCP servers: the run gets only those (none for `[]`); absent
+        // or null, every configured one. Only names: a client cannot make the server run a
+        // command or reach a URL of its choosing (`DriveCore::start_run` checks them).
+        let mcp_servers = match self.map.get("mcp_servers") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(self.strings("mcp_servers")?),
+        };
         Ok(RunSpec {
             prompt,
             interactive,
@@ -436,6 +443,10 @@ impl<'a> Fields<'a> {
             permission_mode,
             rules,
             sandbox,
+            mcp: crate::mcp_client::Selection {
+                configured: mcp_servers,
+                servers: Vec::new(),
+            },
             ..RunSpec::default()
         })
     }

@@ -26,7 +26,7 @@ use crate::clock::now_ms;
 use crate::drive::session::{EventLog, SessionStore};
 use crate::engine::{AskReply, HostAction, RunId};
 use crate::log;
-use crate::model::types::{ContentBlock, Message, ToolSpec};
+use crate::model::types::{ContentBlock, Message};
 use crate::permissions::{Mode, Policy, Rule};
 
 /// How long a surfaced permission prompt waits for an answer before it is denied.
@@ -180,9 +180,9 @@ pub struct RunSpec {
     pub continues_without_last_prompt: bool,
     /// Surface-specific fields for the session header (e.g. an ACP session id).
     pub extra_header: Map<String, Value>,
-    /// Tools offered to the model besides the built-in ones (an ACP session's MCP servers'
-    /// tools); the host runs them (`ToolPlacement::Delegated`).
-    pub extra_tools: Vec<ToolSpec>,
+    /// The MCP servers whose tools the run is offered: by default every configured one;
+    /// a client may name a subset (`mcp_servers`), a surface add its own (ACP's session).
+    pub mcp: crate::mcp_client::Selection,
 }
 
 /// The server-wide template every run starts from.
@@ -195,10 +195,14 @@ pub struct DriveConfig {
     pub permission_timeout: Duration,
     /// Builds the system prompt for a run's workspace.
     pub system_prompt: Option<String>,
+    /// Where each run's project instructions come from, read for its own workspace.
+    pub instructions: crate::instructions::Sources,
     /// Runs streaming or running tools at once (`MAX_WORKING_RUNS` by default).
     pub max_working_runs: usize,
     /// Open runs, idle interactive ones included (`MAX_LIVE_RUNS` by default).
     pub max_live_runs: usize,
+    /// The configured MCP servers' names: what a run's `mcp_servers` may name.
+    pub mcp_names: Vec<String>,
 }
 
 struct RunRecord {
@@ -479,6 +483,14 @@ impl DriveCore {
                 "too many runs in progress ({n_working} working, {n_live} open; at most {max_working} and {max_live}); cancel one or wait"
             )));
         }
+        if let Some(names) = &spec.mcp.configured
+            && let Some(unknown) = names.iter().find(|n| !self.config.mcp_names.contains(n))
+        {
+            return Err(DriveError::BadRequest(format!(
+                "unknown MCP server `{unknown}` in mcp_servers: the configured ones are [{}]",
+                self.config.mcp_names.join(", ")
+            )));
+        }
         let workspace = match &spec.cwd {
             None => self.config.workspace.clone(),
             Some(cwd) => {
@@ -500,16 +512,17 @@ impl DriveCore {
         };
         let mut run_config = self.config.run.clone();
         run_config.interactive = spec.interactive;
-        run_config.tools.extend(spec.extra_tools.iter().cloned());
         if let Some(model) = &spec.model {
             run_config.model = model.clone();
         }
         let workspace_str = workspace.display().to_string();
-        run_config.system = self
+        let base = self
             .config
             .system_prompt
             .clone()
             .unwrap_or_else(|| crate::agent::default_system_prompt(&workspace_str));
+        let instructions = self.config.instructions.load(&workspace);
+        run_config.system = instructions.system_prompt(&base);
         let mut policy = self.config.policy.clone();
         if !spec.rules.is_empty() || spec.permission_mode.is_some() {
             policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
@@ -540,6 +553,9 @@ impl DriveCore {
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
         header.insert("sandbox".into(), crate::sandbox::describe(policy.sandbox()));
+        if !instructions.is_empty() {
+            header.insert("instructions".into(), instructions.to_json());
+        }
         let mut log = self
             .store
             .create(header)
@@ -557,6 +573,7 @@ impl DriveCore {
             id,
             run: Box::new(run),
             workspace,
+            mcp: spec.mcp.clone(),
         });
         self.act(HostAction::SendInput(
             id,
@@ -660,6 +677,13 @@ impl DriveCore {
     }
 
     /// The session header of a run (prompt, cwd, model, surface fields).
+    /// The project instruction files the run was started with (`[{path, bytes, truncated}]`),
+    /// when it had any.
+    pub fn instructions(&self, id: RunId) -> Option<Value> {
+        let header = self.record(id).ok()?.log.header();
+        header.get("instructions").cloned()
+    }
+
     pub fn header(&self, id: RunId) -> Result<Value, DriveError> {
         Ok(self.record(id)?.log.header().clone())
     }
@@ -1212,8 +1236,10 @@ mod tests {
                 provider: "anthropic",
                 permission_timeout: DEFAULT_PERMISSION_TIMEOUT,
                 system_prompt: Some("test system prompt".into()),
+                instructions: Default::default(),
                 max_working_runs: MAX_WORKING_RUNS,
                 max_live_runs: MAX_LIVE_RUNS,
+                mcp_names: Vec::new(),
             };
             DriveCore::new(store, config)
         }

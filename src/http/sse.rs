@@ -99,7 +99,6 @@ impl SseDecoder {
     }
 
     /// The reconnection time from the last valid `retry:` field.
-    #[cfg(test)]
     pub fn retry_ms(&self) -> Option<u64> {
         self.retry_ms
     }

@@ -148,6 +148,31 @@ impl Message {
         })
     }
 
+    /// Model messages as session files and history headers store them: user and assistant
+    /// messages with at least one block; another role, an empty message, or one with a
+    /// block this build cannot read is left out (with a warning for the last).
+    pub fn list_from_json(messages: &[Value]) -> Vec<Message> {
+        let mut out = Vec::new();
+        for message in messages {
+            let role = match message.get("role").and_then(Value::as_str) {
+                Some("user") => Role::User,
+                Some("assistant") => Role::Assistant,
+                _ => continue,
+            };
+            let blocks: Result<Vec<ContentBlock>, String> = message
+                .get("content")
+                .and_then(Value::as_array)
+                .map(|blocks| blocks.iter().map(ContentBlock::from_json).collect())
+                .unwrap_or_else(|| Ok(Vec::new()));
+            match blocks {
+                Ok(content) if !content.is_empty() => out.push(Message { role, content }),
+                Ok(_) => {}
+                Err(e) => crate::log::warn(&format!("leaving a message out of the history: {e}")),
+            }
+        }
+        out
+    }
+
     /// Concatenated text blocks, the "assistant text" of a turn.
     pub fn text(&self) -> String {
         let mut out = String::new();

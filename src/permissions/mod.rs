@@ -423,7 +423,9 @@ fn suggested_pattern(tool: &str, input: &Value) -> Option<String> {
             let path = if value.is_empty() { "." } else { value };
             Some(format!("{tool}({})", escape_glob(path)))
         }
-        FieldKind::Text => {
+        // A first argument is never plain text; only `key=` forms are.
+        FieldKind::Text => None,
+        FieldKind::Url => {
             // WebFetch: allow the whole site rather than one URL.
             let (scheme, rest) = value.split_once("://")?;
             let host = rest

@@ -9,7 +9,9 @@
 //! - `Tool:<glob>` or `Tool(<glob>)` on the tool's first-argument field (`first_arg`);
 //! - `Bash(cargo test:*)`: Claude Code's prefix form, `cargo test` alone or followed by a space;
 //! - `Bash:~<glob>`: the glob anywhere in the command;
-//! - `Tool:key=<glob>[,key2=<glob2>]`: dotted keys into the input, all of which must match.
+//! - `Tool:key=<glob>[,key2=<glob2>]`: dotted keys into the input, all of which must match;
+//! - `WebFetch(domain:<host>)`: the URL's host is `<host>` or a subdomain of it (a glob such
+//!   as `domain:*.example.com` matches the host as a glob), as in Claude Code.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -136,6 +138,9 @@ enum ArgPattern {
     Prefix(Glob),
     /// `Bash:~<glob>`, compiled as `*<glob>*`.
     Anywhere(Glob),
+    /// `WebFetch(domain:<host>)`: the URL's host. A literal host also matches its
+    /// subdomains (`domain:example.com` allows `docs.example.com`).
+    Domain { glob: Glob, literal: Option<String> },
 }
 
 impl Matcher {
@@ -218,6 +223,22 @@ impl Matcher {
                     arg: ArgMatcher::First(ArgPattern::Prefix(glob)),
                 });
             }
+        }
+        if field.is_some_and(|field| field.kind == FieldKind::Url)
+            && let Some(domain) = arg.strip_prefix("domain:")
+        {
+            let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+            if domain.is_empty() {
+                return Err(PatternError::EmptyArgument { pattern: owned() });
+            }
+            let literal = (!domain.contains(['*', '?', '[', '{', '\\'])).then(|| domain.clone());
+            return Ok(Matcher {
+                tool: tool_glob,
+                arg: ArgMatcher::First(ArgPattern::Domain {
+                    glob: compile(pattern, &domain, TEXT)?,
+                    literal,
+                }),
+            });
         }
         if field.is_some_and(|field| field.kind == FieldKind::Path) && arg.starts_with('~') {
             return Err(PatternError::HomePath { pattern: owned() });
@@ -441,9 +462,32 @@ fn value_matches(
                 None => action != Action::Allow && path.is_match(&view.abs[1..]),
             }
         }
+        (ArgPattern::Domain { glob, literal }, _) => url_host(value).is_some_and(|host| {
+            glob.is_match(&host)
+                || literal
+                    .as_ref()
+                    .is_some_and(|domain| host.ends_with(&format!(".{domain}")))
+        }),
         (ArgPattern::Glob { text, .. }, _) => text.is_match(value),
         (ArgPattern::Prefix(glob) | ArgPattern::Anywhere(glob), _) => glob.is_match(value),
     }
+}
+
+/// The host of an `http(s)://` URL, lowercased, without port, brackets or user info; `None`
+/// for anything else (which no `domain:` rule matches).
+fn url_host(url: &str) -> Option<String> {
+    let (scheme, rest) = url.trim().split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => host_port.split(':').next()?,
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
 }
 
 /// Strings, numbers and booleans can be matched; objects, arrays and null never match.
@@ -471,6 +515,8 @@ pub(super) enum FieldKind {
     Command,
     /// A file path, normalised against the workspace.
     Path,
+    /// A URL (WebFetch's `url`): matched as text, or by host with `domain:`.
+    Url,
     /// Anything else, matched as text.
     Text,
 }
@@ -490,7 +536,7 @@ pub(super) fn first_arg(tool: &str) -> Option<Field> {
         table::Subject::Nothing => return None,
         table::Subject::Command(field) => (field, FieldKind::Command, None),
         table::Subject::Path { field, default } => (field, FieldKind::Path, default),
-        table::Subject::Url(field) => (field, FieldKind::Text, None),
+        table::Subject::Url(field) => (field, FieldKind::Url, None),
     };
     Some(Field {
         name,
@@ -657,6 +703,51 @@ mod tests {
             "WebFetch",
             &json!({"url": "https://x.org"})
         ));
+    }
+
+    #[test]
+    fn domain_form() {
+        let url = |u: &str| json!({ "url": u });
+        let rule = "WebFetch(domain:example.com)";
+        assert!(matches(rule, "WebFetch", &url("https://example.com/a")));
+        assert!(matches(
+            rule,
+            "WebFetch",
+            &url("http://Docs.Example.COM:8080/x?y")
+        ));
+        assert!(matches(
+            rule,
+            "WebFetch",
+            &url("https://user@example.com./")
+        ));
+        assert!(!matches(rule, "WebFetch", &url("https://notexample.com/")));
+        assert!(!matches(
+            rule,
+            "WebFetch",
+            &url("https://example.com.evil.org/")
+        ));
+        assert!(!matches(
+            rule,
+            "WebFetch",
+            &url("https://evil.org/example.com")
+        ));
+        assert!(!matches(rule, "WebFetch", &url("ftp://example.com/")));
+        assert!(!matches(rule, "WebFetch", &json!({})));
+        assert!(matches(
+            "WebFetch:domain:127.0.0.1",
+            "WebFetch",
+            &url("http://127.0.0.1:9/")
+        ));
+        let glob = "WebFetch(domain:*.rs)";
+        assert!(matches(glob, "WebFetch", &url("https://docs.rs/serde")));
+        assert!(!matches(
+            glob,
+            "WebFetch",
+            &url("https://docs.rs.evil.org/")
+        ));
+        assert!(super::Matcher::parse("WebFetch(domain:)").is_err());
+        // Only URL fields have a domain: elsewhere it is an ordinary glob.
+        assert!(matches("Bash(domain:x*)", "Bash", &bash("domain:xy")));
     }
 
     #[test]

@@ -348,6 +348,10 @@ pub(crate) struct Policy {
     /// The 403 for a request the browser rule refuses (`auth::Gate::check_browser_headers`),
     /// given the rule's reason: the rule is shared, the response is the surface's.
     pub forbidden: fn(&'static str) -> Response,
+    /// The answer to a request that any peer may make without the token, or `None`. A
+    /// liveness probe is one: a kubelet probes from outside the pod and cannot hold a
+    /// secret. It is answered at the gate and the connection closed, never admitted.
+    pub public: fn(&Request) -> Option<Response>,
 }
 
 /// Something a surface must act on, in the order it happened.
@@ -947,6 +951,13 @@ impl<P: Default> Front<P> {
             return;
         }
         if let Decision::Deny(reason) = gate.authorize(peer, request.header("authorization")) {
+            if let Some(response) = (self.setup.policy.public)(&request) {
+                let response = response.header("connection", "close");
+                slot.conn
+                    .respond(response.status, &response.header_refs(), &response.body);
+                self.look_again(id);
+                return;
+            }
             log::debug(&format!("refused {}: {reason}", slot.conn.peer()));
             slot.conn.respond(
                 401,

@@ -69,6 +69,23 @@ impl<S: HostKey> Cx<'_, '_, S> {
     pub fn stats(&self) -> Stats {
         self.ctx.stats()
     }
+
+    /// Starts an MCP server for the surface's runs (`engine::Ctx::mcp_start`).
+    pub fn mcp_start(
+        &mut self,
+        config: crate::mcp_client::config::ServerConfig,
+        cwd: std::path::PathBuf,
+    ) -> crate::mcp_client::ServerId {
+        self.ctx.mcp_start(config, cwd)
+    }
+
+    pub fn mcp_ensure(&mut self, id: crate::mcp_client::ServerId) -> crate::mcp_client::ServerId {
+        self.ctx.mcp_ensure(id)
+    }
+
+    pub fn mcp_stop(&mut self, id: crate::mcp_client::ServerId) {
+        self.ctx.mcp_stop(id);
+    }
 }
 
 /// A drive surface: a protocol adapter over the core. Every callback has a default that

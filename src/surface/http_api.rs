@@ -11,8 +11,13 @@
 //! that stopped reading is its connection's window (`http::server::STREAM_WINDOW`) plus one
 //! step, never the rest of the run; the front closes the connection once such a peer has
 //! taken nothing for its write-stall deadline.
+//!
+//! Fairness: one pass of the pump writes at most `PUMP_BUDGET` bytes across all followers;
+//! the rest waits in `Pump`'s queue for a zero-delay timer, which the reactor reports after
+//! the I/O of its round, so fan-out to many followers never keeps the loop from answering
+//! everyone else.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,6 +55,12 @@ const HEARTBEAT_PERIOD: Duration = Duration::from_secs(15);
 /// spin the loop.
 const HEARTBEAT_MIN_REARM: Duration = Duration::from_millis(10);
 const SSE_HEARTBEAT: &[u8] = b": heartbeat\n\n";
+/// What one pass of the follow pump (a batch of engine work, a round of the front's events,
+/// or the pump's own timer) may write to followers before the rest waits for the next round.
+/// Without it, a large event fanned out to many followers is one long stall of the loop: 60
+/// followers of a run whose last event carried 8 MB of text kept a status request waiting
+/// 5 s (debug build). At least one step is always taken, so every pass makes progress.
+const PUMP_BUDGET: usize = 4 << 20;
 
 const OPENAPI: &str = include_str!("openapi.json");
 
@@ -59,6 +70,8 @@ const OPENAPI: &str = include_str!("openapi.json");
 pub enum HttpKey {
     Front(FrontKey),
     Heartbeat(ConnId),
+    /// The follow pump's next pass (see `PUMP_BUDGET`).
+    Pump,
 }
 
 impl From<FrontKey> for HttpKey {
@@ -70,11 +83,34 @@ impl From<FrontKey> for HttpKey {
 /// This surface's choices for the front. The front leaves a quiet follow stream alone: the
 /// surface sends its heartbeats itself (`HEARTBEAT_PERIOD`), since the NDJSON one carries
 /// the stream's cursor. A request the browser rule refuses gets the API's JSON error, and
-/// the connection ends with it.
+/// the connection ends with it. `GET /healthz` needs no token, so a kubelet's probe (which
+/// cannot carry a secret) sees the server alive; it tells only what `/healthz` tells.
 const POLICY: Policy = Policy {
     keepalive: Keepalive::Silent,
     forbidden,
+    public,
 };
+
+fn public(request: &Request) -> Option<Response> {
+    (request.method == "GET" && path_segments(request) == ["healthz"]).then(health)
+}
+
+fn health() -> Response {
+    Response::json(
+        200,
+        json!({"status": "ok", "version": crate::cli::VERSION}).to_string(),
+    )
+}
+
+/// The request's path as its non-empty segments, which is how routes are matched.
+fn path_segments(request: &Request) -> Vec<&str> {
+    request
+        .path
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect()
+}
 
 fn forbidden(reason: &'static str) -> Response {
     Response::json(403, json!({ "error": reason }).to_string()).header("connection", "close")
@@ -109,6 +145,15 @@ fn heartbeat_step(quiet: Duration, output_waiting: bool) -> (bool, Duration) {
 pub struct HttpServe {
     /// Each connection's live stream, if it has one.
     front: Front<Option<Follow>>,
+    pump: Pump,
+}
+
+/// Followers that have more to be sent than the last pass could take, in turn.
+#[derive(Default)]
+struct Pump {
+    queue: VecDeque<ConnId>,
+    queued: HashSet<ConnId>,
+    timer: Option<TimerId>,
 }
 
 fn json_reply(status: u16, body: &Value) -> Reply {
@@ -163,6 +208,7 @@ impl HttpServe {
     pub fn new(config: ListenConfig) -> std::io::Result<HttpServe> {
         Ok(HttpServe {
             front: Front::bind(config, POLICY)?,
+            pump: Pump::default(),
         })
     }
 
@@ -177,15 +223,16 @@ impl HttpServe {
 
     /// Acts on what the front has for us: answers requests, feeds live streams.
     fn serve(&mut self, ctx: &mut Cx<HttpKey>) {
+        let mut budget = PUMP_BUDGET;
         while let Some(event) = self.front.next_event(ctx) {
             match event {
                 Event::Request(conn, request) => {
                     let reply = self.handle(ctx, conn, request);
                     self.front.reply(conn, reply);
                     // A follow stream that just opened gets what there is to see.
-                    self.pump_follow(ctx, conn);
+                    self.pump_within(ctx, conn, &mut budget);
                 }
-                Event::Writable(conn) => self.pump_follow(ctx, conn),
+                Event::Writable(conn) => self.pump_within(ctx, conn, &mut budget),
                 // A follower that hung up will never read the rest of its stream.
                 Event::HungUp(conn) => self.front.close(ctx, conn),
                 Event::Closed(_, follow) => {
@@ -208,18 +255,10 @@ impl HttpServe {
             run.clone()
                 .map_err(|e| (drive_error_status(&e), e.to_string()))
         };
-        let segments: Vec<&str> = request
-            .path
-            .trim_start_matches('/')
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .collect();
+        let segments = path_segments(&request);
         let method = request.method.as_str();
         match (method, segments.as_slice()) {
-            ("GET", ["healthz"]) => json_reply(
-                200,
-                &json!({"status": "ok", "version": crate::cli::VERSION}),
-            ),
+            ("GET", ["healthz"]) => health().into(),
             ("GET", ["metrics"]) => Response::with(
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -236,7 +275,13 @@ impl HttpServe {
                         .map_err(|e| (drive_error_status(&e), e.to_string()))
                 });
                 match result {
-                    Ok(run) => json_reply(200, &json!({"run_id": run.to_string()})),
+                    Ok(run) => {
+                        let mut body = json!({"run_id": run.to_string()});
+                        if let Some(files) = ctx.core.instructions(run) {
+                            body["instructions"] = files;
+                        }
+                        json_reply(200, &body)
+                    }
                     Err((status, message)) => error_reply(status, &message),
                 }
             }
@@ -373,12 +418,41 @@ impl HttpServe {
     /// Writes what a live stream has not seen yet, as far as the client keeps up: events in
     /// order, then (once caught up) the prompt and status if they changed. The stream ends
     /// after the line carrying a terminal status, which is only sent once every event was.
-    fn pump_follow(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId) {
+    /// Feeds `conn`'s live stream if `budget` allows, or queues it for the pump's next pass.
+    fn pump_within(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId, budget: &mut usize) {
+        if *budget == 0 || self.pump_follow(ctx, conn, budget) {
+            self.pump_later(ctx, conn);
+        }
+    }
+
+    fn pump_later(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId) {
+        if self.pump.queued.insert(conn) {
+            self.pump.queue.push_back(conn);
+        }
+        if self.pump.timer.is_none() {
+            self.pump.timer = Some(ctx.add_timer(Duration::ZERO, HttpKey::Pump));
+        }
+    }
+
+    /// The pump's timer: a pass over the followers that waited, oldest first.
+    fn on_pump(&mut self, ctx: &mut Cx<HttpKey>) {
+        self.pump.timer = None;
+        let waiting = std::mem::take(&mut self.pump.queue);
+        self.pump.queued.clear();
+        let mut budget = PUMP_BUDGET;
+        for conn in waiting {
+            self.pump_within(ctx, conn, &mut budget);
+        }
+    }
+
+    /// Writes what `conn`'s live stream has to say while its window has room, taking what it
+    /// writes from `budget`. True when it stopped because the budget ran out with more to say.
+    fn pump_follow(&mut self, ctx: &mut Cx<HttpKey>, conn: ConnId, budget: &mut usize) -> bool {
         let Some(slot) = self.front.conn_mut(conn) else {
-            return;
+            return false;
         };
         let Some(follow) = slot.state.as_mut() else {
-            return;
+            return false;
         };
         // An SSE `id:` names a place in the event log, so only event lines carry one (their
         // cursor). A status or prompt line has no place of its own: it carries none, and an
@@ -404,7 +478,7 @@ impl HttpServe {
             ) else {
                 slot.conn.end_stream();
                 end_follow(ctx, &mut slot.state);
-                return;
+                return false;
             };
             // A cursor past the end resumes from the end, as a poll does.
             follow.next_cursor = follow.next_cursor.min(total);
@@ -423,7 +497,10 @@ impl HttpServe {
         }
         loop {
             if !slot.conn.wants_more_stream() {
-                return;
+                return false;
+            }
+            if *budget == 0 {
+                return true;
             }
             let view = match ctx.core.poll(
                 follow.run,
@@ -436,7 +513,7 @@ impl HttpServe {
                     // Deleted while followed: nothing more will come.
                     slot.conn.end_stream();
                     end_follow(ctx, &mut slot.state);
-                    return;
+                    return false;
                 }
             };
             if !view.events.is_empty() {
@@ -447,6 +524,7 @@ impl HttpServe {
                 }
                 follow.next_cursor = view.next_cursor;
                 slot.conn.stream_chunk(chunk.as_bytes());
+                *budget = budget.saturating_sub(chunk.len());
                 continue;
             }
             // Caught up with the log.
@@ -478,7 +556,7 @@ impl HttpServe {
                 slot.conn.end_stream();
                 end_follow(ctx, &mut slot.state);
             }
-            return;
+            return false;
         }
     }
 
@@ -575,8 +653,9 @@ impl HttpServe {
             .filter(|(_, follow)| follow.as_ref().is_some_and(|f| changed.contains(&f.run)))
             .map(|(conn, _)| conn)
             .collect();
+        let mut budget = PUMP_BUDGET;
         for conn in followers {
-            self.pump_follow(ctx, conn);
+            self.pump_within(ctx, conn, &mut budget);
         }
     }
 }
@@ -728,6 +807,7 @@ impl Surface for HttpServe {
         match key {
             HttpKey::Front(key) => self.front.on_timer(ctx, key),
             HttpKey::Heartbeat(conn) => self.on_heartbeat(ctx, conn),
+            HttpKey::Pump => self.on_pump(ctx),
         }
         self.serve(ctx);
     }

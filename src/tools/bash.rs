@@ -23,7 +23,7 @@ use crate::reaper::{self, CallTag, Sweep};
 use crate::sandbox::{self, Mode};
 use crate::sys;
 use crate::tools::ToolOutput;
-use crate::tools::spec::closed_object;
+use crate::tools::spec::{closed_object, timeout_seconds};
 use crate::tools::table::{cap_title, text_field};
 
 /// Upstream keeps 30 KiB of each stream; the rest is drained and counted so the child never
@@ -31,6 +31,12 @@ use crate::tools::table::{cap_title, text_field};
 pub const STREAM_CAP: usize = 30 * 1024;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_TIMEOUT_SECS: u64 = 600;
+/// A background shell keeps this much of its latest output (stdout and stderr interleaved
+/// as they arrive) for `BashOutput`; older bytes are dropped and counted, so a server
+/// logging for hours costs no more memory than one that just started.
+pub const SHELL_BUFFER_CAP: usize = 256 * 1024;
+/// The most output one `BashOutput` call returns; the rest waits for the next call.
+pub const SHELL_READ_CAP: usize = 30 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
@@ -42,10 +48,22 @@ pub enum Stream {
 struct Capture {
     kept: Vec<u8>,
     dropped: u64,
+    /// Keep the latest `SHELL_BUFFER_CAP` bytes (a background shell) instead of the first
+    /// `STREAM_CAP`; `dropped` then counts bytes dropped from the front.
+    tail: bool,
 }
 
 impl Capture {
     fn push(&mut self, bytes: &[u8]) {
+        if self.tail {
+            self.kept.extend_from_slice(bytes);
+            let excess = self.kept.len().saturating_sub(SHELL_BUFFER_CAP);
+            if excess > 0 {
+                self.kept.drain(..excess);
+                self.dropped += excess as u64;
+            }
+            return;
+        }
         let room = STREAM_CAP.saturating_sub(self.kept.len());
         let take = room.min(bytes.len());
         self.kept.extend_from_slice(&bytes[..take]);
@@ -80,6 +98,9 @@ pub struct BashJob {
     exit: ExitState,
     killed_for: Option<&'static str>,
     pub timeout: Duration,
+    /// Started with `background: true`: both streams go to `out`, kept as a tail, and the
+    /// engine keeps the job as a shell of the run rather than waiting for it.
+    background: bool,
     /// Tags every process of this call; the call is over for the reaper once its shell is
     /// reaped (or the job dropped).
     tag: CallTag,
@@ -116,6 +137,13 @@ pub(crate) fn spec() -> ToolSpec {
                     "type": "string",
                     "description": "Directory to run in, relative to the workspace (default: the \
                         workspace root)."
+                },
+                "background": {
+                    "type": "boolean",
+                    "description": "Start the command in the background and return at once \
+                        with its shell_id (default false): for servers and watchers. Read its \
+                        output with BashOutput, stop it with KillShell; it is killed when the \
+                        run ends. timeout_seconds does not apply."
                 }
             }),
             &["command"],
@@ -127,6 +155,11 @@ pub(crate) fn spec() -> ToolSpec {
 pub(crate) fn title(input: &Value) -> String {
     cap_title(text_field(input, "command"))
 }
+
+/// What a call gets where there is no shell at all, as in caliban's `FROM scratch` image:
+/// said plainly, with what still works, rather than as a failed exec of `/bin/sh`.
+pub const NO_SHELL: &str = "Bash: no shell in this image: /bin/bash and /bin/sh not found. \
+    Read, Write, Edit, Glob and Grep still work.";
 
 /// Where a shell can be found, preferring bash for the syntax models expect.
 pub fn shell() -> &'static str {
@@ -164,6 +197,8 @@ pub struct BashInput {
     pub timeout: Duration,
     /// Where to run: the workspace or a directory inside it.
     pub cwd: PathBuf,
+    /// Run as a background shell of the run (`BashOutput`, `KillShell`).
+    pub background: bool,
 }
 
 /// Validates a `Bash` call's input (also for a host that runs the command elsewhere, such as
@@ -178,23 +213,23 @@ pub fn parse_input(input: &Value, workspace: &Path) -> Result<BashInput, ToolOut
             ));
         }
     };
-    let timeout = match input.get("timeout_seconds") {
-        None | Some(Value::Null) => DEFAULT_TIMEOUT,
-        Some(v) => match v.as_u64() {
-            Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
-            _ => {
-                return Err(ToolOutput::error(format!(
-                    "Bash: `timeout_seconds` must be an integer from 1 to {MAX_TIMEOUT_SECS}"
-                )));
-            }
-        },
-    };
+    let timeout = timeout_seconds(input, "Bash", DEFAULT_TIMEOUT, MAX_TIMEOUT_SECS)?;
     let cwd = resolve_cwd(workspace, input.get("cwd").and_then(Value::as_str))
         .map_err(ToolOutput::error)?;
+    let background = match input.get("background") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(flag)) => *flag,
+        Some(_) => {
+            return Err(ToolOutput::error(
+                "Bash: `background` must be true or false",
+            ));
+        }
+    };
     Ok(BashInput {
         command,
         timeout,
         cwd,
+        background,
     })
 }
 
@@ -206,7 +241,13 @@ impl BashJob {
             command,
             timeout,
             cwd,
+            background,
         } = parse_input(input, workspace)?;
+        // No shell is not a sandbox failure: say so first, so an image without one gets
+        // the message that explains it rather than a confinement error.
+        if !Path::new(shell()).exists() {
+            return Err(ToolOutput::error(NO_SHELL));
+        }
         let confinement = sandbox::prepare(mode, workspace, &cwd)
             .map_err(|e| ToolOutput::error(format!("Bash: {e}")))?;
         let mut cmd = Command::new(shell());
@@ -255,11 +296,15 @@ impl BashJob {
             pgid,
             stdout: Some(stdout),
             stderr: Some(stderr),
-            out: Capture::default(),
+            out: Capture {
+                tail: background,
+                ..Capture::default()
+            },
             err: Capture::default(),
             exit: ExitState::Running,
             killed_for: None,
             timeout,
+            background,
             tag,
             sandbox,
         })
@@ -279,6 +324,8 @@ impl BashJob {
     pub fn drain(&mut self, registry: &Registry, which: Stream) {
         let (slot, capture) = match which {
             Stream::Stdout => (&mut self.stdout, &mut self.out),
+            // A background shell's streams are one log, in the order their bytes came.
+            Stream::Stderr if self.background => (&mut self.stderr, &mut self.out),
             Stream::Stderr => (&mut self.stderr, &mut self.err),
         };
         let Some(pipe) = slot.as_mut() else { return };
@@ -368,6 +415,45 @@ impl BashJob {
         }
     }
 
+    /// Started with `background: true`.
+    pub fn is_background(&self) -> bool {
+        self.background
+    }
+
+    /// How a background shell stands, for `BashOutput` and `KillShell`: `running`,
+    /// `exited with code N`, `killed (why)`.
+    pub fn shell_state(&self) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        match (self.killed_for, self.exit) {
+            (Some(why), _) => format!("killed ({why})"),
+            (None, ExitState::Running) => "running".to_owned(),
+            (None, ExitState::Exited(status)) => match (status.code(), status.signal()) {
+                (Some(code), _) => format!("exited with code {code}"),
+                (None, Some(signal)) => format!("killed by signal {signal}"),
+                (None, None) => "exited".to_owned(),
+            },
+            (None, ExitState::Unknown) => "exited (status unknown)".to_owned(),
+        }
+    }
+
+    /// A background shell's output from byte `since` of all it wrote (clamped to what is
+    /// still kept), at most `SHELL_READ_CAP` bytes: the text, where it starts and ends, and
+    /// the total written so far.
+    pub fn shell_output(&self, since: u64) -> ShellRead {
+        let log = &self.out;
+        let total = log.dropped + log.kept.len() as u64;
+        let from = since.clamp(log.dropped, total);
+        let start = (from - log.dropped) as usize;
+        let end = (start + SHELL_READ_CAP).min(log.kept.len());
+        ShellRead {
+            text: String::from_utf8_lossy(&log.kept[start..end]).into_owned(),
+            from,
+            to: log.dropped + end as u64,
+            total,
+            lost: from - since.min(from),
+        }
+    }
+
     pub fn output(&self) -> ToolOutput {
         use std::os::unix::process::ExitStatusExt;
         let mut text = self.out.render();
@@ -409,17 +495,132 @@ impl BashJob {
     /// why (also noted at the end of the result).
     pub fn result(&self) -> (ToolOutput, Option<String>) {
         let mut output = self.output();
-        let note = match &self.sandbox {
-            Some((mode, workspace, cwd)) if output.is_error => {
-                sandbox::explain(*mode, workspace, cwd, &output.text)
-            }
-            _ => None,
+        let note = if output.is_error {
+            self.sandbox_note(&output.text)
+        } else {
+            None
         };
         if let Some(note) = &note {
             output.text.push_str(&format!("\n[sandbox: {note}]"));
         }
         (output, note)
     }
+
+    /// Why the sandbox may explain what `text` (this command's output) reports: also for a
+    /// background shell's output, read while it may still run.
+    pub fn sandbox_note(&self, text: &str) -> Option<String> {
+        let (mode, workspace, cwd) = self.sandbox.as_ref()?;
+        sandbox::explain(*mode, workspace, cwd, text)
+    }
+}
+
+/// One `BashOutput` read of a background shell's log (byte offsets into all it wrote).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ShellRead {
+    pub text: String,
+    pub from: u64,
+    pub to: u64,
+    pub total: u64,
+    /// Bytes asked for that were already dropped from the buffer.
+    pub lost: u64,
+}
+
+/// What a `BashOutput` or `KillShell` call asks of the run's background shells, which the
+/// engine holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShellOp {
+    /// `since`: the byte offset to read from; `None` continues where the last read ended.
+    Output {
+        shell_id: String,
+        since: Option<u64>,
+    },
+    Kill {
+        shell_id: String,
+    },
+}
+
+/// `BashOutput` as offered to the model.
+pub(crate) fn output_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("BashOutput"),
+        description: Cow::Borrowed(
+            "Read the output of a background shell (started with Bash and `background: \
+            true`): its state (running, exited with code N, killed) and what it wrote to \
+            stdout and stderr, interleaved, since `since_offset` (default: where the previous \
+            BashOutput of this shell stopped). At most 30 KiB per call; the result gives the \
+            offset to continue from. Only the latest 256 KiB of a shell's output is kept.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "shell_id": {
+                    "type": "string",
+                    "description": "The shell_id Bash returned."
+                },
+                "since_offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Byte offset into everything the shell wrote to start from."
+                }
+            }),
+            &["shell_id"],
+        ),
+    }
+}
+
+/// `KillShell` as offered to the model.
+pub(crate) fn kill_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("KillShell"),
+        description: Cow::Borrowed(
+            "Stop a background shell started with Bash and `background: true`: its process \
+            group and every process it started are killed. Its output stays readable with \
+            BashOutput.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "shell_id": {
+                    "type": "string",
+                    "description": "The shell_id Bash returned."
+                }
+            }),
+            &["shell_id"],
+        ),
+    }
+}
+
+fn shell_id(input: &Value, tool: &str) -> Result<String, ToolOutput> {
+    match input.get("shell_id") {
+        Some(Value::String(id)) if !id.is_empty() => Ok(id.clone()),
+        _ => Err(ToolOutput::error(format!(
+            "{tool}: missing required string field `shell_id`"
+        ))),
+    }
+}
+
+/// Checks a `BashOutput` call.
+pub(crate) fn parse_output(input: &Value) -> Result<ShellOp, ToolOutput> {
+    let since = match input.get("since_offset") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            ToolOutput::error("BashOutput: `since_offset` must be an integer ≥ 0")
+        })?),
+    };
+    Ok(ShellOp::Output {
+        shell_id: shell_id(input, "BashOutput")?,
+        since,
+    })
+}
+
+/// Checks a `KillShell` call.
+pub(crate) fn parse_kill(input: &Value) -> Result<ShellOp, ToolOutput> {
+    Ok(ShellOp::Kill {
+        shell_id: shell_id(input, "KillShell")?,
+    })
+}
+
+/// A `BashOutput` or `KillShell` call's title.
+pub(crate) fn shell_title(input: &Value) -> String {
+    cap_title(text_field(input, "shell_id"))
 }
 
 impl Drop for BashJob {

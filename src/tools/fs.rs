@@ -352,15 +352,25 @@ pub(crate) fn edit_title(input: &Value) -> String {
 
 fn edit(input: &Value, workspace: &Path) -> ToolResult {
     let (target, args) = edit_args(input, workspace)?;
+    rewrite(&target, "Edit", |text| edit_text(&target.rel, text, &args))
+}
+
+/// Changes an existing UTF-8 file in place: `change` makes the new text and the result for
+/// the model from the old text, and the file is rewritten atomically only if it succeeds.
+fn rewrite(
+    target: &Resolved,
+    tool: &str,
+    change: impl FnOnce(&str) -> Result<(String, String), String>,
+) -> ToolResult {
     let rel = &target.rel;
-    let meta = edit_target(&target)?;
-    let (text, lossy) = load_text(&target)?;
+    let meta = edit_target(target)?;
+    let (text, lossy) = load_text(target)?;
     if lossy {
         return Err(format!(
-            "`{rel}` is not valid UTF-8; Edit only changes UTF-8 text (use Write to replace it)"
+            "`{rel}` is not valid UTF-8; {tool} only changes UTF-8 text (use Write to replace it)"
         ));
     }
-    let (new_text, summary) = edit_text(rel, &text, &args)?;
+    let (new_text, summary) = change(&text)?;
     atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
         .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
     Ok(summary)
@@ -430,6 +440,169 @@ fn edit_text(rel: &str, text: &str, args: &EditArgs) -> Result<(String, String),
     out.push('\n');
     out.push_str(&diff.text);
     Ok((new_text, out.trim_end_matches('\n').to_owned()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// MultiEdit
+
+/// The most edits one `MultiEdit` call may make: a file needing more is better rewritten.
+const MULTI_EDIT_MAX_EDITS: usize = 100;
+
+/// `MultiEdit` as offered to the model.
+pub(crate) fn multi_edit_spec() -> ToolSpec {
+    ToolSpec {
+        name: Cow::Borrowed("MultiEdit"),
+        description: Cow::Borrowed(
+            "Make several replacements in one existing UTF-8 file, all or nothing. \
+            `edits` are applied in order, each to the text the previous ones left, with the \
+            same rules as Edit: `old_string` must appear exactly once unless `replace_all` is \
+            true, and a match ignoring trailing whitespace and CRLF/LF differences is accepted \
+            when it is unique. If any edit fails, the file is left untouched and the result \
+            says which edit failed and why. At most 100 edits; the file is rewritten \
+            atomically.",
+        ),
+        input_schema: closed_object(
+            json!({
+                "path": {
+                    "type": "string",
+                    "description": "File to edit, relative to the workspace (or absolute inside it)."
+                },
+                "edits": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MULTI_EDIT_MAX_EDITS,
+                    "description": "The replacements, applied in order.",
+                    "items": closed_object(
+                        json!({
+                            "old_string": {
+                                "type": "string",
+                                "description": "The exact text to replace (not empty)."
+                            },
+                            "new_string": {
+                                "type": "string",
+                                "description": "The text to put in its place."
+                            },
+                            "replace_all": {
+                                "type": "boolean",
+                                "description": "Replace every occurrence (default false)."
+                            }
+                        }),
+                        &["old_string", "new_string"],
+                    )
+                }
+            }),
+            &["path", "edits"],
+        ),
+    }
+}
+
+/// Runs one `MultiEdit` call. Blocking; call it from a worker thread, not the reactor.
+pub(crate) fn run_multi_edit(input: &Value, workspace: &Path) -> ToolOutput {
+    finish("MultiEdit", multi_edit(input, workspace))
+}
+
+/// A `MultiEdit` call's title: the file and how many edits.
+pub(crate) fn multi_edit_title(input: &Value) -> String {
+    let path = text_field(input, "path");
+    match input.get("edits").and_then(Value::as_array).map(Vec::len) {
+        Some(n) if n != 1 => format!("Edit {path} ({n} edits)"),
+        _ => format!("Edit {path}"),
+    }
+}
+
+fn multi_edit(input: &Value, workspace: &Path) -> ToolResult {
+    let (target, edits) = multi_edit_args(input, workspace)?;
+    rewrite(&target, "MultiEdit", |text| {
+        multi_edit_text(&target.rel, text, &edits)
+    })
+}
+
+fn multi_edit_args<'a>(
+    input: &'a Value,
+    workspace: &Path,
+) -> Result<(Resolved, Vec<EditArgs<'a>>), String> {
+    let obj = object(input)?;
+    let raw_path = required_str(obj, "path")?;
+    let edits = edits_arg(obj)?;
+    let target = resolve_for_edit(workspace, raw_path)?;
+    Ok((target, edits))
+}
+
+/// `MultiEdit`'s `edits`, each checked as `Edit` checks its input.
+fn edits_arg(obj: &Map<String, Value>) -> Result<Vec<EditArgs<'_>>, String> {
+    let edits = match obj.get("edits") {
+        Some(Value::Array(edits)) if edits.is_empty() => {
+            return Err("`edits` is empty; give at least one edit".to_owned());
+        }
+        Some(Value::Array(edits)) if edits.len() > MULTI_EDIT_MAX_EDITS => {
+            return Err(format!(
+                "`edits` holds {} edits, more than {MULTI_EDIT_MAX_EDITS}; use Write to \
+                 replace the file",
+                edits.len()
+            ));
+        }
+        Some(Value::Array(edits)) => edits,
+        None | Some(Value::Null) => return Err("missing required array field `edits`".to_owned()),
+        Some(other) => {
+            return Err(format!(
+                "field `edits` must be an array, got {}",
+                crate::text::json_kind(other)
+            ));
+        }
+    };
+    let n = edits.len();
+    edits
+        .iter()
+        .enumerate()
+        .map(|(at, edit)| {
+            let number = |e: String| format!("edit {} of {n}: {e}; no edit was applied", at + 1);
+            let obj = object(edit).map_err(number)?;
+            let args = EditArgs {
+                old: required_str(obj, "old_string").map_err(number)?,
+                new: required_str(obj, "new_string").map_err(number)?,
+                replace_all: optional_bool(obj, "replace_all")
+                    .map_err(number)?
+                    .unwrap_or(false),
+            };
+            if args.old.is_empty() {
+                return Err(number("`old_string` is empty".to_owned()));
+            }
+            if args.old == args.new {
+                return Err(number(
+                    "`old_string` and `new_string` are identical".to_owned(),
+                ));
+            }
+            Ok(args)
+        })
+        .collect()
+}
+
+/// Applies every edit in order to a file's text, or none: the new text and the result for
+/// the model, or which edit failed.
+fn multi_edit_text(rel: &str, text: &str, edits: &[EditArgs]) -> Result<(String, String), String> {
+    let n = edits.len();
+    let mut current = text.to_owned();
+    let mut out = format!(
+        "→ MultiEdit {rel}: {n} edit{} applied",
+        if n == 1 { "" } else { "s" }
+    );
+    for (at, args) in edits.iter().enumerate() {
+        let (next, summary) = edit_text(rel, &current, args).map_err(|e| {
+            format!(
+                "edit {} of {n} failed: {e}; no edit was applied (edits apply in order, each \
+                 to the text the earlier ones left)",
+                at + 1
+            )
+        })?;
+        current = next;
+        let _ = write!(
+            out,
+            "\n[edit {}] {}",
+            at + 1,
+            summary.trim_start_matches("→ ")
+        );
+    }
+    Ok((current, out))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1259,6 +1432,33 @@ pub(crate) fn delegate_edit(input: &Value, workspace: &Path) -> Result<Delegated
     })
 }
 
+/// Checks a `MultiEdit` call the way the local tool does, without reading the file.
+pub(crate) fn delegate_multi_edit(
+    input: &Value,
+    workspace: &Path,
+) -> Result<Delegated, ToolOutput> {
+    let (target, _) = multi_edit_args(input, workspace).map_err(refusal("MultiEdit"))?;
+    edit_target(&target).map_err(refusal("MultiEdit"))?;
+    Ok(Delegated::Edit {
+        path: tool_path(target),
+        input: input.clone(),
+        apply: multi_edit_delegated,
+    })
+}
+
+/// `MultiEdit` over the text a host fetched (`ApplyEdit`).
+fn multi_edit_delegated(
+    path: &ToolPath,
+    input: &Value,
+    text: &str,
+) -> Result<(String, ToolOutput), ToolOutput> {
+    let fail = refusal("MultiEdit");
+    let edits = object(input).and_then(edits_arg).map_err(fail)?;
+    let text = delegated_text(&path.rel, text).map_err(fail)?;
+    let (new_text, summary) = multi_edit_text(&path.rel, text, &edits).map_err(fail)?;
+    Ok((new_text, ToolOutput::ok(cap_output(summary))))
+}
+
 fn tool_path(target: Resolved) -> ToolPath {
     ToolPath {
         abs: target.abs,
@@ -1552,7 +1752,7 @@ fn cap_line(line: &str, max_chars: usize) -> Cow<'_, str> {
 }
 
 /// The last line of defence: no result longer than `MAX_OUTPUT_BYTES`, marker included.
-fn cap_output(mut text: String) -> String {
+pub(crate) fn cap_output(mut text: String) -> String {
     if text.len() <= MAX_OUTPUT_BYTES {
         return text;
     }
@@ -2093,6 +2293,77 @@ mod tests {
             "→ Edited f.rs: 1 replacement, -1 +2 lines\n@@ -2,5 +2,6 @@\n b\n c\n-d\n+D1\n+D2\n e\n f"
         );
         assert_eq!(ws.get("f.rs"), "a\nb\nc\nD1\nD2\ne\nf\ng\n");
+    }
+
+    #[test]
+    fn multi_edit_applies_every_edit_in_order_or_none() {
+        let ws = TempDir::new();
+        ws.put("f.rs", "let a = 1;\nlet b = 2;\nlet c = 3;\n");
+        let text = ok(
+            "MultiEdit",
+            json!({"path": "f.rs", "edits": [
+                {"old_string": "a = 1", "new_string": "a = 10"},
+                // Sees the first edit's result.
+                {"old_string": "a = 10;\nlet b", "new_string": "a = 10;\nlet bb"},
+                {"old_string": "let", "new_string": "const", "replace_all": true},
+            ]}),
+            &ws,
+        );
+        assert!(
+            text.starts_with(
+                "→ MultiEdit f.rs: 3 edits applied\n[edit 1] Edited f.rs: 1 replacement"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("[edit 3] Edited f.rs: 3 replacements"),
+            "{text}"
+        );
+        assert_eq!(
+            ws.get("f.rs"),
+            "const a = 10;\nconst bb = 2;\nconst c = 3;\n"
+        );
+
+        // The second edit misses: the first is not applied either.
+        let msg = err(
+            "MultiEdit",
+            json!({"path": "f.rs", "edits": [
+                {"old_string": "a = 10", "new_string": "a = 11"},
+                {"old_string": "nowhere", "new_string": "x"},
+            ]}),
+            &ws,
+        );
+        assert!(
+            msg.starts_with("MultiEdit: edit 2 of 2 failed: `old_string` was not found"),
+            "{msg}"
+        );
+        assert!(msg.contains("no edit was applied"), "{msg}");
+        assert_eq!(
+            ws.get("f.rs"),
+            "const a = 10;\nconst bb = 2;\nconst c = 3;\n"
+        );
+
+        for (edits, want) in [
+            (json!([]), "`edits` is empty"),
+            (
+                json!([{"old_string": "", "new_string": "x"}]),
+                "edit 1 of 1: `old_string` is empty",
+            ),
+            (
+                json!([{"old_string": "a", "new_string": "b", "nope": 1}, {"old_string": "x"}]),
+                "edit 2 of 2: missing required string field `new_string`",
+            ),
+            (json!("x"), "field `edits` must be an array"),
+        ] {
+            let msg = err("MultiEdit", json!({"path": "f.rs", "edits": edits}), &ws);
+            assert!(msg.contains(want), "{msg}");
+        }
+        let msg = err(
+            "MultiEdit",
+            json!({"path": "new.rs", "edits": [{"old_string": "a", "new_string": "b"}]}),
+            &ws,
+        );
+        assert!(msg.contains("does not exist"), "{msg}");
     }
 
     #[test]

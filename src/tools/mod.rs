@@ -7,6 +7,8 @@ pub mod bash;
 pub mod fs;
 pub mod spec;
 pub(crate) mod table;
+pub mod todo;
+pub mod web;
 
 /// What a tool hands back to the model. `text` is already capped by the tool.
 #[derive(Clone, Debug, PartialEq, Eq)]

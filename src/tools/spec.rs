@@ -5,9 +5,12 @@
 //! limits its description quotes are enforced; the table (`tools::table`) says which tools
 //! there are and in what order. This module gathers them and holds what every schema shares.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use crate::model::types::ToolSpec;
+use crate::tools::ToolOutput;
 use crate::tools::table;
 
 /// Every built-in tool, in the order they are offered.
@@ -25,15 +28,49 @@ pub(crate) fn closed_object(properties: Value, required: &[&str]) -> Value {
     })
 }
 
+/// A `timeout_seconds` field: `default` when absent or null, else an integer from 1 to
+/// `max`. The error is the tool's result for the model.
+pub(crate) fn timeout_seconds(
+    input: &Value,
+    tool: &str,
+    default: Duration,
+    max: u64,
+) -> Result<Duration, ToolOutput> {
+    match input.get("timeout_seconds") {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(s) if (1..=max).contains(&s) => Ok(Duration::from_secs(s)),
+            _ => Err(ToolOutput::error(format!(
+                "{tool}: `timeout_seconds` must be an integer from 1 to {max}"
+            ))),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn all_lists_the_six_tools_in_order() {
+    fn all_lists_the_tools_in_order() {
         let specs = all();
         let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_ref()).collect();
-        assert_eq!(names, ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]);
+        assert_eq!(
+            names,
+            [
+                "Bash",
+                "BashOutput",
+                "KillShell",
+                "Read",
+                "Write",
+                "Edit",
+                "MultiEdit",
+                "Glob",
+                "Grep",
+                "WebFetch",
+                "TodoWrite"
+            ]
+        );
     }
 
     #[test]
@@ -131,8 +168,34 @@ mod tests {
         assert_eq!(
             fields("Bash"),
             (
-                strings(&["command", "cwd", "timeout_seconds"]),
+                strings(&["background", "command", "cwd", "timeout_seconds"]),
                 strings(&["command"])
+            )
+        );
+        assert_eq!(
+            fields("MultiEdit"),
+            (strings(&["edits", "path"]), strings(&["path", "edits"]))
+        );
+        assert_eq!(
+            fields("BashOutput"),
+            (
+                strings(&["shell_id", "since_offset"]),
+                strings(&["shell_id"])
+            )
+        );
+        assert_eq!(
+            fields("KillShell"),
+            (strings(&["shell_id"]), strings(&["shell_id"]))
+        );
+        assert_eq!(
+            fields("TodoWrite"),
+            (strings(&["todos"]), strings(&["todos"]))
+        );
+        assert_eq!(
+            fields("WebFetch"),
+            (
+                strings(&["prompt", "timeout_seconds", "url"]),
+                strings(&["url"])
             )
         );
     }

@@ -10,9 +10,12 @@
 //! one. Only a new kind of fact (a third place to run, a new editor request) needs more: a
 //! variant here and the code that reads it.
 //!
-//! A name that is not in `BUILTINS` is not a built-in: a tool an MCP server offers
-//! (`mcp__server__tool`), which its host runs. Such calls ask before they run and show as
-//! "other" in an editor.
+//! The tools MCP servers offer (`mcp__<server>__<tool>`) are the table's one dynamic
+//! extension: their specs come from the servers at run time (`mcp_client`), and every one
+//! of them shares the row `MCP`, which `lookup` answers for the `mcp__` prefix. That row
+//! says they run on their server (`Runs::Mcp`), ask before they run unless a rule says
+//! otherwise (`mcp__server__tool`, `mcp__server__*`), are stopped by plan mode, and show
+//! as "other" in an editor, titled by their name.
 //!
 //! Architecture Invariant: this module knows no surface. What an editor shows (ACP's tool
 //! kind, what a card locates and diffs) and which editor request can carry a call are small
@@ -24,8 +27,10 @@ use serde_json::Value;
 
 use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
-use crate::tools::bash::{self, BashInput, BashJob};
+use crate::tools::bash::{self, BashInput, BashJob, ShellOp};
 use crate::tools::fs::{self, Delegated};
+use crate::tools::todo::{self, Todo};
+use crate::tools::web::{self, FetchRequest};
 
 /// Titles are labels, not documents: a longer command or search is cut here.
 pub(crate) const MAX_TITLE_CHARS: usize = 400;
@@ -43,16 +48,26 @@ pub(crate) struct Tool {
     pub(crate) delegation: Delegation,
 }
 
-/// Where a call runs. A tool whose state lives with its run rather than in the workspace
-/// (a to-do list) would add a variant here for the engine to answer without a thread or a
-/// process.
+/// Where a call runs. Each variant's function checks the input (its error is the tool's
+/// result) and hands the engine what to do.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Runs {
     /// Blocking, bounded file-system work on the engine's tool worker pool.
     Worker(fn(&Value, &Path) -> ToolOutput),
     /// A child process whose pipes the engine watches on the reactor and whose process
-    /// group it kills on timeout or cancel, started in the run's sandbox.
+    /// group it kills on timeout or cancel, started in the run's sandbox; with
+    /// `background: true` it stays with the run as a shell until it exits, is killed or the
+    /// run ends (confined the same way: one spawn path).
     Process(fn(&Value, &Path, crate::sandbox::Mode) -> Result<BashJob, ToolOutput>),
+    /// A question for, or an order to, the run's background shells, which the engine holds.
+    Shell(fn(&Value) -> Result<ShellOp, ToolOutput>),
+    /// An HTTP(S) GET the engine drives on the reactor, like a model request. Not a process,
+    /// so not sandboxed: permission rules (`WebFetch(domain:…)`) govern it.
+    Fetch(fn(&Value) -> Result<FetchRequest, ToolOutput>),
+    /// The run's plan: the engine answers at once and shows it as a `PlanUpdate` event.
+    Plan(fn(&Value) -> Result<Vec<Todo>, ToolOutput>),
+    /// A `tools/call` to the MCP server offering the tool, on the engine's MCP hub.
+    Mcp,
 }
 
 /// What the permission policy needs to know about a tool.
@@ -118,7 +133,7 @@ pub(crate) struct Card {
 /// here, so a new tool picks its kind without touching the surfaces.
 #[allow(
     dead_code,
-    reason = "kinds for tools still to come (WebFetch, TodoWrite)"
+    reason = "kinds for tools still to come (moves and deletes)"
 )]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -205,6 +220,14 @@ const PLAN_MODE: Permission = Permission {
     subject: Subject::Nothing,
     default: DefaultAction::Ask,
 };
+/// Reading or stopping a background shell the run started: the command was allowed when it
+/// started, and neither starts anything new, so they run without asking. Plan mode allows no
+/// shell to start, so they have nothing to act on there.
+const SHELLS: Permission = Permission {
+    class: Class::ReadOnly,
+    subject: Subject::Nothing,
+    default: DefaultAction::Allow,
+};
 const AT_PATH: Option<Location> = Some(Location {
     path: "path",
     line: None,
@@ -228,6 +251,32 @@ pub(crate) static BUILTINS: &[Tool] = &[
             diff: Diff::None,
         },
         delegation: Delegation::Terminal(bash::parse_input),
+    },
+    Tool {
+        name: "BashOutput",
+        spec: bash::output_spec,
+        runs: Runs::Shell(bash::parse_output),
+        permission: SHELLS,
+        card: Card {
+            kind: Kind::Read,
+            title: bash::shell_title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
+    Tool {
+        name: "KillShell",
+        spec: bash::kill_spec,
+        runs: Runs::Shell(bash::parse_kill),
+        permission: SHELLS,
+        card: Card {
+            kind: Kind::Execute,
+            title: bash::shell_title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
     },
     Tool {
         name: "Read",
@@ -279,6 +328,19 @@ pub(crate) static BUILTINS: &[Tool] = &[
         delegation: Delegation::EditFile(fs::delegate_edit),
     },
     Tool {
+        name: "MultiEdit",
+        spec: fs::multi_edit_spec,
+        runs: Runs::Worker(fs::run_multi_edit),
+        permission: EDITS_PATH,
+        card: Card {
+            kind: Kind::Edit,
+            title: fs::multi_edit_title,
+            location: AT_PATH,
+            diff: Diff::None,
+        },
+        delegation: Delegation::EditFile(fs::delegate_multi_edit),
+    },
+    Tool {
         name: "Glob",
         spec: fs::glob_spec,
         runs: Runs::Worker(fs::run_glob),
@@ -304,39 +366,90 @@ pub(crate) static BUILTINS: &[Tool] = &[
         },
         delegation: Delegation::Local,
     },
+    Tool {
+        name: "WebFetch",
+        spec: web::spec,
+        runs: Runs::Fetch(web::parse_input),
+        permission: Permission {
+            class: Class::Other,
+            subject: Subject::Url("url"),
+            default: DefaultAction::Ask,
+        },
+        card: Card {
+            kind: Kind::Fetch,
+            title: web::title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
+    Tool {
+        name: "TodoWrite",
+        spec: todo::spec,
+        runs: Runs::Plan(todo::parse_input),
+        // Planning bookkeeping: it runs without asking, and in plan mode.
+        permission: Permission {
+            class: Class::ReadOnly,
+            subject: Subject::Nothing,
+            default: DefaultAction::Allow,
+        },
+        card: Card {
+            kind: Kind::Think,
+            title: todo::title,
+            location: None,
+            diff: Diff::None,
+        },
+        delegation: Delegation::Local,
+    },
 ];
+
+/// The row every MCP server's tool shares (see the module's comment).
+pub(crate) static MCP: Tool = Tool {
+    name: crate::mcp_client::TOOL_PREFIX,
+    spec: mcp_spec,
+    runs: Runs::Mcp,
+    permission: Permission {
+        class: Class::Other,
+        subject: Subject::Nothing,
+        default: DefaultAction::Ask,
+    },
+    card: Card {
+        kind: Kind::Other,
+        // Empty: the card is titled by the tool's full name.
+        title: |_| String::new(),
+        location: None,
+        diff: Diff::None,
+    },
+    delegation: Delegation::Local,
+};
+
+/// The family row has no spec of its own: each server's tool brings its own.
+fn mcp_spec() -> ToolSpec {
+    ToolSpec {
+        name: std::borrow::Cow::Borrowed(crate::mcp_client::TOOL_PREFIX),
+        description: std::borrow::Cow::Borrowed("A tool an MCP server offers."),
+        input_schema: serde_json::json!({"type": "object"}),
+    }
+}
 
 /// Upstream's tools that caliban does not have yet, with the permission facts that settings
 /// written for upstream already rely on (`WebFetch(https://docs.rs/*)`, `MultiEdit(src/**)`,
 /// `TodoWrite` allowed in plan mode). A tool that lands moves from here to a row in
 /// `BUILTINS`; a test refuses a name in both.
 pub(crate) static PLANNED: &[(&str, Permission)] = &[
-    ("MultiEdit", EDITS_PATH),
     ("NotebookEdit", EDITS_PATH),
-    (
-        "WebFetch",
-        Permission {
-            class: Class::Other,
-            subject: Subject::Url("url"),
-            default: DefaultAction::Ask,
-        },
-    ),
-    // Planning bookkeeping: it runs without asking, and in plan mode.
-    (
-        "TodoWrite",
-        Permission {
-            class: Class::ReadOnly,
-            subject: Subject::Nothing,
-            default: DefaultAction::Allow,
-        },
-    ),
     ("EnterPlanMode", PLAN_MODE),
     ("ExitPlanMode", PLAN_MODE),
 ];
 
-/// The built-in tool called `name`; `None` for anything else (an MCP server's tool).
+/// The row for `name`: a built-in tool's, the `MCP` row for an MCP server's tool
+/// (`mcp__<server>__<tool>`), `None` for anything else.
 pub(crate) fn lookup(name: &str) -> Option<&'static Tool> {
-    BUILTINS.iter().find(|tool| tool.name == name)
+    BUILTINS.iter().find(|tool| tool.name == name).or_else(|| {
+        crate::mcp_client::client::server_part(name)
+            .is_some()
+            .then_some(&MCP)
+    })
 }
 
 /// The permission facts for `name`, built in or planned; `None` for any other tool, which
@@ -399,7 +512,22 @@ mod tests {
     #[test]
     fn rows_in_offer_order() {
         let names: Vec<&str> = BUILTINS.iter().map(|tool| tool.name).collect();
-        assert_eq!(names, ["Bash", "Read", "Write", "Edit", "Glob", "Grep"]);
+        assert_eq!(
+            names,
+            [
+                "Bash",
+                "BashOutput",
+                "KillShell",
+                "Read",
+                "Write",
+                "Edit",
+                "MultiEdit",
+                "Glob",
+                "Grep",
+                "WebFetch",
+                "TodoWrite"
+            ]
+        );
         let specs: Vec<String> = specs().iter().map(|spec| spec.name.to_string()).collect();
         assert_eq!(specs, names, "the offered specs follow the table");
     }
@@ -421,7 +549,11 @@ mod tests {
             assert!(std::ptr::eq(lookup(tool.name).unwrap(), tool));
         }
         assert!(lookup("read").is_none());
-        assert!(lookup("mcp__github__create_issue").is_none());
+        assert!(std::ptr::eq(
+            lookup("mcp__github__create_issue").unwrap(),
+            &MCP
+        ));
+        assert!(lookup("mcp__nameonly").is_none());
     }
 
     #[test]
@@ -429,13 +561,23 @@ mod tests {
         let placement = |name: &str| match lookup(name).map(|tool| tool.runs) {
             Some(Runs::Worker(_)) => "worker",
             Some(Runs::Process(_)) => "process",
+            Some(Runs::Shell(_)) => "shell",
+            Some(Runs::Fetch(_)) => "fetch",
+            Some(Runs::Plan(_)) => "plan",
+            Some(Runs::Mcp) => "mcp",
             None => "none",
         };
-        for name in ["Read", "Write", "Edit", "Glob", "Grep"] {
+        assert_eq!(placement("mcp__fs__read"), "mcp");
+        for name in ["Read", "Write", "Edit", "MultiEdit", "Glob", "Grep"] {
             assert_eq!(placement(name), "worker", "{name}");
         }
         assert_eq!(placement("Bash"), "process");
-        assert_eq!(placement("MultiEdit"), "none");
+        for name in ["BashOutput", "KillShell"] {
+            assert_eq!(placement(name), "shell", "{name}");
+        }
+        assert_eq!(placement("WebFetch"), "fetch");
+        assert_eq!(placement("TodoWrite"), "plan");
+        assert_eq!(placement("NotebookEdit"), "none");
     }
 
     #[test]
@@ -447,7 +589,7 @@ mod tests {
         for name in ["Bash", "Write", "Edit", "WebFetch", "MultiEdit"] {
             assert_eq!(default(name), Some(DefaultAction::Ask), "{name}");
         }
-        assert_eq!(default("mcp__x__y"), None);
+        assert_eq!(default("mcp__x__y"), Some(DefaultAction::Ask));
 
         let class = |name: &str| permission(name).map(|p| p.class);
         for name in ["Read", "Grep", "Glob", "TodoWrite", "ExitPlanMode"] {
@@ -482,7 +624,8 @@ mod tests {
         }
         assert_eq!(subject("WebFetch"), Some(Subject::Url("url")));
         assert_eq!(subject("TodoWrite"), Some(Subject::Nothing));
-        assert_eq!(subject("mcp__x__y"), None);
+        assert_eq!(subject("mcp__x__y"), Some(Subject::Nothing));
+        assert_eq!(permission("mcp__x__y").map(|p| p.class), Some(Class::Other));
         // A file-changing tool names its file in a path field, which `acceptEdits` judges.
         for (name, _) in defaults() {
             if edits_files(name) {
@@ -503,10 +646,15 @@ mod tests {
             [
                 Kind::Execute,
                 Kind::Read,
+                Kind::Execute,
+                Kind::Read,
+                Kind::Edit,
                 Kind::Edit,
                 Kind::Edit,
                 Kind::Search,
-                Kind::Search
+                Kind::Search,
+                Kind::Fetch,
+                Kind::Think
             ]
         );
         assert_eq!(tool("Read").card.location.unwrap().line, Some("offset"));
@@ -531,7 +679,10 @@ mod tests {
             .collect();
         assert_eq!(
             delegation,
-            ["terminal", "read", "write", "edit", "local", "local"]
+            [
+                "terminal", "local", "local", "read", "write", "edit", "edit", "local", "local",
+                "local", "local"
+            ]
         );
     }
 
@@ -541,7 +692,8 @@ mod tests {
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(ws.join("a.txt"), "a\n").unwrap();
         let input = serde_json::json!({"path": "a.txt", "content": "b\n",
-                                       "old_string": "a", "new_string": "b"});
+                                       "old_string": "a", "new_string": "b",
+                                       "edits": [{"old_string": "a", "new_string": "b"}]});
         for row in BUILTINS {
             let (check, want): (DelegateCheck, &str) = match row.delegation {
                 Delegation::ReadFile(check) => (check, "read"),

@@ -20,21 +20,12 @@ impl AcpServe {
     /// loads the session answers it), and every run is unlinked from its session until a
     /// client loads that session again, so no update goes to a client that has not asked
     /// for the session.
-    pub(crate) fn client_gone(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn client_gone(&mut self) {
         self.pending.clear();
         self.caps = ClientCaps::default();
-        let mut waits = Vec::new();
         for session in self.sessions.values_mut() {
             session.asked = None;
-            if let PromptState::WaitingForServers { key, .. } = std::mem::take(&mut session.prompt)
-            {
-                waits.push(key);
-            }
-        }
-        for key in waits {
-            if let Some((_, timer)) = self.mcp_timers.remove(&key) {
-                ctx.cancel_timer(timer);
-            }
+            session.prompt = PromptState::Idle;
         }
         self.runs.clear();
         // Frames still queued were for the client that left.

@@ -11,6 +11,7 @@ use crate::log;
 use crate::model::types::{ContentBlock, Message, Role};
 use crate::surface::acp::call_ids::CallIds;
 use crate::surface::acp::card::{self, OldText};
+use crate::tools::table;
 
 /// The user text of a `session/prompt`: text blocks as they are, mentions (`resource_link`,
 /// `resource`) inline as markdown links, and the text of embedded resources appended as
@@ -57,25 +58,7 @@ fn last_segment(uri: &str) -> String {
 /// Model messages from a session file's JSON messages (`DriveCore::messages`). A message
 /// that does not parse is left out, with a warning, rather than failing the session.
 pub fn history(messages: &[Value]) -> Vec<Message> {
-    let mut out = Vec::new();
-    for message in messages {
-        let role = match message.get("role").and_then(Value::as_str) {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            _ => continue,
-        };
-        let blocks: Result<Vec<ContentBlock>, String> = message
-            .get("content")
-            .and_then(Value::as_array)
-            .map(|blocks| blocks.iter().map(ContentBlock::from_json).collect())
-            .unwrap_or_else(|| Ok(Vec::new()));
-        match blocks {
-            Ok(content) if !content.is_empty() => out.push(Message { role, content }),
-            Ok(_) => {}
-            Err(e) => log::warn(&format!("leaving a message out of the history: {e}")),
-        }
-    }
-    out
+    Message::list_from_json(messages)
 }
 
 /// Drops the last user prompt and everything after it (a refused turn, which ACP says is not
@@ -183,6 +166,12 @@ pub fn replay(messages: &[Value], workspace: &Path, ids: &mut CallIds) -> Vec<Va
                         "locations": described.locations,
                         "content": described.content,
                     }));
+                    // The plan as it stood after this call, as the live session showed it.
+                    if table::lookup(name).is_some_and(|t| matches!(t.runs, table::Runs::Plan(_)))
+                        && let Ok(todos) = crate::tools::todo::parse_input(&input)
+                    {
+                        updates.push(super::updates::plan_update(&todos));
+                    }
                 }
                 _ => {}
             }

@@ -131,7 +131,12 @@ pub fn start(
         Delegation::WriteFile(check) if caps.write => check,
         Delegation::EditFile(check) if caps.read && caps.write => check,
         Delegation::Terminal(parse) if caps.terminal => {
-            return Some(parse(input, workspace).map(|parsed| terminal_create(session, parsed)));
+            return match parse(input, workspace) {
+                // A background shell stays with the run (BashOutput, KillShell read it), so
+                // it runs here; an editor terminal would hold the turn until it exits.
+                Ok(parsed) if parsed.background => None,
+                parsed => Some(parsed.map(|parsed| terminal_create(session, parsed))),
+            };
         }
         _ => return None,
     };

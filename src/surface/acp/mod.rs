@@ -30,7 +30,6 @@ mod client;
 mod convo;
 mod delegate;
 mod mcp;
-mod mcp_client;
 mod outbox;
 mod permission;
 mod prompt;
@@ -48,13 +47,12 @@ use crate::drive::table::DriveCore;
 use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
 use crate::jsonrpc::{self, Id, Message, RpcError, notification};
 use crate::log;
-use crate::reactor::{Signal, TimerId};
+use crate::reactor::Signal;
 use crate::stdio::StdinItem;
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
 use delegate::ClientCaps;
-use mcp::McpEntry;
 use outbox::Outbox;
-use prompt::PromptState;
+
 use session::Session;
 
 /// The ACP major version spoken here.
@@ -66,15 +64,12 @@ pub const RESOURCE_NOT_FOUND: i64 = -32002;
 pub const AUTH_REQUIRED: i64 = -32000;
 /// The session-header field that ties a run to its ACP session.
 pub const SESSION_FIELD: &str = "acp_session";
-/// What this surface registers on the loop: deadlines of delegated calls and of prompts
-/// waiting for MCP servers (numbered by `AcpServe::next_timer`), and the pipes of MCP
-/// server `n`; and the networked agent's connections (`Net`, handled there).
+/// What this surface registers on the loop: deadlines of delegated calls (numbered by
+/// `AcpServe::next_timer`); and the networked agent's connections (`Net`, handled there).
+/// The sessions' MCP servers are the engine's (`mcp_client`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AcpKey {
     Task(u64),
-    McpWait(u64),
-    McpOut(u64),
-    McpIn(u64),
     Net(crate::surface::agent::NetKey),
 }
 
@@ -132,10 +127,6 @@ pub struct AcpServe {
     timers: HashMap<u64, (String, String)>,
     next_timer: u64,
     quitting: bool,
-    mcp: HashMap<u64, McpEntry>,
-    next_mcp: u64,
-    /// Deadlines of prompts waiting for MCP servers: timer key → (session, timer).
-    mcp_timers: HashMap<u64, (String, TimerId)>,
     /// Why no model can be reached, if so: no session is started and no prompt taken.
     provider_problem: Option<String>,
 }
@@ -168,9 +159,6 @@ impl AcpServe {
             timers: HashMap::new(),
             next_timer: 0,
             quitting: false,
-            mcp: HashMap::new(),
-            next_mcp: 0,
-            mcp_timers: HashMap::new(),
             provider_problem: None,
         }
     }
@@ -318,7 +306,7 @@ impl AcpServe {
             "agentCapabilities": {
                 "loadSession": true,
                 "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
-                "mcpCapabilities": {"http": false, "sse": false},
+                "mcpCapabilities": {"http": true, "sse": true},
                 "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
             },
             "authMethods": [],
@@ -340,10 +328,7 @@ impl AcpServe {
                 continue;
             };
             let servers = std::mem::take(&mut session.mcp);
-            if let Some((prompt, key)) = session.prompt.step(PromptState::end_wait) {
-                self.answer_cancelled(ctx, prompt.request, Some(key));
-            }
-            self.stop_servers(ctx, servers);
+            Self::stop_servers(ctx, servers);
         }
         let mut runs: Vec<RunId> = self.runs.keys().copied().collect();
         runs.sort_unstable();
@@ -415,21 +400,8 @@ impl Surface for AcpServe {
 
     fn on_timer(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
         match key {
-            AcpKey::McpWait(key) => {
-                if let Some((sid, _)) = self.mcp_timers.remove(&key) {
-                    self.mcp_wait_over(ctx, &sid, true);
-                }
-            }
             AcpKey::Task(key) => self.on_task_deadline(ctx, key),
-            AcpKey::McpOut(_) | AcpKey::McpIn(_) | AcpKey::Net(_) => {}
-        }
-    }
-
-    fn on_io(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
-        match key {
-            AcpKey::McpOut(n) => self.on_server_io(ctx, n, true),
-            AcpKey::McpIn(n) => self.on_server_io(ctx, n, false),
-            AcpKey::Task(_) | AcpKey::McpWait(_) | AcpKey::Net(_) => {}
+            AcpKey::Net(_) => {}
         }
     }
 

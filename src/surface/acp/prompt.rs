@@ -1,24 +1,21 @@
 //! The prompt lifecycle: `session/prompt` (input at the session's turn boundary, or a new
-//! run that continues the conversation, once the session's MCP servers have listed their
-//! tools), `session/cancel`, and the answer when the turn or the run ends.
+//! run that continues the conversation and is offered the session's MCP servers),
+//! `session/cancel`, and the answer when the turn or the run ends. (The engine holds a
+//! run's first model request until its MCP servers have listed their tools.)
 //!
 //! `PromptState` is the lifecycle as data, and its transitions are pure: they take the
 //! state and what happened and give the next state and what to answer. `AcpServe` performs
-//! them (replies, the run's cancel, the wait's deadline).
+//! them (replies, the run's cancel).
 
 use serde_json::{Map, Value, json};
 
-use super::mcp_client::Phase;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
 use crate::agent::event::StopCondition;
 use crate::drive::table::{DriveStatus, Inbound, RunSpec};
 use crate::engine::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
-use crate::log;
+use crate::mcp_client::Selection;
 use crate::surface::host::Cx;
-
-/// How long a prompt waits for the session's MCP servers to list their tools.
-const MCP_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where a session's `session/prompt` is. One per session; every variant but `Idle` holds
 /// a request the client waits on an answer for.
@@ -27,11 +24,6 @@ const MCP_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 ///
 /// - `Idle` → `Running`: the prompt became input at the run's turn boundary, or started a
 ///   run (`AcpServe::prompt`, after `admit` said `Start`).
-/// - `Idle` → `WaitingForServers`: a new run's tools are fixed when it starts, and some of
-///   the session's MCP servers have not listed theirs yet.
-/// - `WaitingForServers` → `Idle` (`end_wait`): the servers are ready or the wait ran out,
-///   and the prompt is taken again; or a cancel, `session/close` or shutdown answers it
-///   `cancelled` (`on_cancel` too).
 /// - `Running` → `Cancelling` (`on_cancel`): the run is being cancelled; answered when it
 ///   has ended. With no live run to cancel, `Running` → `Idle`, answered `cancelled` now.
 /// - `Cancelling` → `Cancelling` (`admit`): a prompt that comes before the cancelled turn
@@ -45,9 +37,6 @@ const MCP_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub(super) enum PromptState {
     #[default]
     Idle,
-    /// A prompt for a new run, held until the session's MCP servers list their tools;
-    /// `key` names its deadline (`AcpKey::McpWait`, `AcpServe::mcp_timers`).
-    WaitingForServers { prompt: Deferred, key: u64 },
     /// The prompt's turn is running.
     Running { request: Id },
     /// The prompt's run is being cancelled. `queued` is a prompt that arrived meanwhile (an
@@ -85,8 +74,7 @@ pub(super) enum Cancel {
     /// Cancel the session's run; the prompt is answered once the run has ended.
     StopRun,
     /// Answer `cancelled` now: the prompt never started a run, or its run has ended.
-    /// `deadline` is the key of a wait for servers to drop.
-    Answer { request: Id, deadline: Option<u64> },
+    Answer { request: Id },
 }
 
 /// A `session/prompt` answer.
@@ -118,7 +106,6 @@ impl PromptState {
     pub(super) fn request(&self) -> Option<&Id> {
         match self {
             PromptState::Idle => None,
-            PromptState::WaitingForServers { prompt, .. } => Some(&prompt.request),
             PromptState::Running { request } | PromptState::Cancelling { request, .. } => {
                 Some(request)
             }
@@ -139,8 +126,7 @@ impl PromptState {
                 });
                 Admit::Queued
             }
-            PromptState::WaitingForServers { .. }
-            | PromptState::Running { .. }
+            PromptState::Running { .. }
             | PromptState::Cancelling {
                 queued: Some(_), ..
             } => Admit::Busy,
@@ -151,13 +137,6 @@ impl PromptState {
     /// answered `cancelled`); `run_live` says whether the session's run is still going.
     pub(super) fn on_cancel(self, run_live: bool) -> (PromptState, Cancel) {
         match self {
-            PromptState::WaitingForServers { prompt, key } => (
-                PromptState::Idle,
-                Cancel::Answer {
-                    request: prompt.request,
-                    deadline: Some(key),
-                },
-            ),
             PromptState::Running { request } if run_live => (
                 PromptState::Cancelling {
                     request,
@@ -165,27 +144,10 @@ impl PromptState {
                 },
                 Cancel::StopRun,
             ),
-            PromptState::Running { request } => (
-                PromptState::Idle,
-                Cancel::Answer {
-                    request,
-                    deadline: None,
-                },
-            ),
+            PromptState::Running { request } => (PromptState::Idle, Cancel::Answer { request }),
             state @ (PromptState::Idle | PromptState::Cancelling { .. }) => {
                 (state, Cancel::Nothing)
             }
-        }
-    }
-
-    /// The wait for servers is over (they are ready, the deadline passed, or the prompt is
-    /// cancelled): the held prompt and its deadline's key.
-    pub(super) fn end_wait(self) -> (PromptState, Option<(Deferred, u64)>) {
-        match self {
-            PromptState::WaitingForServers { prompt, key } => {
-                (PromptState::Idle, Some((prompt, key)))
-            }
-            state => (state, None),
         }
     }
 
@@ -208,7 +170,7 @@ impl PromptState {
                     next: queued,
                 }),
             ),
-            state @ (PromptState::Idle | PromptState::WaitingForServers { .. }) => (state, None),
+            PromptState::Idle => (PromptState::Idle, None),
         }
     }
 
@@ -221,9 +183,7 @@ impl PromptState {
         let (request, next, cancelling) = match self {
             PromptState::Running { request } => (request, None, false),
             PromptState::Cancelling { request, queued } => (request, queued, true),
-            state @ (PromptState::Idle | PromptState::WaitingForServers { .. }) => {
-                return (state, None);
-            }
+            PromptState::Idle => return (PromptState::Idle, None),
         };
         let stop = match why {
             _ if cancelling => Ok("cancelled"),
@@ -304,32 +264,12 @@ impl AcpServe {
                 ));
             }
             None => {
-                let starting = session.mcp.iter().any(|n| {
-                    self.mcp
-                        .get(n)
-                        .is_some_and(|e| e.server.client.phase() == Phase::Starting)
-                });
-                if starting && !session.mcp_gave_up {
-                    // The run's tools are fixed when it starts: wait for the servers' lists.
-                    let key = self.next_timer;
-                    self.next_timer += 1;
-                    let timer = ctx.add_timer(MCP_START_WAIT, AcpKey::McpWait(key));
-                    self.mcp_timers.insert(key, (sid.clone(), timer));
-                    session.prompt = PromptState::WaitingForServers {
-                        prompt: Deferred {
-                            request: id.clone(),
-                            params: params.clone(),
-                        },
-                        key,
-                    };
-                    return Ok(());
-                }
-                let extra_tools: Vec<_> = session
-                    .mcp
-                    .iter()
-                    .filter_map(|n| self.mcp.get(n))
-                    .flat_map(|e| e.server.client.tools().iter().cloned())
+                // A server of the session that died is started afresh for the new run.
+                let servers: Vec<_> = std::mem::take(&mut session.mcp)
+                    .into_iter()
+                    .map(|id| ctx.mcp_ensure(id))
                     .collect();
+                session.mcp = servers.clone();
                 let mut history = match session.run {
                     Some(run) => {
                         // The newest run may have been evicted from memory since; `messages`
@@ -355,8 +295,11 @@ impl AcpServe {
                     continues: session.run,
                     continues_without_last_prompt: session.drop_last_prompt,
                     extra_header,
-                    extra_tools,
                     sandbox: Some(session.sandbox),
+                    mcp: Selection {
+                        configured: None,
+                        servers,
+                    },
                     ..RunSpec::default()
                 };
                 let run = ctx
@@ -398,29 +341,13 @@ impl AcpServe {
                     let _ = ctx.core.cancel(run);
                 }
             }
-            Cancel::Answer { request, deadline } => self.answer_cancelled(ctx, request, deadline),
+            Cancel::Answer { request } => self.answer_cancelled(request),
         }
     }
 
-    /// Answers a prompt `cancelled` now, dropping the deadline of its wait for servers, if
-    /// it had one.
-    pub(super) fn answer_cancelled(
-        &mut self,
-        ctx: &mut Cx<AcpKey>,
-        request: Id,
-        deadline: Option<u64>,
-    ) {
-        if let Some(key) = deadline {
-            self.drop_wait_deadline(ctx, key);
-        }
+    /// Answers a prompt `cancelled` now.
+    pub(super) fn answer_cancelled(&mut self, request: Id) {
         self.reply(request, Ok(stop_reason("cancelled")));
-    }
-
-    /// A wait for servers ended before its deadline: the timer goes.
-    fn drop_wait_deadline(&mut self, ctx: &mut Cx<AcpKey>, key: u64) {
-        if let Some((_, timer)) = self.mcp_timers.remove(&key) {
-            ctx.cancel_timer(timer);
-        }
     }
 
     /// Sends a prompt's answer, then takes the prompt queued behind it.
@@ -431,41 +358,12 @@ impl AcpServe {
         }
     }
 
-    /// Takes a prompt that waited (for servers, or for a cancelled turn to end) as if it
-    /// came now; a refusal answers it.
+    /// Takes a prompt that waited for a cancelled turn to end as if it came now; a refusal
+    /// answers it.
     fn take_deferred(&mut self, ctx: &mut Cx<AcpKey>, deferred: Deferred) {
         if let Err(e) = self.prompt(ctx, &deferred.request, &deferred.params) {
             self.reply(deferred.request, Err(e));
         }
-    }
-
-    /// A prompt that waited for the session's MCP servers goes ahead: they all listed their
-    /// tools, or the wait ran out (`gave_up`) and the stragglers are left out.
-    pub(super) fn mcp_wait_over(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, gave_up: bool) {
-        let Some(session) = self.sessions.get_mut(sid) else {
-            return;
-        };
-        let Some((prompt, key)) = session.prompt.step(PromptState::end_wait) else {
-            return;
-        };
-        if gave_up {
-            session.mcp_gave_up = true;
-            let stragglers: Vec<&str> = session
-                .mcp
-                .iter()
-                .filter_map(|n| self.mcp.get(n))
-                .filter(|e| e.server.client.phase() == Phase::Starting)
-                .map(|e| e.server.client.name())
-                .collect();
-            log::warn(&format!(
-                "MCP servers still starting after {} s, going ahead without them: {}",
-                MCP_START_WAIT.as_secs(),
-                stragglers.join(", ")
-            ));
-        } else {
-            self.drop_wait_deadline(ctx, key);
-        }
-        self.take_deferred(ctx, prompt);
     }
 
     /// The run waits for input: the turn is over and its prompt is answered.
@@ -539,13 +437,6 @@ mod tests {
         }
     }
 
-    fn waiting(n: i64) -> PromptState {
-        PromptState::WaitingForServers {
-            prompt: deferred(n),
-            key: 7,
-        }
-    }
-
     fn answer(n: i64, result: Result<Value, RpcError>, next: Option<Deferred>) -> Option<Answer> {
         Some(Answer {
             request: Id::Num(n),
@@ -561,7 +452,7 @@ mod tests {
         assert_eq!(state.admit(&Id::Num(2), &params), Admit::Start);
         assert_eq!(state, PromptState::Idle, "the caller starts it");
 
-        let busy = || [running(1), waiting(1), cancelling(1, Some(deferred(3)))];
+        let busy = || [running(1), cancelling(1, Some(deferred(3)))];
         for (mut state, before) in busy().into_iter().zip(busy()) {
             assert_eq!(state.admit(&Id::Num(2), &params), Admit::Busy);
             assert_eq!(state, before, "a refused prompt changes nothing");
@@ -585,19 +476,9 @@ mod tests {
 
         let mut state = running(1);
         let request = Id::Num(1);
-        let deadline = None;
         assert_eq!(
             state.step(|s| s.on_cancel(false)),
-            Cancel::Answer { request, deadline }
-        );
-        assert!(state.is_idle());
-
-        let mut state = waiting(4);
-        let request = Id::Num(4);
-        let deadline = Some(7);
-        assert_eq!(
-            state.step(|s| s.on_cancel(true)),
-            Cancel::Answer { request, deadline }
+            Cancel::Answer { request }
         );
         assert!(state.is_idle());
 
@@ -622,11 +503,9 @@ mod tests {
         );
         assert!(state.is_idle());
 
-        let quiet = || [PromptState::Idle, waiting(1)];
-        for (mut state, before) in quiet().into_iter().zip(quiet()) {
-            assert_eq!(state.step(PromptState::on_turn_end), None);
-            assert_eq!(state, before);
-        }
+        let mut state = PromptState::Idle;
+        assert_eq!(state.step(PromptState::on_turn_end), None);
+        assert!(state.is_idle());
     }
 
     #[test]
@@ -681,32 +560,13 @@ mod tests {
     }
 
     #[test]
-    fn a_run_end_leaves_a_prompt_waiting_for_servers_alone() {
-        let mut state = waiting(1);
-        assert_eq!(
-            state.step(|s| s.on_run_end(&StopCondition::EndOfTurn, None)),
-            None
-        );
-        assert_eq!(state, waiting(1));
+    fn a_run_end_leaves_an_idle_prompt_alone() {
         let mut state = PromptState::Idle;
         assert_eq!(
             state.step(|s| s.on_run_end(&StopCondition::EndOfTurn, None)),
             None
         );
         assert!(state.is_idle());
-    }
-
-    #[test]
-    fn a_wait_ends_with_its_prompt_and_deadline() {
-        let mut state = waiting(1);
-        assert_eq!(state.request(), Some(&Id::Num(1)));
-        assert_eq!(state.step(PromptState::end_wait), Some((deferred(1), 7)));
-        assert!(state.is_idle());
-        assert_eq!(state.step(PromptState::end_wait), None);
-
-        let mut state = running(1);
-        assert_eq!(state.step(PromptState::end_wait), None);
-        assert_eq!(state, running(1));
     }
 
     #[test]

@@ -81,12 +81,8 @@ pub(super) struct Session {
     /// belongs to the run, comes with its last event and is taken when its end is reported
     /// (`on_finished`), whether or not a prompt waits for it.
     pub(super) run_end: Option<Value>,
-    /// The session's MCP servers (keys of `AcpServe::mcp`).
-    pub(super) mcp: Vec<u64>,
-    /// A prompt already waited its full time: later ones do not wait for stragglers. Not
-    /// part of `prompt`: it is about the session's servers and outlives the prompt that
-    /// gave up.
-    pub(super) mcp_gave_up: bool,
+    /// The session's MCP servers, on the engine's hub.
+    pub(super) mcp: Vec<crate::mcp_client::ServerId>,
 }
 
 impl Session {
@@ -110,7 +106,6 @@ impl Session {
             tasks: HashMap::new(),
             run_end: None,
             mcp: Vec::new(),
-            mcp_gave_up: false,
         }
     }
 }
@@ -177,6 +172,24 @@ fn config_options_json(current: Mode, sandbox: SandboxMode, server: SandboxMode)
     }])
 }
 
+/// The session's directory (known: the session was just opened).
+fn cwd_of(sessions: &HashMap<String, Session>, id: &str) -> PathBuf {
+    sessions
+        .get(id)
+        .map(|session| session.cwd.clone())
+        .unwrap_or_default()
+}
+
+/// Names the project instruction files the session's runs get, under
+/// `_meta["caliban/instructions"]` of a `session/new`, `session/load` or `session/resume`
+/// answer (`[{path, bytes, truncated}]`), when there are any.
+fn with_instructions(result: &mut Value, core: &DriveCore, cwd: &Path) {
+    let loaded = core.config().instructions.load(cwd);
+    if !loaded.is_empty() {
+        result["_meta"] = json!({"caliban/instructions": loaded.to_json()});
+    }
+}
+
 impl AcpServe {
     /// A session's directory: absolute, existing, inside the workspace caliban serves (its
     /// settings and permission rules are that workspace's).
@@ -214,8 +227,10 @@ impl AcpServe {
         self.sessions
             .insert(id.clone(), Session::new(cwd, mode, sandbox, None));
         self.connect_servers(ctx, &id, params);
-        Ok(json!({"sessionId": id, "modes": modes_json(mode),
-                  "configOptions": config_options_json(mode, sandbox, sandbox)}))
+        let mut result = json!({"sessionId": id, "modes": modes_json(mode),
+                  "configOptions": config_options_json(mode, sandbox, sandbox)});
+        with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
+        Ok(result)
     }
 
     /// `session/load` (with `replay`) and `session/resume`: a session of this process or of
@@ -279,8 +294,10 @@ impl AcpServe {
         }
         let (mode, sandbox) = (session.mode, session.sandbox);
         self.connect_servers(ctx, &id, params);
-        Ok(json!({"modes": modes_json(mode),
-                  "configOptions": config_options_json(mode, sandbox, server_sandbox)}))
+        let mut result = json!({"modes": modes_json(mode),
+                  "configOptions": config_options_json(mode, sandbox, server_sandbox)});
+        with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
+        Ok(result)
     }
 
     pub(super) fn list_sessions(
@@ -349,30 +366,21 @@ impl AcpServe {
         }
         // A prompt in flight is answered now, and so is one queued behind a cancelled one
         // (every request gets its answer, or the editor waits forever); one waiting for
-        // servers once the session's requests are withdrawn.
-        let waiting = match std::mem::take(&mut session.prompt) {
-            PromptState::Running { request } => {
-                self.answer_cancelled(ctx, request, None);
-                None
-            }
+        match std::mem::take(&mut session.prompt) {
+            PromptState::Running { request } => self.answer_cancelled(request),
             PromptState::Cancelling { request, queued } => {
-                self.answer_cancelled(ctx, request, None);
+                self.answer_cancelled(request);
                 if let Some(queued) = queued {
-                    self.answer_cancelled(ctx, queued.request, None);
+                    self.answer_cancelled(queued.request);
                 }
-                None
             }
-            PromptState::WaitingForServers { prompt, key } => Some((prompt.request, key)),
-            PromptState::Idle => None,
-        };
+            PromptState::Idle => {}
+        }
         if let Some(asked) = session.asked.take() {
             self.withdraw(asked.request);
         }
         self.abandon_tasks(ctx, &id, &mut session);
-        if let Some((request, key)) = waiting {
-            self.answer_cancelled(ctx, request, Some(key));
-        }
-        self.stop_servers(ctx, std::mem::take(&mut session.mcp));
+        Self::stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
     }
 

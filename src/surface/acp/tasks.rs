@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::delegate::{self, Advance, ClientCaps, Step};
 use super::session::Session;
-use super::{AcpKey, AcpServe, Pending, mcp_client};
+use super::{AcpKey, AcpServe, Pending};
 use crate::agent::run::ToolCall;
 use crate::engine::{HostAction, RunId, ToolPlacement};
 use crate::jsonrpc::RpcError;
@@ -45,10 +45,6 @@ impl AcpServe {
             json!({"sessionUpdate": "tool_call_update", "toolCallId": wire,
                    "status": "in_progress"}),
         );
-        if call.name.starts_with(mcp_client::TOOL_PREFIX) {
-            self.call_mcp_tool(ctx, &sid, run, call);
-            return ToolPlacement::Delegated;
-        }
         let Some(session) = self.sessions.get_mut(&sid) else {
             return ToolPlacement::Local;
         };

@@ -10,6 +10,7 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
 use crate::engine::RetryNotice;
 use crate::surface::host::Cx;
+use crate::tools::todo::{Todo, TodoStatus};
 
 /// A tool call's card while the call is open.
 pub(super) struct Card {
@@ -22,6 +23,22 @@ pub(super) struct Card {
     described: bool,
     /// Content later updates keep (a diff, an embedded terminal).
     pub(super) content: Vec<Value>,
+}
+
+/// A `TodoWrite` plan as ACP's `plan` update: the whole list, which the editor shows in place
+/// of the last one. ACP has no `cancelled` status and upstream's items no priority, so
+/// cancelled items are left out (a plan shows what is still meant to happen) and every
+/// entry is `medium`.
+pub(super) fn plan_update(todos: &[Todo]) -> Value {
+    let entries: Vec<Value> = todos
+        .iter()
+        .filter(|todo| todo.status != TodoStatus::Cancelled)
+        .map(|todo| {
+            json!({"content": todo.content, "priority": "medium",
+                   "status": todo.status.as_str()})
+        })
+        .collect();
+    json!({"sessionUpdate": "plan", "entries": entries})
 }
 
 fn text_content(text: &str) -> Value {
@@ -151,6 +168,7 @@ impl AcpServe {
                     self.sessions.insert(sid.to_owned(), session);
                 }
             }
+            TurnEvent::PlanUpdate { todos, .. } => self.outbox.update(sid, plan_update(todos)),
             TurnEvent::TurnStart { .. } | TurnEvent::TurnEnd { .. } => {}
         }
     }

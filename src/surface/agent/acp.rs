@@ -64,7 +64,7 @@ impl NetAcp {
         while let Some(event) = self.link.next_event(cx) {
             match event {
                 LinkEvent::Attached(_) | LinkEvent::Writable => {}
-                LinkEvent::Detached(_) => self.acp.client_gone(cx),
+                LinkEvent::Detached(_) => self.acp.client_gone(),
                 LinkEvent::Line(line) => self.acp.on_stdin(cx, StdinItem::Line(line)),
                 LinkEvent::Oversized => self.acp.on_stdin(cx, StdinItem::Oversized),
             }

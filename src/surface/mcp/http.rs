@@ -45,6 +45,7 @@ const MAX_PENDING: usize = 64;
 const POLICY: Policy = Policy {
     keepalive: Keepalive::Comment,
     forbidden,
+    public: |_| None,
 };
 
 fn forbidden(reason: &'static str) -> Response {

@@ -553,7 +553,10 @@ impl McpHost {
                     Ok(run) => {
                         self.owners.insert(run, session);
                         self.log_to(session, 1, format!("{run} started"));
-                        ok(tools::run_text(&run.to_string()))
+                        ok(tools::run_text(
+                            &run.to_string(),
+                            ctx.core.instructions(run),
+                        ))
                     }
                     Err(e) => fail(e),
                 }

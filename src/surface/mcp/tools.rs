@@ -31,8 +31,12 @@ pub fn poll_text(view: &PollView) -> String {
     view.to_json_text()
 }
 
-pub fn run_text(run_id: &str) -> String {
-    format!("{{\"run_id\":{}}}", Value::String(run_id.to_owned()))
+pub fn run_text(run_id: &str, instructions: Option<Value>) -> String {
+    match instructions {
+        // Keys sorted, as upstream's bodies are.
+        Some(files) => json!({"instructions": files, "run_id": run_id}).to_string(),
+        None => format!("{{\"run_id\":{}}}", Value::String(run_id.to_owned())),
+    }
 }
 
 pub fn status_body_text(status: &DriveStatus) -> String {
@@ -236,6 +240,12 @@ pub fn list(modern: bool) -> Value {
                         "description": "Pause awaiting further input at each turn boundary (default false).",
                         "type": "boolean",
                     },
+                    "mcp_servers": {
+                        "default": null,
+                        "description": "Names of the server's configured MCP servers this run may use (default: all of them; [] for none).",
+                        "items": {"type": "string"},
+                        "type": ["array", "null"],
+                    },
                     "model": optional_string("Model for this run (default: the server's)."),
                     "permission_mode": {
                         "default": null,
@@ -434,7 +444,11 @@ mod tests {
             poll_text(&view),
             r#"{"events":[{"event":{"type":"TurnStart","turn_index":0},"v":1}],"next_cursor":1,"permission_request":{"input":{"command":"ls"},"tool_name":"Bash","tool_use_id":"toolu_1"},"status":{"error":"boom \"x\"","state":"failed"}}"#
         );
-        assert_eq!(run_text("run-1"), r#"{"run_id":"run-1"}"#);
+        assert_eq!(run_text("run-1", None), r#"{"run_id":"run-1"}"#);
+        assert_eq!(
+            run_text("run-2", Some(json!([{"path": "/r/AGENTS.md"}]))),
+            r#"{"instructions":[{"path":"/r/AGENTS.md"}],"run_id":"run-2"}"#
+        );
         assert_eq!(
             status_body_text(&DriveStatus::AwaitingInput),
             r#"{"status":{"state":"awaiting_input"}}"#

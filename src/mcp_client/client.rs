@@ -1,0 +1,784 @@
+//! One MCP server's client protocol, sans-IO and transport-agnostic: `initialize`,
+//! `notifications/initialized`, `tools/list` (every page, and again after
+//! `notifications/tools/list_changed`), `tools/call` with a progress token, and
+//! `notifications/cancelled`. Messages in, serialized messages out (`take_outgoing`), events
+//! for the hub. The stdio and HTTP transports move the bytes; nothing here can block, every
+//! buffer is capped, and no server output can make it panic.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::jsonrpc::{self, Id, Message, RpcError};
+use crate::model::types::ToolSpec;
+use crate::tools::ToolOutput;
+
+/// The MCP revision asked for in `initialize`; servers may answer with an older one.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+/// The prefix of the tools servers offer, as the model sees them: `mcp__<server>__<tool>`.
+pub const TOOL_PREFIX: &str = "mcp__";
+/// Most tools taken from one server; the rest are dropped with a warning.
+const MAX_TOOLS: usize = 256;
+/// Most `tools/list` pages followed (a server that keeps returning a cursor).
+const MAX_PAGES: usize = 64;
+/// Bytes queued for a server before further requests are refused (a server that stopped
+/// reading must not make caliban grow).
+const MAX_OUTBOX: usize = 32 * 1024 * 1024;
+/// Longest name part (server or tool) kept in a model-facing tool name; providers cap the
+/// whole name at 64 or 128 characters.
+const MAX_NAME_PART: usize = 28;
+
+/// A name part providers accept: ASCII letters, digits, `_` and `-`.
+fn sanitize(part: &str) -> String {
+    let mut out: String = part
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_NAME_PART)
+        .collect();
+    if out.is_empty() {
+        out.push('_');
+    }
+    out
+}
+
+/// The model-facing name of a server's tool.
+pub fn tool_name(server: &str, tool: &str) -> String {
+    format!("{TOOL_PREFIX}{}__{}", sanitize(server), sanitize(tool))
+}
+
+/// The server part of a model-facing name (`mcp__<server>__<tool>`), as sanitized.
+pub fn server_part(model_name: &str) -> Option<&str> {
+    let rest = model_name.strip_prefix(TOOL_PREFIX)?;
+    rest.split_once("__").map(|(server, _)| server)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// `initialize` or the first `tools/list` is in flight.
+    Starting,
+    /// Tools are listed; calls may be made.
+    Ready,
+    /// The server failed or exited; it offers nothing.
+    Failed,
+}
+
+/// Who a `tools/call` is for: the engine's run number and the model's tool use id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CallKey {
+    pub run: u64,
+    pub tool_use_id: String,
+}
+
+/// What a request of ours is for.
+enum Pending {
+    Initialize,
+    List,
+    Call {
+        key: CallKey,
+        /// When the call was sent or last reported progress: the timeout counts from here.
+        active: Instant,
+    },
+}
+
+/// Something the hub must act on.
+#[derive(Debug, PartialEq)]
+pub enum Event {
+    /// The first tool list is complete (or the server failed): the phase left `Starting`.
+    Settled,
+    /// The server said its tools changed and the new list is complete.
+    ToolsChanged,
+    /// A `tools/call` was answered.
+    CallDone { key: CallKey, output: ToolOutput },
+}
+
+/// One server's MCP client state.
+pub struct Client {
+    server: String,
+    phase: Phase,
+    next_id: i64,
+    pending: HashMap<i64, Pending>,
+    pages: usize,
+    tools: Vec<ToolSpec>,
+    /// The list being read after `list_changed`: it replaces `tools` when complete, so a
+    /// run never sees half a list.
+    relist: Option<(Vec<ToolSpec>, HashMap<String, String>)>,
+    /// A `list_changed` arrived while a list was in flight: list again when it ends.
+    relist_again: bool,
+    /// Model-facing name → the server's own tool name.
+    names: HashMap<String, String>,
+    out: VecDeque<Vec<u8>>,
+    out_bytes: usize,
+    /// The protocol version the server answered `initialize` with.
+    version: String,
+    /// Why the server failed, once it did.
+    failure: Option<String>,
+}
+
+impl Client {
+    /// A client whose `initialize` request is already queued.
+    pub fn new(server: &str) -> Client {
+        let mut client = Client {
+            server: server.to_owned(),
+            phase: Phase::Starting,
+            next_id: 1,
+            pending: HashMap::new(),
+            pages: 0,
+            tools: Vec::new(),
+            relist: None,
+            relist_again: false,
+            names: HashMap::new(),
+            out: VecDeque::new(),
+            out_bytes: 0,
+            version: PROTOCOL_VERSION.to_owned(),
+            failure: None,
+        };
+        client.send_request(
+            "initialize",
+            json!({
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "caliban", "version": env!("CARGO_PKG_VERSION")},
+            }),
+            Pending::Initialize,
+        );
+        client
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn name(&self) -> &str {
+        &self.server
+    }
+
+    /// The negotiated protocol version (for HTTP's `MCP-Protocol-Version`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Why the server failed, once it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Whether a tool list is being read: the first, or a new one after `list_changed`.
+    pub fn is_listing(&self) -> bool {
+        self.phase == Phase::Starting || self.relist.is_some()
+    }
+
+    /// The tools offered to the model (only once `Ready`).
+    pub fn tools(&self) -> &[ToolSpec] {
+        if self.phase == Phase::Ready {
+            &self.tools
+        } else {
+            &[]
+        }
+    }
+
+    pub fn has_tool(&self, model_name: &str) -> bool {
+        self.phase == Phase::Ready && self.names.contains_key(model_name)
+    }
+
+    /// The next serialized message for the server (no trailing newline).
+    pub fn take_outgoing(&mut self) -> Option<Vec<u8>> {
+        let message = self.out.pop_front()?;
+        self.out_bytes -= message.len();
+        Some(message)
+    }
+
+    pub fn has_outgoing(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    fn send(&mut self, message: &Message) -> bool {
+        let mut line = jsonrpc::to_line(message);
+        line.pop();
+        if self.out_bytes + line.len() > MAX_OUTBOX {
+            return false;
+        }
+        self.out_bytes += line.len();
+        self.out.push_back(line);
+        true
+    }
+
+    fn send_request(&mut self, method: &str, params: Value, pending: Pending) -> Option<i64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let sent = self.send(&Message::Request {
+            id: Id::Num(id),
+            method: method.to_owned(),
+            params,
+        });
+        sent.then(|| {
+            self.pending.insert(id, pending);
+            id
+        })
+    }
+
+    /// Calls a tool by its model-facing name: the request's id, or the answer for a call
+    /// that cannot be made. The request carries a progress token (its own id), so a server
+    /// that reports progress keeps the call from timing out.
+    pub fn call(
+        &mut self,
+        key: CallKey,
+        model_name: &str,
+        input: &Value,
+    ) -> Result<i64, ToolOutput> {
+        if self.phase != Phase::Ready {
+            return Err(ToolOutput::error(format!(
+                "MCP server `{}` is not available{}",
+                self.server,
+                self.failure
+                    .as_deref()
+                    .map(|f| format!(": {f}"))
+                    .unwrap_or_default()
+            )));
+        }
+        let Some(tool) = self.names.get(model_name).cloned() else {
+            return Err(ToolOutput::error(format!(
+                "MCP server `{}` has no tool `{model_name}`",
+                self.server
+            )));
+        };
+        let arguments = if input.is_object() {
+            input.clone()
+        } else {
+            json!({})
+        };
+        let id = self.next_id;
+        self.send_request(
+            "tools/call",
+            json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": id}}),
+            Pending::Call {
+                key,
+                active: Instant::now(),
+            },
+        )
+        .ok_or_else(|| {
+            ToolOutput::error(format!(
+                "MCP server `{}` is not reading its input; the call was not sent",
+                self.server
+            ))
+        })
+    }
+
+    /// When call `id` was sent or last reported progress; `None` once it is answered.
+    pub fn call_active_since(&self, id: i64) -> Option<Instant> {
+        match self.pending.get(&id) {
+            Some(Pending::Call { active, .. }) => Some(*active),
+            _ => None,
+        }
+    }
+
+    /// Whether request `id` still waits for its answer.
+    pub fn is_pending(&self, id: i64) -> bool {
+        self.pending.contains_key(&id)
+    }
+
+    /// Whether `model_name` is named for this server (`mcp__<server>__…`), offered or not.
+    pub fn names_server(&self, model_name: &str) -> bool {
+        server_part(model_name) == Some(sanitize(&self.server).as_str())
+    }
+
+    /// Gives up on call `id`: the server is told with `notifications/cancelled` and its late
+    /// answer is ignored. The call's key, if it was still open.
+    pub fn cancel(&mut self, id: i64, reason: &str) -> Option<CallKey> {
+        let Some(Pending::Call { key, .. }) = self.pending.remove(&id) else {
+            return None;
+        };
+        self.send(&jsonrpc::notification(
+            "notifications/cancelled",
+            json!({"requestId": id, "reason": reason}),
+        ));
+        Some(key)
+    }
+
+    /// The open calls of run `run`, by request id.
+    pub fn calls_of(&self, run: u64) -> Vec<i64> {
+        let mut ids: Vec<i64> = self
+            .pending
+            .iter()
+            .filter_map(|(id, p)| match p {
+                Pending::Call { key, .. } if key.run == run => Some(*id),
+                _ => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The server is gone (its output ended, it was killed, its session ended): every open
+    /// call is answered.
+    pub fn fail(&mut self, why: &str) -> Vec<Event> {
+        let mut events = Vec::new();
+        if self.phase == Phase::Starting {
+            events.push(Event::Settled);
+        }
+        self.phase = Phase::Failed;
+        if self.failure.is_none() {
+            self.failure = Some(why.to_owned());
+        }
+        let mut calls: Vec<(i64, Pending)> = self.pending.drain().collect();
+        calls.sort_by_key(|c| c.0);
+        for (_, pending) in calls {
+            if let Pending::Call { key, .. } = pending {
+                events.push(Event::CallDone {
+                    key,
+                    output: ToolOutput::error(format!("MCP server `{}` {why}", self.server)),
+                });
+            }
+        }
+        self.out.clear();
+        self.out_bytes = 0;
+        events
+    }
+
+    /// One message from the server, as bytes (a stdio line, an HTTP body, an SSE `data`).
+    pub fn on_bytes(&mut self, bytes: &[u8]) -> Vec<Event> {
+        match jsonrpc::parse(bytes) {
+            Ok(Some(message)) => self.on_message(message),
+            Ok(None) => Vec::new(),
+            Err(_) => {
+                crate::log::warn(&format!(
+                    "MCP server `{}` sent something that is not JSON-RPC; ignoring it",
+                    self.server
+                ));
+                Vec::new()
+            }
+        }
+    }
+
+    fn on_message(&mut self, message: Message) -> Vec<Event> {
+        match message {
+            Message::Response {
+                id: Id::Num(id),
+                result,
+            } => match self.pending.remove(&id) {
+                Some(pending) => self.on_response(pending, result),
+                None => Vec::new(),
+            },
+            Message::Response { .. } => Vec::new(),
+            Message::Request { id, method, .. } => {
+                // We offer no client features (roots, sampling, elicitation); a ping is
+                // answered.
+                let reply = if method == "ping" {
+                    jsonrpc::response(id, json!({}))
+                } else {
+                    jsonrpc::error_response(id, RpcError::method_not_found(&method))
+                };
+                self.send(&reply);
+                Vec::new()
+            }
+            Message::Notification { method, params } => match method.as_str() {
+                "notifications/progress" => {
+                    let token = params.get("progressToken").and_then(Value::as_i64);
+                    if let Some(Pending::Call { active, .. }) =
+                        token.and_then(|t| self.pending.get_mut(&t))
+                    {
+                        *active = Instant::now();
+                    }
+                    Vec::new()
+                }
+                "notifications/tools/list_changed" if self.phase == Phase::Ready => {
+                    if self.relist.is_some() {
+                        self.relist_again = true;
+                        Vec::new()
+                    } else {
+                        self.relist = Some(Default::default());
+                        self.pages = 0;
+                        self.list(None)
+                    }
+                }
+                // Logging and other notifications are not acted on.
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    fn on_response(&mut self, pending: Pending, result: Result<Value, RpcError>) -> Vec<Event> {
+        match pending {
+            Pending::Initialize => match result {
+                Ok(init) => {
+                    if let Some(v) = init.get("protocolVersion").and_then(Value::as_str) {
+                        self.version = v.chars().take(32).collect();
+                    }
+                    self.send(&jsonrpc::notification(
+                        "notifications/initialized",
+                        Value::Null,
+                    ));
+                    self.list(None)
+                }
+                Err(e) => self.fail(&format!("refused `initialize`: {}", e.message)),
+            },
+            Pending::List => match result {
+                Ok(page) => self.on_tools_page(&page),
+                Err(e) if self.relist.is_some() => {
+                    crate::log::warn(&format!(
+                        "MCP server `{}` refused `tools/list` after its tools changed ({}); \
+                         keeping the old list",
+                        self.server, e.message
+                    ));
+                    self.relist = None;
+                    // The list did not change after all: runs waiting for it go on.
+                    vec![Event::ToolsChanged]
+                }
+                Err(e) => self.fail(&format!("refused `tools/list`: {}", e.message)),
+            },
+            Pending::Call { key, .. } => vec![Event::CallDone {
+                key,
+                output: call_output(result),
+            }],
+        }
+    }
+
+    fn list(&mut self, cursor: Option<&str>) -> Vec<Event> {
+        self.pages += 1;
+        let params = match cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        if self
+            .send_request("tools/list", params, Pending::List)
+            .is_some()
+        {
+            Vec::new()
+        } else {
+            self.fail("is not reading its input")
+        }
+    }
+
+    fn on_tools_page(&mut self, page: &Value) -> Vec<Event> {
+        // The first list is read into `tools` (hidden until `Ready`); a later one aside.
+        let relisting = self.relist.is_some();
+        let (mut list, mut names) = match self.relist.take() {
+            Some(partial) => partial,
+            None => (
+                std::mem::take(&mut self.tools),
+                std::mem::take(&mut self.names),
+            ),
+        };
+        for tool in page
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            if list.len() >= MAX_TOOLS {
+                crate::log::warn(&format!(
+                    "MCP server `{}` offers more than {MAX_TOOLS} tools; the rest are not offered",
+                    self.server
+                ));
+                break;
+            }
+            let model_name = tool_name(&self.server, name);
+            if names.contains_key(&model_name) {
+                crate::log::warn(&format!(
+                    "MCP server `{}`: tool `{name}` clashes with another as `{model_name}`; \
+                     skipping it",
+                    self.server
+                ));
+                continue;
+            }
+            let description = tool
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let mut schema = tool
+                .get("inputSchema")
+                .filter(|s| s.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            if schema.get("type").is_none() {
+                schema["type"] = json!("object");
+            }
+            names.insert(model_name.clone(), name.to_owned());
+            list.push(ToolSpec {
+                name: Cow::Owned(model_name),
+                description: Cow::Owned(description),
+                input_schema: schema,
+            });
+        }
+        let cursor = page
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned);
+        let more = cursor.filter(|_| self.pages < MAX_PAGES && list.len() < MAX_TOOLS);
+        if relisting {
+            if let Some(cursor) = more {
+                self.relist = Some((list, names));
+                return self.list(Some(&cursor));
+            }
+            self.tools = list;
+            self.names = names;
+            let mut events = vec![Event::ToolsChanged];
+            if std::mem::take(&mut self.relist_again) {
+                self.relist = Some(Default::default());
+                self.pages = 0;
+                events.extend(self.list(None));
+            }
+            return events;
+        }
+        self.tools = list;
+        self.names = names;
+        match more {
+            Some(cursor) => self.list(Some(&cursor)),
+            None => {
+                self.phase = Phase::Ready;
+                vec![Event::Settled]
+            }
+        }
+    }
+}
+
+/// A `tools/call` answer as a tool result: its text, embedded text resources and resource
+/// links, a line naming each image or audio block, `isError` an error; capped like every
+/// tool's output.
+fn call_output(result: Result<Value, RpcError>) -> ToolOutput {
+    let result = match result {
+        Ok(r) => r,
+        Err(e) => return ToolOutput::error(format!("MCP error {}: {}", e.code, e.message)),
+    };
+    let mut text = String::new();
+    for block in result
+        .get("content")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or("");
+        let piece: Option<Cow<str>> = match block.get("type").and_then(Value::as_str) {
+            Some("text") => block.get("text").and_then(Value::as_str).map(Cow::Borrowed),
+            Some("resource") => {
+                let resource = block.get("resource").unwrap_or(&Value::Null);
+                let get = |k: &str| resource.get(k).and_then(Value::as_str);
+                Some(match (get("text"), get("blob")) {
+                    (Some(t), _) => {
+                        Cow::Owned(format!("[resource {}]\n{t}", get("uri").unwrap_or("")))
+                    }
+                    (None, Some(b)) => Cow::Owned(format!(
+                        "[resource {} ({}, {} bytes of base64)]",
+                        get("uri").unwrap_or(""),
+                        get("mimeType").unwrap_or("binary"),
+                        b.len()
+                    )),
+                    (None, None) => Cow::Owned(format!("[resource {}]", get("uri").unwrap_or(""))),
+                })
+            }
+            Some("resource_link") => Some(Cow::Owned(format!(
+                "[resource link {} {}]",
+                field("uri"),
+                field("name")
+            ))),
+            Some(kind @ ("image" | "audio")) => Some(Cow::Owned(format!(
+                "[{kind} {} ({} bytes of base64); caliban cannot show it to the model]",
+                field("mimeType"),
+                field("data").len()
+            ))),
+            Some(other) => Some(Cow::Owned(format!("[{other} content not shown]"))),
+            None => None,
+        };
+        if let Some(piece) = piece {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&piece);
+        }
+    }
+    if text.is_empty()
+        && let Some(structured) = result.get("structuredContent")
+    {
+        text = structured.to_string();
+    }
+    ToolOutput {
+        is_error: result.get("isError").and_then(Value::as_bool) == Some(true),
+        text: crate::tools::fs::cap_output(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(client: &mut Client) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(m) = client.take_outgoing() {
+            out.push(serde_json::from_slice(&m).unwrap());
+        }
+        out
+    }
+
+    fn key(id: &str) -> CallKey {
+        CallKey {
+            run: 1,
+            tool_use_id: id.into(),
+        }
+    }
+
+    fn ready(name: &str) -> Client {
+        let mut c = Client::new(name);
+        sent(&mut c);
+        c.on_bytes(br#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","capabilities":{}}}"#);
+        sent(&mut c);
+        c.on_bytes(br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a"}]}}"#);
+        c
+    }
+
+    #[test]
+    fn handshake_lists_every_page_then_calls() {
+        let mut c = Client::new("my server");
+        let out = sent(&mut c);
+        assert_eq!(out[0]["method"], "initialize");
+        assert_eq!(out[0]["params"]["protocolVersion"], PROTOCOL_VERSION);
+        assert_eq!(out[0]["params"]["clientInfo"]["name"], "caliban");
+        assert!(
+            c.on_bytes(br#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","capabilities":{}}}"#)
+                .is_empty()
+        );
+        assert_eq!(c.version(), "2025-06-18");
+        let out = sent(&mut c);
+        assert_eq!(out[0]["method"], "notifications/initialized");
+        assert_eq!(out[1]["method"], "tools/list");
+        assert!(c
+            .on_bytes(br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a.b","description":"A","inputSchema":{"type":"object"}}],"nextCursor":"p2"}}"#)
+            .is_empty());
+        let out = sent(&mut c);
+        assert_eq!(out[0]["params"]["cursor"], "p2");
+        assert_eq!(c.phase(), Phase::Starting);
+        let events = c.on_bytes(br#"{"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"c"}]}}"#);
+        assert_eq!(events, vec![Event::Settled]);
+        let names: Vec<&str> = c.tools().iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(names, ["mcp__my_server__a_b", "mcp__my_server__c"]);
+        assert_eq!(c.tools()[1].input_schema, json!({"type": "object"}));
+        let id = c
+            .call(key("tu1"), "mcp__my_server__a_b", &json!({"x": 1}))
+            .unwrap();
+        let out = sent(&mut c);
+        assert_eq!(
+            out[0]["params"],
+            json!({"name": "a.b", "arguments": {"x": 1}, "_meta": {"progressToken": id}})
+        );
+        let events = c.on_bytes(
+            br#"{"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"text","text":"no"}],"isError":true}}"#,
+        );
+        assert_eq!(
+            events,
+            vec![Event::CallDone {
+                key: key("tu1"),
+                output: ToolOutput::error("no")
+            }]
+        );
+        assert!(
+            c.call(key("tu2"), "mcp__my_server__zzz", &json!({}))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn progress_keeps_a_call_alive_and_cancel_tells_the_server() {
+        let mut c = ready("s");
+        sent(&mut c);
+        let id = c.call(key("t"), "mcp__s__a", &json!({})).unwrap();
+        sent(&mut c);
+        let before = c.call_active_since(id).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        c.on_bytes(
+            format!(r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{id},"progress":1}}}}"#)
+                .as_bytes(),
+        );
+        assert!(c.call_active_since(id).unwrap() > before);
+        assert_eq!(c.calls_of(1), [id]);
+        assert_eq!(c.cancel(id, "timed out"), Some(key("t")));
+        let out = sent(&mut c);
+        assert_eq!(out[0]["method"], "notifications/cancelled");
+        assert_eq!(out[0]["params"]["requestId"], id);
+        // A late answer is ignored.
+        assert!(
+            c.on_bytes(
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#).as_bytes()
+            )
+            .is_empty()
+        );
+        assert_eq!(c.cancel(id, "again"), None);
+    }
+
+    #[test]
+    fn list_changed_replaces_the_list_when_complete() {
+        let mut c = ready("s");
+        sent(&mut c);
+        let events =
+            c.on_bytes(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#);
+        assert!(events.is_empty());
+        let out = sent(&mut c);
+        assert_eq!(out[0]["method"], "tools/list");
+        let id = out[0]["id"].as_i64().unwrap();
+        // Still the old list while the new one is read.
+        assert!(c.has_tool("mcp__s__a"));
+        let events = c.on_bytes(
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"b"}}]}}}}"#)
+                .as_bytes(),
+        );
+        assert_eq!(events, vec![Event::ToolsChanged]);
+        assert!(!c.has_tool("mcp__s__a"));
+        assert!(c.has_tool("mcp__s__b"));
+    }
+
+    #[test]
+    fn garbage_and_exit_never_panic() {
+        let mut c = Client::new("s");
+        sent(&mut c);
+        assert!(c.on_bytes(b"\xff{not json").is_empty());
+        assert!(
+            c.on_bytes(br#"{"jsonrpc":"2.0","id":99,"result":1}"#)
+                .is_empty()
+        );
+        assert!(
+            c.on_bytes(br#"{"jsonrpc":"2.0","id":5,"method":"roots/list"}"#)
+                .is_empty()
+        );
+        assert_eq!(sent(&mut c)[0]["error"]["code"], jsonrpc::METHOD_NOT_FOUND);
+        assert_eq!(c.fail("exited"), vec![Event::Settled]);
+        assert!(c.tools().is_empty());
+        assert!(c.call(key("t"), "mcp__s__x", &json!({})).is_err());
+    }
+
+    #[test]
+    fn results_pass_on_resources_and_name_images() {
+        let out = call_output(Ok(json!({"content": [
+            {"type": "text", "text": "hi"},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///a", "text": "body"}},
+            {"type": "resource_link", "uri": "file:///b", "name": "b"},
+        ]})));
+        assert!(!out.is_error);
+        assert_eq!(
+            out.text,
+            "hi\n[image image/png (4 bytes of base64); caliban cannot show it to the model]\n\
+             [resource file:///a]\nbody\n[resource link file:///b b]"
+        );
+        let big = call_output(Ok(
+            json!({"content": [{"type": "text", "text": "x".repeat(1 << 20)}]}),
+        ));
+        assert!(big.text.len() < 70 * 1024);
+    }
+
+    #[test]
+    fn names_are_sanitized_and_split() {
+        assert_eq!(tool_name("my server", "a.b"), "mcp__my_server__a_b");
+        assert_eq!(server_part("mcp__fs__read"), Some("fs"));
+        assert_eq!(server_part("Read"), None);
+    }
+}

@@ -1,0 +1,581 @@
+//! caliban as an MCP client, for every surface: the servers a run may call, their
+//! connections on the engine's reactor (no thread per server), and the calls in flight.
+//!
+//! - `config`: where servers are configured (settings, `.mcp.json`, `--mcp-config`, ACP's
+//!   `session/new`) and how; `approval`: project-scoped servers need the user's approval.
+//! - `client`: the protocol (sans-IO): handshake, tool lists, calls, progress, cancellation.
+//! - `stdio`, `http`: the transports (a child's pipes; Streamable HTTP and legacy HTTP+SSE
+//!   over `http::client::Exchange`).
+//! - `Hub` (here): every server of the process, keyed by `ServerId`. The engine owns it and
+//!   lends it an `Io` (tokens, timers, DNS) in each call; it answers with `HubEvent`s.
+//!
+//! Which servers a run sees is its `Selection`: the configured servers (all, or the ones a
+//! client named per run) plus servers a surface started for it (an ACP session's). A
+//! configured server is started when the first run that selects it starts, and shared by
+//! every run after it; one that died is reported once and started afresh by the next run
+//! that selects it.
+
+pub mod approval;
+pub mod client;
+pub mod config;
+pub mod http;
+pub mod stdio;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mio::{Registry, Token};
+use serde_json::Value;
+
+use crate::log;
+use crate::model::types::ToolSpec;
+use crate::reactor::TimerId;
+use crate::tools::ToolOutput;
+use client::{CallKey, Client, Event, Phase};
+use config::{ServerConfig, Transport};
+use http::HttpConn;
+use stdio::StdioConn;
+
+pub use client::TOOL_PREFIX;
+
+/// Default per-call timeout: long enough for a real tool (a build, a search over a large
+/// index), short enough that a server that never answers frees its run. A progress
+/// notification restarts it.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a run waits, before its first model request, for its servers to list their
+/// tools: a run's first turn should see every tool, but one slow server must not hold it.
+pub const START_WAIT: Duration = Duration::from_secs(10);
+
+/// One server instance (a process, or an HTTP session). A restarted server gets a new id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServerId(pub u64);
+
+/// Which servers a run sees.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Selection {
+    /// The configured servers by name; `None` is all of them.
+    pub configured: Option<Vec<String>>,
+    /// Servers a surface started for this run (an ACP session's), besides the configured.
+    pub servers: Vec<ServerId>,
+}
+
+/// A source of readiness the engine routes back to `Hub::on_ready`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    StdioOut,
+    StdioIn,
+    /// One HTTP exchange of the server's, by number.
+    Http(u64),
+}
+
+/// A timer the engine routes back to `Hub::on_timer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Alarm {
+    /// Call `request id`'s timeout.
+    Call(i64),
+    /// The HTTP transport's reconnect delay (a GET stream to resume).
+    Reconnect,
+}
+
+/// What the hub borrows from its owner for one call: the reactor's registry, tokens and
+/// timers routed back to it, and DNS lookups (answered with `Hub::on_resolved`).
+pub trait Io {
+    fn registry(&self) -> &Registry;
+    fn token(&mut self, server: ServerId, source: Source) -> Token;
+    fn forget_token(&mut self, token: Token);
+    fn add_timer(&mut self, after: Duration, server: ServerId, alarm: Alarm) -> TimerId;
+    fn cancel_timer(&mut self, id: TimerId);
+    /// Looks `host` up off the loop; the answer comes to `Hub::on_resolved(server, n, …)`.
+    fn resolve(&mut self, host: String, port: u16, server: ServerId, exchange: u64);
+}
+
+/// What the engine must act on.
+#[derive(Debug, PartialEq)]
+pub enum HubEvent {
+    /// A server finished listing its tools (or failed): runs waiting for it may go on.
+    Settled,
+    /// A call was answered (or failed, or timed out).
+    CallDone { key: CallKey, output: ToolOutput },
+}
+
+enum Conn {
+    Stdio {
+        conn: StdioConn,
+        tokens: [Token; 2],
+    },
+    Http(Box<HttpConn>),
+    /// Could not be started, or stopped.
+    None,
+}
+
+struct Entry {
+    config: ServerConfig,
+    cwd: PathBuf,
+    client: Client,
+    conn: Conn,
+    /// Call timeouts by request id.
+    timers: HashMap<i64, TimerId>,
+    /// The death was logged.
+    reported: bool,
+}
+
+impl Entry {
+    /// Lets the connection go: the process group killed, the HTTP exchanges closed, every
+    /// token and timer forgotten.
+    fn disconnect(&mut self, io: &mut impl Io) {
+        for (_, timer) in self.timers.drain() {
+            io.cancel_timer(timer);
+        }
+        match std::mem::replace(&mut self.conn, Conn::None) {
+            Conn::Stdio { mut conn, tokens } => {
+                conn.kill(io.registry());
+                for t in tokens {
+                    io.forget_token(t);
+                }
+            }
+            Conn::Http(mut conn) => conn.close(io),
+            Conn::None => {}
+        }
+    }
+}
+
+/// Every MCP server of the process.
+pub struct Hub {
+    servers: BTreeMap<ServerId, Entry>,
+    next: u64,
+    /// The configured servers, and the instance of each that runs now.
+    configured: Vec<ServerConfig>,
+    running: HashMap<String, ServerId>,
+    workspace: PathBuf,
+    call_timeout: Duration,
+    /// Events produced outside a readiness callback, for the engine's next look.
+    early: Vec<HubEvent>,
+}
+
+impl Hub {
+    pub fn new(configured: Vec<ServerConfig>, workspace: PathBuf, call_timeout: Duration) -> Hub {
+        Hub {
+            servers: BTreeMap::new(),
+            next: 1,
+            configured,
+            running: HashMap::new(),
+            workspace,
+            call_timeout,
+            early: Vec::new(),
+        }
+    }
+
+    /// The servers of a run's selection, starting configured ones not running yet and
+    /// restarting those that died.
+    pub fn select(&mut self, io: &mut impl Io, selection: &Selection) -> Vec<ServerId> {
+        let mut ids = Vec::new();
+        let wanted: Vec<ServerConfig> = self
+            .configured
+            .iter()
+            .filter(|c| {
+                selection
+                    .configured
+                    .as_ref()
+                    .is_none_or(|names| names.contains(&c.name))
+            })
+            // A server the surface started for the run under the same name wins.
+            .filter(|c| {
+                !selection.servers.iter().any(|id| {
+                    self.servers
+                        .get(id)
+                        .is_some_and(|e| e.config.name == c.name)
+                })
+            })
+            .cloned()
+            .collect();
+        for config in wanted {
+            let alive = self
+                .running
+                .get(&config.name)
+                .copied()
+                .filter(|id| self.phase(*id) != Phase::Failed);
+            let id = match alive {
+                Some(id) => id,
+                None => {
+                    if let Some(old) = self.running.remove(&config.name) {
+                        self.stop(io, old);
+                    }
+                    let id = self.start(io, config.clone(), self.workspace.clone());
+                    self.running.insert(config.name.clone(), id);
+                    id
+                }
+            };
+            ids.push(id);
+        }
+        for id in &selection.servers {
+            ids.push(self.ensure(io, *id));
+        }
+        ids
+    }
+
+    /// Server `id`, or a fresh instance of it if it died (its calls were answered then).
+    pub fn ensure(&mut self, io: &mut impl Io, id: ServerId) -> ServerId {
+        match self.servers.get(&id) {
+            Some(e) if e.client.phase() == Phase::Failed => {
+                let (config, cwd) = (e.config.clone(), e.cwd.clone());
+                self.stop(io, id);
+                self.start(io, config, cwd)
+            }
+            _ => id,
+        }
+    }
+
+    pub fn phase(&self, id: ServerId) -> Phase {
+        self.servers
+            .get(&id)
+            .map_or(Phase::Failed, |e| e.client.phase())
+    }
+
+    pub fn name(&self, id: ServerId) -> &str {
+        self.servers.get(&id).map_or("?", |e| e.client.name())
+    }
+
+    /// Whether any of `ids` is still listing its tools (for the first time, or again after
+    /// it said they changed).
+    pub fn any_listing(&self, ids: &[ServerId]) -> bool {
+        ids.iter()
+            .any(|id| self.servers.get(id).is_some_and(|e| e.client.is_listing()))
+    }
+
+    /// The tools `ids` offer now, in their order.
+    pub fn tools(&self, ids: &[ServerId]) -> Vec<ToolSpec> {
+        ids.iter()
+            .filter_map(|id| self.servers.get(id))
+            .flat_map(|e| e.client.tools().iter().cloned())
+            .collect()
+    }
+
+    /// Starts a server; a server that cannot start is a failed instance (so it is reported
+    /// once and its tools are simply missing).
+    pub fn start(&mut self, io: &mut impl Io, config: ServerConfig, cwd: PathBuf) -> ServerId {
+        let id = ServerId(self.next);
+        self.next += 1;
+        let mut client = Client::new(&config.name);
+        let conn = match &config.transport {
+            Transport::Stdio { command, args, env } => {
+                match StdioConn::spawn(command, args, env, &cwd) {
+                    Ok(mut conn) => {
+                        let tokens = [
+                            io.token(id, Source::StdioOut),
+                            io.token(id, Source::StdioIn),
+                        ];
+                        match conn.register(io.registry(), tokens[0], tokens[1]) {
+                            Ok(()) => {
+                                log::info(&format!(
+                                    "MCP server `{}` started (pid {})",
+                                    config.name,
+                                    conn.pid()
+                                ));
+                                Conn::Stdio { conn, tokens }
+                            }
+                            Err(e) => {
+                                conn.kill(io.registry());
+                                for t in tokens {
+                                    io.forget_token(t);
+                                }
+                                client.fail(&format!("cannot be watched: {e}"));
+                                Conn::None
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        client.fail(&format!("cannot start `{command}`: {e}"));
+                        Conn::None
+                    }
+                }
+            }
+            Transport::Http { url, headers } => match HttpConn::new(url, headers, false) {
+                Ok(conn) => Conn::Http(Box::new(conn)),
+                Err(e) => {
+                    client.fail(&e);
+                    Conn::None
+                }
+            },
+            Transport::Sse { url, headers } => match HttpConn::new(url, headers, true) {
+                Ok(conn) => Conn::Http(Box::new(conn)),
+                Err(e) => {
+                    client.fail(&e);
+                    Conn::None
+                }
+            },
+        };
+        self.servers.insert(
+            id,
+            Entry {
+                config,
+                cwd,
+                client,
+                conn,
+                timers: HashMap::new(),
+                reported: false,
+            },
+        );
+        let mut events = Vec::new();
+        self.flush(io, id, &mut events);
+        let events = self.after(io, id, events);
+        self.early.extend(events);
+        id
+    }
+
+    /// Stops a server: its process group is killed or its HTTP session ended; open calls
+    /// are answered (returned for the engine).
+    pub fn stop(&mut self, io: &mut impl Io, id: ServerId) -> Vec<HubEvent> {
+        let Some(mut entry) = self.servers.remove(&id) else {
+            return Vec::new();
+        };
+        if self.running.get(&entry.config.name) == Some(&id) {
+            self.running.remove(&entry.config.name);
+        }
+        entry.disconnect(io);
+        convert(entry.client.fail("was stopped"))
+    }
+
+    /// Stops every server (the engine is ending).
+    pub fn stop_all(&mut self, io: &mut impl Io) {
+        let ids: Vec<ServerId> = self.servers.keys().copied().collect();
+        for id in ids {
+            self.stop(io, id);
+        }
+    }
+
+    /// Calls `model_name` on whichever of `ids` offers it. `Err` is the answer now (no such
+    /// tool, a dead server); `Ok` means a `HubEvent::CallDone` will come.
+    pub fn call(
+        &mut self,
+        io: &mut impl Io,
+        ids: &[ServerId],
+        key: CallKey,
+        model_name: &str,
+        input: &Value,
+    ) -> Result<(), ToolOutput> {
+        let found = ids.iter().copied().find(|id| {
+            self.servers
+                .get(id)
+                .is_some_and(|e| e.client.has_tool(model_name))
+        });
+        let Some(id) = found else {
+            // A server of the run that offered it may have died since: say so.
+            let dead = ids
+                .iter()
+                .filter_map(|id| self.servers.get(id))
+                .find(|e| e.client.phase() == Phase::Failed && e.client.names_server(model_name));
+            return Err(ToolOutput::error(match dead {
+                Some(e) => format!(
+                    "MCP server `{}` is not available: {}",
+                    e.client.name(),
+                    e.client.failure().unwrap_or("it failed")
+                ),
+                None => format!("no MCP server of this run offers `{model_name}`"),
+            }));
+        };
+        let Some(entry) = self.servers.get_mut(&id) else {
+            return Err(ToolOutput::error("MCP server gone"));
+        };
+        let request = entry.client.call(key, model_name, input)?;
+        let timer = io.add_timer(self.call_timeout, id, Alarm::Call(request));
+        entry.timers.insert(request, timer);
+        let mut events = Vec::new();
+        self.flush(io, id, &mut events);
+        let events = self.after(io, id, events);
+        if !events.is_empty() {
+            // Answered at once (the server failed while sending): the engine still gets a
+            // CallDone, through the hub's next batch.
+            self.early.extend(events);
+        }
+        Ok(())
+    }
+
+    /// Events the engine should see on its next look (a server stopped from a host).
+    pub fn defer(&mut self, events: Vec<HubEvent>) {
+        self.early.extend(events);
+    }
+
+    /// Events produced outside a readiness callback (a call that failed while being sent).
+    pub fn take_early(&mut self) -> Vec<HubEvent> {
+        std::mem::take(&mut self.early)
+    }
+
+    /// Cancels run `run`'s calls: each server is told with `notifications/cancelled`.
+    pub fn cancel_run(&mut self, io: &mut impl Io, run: u64) {
+        let ids: Vec<ServerId> = self.servers.keys().copied().collect();
+        for id in ids {
+            let Some(entry) = self.servers.get_mut(&id) else {
+                continue;
+            };
+            let calls = entry.client.calls_of(run);
+            if calls.is_empty() {
+                continue;
+            }
+            for request in calls {
+                entry.client.cancel(request, "the run was cancelled");
+                if let Some(timer) = entry.timers.remove(&request) {
+                    io.cancel_timer(timer);
+                }
+            }
+            let mut events = Vec::new();
+            self.flush(io, id, &mut events);
+            let events = self.after(io, id, events);
+            self.early.extend(events);
+        }
+    }
+
+    pub fn on_ready(&mut self, io: &mut impl Io, id: ServerId, source: Source) -> Vec<HubEvent> {
+        let Some(entry) = self.servers.get_mut(&id) else {
+            return Vec::new();
+        };
+        let events = match (&mut entry.conn, source) {
+            (Conn::Stdio { conn, .. }, Source::StdioOut) => {
+                conn.read(&mut entry.client, io.registry())
+            }
+            (Conn::Stdio { conn, .. }, Source::StdioIn) => {
+                conn.flush(&mut entry.client, io.registry())
+            }
+            (Conn::Http(conn), Source::Http(n)) => conn.on_ready(io, id, n, &mut entry.client),
+            _ => Vec::new(),
+        };
+        let mut events = events;
+        self.flush(io, id, &mut events);
+        self.after(io, id, events)
+    }
+
+    pub fn on_resolved(
+        &mut self,
+        io: &mut impl Io,
+        id: ServerId,
+        exchange: u64,
+        result: Result<Vec<std::net::SocketAddr>, String>,
+    ) -> Vec<HubEvent> {
+        let Some(entry) = self.servers.get_mut(&id) else {
+            return Vec::new();
+        };
+        let mut events = match &mut entry.conn {
+            Conn::Http(conn) => conn.on_resolved(io, id, exchange, result, &mut entry.client),
+            _ => Vec::new(),
+        };
+        self.flush(io, id, &mut events);
+        self.after(io, id, events)
+    }
+
+    pub fn on_timer(&mut self, io: &mut impl Io, id: ServerId, alarm: Alarm) -> Vec<HubEvent> {
+        let Some(entry) = self.servers.get_mut(&id) else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        match alarm {
+            Alarm::Call(request) => {
+                entry.timers.remove(&request);
+                let Some(since) = entry.client.call_active_since(request) else {
+                    return Vec::new();
+                };
+                let quiet = since.elapsed();
+                if quiet < self.call_timeout {
+                    // Progress came since the timer was armed: push the deadline out.
+                    let timer = io.add_timer(self.call_timeout - quiet, id, Alarm::Call(request));
+                    entry.timers.insert(request, timer);
+                    return Vec::new();
+                }
+                let secs = self.call_timeout.as_secs_f64();
+                if let Some(key) = entry
+                    .client
+                    .cancel(request, &format!("timed out after {secs} s"))
+                {
+                    events.push(Event::CallDone {
+                        key,
+                        output: ToolOutput::error(format!(
+                            "MCP server `{}` did not answer within {secs} s (and sent no \
+                             progress); the call was cancelled",
+                            entry.client.name()
+                        )),
+                    });
+                }
+            }
+            Alarm::Reconnect => {
+                if let Conn::Http(conn) = &mut entry.conn {
+                    events.extend(conn.on_reconnect(io, id, &mut entry.client));
+                }
+            }
+        }
+        self.flush(io, id, &mut events);
+        self.after(io, id, events)
+    }
+
+    /// Sends what the client queued.
+    fn flush(&mut self, io: &mut impl Io, id: ServerId, events: &mut Vec<Event>) {
+        let Some(entry) = self.servers.get_mut(&id) else {
+            return;
+        };
+        match &mut entry.conn {
+            Conn::Stdio { conn, .. } => events.extend(conn.flush(&mut entry.client, io.registry())),
+            Conn::Http(conn) => events.extend(conn.flush(io, id, &mut entry.client)),
+            Conn::None => while entry.client.take_outgoing().is_some() {},
+        }
+    }
+
+    /// Turns client events into hub events, reports a death once and lets a dead server's
+    /// connection go.
+    fn after(&mut self, io: &mut impl Io, id: ServerId, events: Vec<Event>) -> Vec<HubEvent> {
+        let Some(entry) = self.servers.get_mut(&id) else {
+            return convert(events);
+        };
+        for event in &events {
+            match event {
+                Event::Settled if entry.client.phase() == Phase::Ready => {
+                    let n = entry.client.tools().len();
+                    log::info(&format!(
+                        "MCP server `{}` offers {n} tool{}",
+                        entry.client.name(),
+                        if n == 1 { "" } else { "s" }
+                    ));
+                }
+                Event::ToolsChanged => log::info(&format!(
+                    "MCP server `{}` changed its tools; it now offers {}",
+                    entry.client.name(),
+                    entry.client.tools().len()
+                )),
+                Event::CallDone { .. } | Event::Settled => {}
+            }
+        }
+        // Calls answered: their timers go.
+        if events.iter().any(|e| matches!(e, Event::CallDone { .. })) {
+            let client = &entry.client;
+            let answered: Vec<i64> = entry
+                .timers
+                .keys()
+                .copied()
+                .filter(|r| !client.is_pending(*r))
+                .collect();
+            for r in answered {
+                if let Some(t) = entry.timers.remove(&r) {
+                    io.cancel_timer(t);
+                }
+            }
+        }
+        if entry.client.phase() == Phase::Failed && !entry.reported {
+            entry.reported = true;
+            log::warn(&format!(
+                "MCP server `{}` ({}) {}; its tools are not offered until a later run starts it again",
+                entry.client.name(),
+                entry.config.describe(),
+                entry.client.failure().unwrap_or("failed")
+            ));
+            entry.disconnect(io);
+        }
+        convert(events)
+    }
+}
+
+fn convert(events: Vec<Event>) -> Vec<HubEvent> {
+    events
+        .into_iter()
+        .map(|e| match e {
+            Event::Settled | Event::ToolsChanged => HubEvent::Settled,
+            Event::CallDone { key, output } => HubEvent::CallDone { key, output },
+        })
+        .collect()
+}

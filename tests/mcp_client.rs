@@ -1,0 +1,563 @@
+//! caliban as an MCP client, end to end: the real binary, `caliban stub-model` asking for
+//! `mcp__<server>__<tool>` calls, and real MCP servers written with the official SDKs:
+//!
+//! - `tests/mcp_client/server.py`, on the Python SDK (`mcp` 2.x `MCPServer`, which 1.x
+//!   called FastMCP), over stdio, Streamable HTTP and the legacy HTTP+SSE transport;
+//! - `@modelcontextprotocol/server-everything`, the reference server, over stdio.
+//!
+//! The Python SDK is installed from PyPI into a venv under the target directory on first
+//! use (pinned by `tests/requirements-mcp-client.txt`); server-everything comes with the
+//! Node kit `tests/mcp.rs` installs from `tests/mcp/package-lock.json`.
+//!
+//! No assertion is timed: a call that must time out is given a one-second limit and the
+//! test checks what the model was told, and whatever happens in a server is observed
+//! through files it leaves (`MARK_DIR`), waited for with a deadline.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::http_util::{Serve, request};
+use crate::util::*;
+
+/// How long anything observed from outside (a marker file, a port) may take to appear.
+const WAIT: Duration = Duration::from_secs(30);
+
+// ---- the Python SDK server ---------------------------------------------------------------
+
+/// The venv's python with the MCP Python SDK (`tests/requirements-mcp-client.txt`).
+pub(crate) fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| venv_python("mcp-client-venv", "requirements-mcp-client.txt"))
+}
+
+pub(crate) fn server_script() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client/server.py").to_owned()
+}
+
+/// A stdio server entry for an MCP config file.
+pub(crate) fn stdio_server(mark_dir: &Path) -> Value {
+    json!({"command": path_str(python()), "args": [server_script(), "stdio"],
+           "env": {"MARK_DIR": path_str(mark_dir)}})
+}
+
+/// A free loopback port (bound, read and released: the server binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// The Python server listening over HTTP (`http` or `sse`); killed on drop.
+pub(crate) struct PyHttp {
+    child: Child,
+    pub(crate) url: String,
+}
+
+impl PyHttp {
+    pub(crate) fn start(mode: &str, mark_dir: &Path) -> PyHttp {
+        let port = free_port();
+        let child = Command::new(python())
+            .args([&server_script(), mode, &port.to_string()])
+            .env("MARK_DIR", mark_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the Python MCP server");
+        let server = PyHttp {
+            child,
+            url: match mode {
+                "sse" => format!("http://127.0.0.1:{port}/sse"),
+                _ => format!("http://127.0.0.1:{port}/mcp"),
+            },
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_until("the Python MCP server to listen", || {
+            TcpStream::connect(addr).is_ok()
+        });
+        server
+    }
+}
+
+impl Drop for PyHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+// ---- helpers ------------------------------------------------------------------------------
+
+fn calls(calls: Value) -> Value {
+    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
+}
+
+fn call(name: &str, id: &str, input: Value) -> Value {
+    calls(json!([{"id": id, "name": name, "input": input}]))
+}
+
+fn text_turn(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+}
+
+/// Writes an MCP config file (`{"mcpServers": …}`) in the workspace; returns its path.
+fn config(ws: &Workspace, name: &str, servers: Value) -> String {
+    ws.write(name, &json!({ "mcpServers": servers }).to_string());
+    path_str(&ws.path(name))
+}
+
+/// Every tool result the model was sent, by tool use id: (is_error, text).
+fn results(stub: &Stub) -> Vec<(String, bool, String)> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for req in stub.requests() {
+        for message in req["body"]["messages"].as_array().into_iter().flatten() {
+            for block in message["content"].as_array().into_iter().flatten() {
+                if block["type"] != "tool_result" {
+                    continue;
+                }
+                let id = block["tool_use_id"].as_str().unwrap_or_default().to_owned();
+                if !seen.insert(id.clone()) {
+                    continue;
+                }
+                let text = block["content"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|b| b["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                out.push((id, block["is_error"] == json!(true), text));
+            }
+        }
+    }
+    out
+}
+
+fn result<'a>(all: &'a [(String, bool, String)], id: &str) -> &'a (String, bool, String) {
+    all.iter()
+        .find(|r| r.0 == id)
+        .unwrap_or_else(|| panic!("no result for {id} in {all:?}"))
+}
+
+/// The names of the MCP tools offered in request `n`.
+fn offered(stub: &Stub, n: usize) -> Vec<String> {
+    stub.requests()[n]["body"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .filter(|n| n.starts_with("mcp__"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn print_mode(ws: &Workspace, stub: &Stub, args: &[&str]) -> Output {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    cmd.arg("-p").args(args).arg("use the tools");
+    run(cmd, "")
+}
+
+// ---- transports, from print mode ------------------------------------------------------------
+
+#[test]
+fn mcp_client_stdio_round_trip_with_images_and_resources() {
+    let ws = Workspace::new("mcpc-stdio");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([
+                {"id": "t1", "name": "mcp__py__echo", "input": {"text": "hi"}},
+                {"id": "t2", "name": "mcp__py__picture", "input": {}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
+    let out = print_mode(&ws, &stub, &["--mcp-config", &cfg, "--allow", "mcp__py__*"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let tools = offered(&stub, 0);
+    for name in ["mcp__py__echo", "mcp__py__slow", "mcp__py__picture"] {
+        assert!(tools.iter().any(|t| t == name), "{tools:?}");
+    }
+    let all = results(&stub);
+    assert_eq!(result(&all, "t1").2, "echo: hi");
+    let picture = &result(&all, "t2").2;
+    assert!(picture.contains("[image image/png"), "{picture}");
+    assert!(
+        picture.contains("[resource file:///notes.txt]\nresource body"),
+        "{picture}"
+    );
+}
+
+#[test]
+fn mcp_client_streamable_http_resumes_streams_follows_progress_and_list_changed() {
+    let ws = Workspace::new("mcpc-http");
+    let server = PyHttp::start("http", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([
+                {"id": "t1", "name": "mcp__web__echo", "input": {"text": "over http"}},
+                // The server closes this call's event stream mid-call: the answer comes on
+                // the stream resumed with Last-Event-ID.
+                {"id": "t2", "name": "mcp__web__hop", "input": {}},
+                // Longer than the call timeout, with progress all along.
+                {"id": "t3", "name": "mcp__web__ticking", "input": {"seconds": 2.0}},
+            ])),
+            call("mcp__web__grow", "t4", json!({})),
+            call("mcp__web__late", "t5", json!({})),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"web": {"type": "http", "url": server.url,
+                       "headers": {"X-Test": "${CALIBAN_TEST_HEADER}"}}}),
+    );
+    let out = print_mode(
+        &ws,
+        &stub,
+        &[
+            "--mcp-config",
+            &cfg,
+            "--allow",
+            "mcp__web__*",
+            "--mcp-timeout",
+            "1",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert_eq!(result(&all, "t1").2, "echo: over http");
+    assert_eq!(result(&all, "t2").2, "hopped");
+    assert_eq!(
+        result(&all, "t3").2,
+        "ticked 10 times",
+        "progress resets the timeout"
+    );
+    assert_eq!(result(&all, "t4").2, "grown");
+    // The list changed mid-run: the next request offered the new tool, and it ran.
+    assert!(!offered(&stub, 0).iter().any(|t| t == "mcp__web__late"));
+    assert!(offered(&stub, 2).iter().any(|t| t == "mcp__web__late"));
+    assert_eq!(result(&all, "t5").2, "late tool ran");
+    assert!(
+        out.stderr.contains("CALIBAN_TEST_HEADER not set"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn mcp_client_legacy_http_sse_round_trip() {
+    let ws = Workspace::new("mcpc-sse");
+    let server = PyHttp::start("sse", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__old__echo", "t1", json!({"text": "legacy"})),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"old": {"type": "sse", "url": server.url}}),
+    );
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__old__echo"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(result(&results(&stub), "t1").2, "echo: legacy");
+}
+
+#[test]
+fn mcp_client_server_everything_over_stdio() {
+    let kit = crate::mcp::kit();
+    let ws = Workspace::new("mcpc-everything");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([
+                {"id": "t1", "name": "mcp__everything__get-sum", "input": {"a": 2, "b": 3}},
+                {"id": "t2", "name": "mcp__everything__echo", "input": {"message": "hey"}},
+                {"id": "t3", "name": "mcp__everything__get-tiny-image", "input": {}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let everything = kit
+        .dir
+        .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"everything": {"command": path_str(&kit.node()),
+                              "args": [path_str(&everything), "stdio"]}}),
+    );
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__everything__*"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert!(result(&all, "t1").2.contains('5'), "{all:?}");
+    assert!(result(&all, "t2").2.contains("hey"), "{all:?}");
+    assert!(result(&all, "t3").2.contains("[image image/png"), "{all:?}");
+}
+
+// ---- timeouts, cancellation, crashes, rules ------------------------------------------------
+
+#[test]
+fn mcp_client_slow_call_times_out_and_the_server_is_told() {
+    let ws = Workspace::new("mcpc-timeout");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__py__slow", "t1", json!({"seconds": 60})),
+            call("mcp__py__echo", "t2", json!({"text": "still here"})),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
+    let out = print_mode(
+        &ws,
+        &stub,
+        &[
+            "--mcp-config",
+            &cfg,
+            "--allow",
+            "mcp__py__*",
+            "--mcp-timeout",
+            "1",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    let (_, is_error, text) = result(&all, "t1");
+    assert!(
+        *is_error && text.contains("did not answer within 1 s"),
+        "{text}"
+    );
+    // The server heard `notifications/cancelled` and stopped the work; it still serves.
+    wait_until("the server to cancel the slow call", || {
+        ws.path("slow-cancelled").exists()
+    });
+    assert_eq!(result(&all, "t2").2, "echo: still here");
+}
+
+#[test]
+fn mcp_client_rules_deny_and_print_mode_denies_what_would_ask() {
+    let ws = Workspace::new("mcpc-rules");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([
+                {"id": "t1", "name": "mcp__py__echo", "input": {"text": "no"}},
+                {"id": "t2", "name": "mcp__py__picture", "input": {}},
+                {"id": "t3", "name": "mcp__py__slow", "input": {"seconds": 0}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
+    let out = print_mode(
+        &ws,
+        &stub,
+        &[
+            "--mcp-config",
+            &cfg,
+            "--deny",
+            "mcp__py__echo",
+            "--allow",
+            "mcp__py__slow",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert!(result(&all, "t1").1, "a deny rule: {all:?}");
+    // No rule for it: it asks, and print mode has no one to ask.
+    assert!(result(&all, "t2").1, "{all:?}");
+    assert!(!result(&all, "t3").1, "allowed: {all:?}");
+    assert_eq!(result(&all, "t3").2, "slept");
+}
+
+// ---- the drive surfaces -----------------------------------------------------------------
+
+fn start_run(addr: SocketAddr, body: Value) -> Result<String, (u16, String)> {
+    let resp = request(
+        addr,
+        "POST",
+        "/runs",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    if resp.status != 200 {
+        return Err((resp.status, resp.text()));
+    }
+    Ok(resp.json()["run_id"].as_str().expect("run_id").to_owned())
+}
+
+fn state(addr: SocketAddr, run: &str) -> String {
+    let resp = request(addr, "GET", &format!("/runs/{run}/status"), &[], b"");
+    resp.json()["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn wait_done(addr: SocketAddr, run: &str) {
+    wait_until(&format!("{run} to end"), || {
+        matches!(state(addr, run).as_str(), "done" | "failed")
+    });
+}
+
+#[test]
+fn mcp_client_http_serve_crash_is_reported_and_the_next_run_restarts_the_server() {
+    let ws = Workspace::new("mcpc-crash");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__py__crash", "t1", json!({})),
+            call("mcp__py__echo", "t2", json!({"text": "after the crash"})),
+            text_turn("first run over"),
+            call("mcp__py__echo", "t3", json!({"text": "restarted"})),
+            text_turn("second run over"),
+        ]}),
+    );
+    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
+    let serve = Serve::start(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__py__*"],
+        &[],
+    );
+    let first = start_run(serve.addr, json!({"prompt": "crash it"})).expect("run");
+    wait_done(serve.addr, &first);
+    let second = start_run(serve.addr, json!({"prompt": "again"})).expect("run");
+    wait_done(serve.addr, &second);
+    let all = results(&stub);
+    let (_, crashed, text) = result(&all, "t1");
+    assert!(
+        *crashed && text.contains("MCP server `py` exited"),
+        "{text}"
+    );
+    // The dead server's tools are no longer offered to the run's next turns.
+    let (_, gone, text) = result(&all, "t2");
+    assert!(
+        *gone && text.contains("unknown tool 'mcp__py__echo'"),
+        "{text}"
+    );
+    assert!(offered(&stub, 1).is_empty(), "{:?}", offered(&stub, 1));
+    assert_eq!(result(&all, "t3").2, "echo: restarted");
+    let stderr = serve.stderr();
+    assert_eq!(
+        stderr.matches("MCP server `py` (").count(),
+        1,
+        "reported once: {stderr}"
+    );
+}
+
+#[test]
+fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
+    let ws = Workspace::new("mcpc-cancel");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [call("mcp__py__slow", "t1", json!({"seconds": 60})), text_turn("x")]}),
+    );
+    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
+    let serve = Serve::start(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__py__*"],
+        &[],
+    );
+    let run = start_run(serve.addr, json!({"prompt": "wait"})).expect("run");
+    wait_until("the slow call to start", || {
+        ws.path("slow-started").exists()
+    });
+    let resp = request(serve.addr, "POST", &format!("/runs/{run}/cancel"), &[], b"");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    wait_until("the server to cancel the call", || {
+        ws.path("slow-cancelled").exists()
+    });
+    wait_done(serve.addr, &run);
+}
+
+#[test]
+fn mcp_client_per_run_servers_are_names_from_the_configuration() {
+    let ws = Workspace::new("mcpc-select");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("a"), text_turn("b")]}));
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"one": stdio_server(&ws.root), "two": stdio_server(&ws.root)}),
+    );
+    let serve = Serve::start(&ws, &stub, &["--mcp-config", &cfg], &[]);
+    let refused = start_run(
+        serve.addr,
+        json!({"prompt": "p", "mcp_servers": ["one", "/bin/sh"]}),
+    );
+    let (status, body) = refused.expect_err("an unknown server is refused");
+    assert_eq!(status, 400);
+    assert!(body.contains("unknown MCP server `/bin/sh`"), "{body}");
+    let run = start_run(serve.addr, json!({"prompt": "p", "mcp_servers": ["two"]})).expect("run");
+    wait_done(serve.addr, &run);
+    let tools = offered(&stub, 0);
+    assert!(
+        tools.iter().all(|t| t.starts_with("mcp__two__")),
+        "{tools:?}"
+    );
+    assert!(tools.contains(&"mcp__two__echo".to_owned()), "{tools:?}");
+    let run = start_run(serve.addr, json!({"prompt": "p", "mcp_servers": []})).expect("run");
+    wait_done(serve.addr, &run);
+    assert!(offered(&stub, 1).is_empty());
+}
+
+#[test]
+fn mcp_client_workspace_servers_need_approval_once() {
+    let ws = Workspace::new("mcpc-approve");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("a"), text_turn("b"), text_turn("c")]}),
+    );
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"proj": stdio_server(&ws.root)}}).to_string(),
+    );
+    let out = print_mode(&ws, &stub, &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        offered(&stub, 0).is_empty(),
+        "not approved: nothing started"
+    );
+    assert!(out.stderr.contains("--approve-mcp proj"), "{out:?}");
+    let out = print_mode(&ws, &stub, &["--approve-mcp", "proj"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(offered(&stub, 1).contains(&"mcp__proj__echo".to_owned()));
+    // Remembered for the workspace.
+    let out = print_mode(&ws, &stub, &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        offered(&stub, 2).contains(&"mcp__proj__echo".to_owned()),
+        "{out:?}"
+    );
+}
