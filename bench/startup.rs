@@ -5,46 +5,15 @@
 //! `caliban stub-model` on loopback, with the peak RSS of that run. Results go to stdout as a
 //! table; copy them into bench/RESULTS.md with the machine and date.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 #[path = "common.rs"]
 mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_caliban");
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-/// Runs `cmd` to completion and returns its wall time and peak RSS in KiB.
-fn timed(cmd: &mut Command) -> (Duration, u64) {
-    let start = Instant::now();
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter that wait4 fills in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own unreaped child; both pointers are valid for the call. We reap
-    // with wait4 instead of Child::wait to get this child's own ru_maxrss.
-    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(rc, pid, "wait4 failed");
-    let elapsed = start.elapsed();
-    std::mem::forget(child);
-    (elapsed, usage.ru_maxrss as u64)
-}
-
 fn main() {
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let rounds = common::rounds(200);
 
     let dir = std::env::temp_dir().join(format!("caliban-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
@@ -60,10 +29,10 @@ fn main() {
     let mut version_t = Vec::new();
     let mut version_rss = Vec::new();
     for _ in 0..rounds {
-        true_t.push(timed(&mut Command::new("true")).0);
-        let (t, rss) = timed(Command::new(BIN).arg("--version"));
-        version_t.push(t);
-        version_rss.push(rss);
+        true_t.push(common::timed(&mut Command::new("true")).wall);
+        let run = common::timed(Command::new(BIN).arg("--version"));
+        version_t.push(run.wall);
+        version_rss.push(run.max_rss_kib);
     }
 
     let mut print_t = Vec::new();
@@ -72,7 +41,7 @@ fn main() {
     for _ in 0..print_rounds {
         // A fresh stub per run so every run sees the whole script.
         let (mut stub, url) = common::start_stub(BIN, &script);
-        let (t, rss) = timed(
+        let run = common::timed(
             Command::new(BIN)
                 .env_clear()
                 .env("ANTHROPIC_BASE_URL", &url)
@@ -80,16 +49,16 @@ fn main() {
                 .current_dir(&dir)
                 .args(["-p", "how many lines in notes.txt?"]),
         );
-        print_t.push(t);
-        print_rss.push(rss);
+        print_t.push(run.wall);
+        print_rss.push(run.max_rss_kib);
         let _ = stub.kill();
         let _ = stub.wait();
     }
     let _ = std::fs::remove_dir_all(&dir);
 
-    let floor = median(true_t);
-    let version = median(version_t);
-    let print = median(print_t);
+    let floor = common::median(true_t);
+    let version = common::median(version_t);
+    let print = common::median(print_t);
     version_rss.sort();
     print_rss.sort();
     let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);

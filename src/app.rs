@@ -17,8 +17,8 @@ use crate::permissions::{Mode, Policy};
 use crate::print::{self, Printer};
 use crate::surface::{self, ListenConfig, http_api};
 use crate::{
-    agent, auth, drive, exit, http, instructions, log, reaper, settings, stub_model, sys, tools,
-    transport,
+    agent, auth, drive, exit, http, instructions, log, reaper, sandbox, settings, stub_model, sys,
+    tools, transport,
 };
 
 pub fn main() -> ExitCode {
@@ -52,6 +52,7 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+        Command::SandboxCheck(args) => ExitCode::from(sandbox_check(&args)),
         Command::Print(args) => ExitCode::from(reaping(|| run_print(*args))),
         Command::Serve(args) => ExitCode::from(reaping(|| match args.surface {
             cli::Surface::Http => run_http_serve(*args),
@@ -113,10 +114,48 @@ enum NoProvider {
     Report,
 }
 
+/// Resolves and installs the sandbox for this process's commands from `--sandbox`, the
+/// settings files and the environment, and says once what it will do. `key_files` are
+/// secrets caliban itself was given (TLS keys): commands may not read them either.
+fn setup_sandbox(
+    args: &PrintArgs,
+    settings: &settings::Settings,
+    key_files: &[PathBuf],
+) -> sandbox::Mode {
+    let mut deny: Vec<PathBuf> = key_files.to_vec();
+    deny.extend(env_var("CALIBAN_AGENT_TLS_KEY").map(PathBuf::from));
+    let deny: Vec<PathBuf> = deny
+        .into_iter()
+        .map(|path| path.canonicalize().unwrap_or(path))
+        .collect();
+    let config = sandbox::Config::new(args.sandbox, &settings.sandbox, &deny, &env_var);
+    let mode = config.mode;
+    sandbox::install(config);
+    sandbox::announce(mode);
+    mode
+}
+
+/// `caliban sandbox check`: what the sandbox can do here, tested live.
+fn sandbox_check(args: &PrintArgs) -> u8 {
+    let workspace = match resolve_workspace(args.cwd.as_deref()) {
+        Ok(workspace) => workspace,
+        Err(e) => return config_error(&e),
+    };
+    let settings = match settings::load(&workspace, &env_var) {
+        Ok(settings) => settings,
+        Err(e) => return config_error(&e.to_string()),
+    };
+    setup_sandbox(args, &settings, &[]);
+    let (report, enforced) = sandbox::check_report(&workspace);
+    print!("{report}");
+    if enforced { 0 } else { exit::RUNTIME }
+}
+
 fn agent_setup(
     args: &PrintArgs,
     interactive: bool,
     no_provider: NoProvider,
+    key_files: &[PathBuf],
 ) -> Result<AgentSetup, u8> {
     log::set_level(match args.verbose {
         0 => log::Level::Warn,
@@ -167,7 +206,8 @@ fn agent_setup(
         exit::USAGE
     })?;
     rules.extend(settings.rules.iter().cloned());
-    let policy = Policy::new(rules, mode, workspace.clone());
+    let sandbox = setup_sandbox(args, &settings, key_files);
+    let policy = Policy::new(rules, mode, workspace.clone()).with_sandbox(sandbox);
 
     let workspace_str = workspace.display().to_string();
     let run_config = agent::run::RunConfig {
@@ -182,6 +222,8 @@ fn agent_setup(
         interactive,
         context_window: settings.context_window.of(&provider.model),
         effort: None,
+        // The drive surfaces turn this on: they have someone to ask.
+        sandbox_retry: false,
     };
     let engine_config = EngineConfig {
         provider: provider.clone(),
@@ -306,7 +348,7 @@ fn stand_in_provider(model: Option<String>) -> Provider {
 
 fn run_print(args: PrintArgs) -> u8 {
     let interactive = args.input_format == InputFormat::StreamJson;
-    let setup = match agent_setup(&args, interactive, NoProvider::Exit) {
+    let setup = match agent_setup(&args, interactive, NoProvider::Exit, &[]) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -368,6 +410,8 @@ fn run_print(args: PrintArgs) -> u8 {
         }
     };
     engine.attach_stdout();
+    // Said in the init frame and in the session header alike.
+    let sandbox = sandbox::describe(policy.sandbox());
     let model_name = run_config.model.clone();
     let run = agent::run::Run::new(run_config, policy.clone(), history);
     let run_id = engine.add_run(run, workspace.clone());
@@ -391,6 +435,7 @@ fn run_print(args: PrintArgs) -> u8 {
             header.insert("cwd".into(), json!(workspace_str));
             header.insert("model".into(), json!(model_name));
             header.insert("provider".into(), json!(provider.kind.as_str()));
+            header.insert("sandbox".into(), sandbox.clone());
             if let Some(previous) = continues {
                 header.insert("continues".into(), json!(previous.to_string()));
             }
@@ -403,7 +448,7 @@ fn run_print(args: PrintArgs) -> u8 {
             "{e}; this run is not recorded and cannot be continued"
         )),
     }
-    printer.init_frame(&tool_names, &workspace_str, mode.as_str(), &loaded);
+    printer.init_frame(&tool_names, &workspace_str, mode.as_str(), sandbox, &loaded);
     match prompt {
         Some(prompt) => {
             let action = printer.start_text(prompt);
@@ -539,7 +584,9 @@ fn drive_core(
         // error it should see at once, as for the other servers.
         Surface::Http | Surface::Mcp | Surface::Agent => NoProvider::Exit,
     };
-    let setup = agent_setup(&args.agent, false, no_provider)?;
+    let key_files: Vec<PathBuf> = args.tls_key.iter().cloned().collect();
+    let mut setup = agent_setup(&args.agent, false, no_provider, &key_files)?;
+    setup.run_config.sandbox_retry = true;
     let store = session_store().map_err(|e| config_error(&e))?;
     let drive_config = drive::table::DriveConfig {
         run: setup.run_config,
@@ -641,6 +688,9 @@ fn run_agent_serve(mut args: ServeArgs) -> u8 {
     }
     if spec.provider.is_some() {
         args.agent.provider = spec.provider.clone();
+    }
+    if spec.sandbox.is_some() {
+        args.agent.sandbox = spec.sandbox;
     }
     if spec.posture == Posture::Unattended {
         args.agent.permission_mode = Some(Mode::DontAsk.as_str().to_owned());

@@ -157,6 +157,13 @@ pub const FLAGS: &[Flag] = &[
         "",
     ),
     flag(
+        "sandbox",
+        None,
+        Some("MODE"),
+        "What commands may do: read-only, workspace-write (default where the kernel has Landlock), network or off.",
+        "",
+    ),
+    flag(
         "mcp-config",
         None,
         Some("FILE"),
@@ -301,7 +308,7 @@ pub const FLAGS: &[Flag] = &[
         "spec",
         None,
         Some("FILE"),
-        "The JSON spawn spec (else CALIBAN_AGENT_SPEC): initial_prompt, interactive, model, provider, tool_allowlist, label, drive_protocol (ndjson|acp), permission_posture (supervised|unattended).",
+        "The JSON spawn spec (else CALIBAN_AGENT_SPEC): initial_prompt, interactive, model, provider, tool_allowlist, label, drive_protocol (ndjson|acp), permission_posture (supervised|unattended), sandbox.",
         "agent serve",
     ),
     flag(
@@ -336,6 +343,10 @@ pub const SUBCOMMANDS: &[(&str, &str)] = &[
     (
         "agent serve",
         "Be a networked agent a supervisor drives: ACP, or the NDJSON session plane over its spec's run, on TLS with a bearer preamble or on a Unix socket (see README). Takes the agent options above too.",
+    ),
+    (
+        "sandbox check",
+        "Report what the command sandbox can enforce on this machine, with a live test; exit 0 when the configured mode is enforced.",
     ),
     (
         "stub-model",
@@ -375,6 +386,7 @@ pub struct PrintArgs {
     pub ask: Vec<String>,
     pub deny: Vec<String>,
     pub permission_mode: Option<String>,
+    pub sandbox: Option<crate::sandbox::Mode>,
     pub max_retries: Option<u32>,
     pub first_byte_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
@@ -437,7 +449,12 @@ pub struct ServeArgs {
 pub enum Command {
     Print(Box<PrintArgs>),
     Serve(Box<ServeArgs>),
-    StubModel { script: PathBuf, addr: String },
+    StubModel {
+        script: PathBuf,
+        addr: String,
+    },
+    /// `caliban sandbox check`, with the agent options that choose the workspace and mode.
+    SandboxCheck(Box<PrintArgs>),
     Help,
     Version,
     GenerateMan,
@@ -463,6 +480,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
         ask: Vec::new(),
         deny: Vec::new(),
         permission_mode: None,
+        sandbox: None,
         max_retries: None,
         first_byte_timeout: None,
         idle_timeout: None,
@@ -474,6 +492,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
     };
     let mut positional: Vec<String> = Vec::new();
     let mut serve: Option<ServeArgs> = None;
+    let mut check = false;
     while let Some(arg) = parser.next()? {
         if let Some(serve) = serve.as_mut() {
             let surface = serve.surface;
@@ -604,6 +623,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             Long("ask") => print.ask.push(parser.value()?.string()?),
             Long("deny") => print.deny.push(parser.value()?.string()?),
             Long("permission-mode") => print.permission_mode = Some(parser.value()?.string()?),
+            Long("sandbox") => {
+                let value = parser.value()?.string()?;
+                print.sandbox = Some(crate::sandbox::Mode::parse(&value).ok_or_else(|| {
+                    bad_value("--sandbox", &value, &crate::sandbox::Mode::names())
+                })?);
+            }
             Long("mcp-config") => print.mcp_config.push(parser.value()?.into()),
             Long("approve-mcp") => print.approve_mcp.push(parser.value()?.string()?),
             Long("mcp-timeout") => print.mcp_timeout = Some(seconds(&mut parser, "--mcp-timeout")?),
@@ -629,6 +654,16 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             }
             Value(v) if positional.is_empty() && v == "stub-model" && serve.is_none() => {
                 return parse_stub_model(&mut parser);
+            }
+            Value(v) if positional.is_empty() && v == "sandbox" && serve.is_none() && !check => {
+                match parser.value()?.string()?.as_str() {
+                    "check" => check = true,
+                    other => {
+                        return Err(lexopt::Error::from(format!(
+                            "unknown command `sandbox {other}`: expected `sandbox check`"
+                        )));
+                    }
+                }
             }
             Value(v)
                 if positional.is_empty()
@@ -681,6 +716,14 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt
             ));
         }
         return Ok(Command::Serve(Box::new(serve)));
+    }
+    if check {
+        if let Some(extra) = positional.first() {
+            return Err(lexopt::Error::from(format!(
+                "unexpected argument `{extra}`: sandbox check takes no prompt"
+            )));
+        }
+        return Ok(Command::SandboxCheck(Box::new(print)));
     }
     if !positional.is_empty() {
         print.prompt = Some(positional.join(" "));
@@ -740,7 +783,7 @@ fn flag_label(f: &Flag) -> String {
 pub fn help_text() -> String {
     let mut out = format!(
         "caliban {VERSION}\nA coding agent that other programs drive.\n\n\
-USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban mcp serve [OPTIONS] [--listen ADDR]\n    caliban acp serve [OPTIONS]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban agent serve (--listen ADDR | --socket PATH) [--spec FILE] [OPTIONS]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
+USAGE:\n    caliban [-p] [OPTIONS] [PROMPT]\n    caliban mcp serve [OPTIONS] [--listen ADDR]\n    caliban acp serve [OPTIONS]\n    caliban http serve [OPTIONS] [--addr ADDR] [--tls-cert PEM --tls-key PEM]\n    caliban agent serve (--listen ADDR | --socket PATH) [--spec FILE] [OPTIONS]\n    caliban sandbox check [-C DIR] [--sandbox MODE]\n    caliban stub-model --script FILE [--addr ADDR]\n\n\
 Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     );
     for f in FLAGS.iter().filter(|f| f.scope.is_empty()) {
@@ -748,7 +791,7 @@ Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
     }
     out.push_str("\nCOMMANDS:\n");
     for (name, help) in SUBCOMMANDS {
-        out.push_str(&format!("    {name:<12} {help}\n"));
+        out.push_str(&format!("    {name:<13} {help}\n"));
         for f in FLAGS
             .iter()
             .filter(|f| f.scope.split('|').any(|s| s == *name))
@@ -760,7 +803,8 @@ Print mode answers PROMPT (or stdin) headlessly and exits.\n\nOPTIONS:\n"
         "\nENVIRONMENT:\n    ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, OPENAI_API_KEY, OPENAI_BASE_URL,\n    \
 HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE, XDG_CONFIG_HOME,\n    \
 CALIBAN_AGENT_TOKEN, CALIBAN_AGENT_TLS_CERT, CALIBAN_AGENT_TLS_KEY, CALIBAN_AGENT_SPEC,\n    \
-CALIBAN_AGENT_IDLE_TIMEOUT_SECS\n\n\
+CALIBAN_AGENT_IDLE_TIMEOUT_SECS, CALIBAN_SANDBOX_NO_LANDLOCK, CALIBAN_SANDBOX_NO_MOUNTNS,\n    \
+CALIBAN_SANDBOX_USERNS\n\n\
 EXIT CODES:\n    0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input,\n    \
 75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice\n",
     );
@@ -821,6 +865,8 @@ streams on loopback for offline use.\n.SH OPTIONS\n"
 The bearer token and PEM paths \\fBagent serve \\-\\-listen\\fR requires; without them it refuses to start (exit 78).\n\
 .TP\n\\fBCALIBAN_AGENT_SPEC\\fR\nThe spawn spec as JSON text, when \\fB\\-\\-spec\\fR is not given.\n\
 .TP\n\\fBCALIBAN_AGENT_IDLE_TIMEOUT_SECS\\fR\nSeconds with no client and no run working before \\fBagent serve\\fR exits (default 300, 0 = never).\n\
+.TP\n\\fBCALIBAN_SANDBOX_NO_LANDLOCK\\fR, \\fBCALIBAN_SANDBOX_NO_MOUNTNS\\fR, \\fBCALIBAN_SANDBOX_USERNS\\fR\n\
+Set to 1, behave as if the kernel had no Landlock (the \\fBsandbox.unavailable\\fR setting then decides), as if caliban could not have a mount namespace (Landlock alone confines), or as if it had one only in a user namespace (as without privilege).\n\
 .SH EXIT STATUS\n0 ok, 1 runtime error, 2 assistant stopped abnormally, 64 usage, 66 no input, \
 75 max turns, 78 configuration, 124 cancelled, 130 interrupted twice.\n",
     );
@@ -889,6 +935,24 @@ mod tests {
         assert!(parse(args(&["--idle-timeout", "-1"])).is_err());
         assert!(parse(args(&["--request-timeout", "0"])).is_err());
         assert!(parse(args(&["--nope"])).is_err());
+        assert!(parse(args(&["--sandbox", "workspace_write"])).is_err());
+        assert!(parse(args(&["sandbox", "status"])).is_err());
+        assert!(parse(args(&["sandbox", "check", "extra"])).is_err());
+    }
+
+    #[test]
+    fn sandbox_mode_and_check() {
+        let Command::Print(print) = parse(args(&["--sandbox", "network", "hi"])).unwrap() else {
+            panic!("print")
+        };
+        assert_eq!(print.sandbox, Some(crate::sandbox::Mode::Network));
+        let Command::SandboxCheck(check) =
+            parse(args(&["sandbox", "check", "-C", "/w", "--sandbox", "off"])).unwrap()
+        else {
+            panic!("check")
+        };
+        assert_eq!(check.sandbox, Some(crate::sandbox::Mode::Off));
+        assert_eq!(check.cwd, Some(PathBuf::from("/w")));
     }
 
     #[test]
@@ -916,6 +980,7 @@ mod tests {
                     ("output-format" | "input-format", _) => "text".to_owned(),
                     (_, "N" | "SECS") => "5".to_owned(),
                     ("generate", _) => "man".to_owned(),
+                    ("sandbox", _) => "read-only".to_owned(),
                     _ => "x".to_owned(),
                 });
             }

@@ -30,6 +30,7 @@ use crate::model::types::{ContentBlock, ModelEvent};
 use crate::model::{self, Provider, StreamDecoder};
 use crate::reactor::{Reactor, Signal, TimerId, Wake};
 use crate::reaper::{self, Sweep};
+use crate::sandbox;
 use crate::stdio::{Stdin, StdinItem, Stdout};
 use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, SHELL_BUFFER_CAP, ShellOp, Stream};
@@ -193,6 +194,11 @@ pub enum HostAction {
         run: RunId,
         mode: Option<crate::permissions::Mode>,
         rule: Option<Box<crate::permissions::Rule>>,
+    },
+    /// Changes a run's sandbox (within the server's; the drive core checked).
+    SetSandbox {
+        run: RunId,
+        sandbox: crate::sandbox::Mode,
     },
     /// The result of a tool call the host took with `ToolPlacement::Delegated`.
     ToolResult {
@@ -398,12 +404,14 @@ pub trait Host {
     }
     /// An allowed tool call is about to run. A host that can run it elsewhere (an editor's
     /// own file system or terminal) answers `Delegated` and later reports the result with
-    /// `HostAction::ToolResult`.
+    /// `HostAction::ToolResult`. A `confined` call is a command in the run's sandbox: only
+    /// caliban can confine it, so it must run here (`Local`), never in an editor's terminal.
     fn on_tool_start(
         &mut self,
         _ctx: &mut Ctx<Self::Key>,
         _run: RunId,
         _call: &ToolCall,
+        _confined: bool,
     ) -> ToolPlacement {
         ToolPlacement::Local
     }
@@ -999,6 +1007,11 @@ impl<K: HostKey> Engine<K> {
                     }
                 }
             }
+            HostAction::SetSandbox { run, sandbox } => {
+                if let Some(slot) = self.runs.get_mut(&run) {
+                    slot.run.policy_mut().set_sandbox(sandbox);
+                }
+            }
             HostAction::Quit => self.quit = true,
         }
     }
@@ -1014,7 +1027,30 @@ impl<K: HostKey> Engine<K> {
             }
             Effect::RunTool(call) => {
                 self.stats.tool_calls += 1;
-                match host.on_tool_start(&mut self.ctx(), run, &call) {
+                let Some(slot) = self.runs.get_mut(&run) else {
+                    return;
+                };
+                // The sandbox answers a file tool's call first, wherever it would run, so
+                // neither the tool nor an editor can do what a command may not.
+                let mode = slot.run.sandbox_for(&call.id);
+                if let Err(why) =
+                    sandbox::check_file_tool(mode, &call.name, &call.input, &slot.workspace)
+                {
+                    let output = ToolOutput::error(format!("{}: {why}", call.name));
+                    let effects =
+                        slot.run
+                            .on_tool_sandboxed(&call.id, output, &why, Instant::now());
+                    self.push_effects(run, effects);
+                    return;
+                }
+                // A command the sandbox confines runs here, never in an editor's terminal,
+                // which nothing of ours would confine.
+                let process = matches!(
+                    table::lookup(&call.name).map(|tool| tool.runs),
+                    Some(Runs::Process(_))
+                );
+                let confined = process && sandbox::confines(mode);
+                match host.on_tool_start(&mut self.ctx(), run, &call, confined) {
                     ToolPlacement::Local => self.start_tool(run, call),
                     ToolPlacement::Delegated => {}
                 }
@@ -1667,13 +1703,16 @@ impl<K: HostKey> Engine<K> {
         &mut self,
         run: RunId,
         call: ToolCall,
-        spawn: fn(&Value, &Path) -> Result<BashJob, ToolOutput>,
+        spawn: fn(&Value, &Path, sandbox::Mode) -> Result<BashJob, ToolOutput>,
         workspace: &Path,
     ) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        match spawn(&call.input, workspace) {
+        // A background shell is spawned here too, in the run's sandbox: it is confined
+        // exactly as a foreground command is.
+        let mode = slot.run.sandbox_for(&call.id);
+        match spawn(&call.input, workspace, mode) {
             Ok(job) if job.is_background() => {
                 let output = self.start_shell(run, &call, job);
                 self.tool_done(run, &call.id, output);
@@ -1865,6 +1904,12 @@ impl<K: HostKey> Engine<K> {
                     text.push_str(&read.text);
                     if !read.text.ends_with('\n') {
                         text.push('\n');
+                    }
+                    // A background shell is confined as a foreground command is; the model
+                    // hears why a write failed the same way (no retry prompt: the shell is
+                    // already running).
+                    if let Some(note) = shell.job.sandbox_note(&read.text) {
+                        text.push_str(&format!("[sandbox: {note}]\n"));
                     }
                 }
                 if read.to < read.total {
@@ -2165,10 +2210,15 @@ impl<K: HostKey> Engine<K> {
         let Some(task) = slot.bash.remove(tool) else {
             return;
         };
-        let output = task.job.output();
+        let (output, sandboxed) = task.job.result();
         self.forget_bash(&task);
         if let Some(slot) = self.runs.get_mut(&run) {
-            let effects = slot.run.on_tool_done(tool, output, Instant::now());
+            let effects = match sandboxed {
+                Some(why) => slot
+                    .run
+                    .on_tool_sandboxed(tool, output, &why, Instant::now()),
+                None => slot.run.on_tool_done(tool, output, Instant::now()),
+            };
             self.push_effects(run, effects);
         }
     }

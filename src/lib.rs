@@ -42,6 +42,7 @@ mod permissions;
 mod print;
 mod reactor;
 mod reaper;
+mod sandbox;
 mod settings;
 mod stdio;
 mod stub_model;

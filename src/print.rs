@@ -243,18 +243,22 @@ impl Printer {
         self.out.extend_from_slice(bytes);
     }
 
+    /// The opening frame; `sandbox` is `sandbox::describe` of the run's mode, so a reader
+    /// sees whether its commands are confined before any runs; `instructions` the project
+    /// instructions the run was given.
     pub fn init_frame(
         &mut self,
         tools: &[String],
         cwd: &str,
         permission_mode: &str,
+        sandbox: Value,
         instructions: &crate::instructions::Loaded,
     ) {
         self.frame(json!({
             "type": "system", "subtype": "init", "session_id": self.session_id,
             "model": format!("{}/{}", self.provider, self.model), "tools": tools, "plugins": [],
             "settingSources": ["user", "project"], "mcp_servers": [], "bare_mode": false,
-            "cwd": cwd, "permission_mode": permission_mode,
+            "cwd": cwd, "permission_mode": permission_mode, "sandbox": sandbox,
             "instructions": instructions.to_json(),
         }));
     }

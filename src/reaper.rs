@@ -126,12 +126,21 @@ impl Drop for CallTag {
 }
 
 /// Starts `cmd` in a session and process group of its own (`sys::detach_into_own_group`),
-/// tagged with `tag` if given, as a child its caller reaps with `wait`.
-pub fn spawn(cmd: &mut Command, tag: Option<&CallTag>) -> io::Result<Child> {
+/// tagged with `tag` if given, confined by `sandbox` if given (`sandbox::prepare`), as a
+/// child its caller reaps with `wait`. Every process a tool starts goes through here, so
+/// every one of them gets the sandbox its caller chose, and so do all its descendants.
+pub fn spawn(
+    cmd: &mut Command,
+    tag: Option<&CallTag>,
+    sandbox: Option<sys::Confinement>,
+) -> io::Result<Child> {
     if let Some(tag) = tag {
         cmd.env(TAG_ENV, tag.value());
     }
     sys::detach_into_own_group(cmd);
+    if let Some(confinement) = sandbox {
+        sys::confine(cmd, confinement);
+    }
     let mut registry = registry();
     let child = cmd.spawn()?;
     registry.owned.insert(child.id());

@@ -17,10 +17,17 @@
 //!  "permissions": {"default_mode": "acceptEdits",
 //!                  "rules": [{"pattern": "Bash:git *", "action": "allow", "reason": "…", "comment": "…"}],
 //!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
+//!  "sandbox": {"mode": "workspace-write", "network_ports": [443], "deny_read": ["~/x"],
+//!              "allow_read": ["~/.npmrc"], "writable": ["~/.cache"],
+//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off"},
 //!  "mcpServers": {"name": {"command": "…", "args": ["…"]}},
 //!  "mcp_timeout": 300,
 //!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false}
 //! ```
+//!
+//! A workspace's files may only narrow the sandbox (`mode` no wider than the user's, more
+//! `deny_read`); its other keys there are ignored with a warning, as a cloned repository
+//! must not widen what commands may do.
 //!
 //! `mcpServers` is read as `mcp_client::config` reads `.mcp.json`; the approval keys
 //! (`enabledMcpjsonServers`, `enableAllProjectMcpServers`, as Claude Code names them) count
@@ -34,6 +41,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::permissions::{Action, Mode, PatternError, Rule, RuleSource};
+use crate::sandbox;
 
 /// `"context_window"`: a number for every model, or an object of numbers by model name.
 #[derive(Clone, Debug, Default)]
@@ -80,6 +88,7 @@ pub struct Settings {
     pub project_instructions: Option<bool>,
     /// Project rules first (the local file's before the shared file's), then user rules.
     pub rules: Vec<Rule>,
+    pub sandbox: sandbox::Settings,
     /// Things worth telling the user that do not stop the run: unknown keys, dropped rules.
     pub warnings: Vec<String>,
     /// Each file's `mcpServers`, highest priority first, with whether it is the user's.
@@ -187,6 +196,7 @@ pub fn load(
         settings.project_instructions = settings.project_instructions.or(file.project_instructions);
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
+        merge_sandbox(&mut settings.sandbox, file.sandbox, source);
         settings.mcp_timeout = settings.mcp_timeout.or(file.mcp_timeout);
         if let Some(servers) = file.mcp_servers {
             settings.mcp_servers.push((source, servers));
@@ -202,6 +212,28 @@ pub fn load(
         }
     }
     Ok(settings)
+}
+
+/// Folds one file's sandbox settings in (files arrive highest priority first). Workspace
+/// files only narrow: their modes combine to the strictest, their deny lists add up.
+fn merge_sandbox(into: &mut sandbox::Settings, file: sandbox::Settings, source: RuleSource) {
+    if source == RuleSource::Project {
+        if let Some(mode) = file.mode {
+            into.project_mode = Some(into.project_mode.map_or(mode, |m| m.narrowed(mode)));
+        }
+        into.deny_read.extend(file.deny_read);
+        return;
+    }
+    into.mode = into.mode.or(file.mode);
+    into.deny_read.extend(file.deny_read);
+    into.allow_read.extend(file.allow_read);
+    into.writable.extend(file.writable);
+    if into.network_ports.is_empty() {
+        into.network_ports = file.network_ports;
+    }
+    into.protected_writable.extend(file.protected_writable);
+    into.unavailable = into.unavailable.or(file.unavailable);
+    into.mcp_servers = into.mcp_servers.or(file.mcp_servers);
 }
 
 /// Rules from `--allow`, `--deny` and `--ask`: deny first, then ask, then allow, so a pattern
@@ -272,6 +304,7 @@ struct FileSettings {
     models: Option<Vec<String>>,
     project_instructions: Option<bool>,
     rules: Vec<Rule>,
+    sandbox: sandbox::Settings,
     warnings: Vec<String>,
     mcp_servers: Option<Map<String, Value>>,
     mcp_timeout: Option<u32>,
@@ -335,6 +368,7 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
                         .collect(),
                 );
             }
+            "sandbox" => parser.sandbox(value)?,
             "project_instructions" => match value {
                 Value::Bool(on) => parser.out.project_instructions = Some(*on),
                 _ => {
@@ -492,6 +526,90 @@ impl FileParser<'_> {
         }
         self.out.default_mode = Some(mode);
         Ok(())
+    }
+
+    /// The `sandbox` object. In a workspace's file only `mode` and `deny_read` count.
+    fn sandbox(&mut self, value: &Value) -> Result<(), SettingsError> {
+        let Value::Object(fields) = value else {
+            return Err(self.invalid("'sandbox' must be an object".to_owned()));
+        };
+        let project = self.source == RuleSource::Project;
+        for (key, value) in fields {
+            if value.is_null() {
+                continue;
+            }
+            let at = format!("sandbox.{key}");
+            let mode = |value: &Value| {
+                value
+                    .as_str()
+                    .and_then(sandbox::Mode::parse)
+                    .ok_or_else(|| {
+                        self.invalid(format!("'{at}' must be one of {}", sandbox::Mode::names()))
+                    })
+            };
+            match key.as_str() {
+                "mode" => self.out.sandbox.mode = Some(mode(value)?),
+                "deny_read" => self.out.sandbox.deny_read = self.paths(&at, value)?,
+                _ if project => self.warn(format!(
+                    "'{at}' is ignored in workspace settings (a workspace may only narrow the \
+                     sandbox); set it in user settings"
+                )),
+                "allow_read" => self.out.sandbox.allow_read = self.paths(&at, value)?,
+                "writable" => self.out.sandbox.writable = self.paths(&at, value)?,
+                "protected_writable" => {
+                    self.out.sandbox.protected_writable = self.strings(&at, value)?
+                }
+                "network_ports" => {
+                    let ports = value
+                        .as_array()
+                        .and_then(|items| {
+                            items
+                                .iter()
+                                .map(|item| item.as_u64().and_then(|n| u16::try_from(n).ok()))
+                                .collect::<Option<Vec<u16>>>()
+                        })
+                        .filter(|ports| !ports.contains(&0));
+                    self.out.sandbox.network_ports = ports.ok_or_else(|| {
+                        self.invalid(format!("'{at}' must be an array of ports (1-65535)"))
+                    })?;
+                }
+                "unavailable" => {
+                    let fallback = value.as_str().and_then(sandbox::Fallback::parse);
+                    self.out.sandbox.unavailable = Some(fallback.ok_or_else(|| {
+                        self.invalid(format!("'{at}' must be \"refuse\" or \"unconfined\""))
+                    })?);
+                }
+                "mcp_servers" => self.out.sandbox.mcp_servers = Some(mode(value)?),
+                _ => self.warn(format!("unknown key '{at}' ignored")),
+            }
+        }
+        Ok(())
+    }
+
+    fn strings(&self, at: &str, value: &Value) -> Result<Vec<String>, SettingsError> {
+        value
+            .as_array()
+            .and_then(|items| {
+                items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .ok_or_else(|| self.invalid(format!("'{at}' must be an array of strings")))
+    }
+
+    /// Absolute paths or `~/…`: a relative one would mean a different place in every run.
+    fn paths(&self, at: &str, value: &Value) -> Result<Vec<String>, SettingsError> {
+        let paths = self.strings(at, value)?;
+        if let Some(bad) = paths
+            .iter()
+            .find(|p| !(p.starts_with('/') || p.starts_with("~/") || *p == "~"))
+        {
+            return Err(self.invalid(format!(
+                "'{at}' holds `{bad}`: paths must be absolute or start with ~/"
+            )));
+        }
+        Ok(paths)
     }
 
     fn rule(&mut self, idx: usize, rule: &Value) -> Result<(), SettingsError> {
@@ -806,6 +924,57 @@ mod tests {
         );
         let settings = load_in(&tmp, &home(&tmp)).unwrap();
         assert_eq!(settings.default_mode, Some(Mode::BypassPermissions));
+    }
+
+    #[test]
+    fn a_workspace_may_narrow_the_sandbox_but_not_widen_it() {
+        let tmp = TempDir::new();
+        tmp.write(
+            "home/.config/caliban/settings.json",
+            r#"{"sandbox": {"mode": "network", "network_ports": [443], "writable": ["~/.cache"],
+                            "protected_writable": [".git/"], "unavailable": "unconfined",
+                            "deny_read": ["/srv/keys"], "allow_read": ["~/.npmrc"],
+                            "mcp_servers": "workspace-write"}}"#,
+        );
+        tmp.write(
+            "ws/.caliban/settings.json",
+            r#"{"sandbox": {"mode": "off", "writable": ["/"], "deny_read": ["~/notes"],
+                            "protected_writable": [".caliban/"], "unavailable": "unconfined"}}"#,
+        );
+        tmp.write(
+            "ws/.caliban/settings.local.json",
+            r#"{"sandbox": {"mode": "read-only"}}"#,
+        );
+        let settings = load_in(&tmp, &home(&tmp)).unwrap();
+        let sandbox = &settings.sandbox;
+        assert_eq!(sandbox.mode, Some(sandbox::Mode::Network));
+        // `off` and `read-only` from the workspace: the strictest counts, as a narrowing.
+        assert_eq!(sandbox.project_mode, Some(sandbox::Mode::ReadOnly));
+        assert_eq!(sandbox.network_ports, [443]);
+        assert_eq!(sandbox.writable, ["~/.cache"]);
+        assert_eq!(sandbox.protected_writable, [".git/"]);
+        assert_eq!(sandbox.unavailable, Some(sandbox::Fallback::Unconfined));
+        assert_eq!(sandbox.mcp_servers, Some(sandbox::Mode::WorkspaceWrite));
+        assert_eq!(sandbox.deny_read, ["~/notes", "/srv/keys"]);
+        assert_eq!(sandbox.allow_read, ["~/.npmrc"]);
+        let ignored = settings
+            .warnings
+            .iter()
+            .filter(|w| w.contains("ignored in workspace settings"))
+            .count();
+        assert_eq!(ignored, 3, "{:?}", settings.warnings);
+
+        for bad in [
+            r#"{"sandbox": {"mode": "yolo"}}"#,
+            r#"{"sandbox": {"network_ports": [0]}}"#,
+            r#"{"sandbox": {"writable": ["relative/dir"]}}"#,
+            r#"{"sandbox": {"unavailable": "maybe"}}"#,
+            r#"{"sandbox": "off"}"#,
+        ] {
+            let tmp = TempDir::new();
+            tmp.write("home/.config/caliban/settings.json", bad);
+            assert!(load_in(&tmp, &home(&tmp)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -530,7 +530,10 @@ fn acp_cancel_during_bash_in_an_editor_terminal() {
     let r = drive(
         &ws,
         &stub,
+        // An editor's terminal is outside the sandbox's reach: with one on, Bash runs in
+        // caliban instead (`acp_a_sandboxed_bash_runs_in_caliban_and_may_be_retried_outside`).
         json!({"scenario": "cancel", "cancelOn": "terminal", "cancelDelayMs": 200,
+               "agent": agent(&["--sandbox", "off"]),
                "caps": {"terminal": true}, "prompts": ["sleep", "next"]}),
     );
     assert_eq!(r["stop"]["stopReason"], "cancelled");
@@ -883,7 +886,9 @@ fn acp_fs_and_terminal_delegation() {
     let r = drive(
         &ws,
         &stub,
+        // Delegated to the editor's terminal only without a sandbox (see the test above).
         json!({"scenario": "prompts", "prompts": ["do it all"], "mode": "bypassPermissions",
+               "agent": agent(&["--sandbox", "off"]),
                "caps": {"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": true},
                "buffers": {buffered.clone(): "the unsaved buffer\n"}}),
     );
@@ -979,6 +984,125 @@ fn acp_fs_and_terminal_delegation() {
         .to_owned();
     assert_eq!(result, "from-the-terminal\n[exit code: 0]");
     assert_eq!(r["stops"], json!([{"stopReason": "end_turn"}]));
+}
+
+#[test]
+fn acp_a_sandboxed_bash_runs_in_caliban_and_may_be_retried_outside() {
+    let ws = Workspace::new("acp-sandbox-retry");
+    let outside = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("acp-outside-{}", std::process::id()));
+    let _ = std::fs::remove_file(&outside);
+    let command = format!("echo x > {}", outside.display());
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Bash", "toolu_out", json!({"command": command})),
+            text_turn("done"),
+        ]),
+    );
+    // Bash asks (allow), runs in the sandbox and is refused; the retry asks again (allow)
+    // and runs outside it.
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["write outside"], "answers": ["allow", "allow"],
+               "caps": {"terminal": true}}),
+    );
+    // The sandboxed attempt ran in caliban; only the one the user let out of the sandbox
+    // went to the editor's terminal, which the sandbox does not reach anyway.
+    let creates: Vec<&Value> = r["terminal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["method"] == "terminal/create")
+        .collect();
+    assert_eq!(creates.len(), 1, "{}", r["terminal"]);
+    let permissions = r["permissions"].as_array().unwrap();
+    assert_eq!(permissions.len(), 2, "{permissions:?}");
+    let retry = &permissions[1];
+    assert_eq!(
+        retry["toolCall"]["title"],
+        format!("Run outside the sandbox: {command}")
+    );
+    let why = retry["toolCall"]["rawInput"]["sandbox"].as_str().unwrap();
+    assert!(
+        why.starts_with("retry outside the sandbox (workspace-write): write to "),
+        "{why}"
+    );
+    let options: Vec<&str> = retry["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["optionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        options,
+        ["allow", "reject"],
+        "no rule can say \"always\" to this"
+    );
+    let done = tool_updates(&r["updates"], "toolu_out");
+    assert_eq!(done.last().unwrap()["status"], "completed", "{done:?}");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "x\n");
+    let _ = std::fs::remove_file(&outside);
+}
+
+#[test]
+fn acp_the_sandbox_config_option_narrows_a_session() {
+    let ws = Workspace::new("acp-sandbox-option");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Bash", "toolu_w", json!({"command": "echo x > inside.txt"})),
+            text_turn("done"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["write"], "configSandbox": "read-only",
+               "answers": ["allow", "reject"]}),
+    );
+    let options = &r["session"]["configOptions"];
+    assert_eq!(options[1]["id"], "sandbox");
+    assert_eq!(options[1]["currentValue"], "workspace-write");
+    let offered: Vec<&str> = options[1]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        offered,
+        ["read-only", "workspace-write"],
+        "never wider than the server's"
+    );
+    assert_eq!(
+        r["sandbox"]["configOptions"][1]["currentValue"],
+        "read-only"
+    );
+    assert!(!ws.path("inside.txt").exists());
+    let done = tool_updates(&r["updates"], "toolu_w");
+    let text = done.last().unwrap()["content"][0]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("blocked by the sandbox (read-only)"),
+        "{text}"
+    );
+    let wider = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": [], "configSandbox": "off"}),
+    );
+    assert!(
+        wider["sandbox"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("sandbox `off` is not offered"),
+        "{}",
+        wider["sandbox"]
+    );
 }
 
 // ---- modes, stop reasons, timeouts ---------------------------------------------------------
@@ -1586,6 +1710,68 @@ fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
         Vec::<u32>::new(),
         "the inner MCP server outlived caliban"
     );
+}
+
+#[test]
+fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
+    let ws = Workspace::new("acp-mcp-sandbox");
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn(
+                "mcp__inner__caliban_status",
+                "toolu_m",
+                json!({"run_id": "run-7"}),
+            ),
+            text_turn("ok"),
+        ]),
+    );
+    ws.write(
+        "home/.config/caliban/settings.json",
+        r#"{"sandbox": {"mcp_servers": "workspace-write"}}"#,
+    );
+    let outside = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("acp-mcp-outside-{}", std::process::id()));
+    let _ = std::fs::remove_file(&outside);
+    let state = format!("/tmp/caliban-acp-mcp-state-{}", std::process::id());
+    // The server tries a write outside the workspace before it starts serving.
+    let start = format!(
+        "echo x > {} 2>/dev/null; echo in > mcp-ran; exec {BIN} mcp serve",
+        outside.display()
+    );
+    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv();
+    let servers = json!([
+        {"name": "inner", "command": "/bin/sh", "args": ["-c", start],
+         "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
+                 {"name": "XDG_STATE_HOME", "value": state}]},
+    ]);
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
+        .to_string(),
+    );
+    let session = raw.recv()["result"]["sessionId"].clone();
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                "params": {"sessionId": session,
+                           "prompt": [{"type": "text", "text": "status of run-7"}]}})
+        .to_string(),
+    );
+    let (answer, _) = raw.recv_until(|f| f["id"] == 3);
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    // It served, wrote in the workspace, and could not write outside it.
+    let sent = flat(&request_messages(&stub, 1));
+    assert!(sent.contains("unknown run_id: run-7"), "{sent}");
+    assert!(ws.path("mcp-ran").exists());
+    assert!(
+        !outside.exists(),
+        "the MCP server wrote outside its sandbox"
+    );
+    let (code, _) = raw.close();
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(&state);
 }
 
 #[test]

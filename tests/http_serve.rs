@@ -33,11 +33,11 @@ fn bash(id: &str, command: &str) -> Value {
     tool_turn(json!([{"id": id, "name": "Bash", "input": {"command": command}}]))
 }
 
-fn get(addr: SocketAddr, path: &str) -> Response {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> Response {
     request(addr, "GET", path, &[], b"")
 }
 
-fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
+pub(crate) fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
     request(
         addr,
         "POST",
@@ -76,7 +76,7 @@ pub(crate) fn start_run(addr: SocketAddr, body: Value) -> String {
 /// One `GET /runs/:id/events?cursor=N` page, checked for upstream's shape: every event in
 /// the `{"v":1,"event":…}` envelope, and `next_cursor`, `status` and `permission_request`
 /// always present.
-fn events_page(addr: SocketAddr, run: &str, cursor: u64) -> Value {
+pub(crate) fn events_page(addr: SocketAddr, run: &str, cursor: u64) -> Value {
     let resp = get(addr, &format!("/runs/{run}/events?cursor={cursor}"));
     assert_eq!(resp.status, 200, "{resp:?}");
     let page = resp.json();
@@ -100,7 +100,7 @@ fn events_page(addr: SocketAddr, run: &str, cursor: u64) -> Value {
 }
 
 /// Every event of the run so far, polled page by page from cursor 0.
-fn all_events(addr: SocketAddr, run: &str) -> Vec<Value> {
+pub(crate) fn all_events(addr: SocketAddr, run: &str) -> Vec<Value> {
     let mut out = Vec::new();
     loop {
         let page = events_page(addr, run, out.len() as u64);
@@ -114,7 +114,7 @@ fn all_events(addr: SocketAddr, run: &str) -> Vec<Value> {
     }
 }
 
-fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(value) = check() {
@@ -125,7 +125,7 @@ fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-fn status_of(addr: SocketAddr, run: &str) -> Value {
+pub(crate) fn status_of(addr: SocketAddr, run: &str) -> Value {
     let resp = get(addr, &format!("/runs/{run}/status"));
     assert_eq!(resp.status, 200, "{resp:?}");
     let body = resp.json();
@@ -140,7 +140,7 @@ fn wait_state(addr: SocketAddr, run: &str, state: &str) -> Value {
     })
 }
 
-fn is_terminal(status: &Value) -> bool {
+pub(crate) fn is_terminal(status: &Value) -> bool {
     status["state"] == "done" || status["state"] == "failed"
 }
 
@@ -152,7 +152,7 @@ pub(crate) fn wait_terminal(addr: SocketAddr, run: &str) -> Value {
 }
 
 /// Waits until the run surfaces a permission prompt, and returns it.
-fn wait_prompt(addr: SocketAddr, run: &str) -> Value {
+pub(crate) fn wait_prompt(addr: SocketAddr, run: &str) -> Value {
     wait_for(&format!("a permission prompt on {run}"), || {
         let page = events_page(addr, run, u64::MAX);
         assert!(
@@ -168,7 +168,7 @@ fn of_type<'a>(events: &'a [Value], ty: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == ty).collect()
 }
 
-fn tool_end<'a>(events: &'a [Value], id: &str) -> &'a Value {
+pub(crate) fn tool_end<'a>(events: &'a [Value], id: &str) -> &'a Value {
     events
         .iter()
         .find(|e| e["type"] == "ToolCallEnd" && e["tool_use_id"] == id)
@@ -254,7 +254,7 @@ fn follow_path(run: &str, cursor: u64) -> String {
     format!("/runs/{run}/events?cursor={cursor}&follow=1")
 }
 
-fn session_file(ws: &Workspace, run: &str) -> std::path::PathBuf {
+pub(crate) fn session_file(ws: &Workspace, run: &str) -> std::path::PathBuf {
     ws.path(&format!("home/.state/caliban/sessions/{run}.jsonl"))
 }
 

@@ -8,7 +8,9 @@
 //! test is skipped with a message without it). There: `--version`, `http serve` answering
 //! `/healthz` and keeping a run's session file in the state directory, a print-mode run
 //! against the stub model whose file tools work in /workspace and whose `Bash` call fails
-//! because the image has no shell.
+//! because the image has no shell. Both run in the default sandbox mode (`workspace-write`,
+//! enforced or not as the runtime allows): the file tools' sandbox check lets writes in the
+//! workspace through, and a missing shell is reported as such, not as a sandbox failure.
 //!
 //! With: where `docker info` reaches a daemon, the same image is built with `docker build`
 //! from a context holding only what the Containerfile names, and the same checks run in
@@ -336,6 +338,11 @@ const PRINT_ARGS: &[&str] = &[
 fn check_print_run(out: &Output) {
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
+    let init = frames
+        .iter()
+        .find(|f| f["type"] == "system" && f["subtype"] == "init")
+        .unwrap_or_else(|| panic!("no init frame: {out:?}"));
+    assert_eq!(init["sandbox"]["mode"], "workspace-write", "{init}");
     let result = |id: &str| {
         frames
             .iter()

@@ -15,4 +15,5 @@ mod mcp;
 mod mcp_client;
 mod openapi;
 mod print;
+mod sandbox;
 mod tls;

@@ -14,11 +14,11 @@
 //! waits for input again). A summary that cannot be had ends the run with
 //! `CompactionFailed`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::agent::compact::{self, Next, Trigger};
 use crate::agent::event::{StopCondition, TurnEvent, result_text};
@@ -26,7 +26,8 @@ use crate::agent::tool_input::ToolInput;
 use crate::model::types::{
     ContentBlock, Effort, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
 };
-use crate::permissions::{Action, Policy};
+use crate::permissions::{Action, Mode, Policy};
+use crate::sandbox;
 use crate::tools::ToolOutput;
 use crate::tools::table;
 
@@ -47,6 +48,9 @@ pub struct RunConfig {
     pub context_window: Option<u64>,
     /// Extended thinking / reasoning effort (ACP's `thought_level`).
     pub effort: Option<Effort>,
+    /// Someone can be asked to run a call the sandbox refused outside it (a drive
+    /// surface); print mode has no one to ask.
+    pub sandbox_retry: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -128,6 +132,11 @@ struct ToolsPhase {
     /// would read the file before the other wrote it, and one edit would be lost).
     mutating: Option<String>,
     deferred: VecDeque<ToolCall>,
+    /// Results of calls the sandbox refused, held while the user is asked whether to run
+    /// them outside it.
+    held: BTreeMap<String, ToolOutput>,
+    /// Calls the user let run outside the sandbox.
+    unconfined: BTreeSet<String>,
 }
 
 impl ToolsPhase {
@@ -716,6 +725,8 @@ impl Run {
             calls: calls.clone(),
             mutating: None,
             deferred: VecDeque::new(),
+            held: BTreeMap::new(),
+            unconfined: BTreeSet::new(),
         };
         let mut asks = Vec::new();
         for ((slot, call), refusal) in calls.into_iter().enumerate().zip(refusals) {
@@ -784,6 +795,17 @@ impl Run {
         if tools.results[slot].is_some() {
             return Vec::new();
         }
+        if let Some(mut held) = tools.held.remove(tool_use_id) {
+            // The answer to "run it outside the sandbox?": the call already holds its place
+            // (a file change's turn included), so it runs again at once, or ends as refused.
+            if allow {
+                tools.unconfined.insert(tool_use_id.to_owned());
+                return vec![Effect::RunTool(tools.calls[slot].clone())];
+            }
+            held.text
+                .push_str(&format!("\n[not run outside the sandbox: {denial}]"));
+            return self.on_tool_done(tool_use_id, held, now);
+        }
         if allow {
             let call = tools.calls[slot].clone();
             return tools.start(call).into_iter().collect();
@@ -797,6 +819,54 @@ impl Run {
         ))];
         out.extend(self.maybe_close_tools(now));
         out
+    }
+
+    /// The sandbox mode a call runs in: the run's, or `off` once the user let it run
+    /// outside the sandbox.
+    pub fn sandbox_for(&self, tool_use_id: &str) -> sandbox::Mode {
+        match &self.phase {
+            Phase::Tools(tools) if tools.unconfined.contains(tool_use_id) => sandbox::Mode::Off,
+            _ => self.policy.sandbox(),
+        }
+    }
+
+    /// A call the sandbox refused (`why`), or a command that failed in a way it explains:
+    /// where someone can be asked and the permission mode asks at all, they are asked
+    /// whether to run it outside the sandbox, a prompt like any other for the same call,
+    /// its input showing why (`"sandbox": "retry outside the sandbox …"`); otherwise, and
+    /// once they said no, the call ends with `output`. `bypassPermissions` and `dontAsk`
+    /// never lift the sandbox.
+    pub fn on_tool_sandboxed(
+        &mut self,
+        tool_use_id: &str,
+        output: ToolOutput,
+        why: &str,
+        now: Instant,
+    ) -> Vec<Effect> {
+        let asks = self.config.sandbox_retry
+            && matches!(
+                self.policy.mode(),
+                Mode::Default | Mode::AcceptEdits | Mode::Plan
+            );
+        let mode = self.policy.sandbox();
+        let Phase::Tools(tools) = &mut self.phase else {
+            return Vec::new();
+        };
+        let Some(slot) = tools.calls.iter().position(|c| c.id == tool_use_id) else {
+            return Vec::new();
+        };
+        if !asks || tools.unconfined.contains(tool_use_id) || tools.results[slot].is_some() {
+            return self.on_tool_done(tool_use_id, output, now);
+        }
+        let mut shown = tools.calls[slot].clone();
+        if let Value::Object(fields) = &mut shown.input {
+            fields.insert(
+                "sandbox".to_owned(),
+                json!(format!("retry outside the sandbox ({mode}): {why}")),
+            );
+        }
+        tools.held.insert(tool_use_id.to_owned(), output);
+        vec![Effect::Ask(shown)]
     }
 
     pub fn on_tool_done(
@@ -970,6 +1040,7 @@ mod tests {
             interactive: false,
             context_window: None,
             effort: None,
+            sandbox_retry: true,
         };
         let policy = Policy::new(Vec::new(), Mode::Default, std::env::temp_dir());
         Run::new(config, policy, Vec::new())
@@ -1346,5 +1417,95 @@ mod tests {
         );
         assert!(r.cancel().is_empty());
         assert!(r.on_model_complete(now).is_empty());
+    }
+
+    /// A run whose model called `Bash` once, allowed, the call started; and the effects.
+    fn bash_started(mode: Mode, retry: bool) -> (Run, Instant) {
+        let mut r = run();
+        r.config.sandbox_retry = retry;
+        r.policy_mut().set_mode(mode);
+        r.policy_mut().set_sandbox(sandbox::Mode::WorkspaceWrite);
+        r.policy_mut().with_session_rule(
+            Rule::new("Bash", Action::Allow, None, RuleSource::Session).expect("rule"),
+        );
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(tool_start(1, "b", "Bash"), now);
+        r.on_model_event(input(1, r#"{"command":"touch /etc/x"}"#), now);
+        let out = r.on_model_complete(now);
+        assert!(
+            out.iter()
+                .any(|e| matches!(e, Effect::RunTool(c) if c.id == "b"))
+        );
+        assert_eq!(r.sandbox_for("b"), sandbox::Mode::WorkspaceWrite);
+        (r, now)
+    }
+
+    fn refused() -> ToolOutput {
+        ToolOutput::error("touch: cannot touch '/etc/x': Permission denied")
+    }
+
+    #[test]
+    fn a_sandbox_refusal_asks_to_run_the_call_outside_it_and_a_yes_runs_it_there() {
+        let (mut r, now) = bash_started(Mode::Default, true);
+        let out = r.on_tool_sandboxed("b", refused(), "write to /etc/x blocked", now);
+        let [Effect::Ask(shown)] = out.as_slice() else {
+            panic!("one prompt: {out:?}")
+        };
+        assert_eq!(shown.id, "b");
+        assert_eq!(shown.input["command"], "touch /etc/x");
+        assert_eq!(
+            shown.input["sandbox"],
+            "retry outside the sandbox (workspace-write): write to /etc/x blocked"
+        );
+        let out = r.on_permission("b", true, "", now);
+        let [Effect::RunTool(call)] = out.as_slice() else {
+            panic!("it runs again: {out:?}")
+        };
+        // The call itself is unchanged; only where it runs is.
+        assert_eq!(call.input, json!({"command": "touch /etc/x"}));
+        assert_eq!(r.sandbox_for("b"), sandbox::Mode::Off);
+        // Outside the sandbox a failure is only a failure: no second prompt.
+        let out = r.on_tool_sandboxed("b", ToolOutput::ok("done"), "x", now);
+        assert!(out.contains(&Effect::RequestModel), "{out:?}");
+    }
+
+    #[test]
+    fn a_no_ends_the_call_as_the_sandbox_left_it() {
+        let (mut r, now) = bash_started(Mode::AcceptEdits, true);
+        r.on_tool_sandboxed("b", refused(), "why", now);
+        let out = r.on_permission("b", false, "the user said no", now);
+        let ends: Vec<String> = emitted(&out)
+            .into_iter()
+            .filter_map(|e| match e {
+                TurnEvent::ToolCallEnd { result_text, .. } => Some(result_text.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                "touch: cannot touch '/etc/x': Permission denied\n[not run outside the sandbox: \
+              the user said no]"
+            ]
+        );
+        assert_eq!(r.sandbox_for("b"), sandbox::Mode::WorkspaceWrite);
+    }
+
+    #[test]
+    fn no_prompt_to_leave_the_sandbox_without_someone_to_ask_or_in_modes_that_never_ask() {
+        for (mode, retry) in [
+            (Mode::Default, false),
+            (Mode::DontAsk, true),
+            (Mode::BypassPermissions, true),
+        ] {
+            let (mut r, now) = bash_started(mode, retry);
+            let out = r.on_tool_sandboxed("b", refused(), "why", now);
+            assert!(
+                !out.iter().any(|e| matches!(e, Effect::Ask(_))),
+                "{mode:?} {retry}: {out:?}"
+            );
+            assert!(out.contains(&Effect::RequestModel), "{mode:?}: {out:?}");
+        }
     }
 }

@@ -168,6 +168,9 @@ pub(crate) enum Problem {
     UnknownMode {
         value: String,
     },
+    UnknownSandbox {
+        value: String,
+    },
     /// A rule pattern in `deny`, `ask` or `allow` that does not parse.
     BadRule {
         field: &'static str,
@@ -247,6 +250,22 @@ impl fmt::Display for OpError {
                     rest.join(", ")
                 )
             }
+            Problem::UnknownSandbox { value } if serde => {
+                let names: Vec<String> = crate::sandbox::Mode::ALL
+                    .iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect();
+                write!(
+                    f,
+                    "unknown variant `{value}`, expected one of {}",
+                    names.join(", ")
+                )
+            }
+            Problem::UnknownSandbox { value } => write!(
+                f,
+                "invalid sandbox `{value}`: expected {}",
+                crate::sandbox::Mode::names()
+            ),
             Problem::BadRule { field, error } if serde => write!(f, "`{field}`: {error}"),
             Problem::BadRule { error, .. } => f.write_str(error),
             Problem::BadImage { error } => write!(f, "`images`: {error}"),
@@ -424,6 +443,14 @@ impl<'a> Fields<'a> {
             }
         }
         let images = self.images()?;
+        // Not upstream's: read after its fields, so which of several faults is named stays.
+        let sandbox = match self.opt_string("sandbox")? {
+            None => None,
+            Some(value) => Some(
+                crate::sandbox::Mode::parse(&value)
+                    .ok_or_else(|| self.error(Problem::UnknownSandbox { value }))?,
+            ),
+        };
         // Names of configured MCP servers: the run gets only those (none for `[]`); absent
         // or null, every configured one. Only names: a client cannot make the server run a
         // command or reach a URL of its choosing (`DriveCore::start_run` checks them).
@@ -439,6 +466,7 @@ impl<'a> Fields<'a> {
             model,
             permission_mode,
             rules,
+            sandbox,
             mcp: crate::mcp_client::Selection {
                 configured: mcp_servers,
                 servers: Vec::new(),

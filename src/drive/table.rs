@@ -237,6 +237,8 @@ pub struct RunSpec {
     pub model: Option<String>,
     pub permission_mode: Option<Mode>,
     pub rules: Vec<Rule>,
+    /// A stricter sandbox for the run's commands; a wider one has no effect.
+    pub sandbox: Option<crate::sandbox::Mode>,
     /// An earlier conversation this run continues: the model sees it all; the session
     /// header records only where it came from (`continues`), or the messages themselves
     /// when there is no earlier run to point at.
@@ -606,6 +608,10 @@ impl DriveCore {
         if !spec.rules.is_empty() || spec.permission_mode.is_some() {
             policy = policy.narrowed(spec.rules.clone(), spec.permission_mode);
         }
+        // As with the permission mode, a wider sandbox than the server's has no effect.
+        if let Some(sandbox) = spec.sandbox {
+            policy.set_sandbox(policy.sandbox().narrowed(sandbox));
+        }
         let policy = policy.with_cwd(&workspace);
 
         let mut header = spec.extra_header.clone();
@@ -633,6 +639,7 @@ impl DriveCore {
         header.insert("cwd".into(), json!(workspace_str));
         header.insert("model".into(), json!(run_config.model));
         header.insert("provider".into(), json!(self.config.provider));
+        header.insert("sandbox".into(), crate::sandbox::describe(policy.sandbox()));
         if !instructions.is_empty() {
             header.insert("instructions".into(), instructions.to_json());
         }
@@ -848,6 +855,26 @@ impl DriveCore {
             mode,
             rule: rule.map(Box::new),
         });
+        Ok(())
+    }
+
+    /// Sets a live run's sandbox (an editor's choice for its session): within the server's,
+    /// never wider.
+    pub fn set_sandbox(
+        &mut self,
+        id: RunId,
+        sandbox: crate::sandbox::Mode,
+    ) -> Result<(), DriveError> {
+        let server = self.config.policy.sandbox();
+        if !sandbox.is_within(server) {
+            return Err(DriveError::BadRequest(format!(
+                "sandbox `{sandbox}` is wider than the server's `{server}`"
+            )));
+        }
+        if !self.record(id)?.live {
+            return Err(DriveError::Input(ENDED.into()));
+        }
+        self.act(HostAction::SetSandbox { run: id, sandbox });
         Ok(())
     }
 
@@ -1302,6 +1329,7 @@ mod tests {
                     interactive: false,
                     context_window: None,
                     effort: None,
+                    sandbox_retry: true,
                 },
                 context_windows: Default::default(),
                 models: vec!["test-model".into()],
@@ -1384,6 +1412,9 @@ mod tests {
                     mode.map(Mode::as_str),
                     rule.is_some()
                 ),
+                CoreAction::Engine(HostAction::SetSandbox { run, sandbox }) => {
+                    format!("sandbox {run} {sandbox}")
+                }
                 CoreAction::Engine(HostAction::ToolResult { run, .. }) => {
                     format!("tool_result {run}")
                 }
@@ -1493,6 +1524,39 @@ mod tests {
             actions(&mut core),
             ["start run-2 in .", "input run-2 again"]
         );
+    }
+
+    #[test]
+    fn a_run_may_narrow_the_sandbox_and_never_widen_it() {
+        let t = TempDir::new("sandbox");
+        let mut core = t.core();
+        core.config.policy = core
+            .config
+            .policy
+            .clone()
+            .with_sandbox(crate::sandbox::Mode::WorkspaceWrite);
+        let wider = RunSpec {
+            sandbox: Some(crate::sandbox::Mode::Off),
+            ..spec("p", false)
+        };
+        let id = core.start_run(wider).expect("a wider sandbox is ignored");
+        let log = core.store.load(&id.to_string()).expect("the session file");
+        assert_eq!(log.header()["sandbox"]["mode"], "workspace-write");
+        let narrower = RunSpec {
+            sandbox: Some(crate::sandbox::Mode::ReadOnly),
+            ..spec("p", false)
+        };
+        let id = core
+            .start_run(narrower)
+            .expect("a narrower sandbox is fine");
+        let log = core.store.load(&id.to_string()).expect("the session file");
+        assert_eq!(log.header()["sandbox"]["mode"], "read-only");
+        // A live run moves within the server's sandbox, back to it included.
+        assert!(
+            core.set_sandbox(id, crate::sandbox::Mode::WorkspaceWrite)
+                .is_ok()
+        );
+        assert!(core.set_sandbox(id, crate::sandbox::Mode::Network).is_err());
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub struct StdioConn {
 }
 
 impl StdioConn {
-    /// Starts the server in its own process group.
+    /// Starts the server in its own process group, in the sandbox MCP servers get
+    /// (`sandbox::mcp_server`: off unless `sandbox.mcp_servers` says otherwise).
     pub fn spawn(
         command: &str,
         args: &[String],
@@ -78,7 +79,7 @@ impl StdioConn {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = reaper::spawn(&mut cmd, None)?;
+        let mut child = reaper::spawn(&mut cmd, None, crate::sandbox::mcp_server(cwd)?)?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Sender, pipe::Receiver)> {
             let stdin = pipe::Sender::from(child.stdin.take().ok_or(io::ErrorKind::BrokenPipe)?);

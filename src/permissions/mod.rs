@@ -23,7 +23,7 @@ use serde_json::Value;
 pub use pattern::PatternError;
 use pattern::{FieldKind, Matcher, Subject, escape_glob, first_arg, normalize_abs, path_view};
 use protected::Protected;
-pub(crate) use protected::find as protected_path;
+pub(crate) use protected::{PROTECTED, find as protected_path};
 // Crate-visible for the fuzz entry points (`crate::fuzzing`) only.
 pub(crate) use shell::split_command;
 
@@ -215,6 +215,9 @@ pub struct Policy {
     /// Where the run's tools resolve relative paths (normalised), when it is a
     /// subdirectory of `workspace`; rules stay anchored at `workspace`.
     cwd_str: Option<String>,
+    /// What the run's commands may do once a rule lets them run (`crate::sandbox`):
+    /// behind the rules, never instead of them.
+    sandbox: crate::sandbox::Mode,
 }
 
 /// A narrowing layer: its own rules ending in `*` → allow, and optionally its own mode.
@@ -239,7 +242,23 @@ impl Policy {
             workspace_str,
             profiles: Vec::new(),
             cwd_str: None,
+            sandbox: crate::sandbox::Mode::Off,
         }
+    }
+
+    /// The policy with its commands in the `sandbox` mode (the configured one, at start).
+    pub fn with_sandbox(mut self, sandbox: crate::sandbox::Mode) -> Policy {
+        self.sandbox = sandbox;
+        self
+    }
+
+    /// Sets the run's sandbox; the caller checked it is within the server's.
+    pub fn set_sandbox(&mut self, sandbox: crate::sandbox::Mode) {
+        self.sandbox = sandbox;
+    }
+
+    pub fn sandbox(&self) -> crate::sandbox::Mode {
+        self.sandbox
     }
 
     /// Judges relative paths in tool inputs from `cwd` (a run working in a subdirectory),

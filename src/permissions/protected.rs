@@ -54,6 +54,16 @@ impl Protected {
             Shape::FileIn { dir, name } => format!("{dir}/{name}"),
         }
     }
+
+    /// Where the entry sits below a directory that holds it, as a relative path
+    /// (`.git`, `.vscode/tasks.json`), and the directory of a `FileIn` entry (`.vscode`),
+    /// which the sandbox makes read-only when the file itself does not exist yet.
+    pub(crate) fn on_disk(&self) -> (String, Option<&'static str>) {
+        match self.shape {
+            Shape::Dir(name) | Shape::File(name) => (name.to_owned(), None),
+            Shape::FileIn { dir, name } => (format!("{dir}/{name}"), Some(dir)),
+        }
+    }
 }
 
 /// Every protected path, each with the sentence that says why.

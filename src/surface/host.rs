@@ -107,6 +107,7 @@ pub trait Surface {
         _cx: &mut Cx<Self::Key>,
         _run: RunId,
         _call: &ToolCall,
+        _confined: bool,
     ) -> ToolPlacement {
         ToolPlacement::Local
     }
@@ -192,8 +193,9 @@ impl<S: Surface> Host for DriveHost<S> {
         ctx: &mut Ctx<Self::Key>,
         run: RunId,
         call: &ToolCall,
+        confined: bool,
     ) -> ToolPlacement {
-        self.with(ctx, |s, cx| s.on_tool_start(cx, run, call))
+        self.with(ctx, |s, cx| s.on_tool_start(cx, run, call, confined))
     }
 
     fn on_await_input(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId) {

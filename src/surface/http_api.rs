@@ -807,6 +807,7 @@ fn op_error(e: OpError) -> (u16, String) {
         | Problem::WrongType { .. }
         | Problem::Negative { .. } => 422,
         Problem::UnknownMode { .. }
+        | Problem::UnknownSandbox { .. }
         | Problem::BadRule { .. }
         | Problem::NoInput
         | Problem::BadImage { .. } => 400,

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::model::types::ToolSpec;
 use crate::reaper::{self, CallTag, Sweep};
+use crate::sandbox::{self, Mode};
 use crate::sys;
 use crate::tools::ToolOutput;
 use crate::tools::spec::{closed_object, timeout_seconds};
@@ -103,6 +104,9 @@ pub struct BashJob {
     /// Tags every process of this call; the call is over for the reaper once its shell is
     /// reaped (or the job dropped).
     tag: CallTag,
+    /// The sandbox the command runs in (`None`: unconfined), and where, to explain a
+    /// failure it caused.
+    sandbox: Option<(Mode, PathBuf, PathBuf)>,
 }
 
 /// `Bash` as offered to the model.
@@ -230,17 +234,22 @@ pub fn parse_input(input: &Value, workspace: &Path) -> Result<BashInput, ToolOut
 }
 
 impl BashJob {
-    /// Validates the input and starts the child. Errors are tool results for the model.
-    pub fn spawn(input: &Value, workspace: &Path) -> Result<BashJob, ToolOutput> {
+    /// Validates the input and starts the child in the `mode` sandbox. Errors are tool
+    /// results for the model.
+    pub fn spawn(input: &Value, workspace: &Path, mode: Mode) -> Result<BashJob, ToolOutput> {
         let BashInput {
             command,
             timeout,
             cwd,
             background,
         } = parse_input(input, workspace)?;
+        // No shell is not a sandbox failure: say so first, so an image without one gets
+        // the message that explains it rather than a confinement error.
         if !Path::new(shell()).exists() {
             return Err(ToolOutput::error(NO_SHELL));
         }
+        let confinement = sandbox::prepare(mode, workspace, &cwd)
+            .map_err(|e| ToolOutput::error(format!("Bash: {e}")))?;
         let mut cmd = Command::new(shell());
         cmd.arg("-c")
             .arg(&command)
@@ -248,9 +257,22 @@ impl BashJob {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let sandbox = confinement
+            .is_some()
+            .then(|| (mode, workspace.to_path_buf(), cwd.clone()));
+        if sandbox.is_some() {
+            for name in sandbox::SCRUBBED_ENV {
+                cmd.env_remove(name);
+            }
+        }
         let tag = CallTag::new();
-        let mut child = reaper::spawn(&mut cmd, Some(&tag))
-            .map_err(|e| ToolOutput::error(format!("Bash: cannot start {}: {e}", shell())))?;
+        let mut child = reaper::spawn(&mut cmd, Some(&tag), confinement).map_err(|e| {
+            let within = match &sandbox {
+                Some((mode, ..)) => format!(" in the sandbox ({mode})"),
+                None => String::new(),
+            };
+            ToolOutput::error(format!("Bash: cannot start {}{within}: {e}", shell()))
+        })?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Receiver, pipe::Receiver)> {
             let out = pipe::Receiver::from(child.stdout.take().ok_or(io::ErrorKind::BrokenPipe)?);
@@ -284,6 +306,7 @@ impl BashJob {
             timeout,
             background,
             tag,
+            sandbox,
         })
     }
 
@@ -466,6 +489,28 @@ impl BashJob {
             (None, _) => text.push_str("[exit status unknown]"),
         }
         ToolOutput { is_error, text }
+    }
+
+    /// The result for the model and, when the command failed in a way the sandbox explains,
+    /// why (also noted at the end of the result).
+    pub fn result(&self) -> (ToolOutput, Option<String>) {
+        let mut output = self.output();
+        let note = if output.is_error {
+            self.sandbox_note(&output.text)
+        } else {
+            None
+        };
+        if let Some(note) = &note {
+            output.text.push_str(&format!("\n[sandbox: {note}]"));
+        }
+        (output, note)
+    }
+
+    /// Why the sandbox may explain what `text` (this command's output) reports: also for a
+    /// background shell's output, read while it may still run.
+    pub fn sandbox_note(&self, text: &str) -> Option<String> {
+        let (mode, workspace, cwd) = self.sandbox.as_ref()?;
+        sandbox::explain(*mode, workspace, cwd, text)
     }
 }
 

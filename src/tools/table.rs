@@ -55,12 +55,14 @@ pub(crate) enum Runs {
     /// Blocking, bounded file-system work on the engine's tool worker pool.
     Worker(fn(&Value, &Path) -> ToolOutput),
     /// A child process whose pipes the engine watches on the reactor and whose process
-    /// group it kills on timeout or cancel; with `background: true` it stays with the run
-    /// as a shell until it exits, is killed or the run ends.
-    Process(fn(&Value, &Path) -> Result<BashJob, ToolOutput>),
+    /// group it kills on timeout or cancel, started in the run's sandbox; with
+    /// `background: true` it stays with the run as a shell until it exits, is killed or the
+    /// run ends (confined the same way: one spawn path).
+    Process(fn(&Value, &Path, crate::sandbox::Mode) -> Result<BashJob, ToolOutput>),
     /// A question for, or an order to, the run's background shells, which the engine holds.
     Shell(fn(&Value) -> Result<ShellOp, ToolOutput>),
-    /// An HTTP(S) GET the engine drives on the reactor, like a model request.
+    /// An HTTP(S) GET the engine drives on the reactor, like a model request. Not a process,
+    /// so not sandboxed: permission rules (`WebFetch(domain:…)`) govern it.
     Fetch(fn(&Value) -> Result<FetchRequest, ToolOutput>),
     /// The run's plan: the engine answers at once and shows it as a `PlanUpdate` event.
     Plan(fn(&Value) -> Result<Vec<Todo>, ToolOutput>),

@@ -74,6 +74,16 @@ const scenarios = {
           value: args.configMode,
         });
       }
+      let sandbox;
+      if (args.configSandbox) {
+        sandbox = await h
+          .request(acp.methods.agent.session.setConfigOption, {
+            sessionId,
+            configId: "sandbox",
+            value: args.configSandbox,
+          })
+          .catch((e) => ({ error: String(e?.message ?? e) }));
+      }
       const stops = [];
       for (const p of args.prompts ?? ["hello"]) stops.push(await sendPrompt(h, sessionId, p));
       // Terminals are released after the tool result; let that finish before closing.
@@ -87,6 +97,7 @@ const scenarios = {
         auth,
         mode,
         config,
+        sandbox,
         sessionId,
         stops,
         updates: h.updates(sessionId),

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use super::session::{MODES, Session};
+use super::session::{MODES, SANDBOXES, Session};
 use super::{AcpKey, AcpServe, invalid_params, unknown_session};
 use crate::jsonrpc::{Id, RpcError};
 use crate::model::types::Effort;
@@ -101,6 +101,7 @@ impl AcpServe {
             models.push(session.model.clone());
         }
         let effort = session.effort.map_or("off", Effort::as_str);
+        let server = ctx.core.config().policy.sandbox();
         json!([
             {
                 "id": "mode", "name": "Mode",
@@ -122,6 +123,17 @@ impl AcpServe {
                 "category": "thought_level", "type": "select", "currentValue": effort,
                 "options": EFFORTS.iter().map(|(value, name)| json!({
                     "value": value, "name": name})).collect::<Vec<_>>(),
+            },
+            {
+                // The server's sandbox or a stricter one: an editor may narrow it, never
+                // widen it.
+                "id": "sandbox", "name": "Sandbox",
+                "description": "What commands may do once allowed to run",
+                "type": "select", "currentValue": session.sandbox.as_str(),
+                "options": SANDBOXES.iter().filter(|(mode, ..)| mode.is_within(server))
+                    .map(|(mode, name, description)| json!({
+                        "value": mode.as_str(), "name": name, "description": description}))
+                    .collect::<Vec<_>>(),
             },
         ])
     }

@@ -400,8 +400,9 @@ impl Surface for AcpServe {
         ctx: &mut Cx<AcpKey>,
         run: RunId,
         call: &ToolCall,
+        confined: bool,
     ) -> ToolPlacement {
-        self.place_tool(ctx, run, call)
+        self.place_tool(ctx, run, call, confined)
     }
 
     fn on_await_input(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {

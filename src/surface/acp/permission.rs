@@ -100,9 +100,17 @@ impl AcpServe {
             &session.cwd,
             OldText::ReadFile,
         );
+        // A call the sandbox refused, asked about again: the user decides whether it runs
+        // outside the sandbox this once, which no "always" rule could say.
+        let retry = prompt.input.get("sandbox").is_some_and(Value::is_string);
+        let title = if retry {
+            format!("Run outside the sandbox: {}", described.title)
+        } else {
+            described.title
+        };
         let mut tool_call = json!({
             "toolCallId": self.wire_id(sid, &prompt.tool_use_id),
-            "title": described.title,
+            "title": title,
             "kind": card::kind(&prompt.tool_name),
             "status": "pending",
             "rawInput": prompt.input,
@@ -115,7 +123,11 @@ impl AcpServe {
         }
         // The rules an "always" answer adds, one per line (a chained command needs one per
         // command word); none when no rule would be safe, and then no "always" options.
-        let pattern = always_patterns(&prompt.tool_name, &prompt.input).join("\n");
+        let pattern = if retry {
+            String::new()
+        } else {
+            always_patterns(&prompt.tool_name, &prompt.input).join("\n")
+        };
         let shown = pattern.replace('\n', ", ");
         let mut options = vec![json!({"optionId": "allow", "name": "Allow", "kind": "allow_once"})];
         if !pattern.is_empty() {

@@ -332,6 +332,7 @@ impl AcpServe {
                     continues: session.run,
                     continues_without_last_prompt: session.drop_last_prompt,
                     extra_header,
+                    sandbox: Some(session.sandbox),
                     mcp: Selection {
                         configured: None,
                         servers,

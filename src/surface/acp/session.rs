@@ -2,8 +2,9 @@
 //! `acp_session` field of their session headers) and the requests that open, list, close
 //! and configure one: `session/new`, `session/load` (which replays the conversation),
 //! `session/resume`, `session/list`, `session/close`, `session/delete`, `session/set_mode`
-//! and `session/set_config_option` (the permission mode, the model, the thinking effort).
-//! A session's run carries its model and effort into the next run it starts.
+//! and `session/set_config_option` (the permission mode, the model, the thinking effort and
+//! the sandbox of its commands). A session's run carries its model and effort into the next
+//! run it starts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use crate::engine::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
 use crate::permissions::{Mode, Rule};
+use crate::sandbox::Mode as SandboxMode;
 use crate::surface::host::Cx;
 
 /// The permission modes a session can be switched to, as `session/new` advertises them.
@@ -56,6 +58,9 @@ pub(super) const MODES: [(Mode, &str, &str); 5] = [
 pub(super) struct Session {
     pub(super) cwd: PathBuf,
     pub(super) mode: Mode,
+    /// The sandbox of the session's commands: the server's, or a stricter one the editor
+    /// chose (the `sandbox` config option).
+    pub(super) sandbox: SandboxMode,
     /// Rules from "always" answers, given to every run the session starts.
     pub(super) rules: Vec<Rule>,
     /// The newest run (live or not): a new run continues its conversation.
@@ -90,10 +95,17 @@ pub(super) struct Session {
 }
 
 impl Session {
-    pub(super) fn new(cwd: PathBuf, mode: Mode, run: Option<RunId>, model: String) -> Session {
+    pub(super) fn new(
+        cwd: PathBuf,
+        mode: Mode,
+        sandbox: SandboxMode,
+        run: Option<RunId>,
+        model: String,
+    ) -> Session {
         Session {
             cwd,
             mode,
+            sandbox,
             rules: Vec::new(),
             run,
             drop_last_prompt: false,
@@ -124,6 +136,30 @@ fn modes_json(current: Mode) -> Value {
             "id": mode.as_str(), "name": name, "description": description})).collect::<Vec<_>>(),
     })
 }
+
+/// What each sandbox mode lets commands do, as a select option describes it.
+pub(super) const SANDBOXES: [(SandboxMode, &str, &str); 4] = [
+    (
+        SandboxMode::ReadOnly,
+        "Read-only",
+        "Commands read the machine but write nothing",
+    ),
+    (
+        SandboxMode::WorkspaceWrite,
+        "Workspace",
+        "Commands write only in the workspace and temp directories, with no network",
+    ),
+    (
+        SandboxMode::Network,
+        "Workspace and network",
+        "Commands write in the workspace and reach the network over TCP",
+    ),
+    (
+        SandboxMode::Off,
+        "Unsandboxed",
+        "Commands run with your full rights",
+    ),
+];
 
 /// The session's directory (known: the session was just opened).
 fn cwd_of(sessions: &HashMap<String, Session>, id: &str) -> PathBuf {
@@ -177,7 +213,8 @@ impl AcpServe {
         let id = crate::auth::new_uuid();
         let mode = ctx.core.config().policy.mode();
         let model = ctx.core.config().run.model.clone();
-        let session = Session::new(cwd, mode, None, model);
+        let sandbox = ctx.core.config().policy.sandbox();
+        let session = Session::new(cwd, mode, sandbox, None, model);
         let options = self.config_options(ctx, &session);
         self.sessions.insert(id.clone(), session);
         self.connect_servers(ctx, &id, params);
@@ -235,10 +272,16 @@ impl AcpServe {
         }
         let default_mode = ctx.core.config().policy.mode();
         let default_model = ctx.core.config().run.model.clone();
-        let session = self
-            .sessions
-            .entry(id.clone())
-            .or_insert_with(|| Session::new(cwd.clone(), default_mode, newest, default_model));
+        let server_sandbox = ctx.core.config().policy.sandbox();
+        let session = self.sessions.entry(id.clone()).or_insert_with(|| {
+            Session::new(
+                cwd.clone(),
+                default_mode,
+                server_sandbox,
+                newest,
+                default_model,
+            )
+        });
         session.cwd = cwd;
         session.ids.absorb(shown);
         if let Some(run) = newest
@@ -355,10 +398,51 @@ impl AcpServe {
             "mode" => self.switch_mode(ctx, &id, value)?,
             "model" => self.set_model(ctx, &id, Some(value), None)?,
             "thought_level" => self.set_model(ctx, &id, None, Some(value))?,
+            "sandbox" => self.switch_sandbox(ctx, &id, value)?,
             _ => return Err(invalid_params(format!("unknown config option `{option}`"))),
         }
         let session = self.sessions.get(&id).ok_or_else(|| unknown_session(&id))?;
         Ok(json!({"configOptions": self.config_options(ctx, session)}))
+    }
+
+    /// The editor's choice of sandbox for the session: the server's or a stricter one, for
+    /// the live run at once and for every run after it.
+    fn switch_sandbox(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        id: &str,
+        value: &str,
+    ) -> Result<(), RpcError> {
+        let server = ctx.core.config().policy.sandbox();
+        let sandbox = SandboxMode::parse(value)
+            .filter(|mode| mode.is_within(server))
+            .ok_or_else(|| {
+                invalid_params(format!(
+                    "sandbox `{value}` is not offered: expected the server's `{server}` or a \
+                     stricter one"
+                ))
+            })?;
+        let (session, live) = self.session_and_live_run(ctx, id)?;
+        session.sandbox = sandbox;
+        if let Some(run) = live {
+            let _ = ctx.core.set_sandbox(run, sandbox);
+        }
+        Ok(())
+    }
+
+    /// Session `id`, and its run if still live: a change of the session's options applies
+    /// to that run at once.
+    fn session_and_live_run(
+        &mut self,
+        ctx: &Cx<AcpKey>,
+        id: &str,
+    ) -> Result<(&mut Session, Option<RunId>), RpcError> {
+        let session = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| unknown_session(id))?;
+        let live = session.run.filter(|&run| ctx.core.is_live(run));
+        Ok((session, live))
     }
 
     /// `session/delete`: the session is closed if open (its prompt answered, its run
@@ -406,14 +490,9 @@ impl AcpServe {
                  bypassPermissions"
             ))
         })?;
-        let session = self
-            .sessions
-            .get_mut(id)
-            .ok_or_else(|| unknown_session(id))?;
+        let (session, live) = self.session_and_live_run(ctx, id)?;
         session.mode = mode;
-        if let Some(run) = session.run
-            && ctx.core.is_live(run)
-        {
+        if let Some(run) = live {
             let _ = ctx.core.update_policy(run, Some(mode), None);
         }
         Ok(())

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::delegate::{self, Advance, Step};
+use super::delegate::{self, Advance, ClientCaps, Step};
 use super::session::Session;
 use super::{AcpKey, AcpServe, Pending};
 use crate::agent::run::ToolCall;
@@ -33,6 +33,7 @@ impl AcpServe {
         ctx: &mut Cx<AcpKey>,
         run: RunId,
         call: &ToolCall,
+        confined: bool,
     ) -> ToolPlacement {
         let Some(sid) = self.runs.get(&run).cloned() else {
             return ToolPlacement::Local;
@@ -47,7 +48,13 @@ impl AcpServe {
         let Some(session) = self.sessions.get_mut(&sid) else {
             return ToolPlacement::Local;
         };
-        match delegate::start(self.caps, &call.name, &call.input, &session.cwd, &sid) {
+        // A command in the sandbox runs in caliban, where the sandbox reaches: its card shows
+        // the result as text instead of an editor terminal.
+        let caps = ClientCaps {
+            terminal: self.caps.terminal && !confined,
+            ..self.caps
+        };
+        match delegate::start(caps, &call.name, &call.input, &session.cwd, &sid) {
             None => ToolPlacement::Local,
             Some(Err(refused)) => {
                 ctx.act(HostAction::ToolResult {

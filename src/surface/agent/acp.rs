@@ -87,8 +87,14 @@ impl Surface for NetAcp {
         self.acp.on_retry(cx, run, notice);
     }
 
-    fn on_tool_start(&mut self, cx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) -> ToolPlacement {
-        self.acp.on_tool_start(cx, run, call)
+    fn on_tool_start(
+        &mut self,
+        cx: &mut Cx<AcpKey>,
+        run: RunId,
+        call: &ToolCall,
+        confined: bool,
+    ) -> ToolPlacement {
+        self.acp.on_tool_start(cx, run, call, confined)
     }
 
     fn on_await_input(&mut self, cx: &mut Cx<AcpKey>, run: RunId) {

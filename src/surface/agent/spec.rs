@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 pub(crate) const MAX_SPEC_BYTES: usize = 1024 * 1024;
 
 /// The fields a spec may hold, in upstream's order where it has them.
-const FIELDS: [&str; 8] = [
+const FIELDS: [&str; 9] = [
     "label",
     "initial_prompt",
     "model",
@@ -20,6 +20,7 @@ const FIELDS: [&str; 8] = [
     "interactive",
     "drive_protocol",
     "permission_posture",
+    "sandbox",
 ];
 
 /// Which protocol the agent's clients speak; one per agent, chosen at start.
@@ -55,6 +56,8 @@ pub(crate) struct Spec {
     pub(crate) interactive: bool,
     pub(crate) protocol: Protocol,
     pub(crate) posture: Posture,
+    /// The sandbox of the agent's commands, as `--sandbox` gives it (the spec wins).
+    pub(crate) sandbox: Option<crate::sandbox::Mode>,
 }
 
 /// An optional string field; `null` is absent.
@@ -150,6 +153,15 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
             ));
         }
     };
+    let sandbox = match string(&map, "sandbox")? {
+        None => None,
+        Some(name) => Some(crate::sandbox::Mode::parse(&name).ok_or_else(|| {
+            format!(
+                "unknown sandbox `{name}`: expected {}",
+                crate::sandbox::Mode::names()
+            )
+        })?),
+    };
     let spec = Spec {
         label: string(&map, "label")?,
         initial_prompt: string(&map, "initial_prompt")?.unwrap_or_default(),
@@ -170,6 +182,7 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
                 ("unattended", Posture::Unattended),
             ],
         )?,
+        sandbox,
     };
     match spec.protocol {
         Protocol::Ndjson if spec.initial_prompt.trim().is_empty() => {
@@ -196,6 +209,17 @@ mod tests {
 
     fn err(text: &str) -> String {
         parse(text, &TOOLS).expect_err(text)
+    }
+
+    #[test]
+    fn a_spec_names_the_sandbox_of_its_commands() {
+        let spec = ok(r#"{"initial_prompt": "p", "sandbox": "read-only"}"#);
+        assert_eq!(spec.sandbox, Some(crate::sandbox::Mode::ReadOnly));
+        assert_eq!(ok(r#"{"initial_prompt": "p"}"#).sandbox, None);
+        assert_eq!(
+            err(r#"{"initial_prompt": "p", "sandbox": "none"}"#),
+            "unknown sandbox `none`: expected read-only, workspace-write, network or off"
+        );
     }
 
     #[test]

@@ -260,6 +260,12 @@ pub fn list(modern: bool) -> Value {
                         "type": ["string", "null"],
                     },
                     "prompt": prop("The initial user prompt.", "string"),
+                    "sandbox": {
+                        "default": null,
+                        "description": "Sandbox for this run's commands (default: the server's). It can only narrow the server's: a wider one has no effect.",
+                        "enum": ["read-only", "workspace-write", "network", "off", null],
+                        "type": ["string", "null"],
+                    },
                 }),
                 &["prompt"],
             ),

@@ -1,0 +1,1196 @@
+//! The sandbox around every process a tool starts. Permission rules decide *whether* a
+//! command runs; the sandbox limits *what it can do* once it runs: where it may write, what
+//! it may read, whether it reaches the network. It is the kernel's own machinery, set up
+//! between fork and exec with no helper binary (`sys::Confinement`): a Landlock domain
+//! (files, TCP ports, signals and abstract sockets), a seccomp filter (socket families,
+//! mounting, namespaces, io_uring and other ways around Landlock) and, where caliban may
+//! have one, a private mount namespace (protected paths read-only, the deny list hidden, a
+//! `/proc` that shows only the command's own processes).
+//! All three are inherited by every descendant, across `setsid`, `nohup` and exec.
+//!
+//! Modes, strictest first: `read-only` (no writes but to /dev/null and kin), `workspace-write`
+//! (the default where the kernel has Landlock: writes in the workspace and the temp dirs),
+//! `network` (that plus outbound TCP, optionally to some ports only, and UDP for DNS), `off`.
+//! Every mode but `off` reads everywhere except the deny list (`~/.ssh`, cloud credentials,
+//! caliban's own settings and state) and keeps protected paths (`.git/`, settings files;
+//! `permissions::PROTECTED`) read-only to commands unless `sandbox.protected_writable`
+//! names them. A run may only narrow the configured mode (`Mode::narrowed`).
+//!
+//! Without a mount namespace (no privilege and no user namespaces) Landlock alone fences
+//! the protected and denied paths, and since its rules can only grant, the directories on
+//! the way to them get rules for each entry instead of one: a command then cannot create a
+//! new entry directly in such a directory (the workspace root next to `.git`).
+//!
+//! It owns the process-wide configuration (`install`, once at start), the probes of what
+//! the kernel offers, the plan for one command (`prepare`), the same policy for the file
+//! tools (`check_file_tool`) and the note that tells the model a failure was the sandbox
+//! (`explain`). It must not know about runs or surfaces.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
+use crate::permissions::{PROTECTED, protected_path};
+use crate::sys::{
+    self, Confinement, LandlockRuleset, MountNs, MountPlan, SeccompFilter, SocketPolicy,
+    landlock as ll,
+};
+use crate::tools::table::{self, Class, Subject};
+
+/// How much a command may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    ReadOnly,
+    WorkspaceWrite,
+    Network,
+    Off,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [
+        Mode::ReadOnly,
+        Mode::WorkspaceWrite,
+        Mode::Network,
+        Mode::Off,
+    ];
+
+    pub fn parse(name: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|mode| mode.as_str() == name)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::ReadOnly => "read-only",
+            Mode::WorkspaceWrite => "workspace-write",
+            Mode::Network => "network",
+            Mode::Off => "off",
+        }
+    }
+
+    fn strictness(self) -> u8 {
+        match self {
+            Mode::Off => 0,
+            Mode::Network => 1,
+            Mode::WorkspaceWrite => 2,
+            Mode::ReadOnly => 3,
+        }
+    }
+
+    /// The stricter of the two: what a run that asks for `other` gets.
+    pub fn narrowed(self, other: Mode) -> Mode {
+        if other.strictness() > self.strictness() {
+            other
+        } else {
+            self
+        }
+    }
+
+    /// Whether this mode allows no more than `than` does.
+    pub fn is_within(self, than: Mode) -> bool {
+        self.strictness() >= than.strictness()
+    }
+
+    /// "read-only, workspace-write, network or off", for error messages.
+    pub fn names() -> String {
+        let names: Vec<&str> = Mode::ALL.iter().map(|mode| mode.as_str()).collect();
+        format!(
+            "{} or {}",
+            names[..names.len() - 1].join(", "),
+            names[names.len() - 1]
+        )
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with commands when the kernel cannot confine them (no Landlock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Refuse to run them: the tool result says why.
+    Refuse,
+    /// Run them with the user's full rights, warned about at start and in every header.
+    Unconfined,
+}
+
+impl Fallback {
+    pub fn parse(name: &str) -> Option<Fallback> {
+        match name {
+            "refuse" => Some(Fallback::Refuse),
+            "unconfined" => Some(Fallback::Unconfined),
+            _ => None,
+        }
+    }
+}
+
+/// What the settings files say about the sandbox (`"sandbox": {…}`), before it is resolved
+/// against the command line and the environment. Paths are as written (`~/` allowed).
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// The user's file's mode.
+    pub mode: Option<Mode>,
+    /// The strictest mode the workspace's files ask for: they may only narrow.
+    pub project_mode: Option<Mode>,
+    pub deny_read: Vec<String>,
+    pub allow_read: Vec<String>,
+    pub writable: Vec<String>,
+    pub network_ports: Vec<u16>,
+    pub protected_writable: Vec<String>,
+    pub unavailable: Option<Fallback>,
+    pub mcp_servers: Option<Mode>,
+}
+
+/// Paths under `$HOME` that commands may not read: keys and the credentials of cloud
+/// providers, registries, package indexes and git hosts.
+const HOME_DENY: &[&str] = &[
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".docker",
+    ".config/gh",
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".password-store",
+    ".vault-token",
+];
+
+/// caliban's own secrets, kept out of every confined command's environment: the drive API
+/// token and the networked agent's bearer token.
+pub const SCRUBBED_ENV: &[&str] = &["CALIBAN_DRIVE_TOKEN", "CALIBAN_AGENT_TOKEN"];
+
+/// Device files every mode may open for writing (and /dev/pts for terminals).
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// Temp directories the writing modes may write in, besides `$TMPDIR`.
+const TEMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Most Landlock rules one command's fence may take without a mount namespace (each entry
+/// of a directory on the way to a fenced path is one); past it, the rest of such a
+/// directory is left out, which only ever takes rights away.
+const MAX_SPLIT_RULES: usize = 4096;
+
+/// The process-wide sandbox configuration: the command line, the settings files and the
+/// environment, resolved once at start (`install`).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The mode runs get unless they narrow it.
+    pub mode: Mode,
+    pub fallback: Fallback,
+    /// Absolute paths commands may not read (nor write).
+    pub deny: Vec<PathBuf>,
+    /// Extra roots the writing modes may write in.
+    pub writable: Vec<PathBuf>,
+    /// `network` mode's TCP ports; empty is any port.
+    pub ports: Vec<u16>,
+    /// Protected entries (as `Protected::shown` spells them, `.git/`) commands may write.
+    pub protected_writable: Vec<String>,
+    /// The mode of MCP stdio servers an editor asks caliban to start.
+    pub mcp_servers: Mode,
+    /// `$HOME`, for showing paths as `~/…`.
+    home: Option<PathBuf>,
+    /// Test hooks from the environment: behave as if the kernel had no Landlock
+    /// (`CALIBAN_SANDBOX_NO_LANDLOCK=1`), or caliban could not have a mount namespace
+    /// (`CALIBAN_SANDBOX_NO_MOUNTNS=1`), or only one in a user namespace, as without
+    /// privilege (`CALIBAN_SANDBOX_USERNS=1`).
+    no_landlock: bool,
+    no_mount_ns: bool,
+    userns_only: bool,
+}
+
+impl Config {
+    /// Resolves the configuration: `--sandbox` wins; else the user's settings (or the
+    /// default, `workspace-write`), narrowed by the workspace's settings. Where the kernel
+    /// cannot confine commands, a mode someone chose is refused and the default runs
+    /// unconfined, unless `sandbox.unavailable` says otherwise.
+    pub fn new(
+        cli: Option<Mode>,
+        settings: &Settings,
+        extra_deny: &[PathBuf],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Config {
+        let mut mode = cli.or(settings.mode).unwrap_or(Mode::WorkspaceWrite);
+        if cli.is_none()
+            && let Some(project) = settings.project_mode
+        {
+            mode = mode.narrowed(project);
+        }
+        let chosen = cli.is_some() || settings.mode.is_some() || settings.project_mode.is_some();
+        let fallback = settings.unavailable.unwrap_or(if chosen {
+            Fallback::Refuse
+        } else {
+            Fallback::Unconfined
+        });
+        let home = env("HOME")
+            .filter(|home| home.starts_with('/'))
+            .map(PathBuf::from);
+        let expand = |raw: &String| expand_home(raw, home.as_deref());
+        let allowed: Vec<PathBuf> = settings.allow_read.iter().filter_map(expand).collect();
+        let mut deny: Vec<PathBuf> = home
+            .iter()
+            .flat_map(|home| HOME_DENY.iter().map(move |rel| home.join(rel)))
+            .collect();
+        if let Some(config) = crate::settings::user_config_dir(env) {
+            deny.push(config.join("caliban"));
+        }
+        if let Some(state) = crate::drive::session::default_dir(env)
+            .ok()
+            .as_deref()
+            .and_then(Path::parent)
+        {
+            deny.push(state.to_path_buf());
+        }
+        deny.extend(extra_deny.iter().cloned());
+        deny.extend(settings.deny_read.iter().filter_map(expand));
+        deny.retain(|path| !allowed.contains(path));
+        deny.dedup();
+        let flag = |name: &str| env(name).is_some_and(|v| !v.is_empty() && v != "0");
+        Config {
+            mode,
+            fallback,
+            deny,
+            writable: settings.writable.iter().filter_map(expand).collect(),
+            ports: settings.network_ports.clone(),
+            protected_writable: settings
+                .protected_writable
+                .iter()
+                .map(|name| name.trim_end_matches('/').to_owned())
+                .collect(),
+            mcp_servers: settings.mcp_servers.unwrap_or(Mode::Off),
+            home,
+            no_landlock: flag("CALIBAN_SANDBOX_NO_LANDLOCK"),
+            no_mount_ns: flag("CALIBAN_SANDBOX_NO_MOUNTNS"),
+            userns_only: flag("CALIBAN_SANDBOX_USERNS"),
+        }
+    }
+
+    /// `path` as shown to people: `~/…` under the home directory.
+    fn show(&self, path: &Path) -> String {
+        match self
+            .home
+            .as_deref()
+            .and_then(|home| path.strip_prefix(home).ok())
+        {
+            Some(rest) if rest.as_os_str().is_empty() => "~".to_owned(),
+            Some(rest) => format!("~/{}", rest.display()),
+            None => path.display().to_string(),
+        }
+    }
+
+    fn protected_allowed(&self, shown: &str) -> bool {
+        let name = shown.trim_end_matches('/');
+        self.protected_writable
+            .iter()
+            .any(|allowed| allowed == name)
+    }
+}
+
+/// `~` and `~/…` under `home`; any other path must be absolute.
+fn expand_home(raw: &String, home: Option<&Path>) -> Option<PathBuf> {
+    if raw == "~" {
+        return home.map(Path::to_path_buf);
+    }
+    if let Some(rest) = raw.strip_prefix("~/") {
+        return home.map(|home| home.join(rest));
+    }
+    raw.starts_with('/').then(|| PathBuf::from(raw))
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// Sets the process-wide configuration; the first call wins. Call it once at start, before
+/// any tool runs.
+pub fn install(config: Config) {
+    let _ = CONFIG.set(config);
+}
+
+/// The process-wide configuration (the defaults from the environment if none was
+/// installed).
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        Config::new(None, &Settings::default(), &[], &|name| {
+            std::env::var(name).ok()
+        })
+    })
+}
+
+/// The kernel's Landlock ABI, or why there is none.
+pub fn landlock_abi() -> Result<u32, String> {
+    static ABI: OnceLock<Result<u32, String>> = OnceLock::new();
+    if config().no_landlock {
+        return Err("Landlock is switched off by CALIBAN_SANDBOX_NO_LANDLOCK".to_owned());
+    }
+    ABI.get_or_init(|| {
+        sys::landlock_abi().map_err(|e| format!("the kernel offers no Landlock ({e})"))
+    })
+    .clone()
+}
+
+/// The mount namespace children can have, probed once (a throwaway fork) when first needed.
+fn mount_ns() -> Option<MountNs> {
+    static NS: OnceLock<Option<MountNs>> = OnceLock::new();
+    let config = config();
+    if config.no_mount_ns {
+        return None;
+    }
+    *NS.get_or_init(|| sys::probe_mount_ns(config.userns_only))
+}
+
+/// Whether a mode is in force for commands, and if not, what happens instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    Off,
+    Enforced,
+    /// No Landlock: commands run with the user's full rights (`Fallback::Unconfined`).
+    Unconfined(String),
+    /// No Landlock: commands are refused (`Fallback::Refuse`).
+    Refused(String),
+}
+
+pub fn status(mode: Mode) -> Status {
+    if mode == Mode::Off {
+        return Status::Off;
+    }
+    match landlock_abi() {
+        Ok(_) => Status::Enforced,
+        Err(why) => match config().fallback {
+            Fallback::Refuse => Status::Refused(why),
+            Fallback::Unconfined => Status::Unconfined(why),
+        },
+    }
+}
+
+/// Whether commands under `mode` are caliban's to confine (or refuse): a host that could
+/// run them elsewhere (an editor's terminal) must not.
+pub fn confines(mode: Mode) -> bool {
+    matches!(status(mode), Status::Enforced | Status::Refused(_))
+}
+
+/// The sandbox as run headers state it (print mode's `system/init`, session files).
+pub fn describe(mode: Mode) -> Value {
+    match status(mode) {
+        Status::Off => json!({"mode": "off", "enforced": false}),
+        Status::Enforced => json!({"mode": mode.as_str(), "enforced": true}),
+        Status::Unconfined(why) => json!({"mode": mode.as_str(), "enforced": false,
+                                          "commands": "unconfined", "why": why}),
+        Status::Refused(why) => json!({"mode": mode.as_str(), "enforced": false,
+                                       "commands": "refused", "why": why}),
+    }
+}
+
+/// Says once, at start, what the sandbox will do: a warning when it cannot do what was
+/// asked, a line at `-v` otherwise.
+pub fn announce(mode: Mode) {
+    match status(mode) {
+        Status::Off => crate::log::info("sandbox: off: commands run with your full rights"),
+        Status::Enforced => crate::log::info(&format!(
+            "sandbox: {mode} (Landlock ABI {})",
+            landlock_abi().unwrap_or_default()
+        )),
+        Status::Unconfined(why) => crate::log::warn(&format!(
+            "sandbox: {why}: commands run UNCONFINED instead of {mode} (sandbox.unavailable is \
+             \"unconfined\"; set it to \"refuse\" to refuse them)"
+        )),
+        Status::Refused(why) => crate::log::warn(&format!(
+            "sandbox: {why}: commands are refused, since {mode} cannot be enforced (choose \
+             --sandbox off, or set sandbox.unavailable to \"unconfined\", to run them anyway)"
+        )),
+    }
+}
+
+/// What one command's confinement covers, as paths.
+struct Plan {
+    mode: Mode,
+    /// Where it may write (canonical, existing), the workspace first.
+    writable: Vec<PathBuf>,
+    /// Protected paths it may not write (canonical, existing).
+    protected: Vec<PathBuf>,
+    /// Paths it may not read (canonical, existing), each with its configured spelling.
+    denied: Vec<(PathBuf, PathBuf)>,
+    /// Whether a mount namespace fences the protected and denied paths (else Landlock
+    /// alone, which keeps new entries out of the directories that hold them).
+    mount_ns: bool,
+}
+
+fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
+    let config = config();
+    let canonical = |path: &Path| path.canonicalize().ok();
+    let workspace = canonical(workspace).unwrap_or_else(|| workspace.to_path_buf());
+    let mut writable = Vec::new();
+    if matches!(mode, Mode::WorkspaceWrite | Mode::Network) {
+        writable.push(workspace.clone());
+        let tmpdir = std::env::var_os("TMPDIR").map(PathBuf::from);
+        let temps = tmpdir
+            .into_iter()
+            .filter(|dir| dir.is_absolute())
+            .chain(TEMP_DIRS.iter().map(PathBuf::from));
+        for dir in temps.chain(config.writable.iter().cloned()) {
+            if let Some(dir) = canonical(&dir).filter(|dir| !writable.contains(dir)) {
+                writable.push(dir);
+            }
+        }
+    }
+    // Protected entries in the workspace root and in every directory down to where the
+    // command starts (a nested repository there has its own `.git`).
+    let cwd = canonical(cwd).unwrap_or_else(|| workspace.clone());
+    let mut dirs = vec![workspace.clone()];
+    if let Ok(below) = cwd.strip_prefix(&workspace) {
+        let mut dir = workspace.clone();
+        for part in below.components() {
+            dir.push(part);
+            dirs.push(dir.clone());
+        }
+    }
+    let mut protected = Vec::new();
+    for dir in &dirs {
+        for entry in PROTECTED {
+            if config.protected_allowed(&entry.shown()) {
+                continue;
+            }
+            let (rel, parent) = entry.on_disk();
+            let path = dir.join(rel);
+            let found = if path.symlink_metadata().is_ok() {
+                canonical(&path)
+            } else {
+                // A protected file that does not exist yet cannot be held read-only, but the
+                // directory it would be made in can.
+                parent
+                    .map(|parent| dir.join(parent))
+                    .and_then(|dir| canonical(&dir))
+            };
+            if let Some(found) = found.filter(|found| !protected.contains(found)) {
+                protected.push(found);
+            }
+        }
+    }
+    // Most entries do not exist on a given machine: one lstat rules them out.
+    let denied = config
+        .deny
+        .iter()
+        .filter(|spelled| spelled.symlink_metadata().is_ok())
+        .filter_map(|spelled| canonical(spelled).map(|real| (real, spelled.clone())))
+        // Hiding what holds the workspace would hide the command's own directory.
+        .filter(|(real, _)| !workspace.starts_with(real) && !cwd.starts_with(real))
+        .collect();
+    Plan {
+        mode,
+        writable,
+        protected,
+        denied,
+        mount_ns: mode != Mode::Off && mount_ns().is_some(),
+    }
+}
+
+/// The confinement for a command run in `cwd` of `workspace` under `mode`: `None` when
+/// nothing confines it (`off`, or no Landlock and `Fallback::Unconfined`); an error (the
+/// tool result) when it must not run at all.
+pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confinement>, String> {
+    match status(mode) {
+        Status::Off | Status::Unconfined(_) => Ok(None),
+        Status::Refused(why) => Err(format!(
+            "not run: the sandbox ({mode}) cannot be enforced here: {why}; sandbox.unavailable \
+             is \"refuse\""
+        )),
+        Status::Enforced => {
+            let abi = landlock_abi().unwrap_or(1);
+            build(&plan(mode, workspace, cwd), abi, mount_ns())
+                .map(Some)
+                .map_err(|e| format!("not run: the sandbox ({mode}) could not be set up: {e}"))
+        }
+    }
+}
+
+fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> {
+    let config = config();
+    let fs_rights = ll::fs_rights(abi);
+    let read = ll::EXECUTE | ll::READ_FILE | ll::READ_DIR;
+    // Device nodes are never made, so a command cannot mint a way to a raw disk.
+    let write = fs_rights & !(ll::MAKE_CHAR | ll::MAKE_BLOCK);
+    let net = match plan.mode {
+        _ if abi < 4 => 0,
+        Mode::Network if config.ports.is_empty() => ll::BIND_TCP,
+        _ => ll::BIND_TCP | ll::CONNECT_TCP,
+    };
+    let scoped = if abi >= 6 {
+        ll::SCOPE_ABSTRACT_UNIX_SOCKET | ll::SCOPE_SIGNAL
+    } else {
+        0
+    };
+    let ruleset = LandlockRuleset::new(fs_rights, net, scoped)?;
+    let root = Path::new("/");
+    let mounts = match ns {
+        Some(ns) => {
+            ruleset.allow_beneath(root, read)?;
+            for dir in &plan.writable {
+                ruleset.allow_beneath(dir, write)?;
+            }
+            let mut mounts = MountPlan::new(ns);
+            for path in &plan.protected {
+                mounts.read_only(path)?;
+            }
+            for (path, _) in &plan.denied {
+                mounts.hide(path)?;
+            }
+            mounts.private_proc();
+            Some(mounts)
+        }
+        None => {
+            // Landlock alone: listing stays open everywhere (names only), reading and
+            // writing go around the fenced paths.
+            ruleset.allow_beneath(root, ll::READ_DIR)?;
+            let denied: Vec<PathBuf> = plan.denied.iter().map(|(real, _)| real.clone()).collect();
+            let mut budget = MAX_SPLIT_RULES;
+            grant_around(
+                &ruleset,
+                root,
+                ll::EXECUTE | ll::READ_FILE,
+                &denied,
+                &mut budget,
+            );
+            let mut fenced = denied;
+            fenced.extend(plan.protected.iter().cloned());
+            for dir in &plan.writable {
+                grant_around(&ruleset, dir, write, &fenced, &mut budget);
+            }
+            None
+        }
+    };
+    for device in DEVICES.iter().map(Path::new).filter(|d| d.exists()) {
+        ruleset.allow_beneath(device, ll::READ_FILE | ll::WRITE_FILE | ll::READ_DIR)?;
+    }
+    if plan.mode == Mode::Network && abi >= 4 {
+        // Port 0 is "any free port": a client that binds before it connects, a test server.
+        ruleset.allow_port(0, ll::BIND_TCP)?;
+        for &port in &config.ports {
+            ruleset.allow_port(port, ll::CONNECT_TCP)?;
+        }
+    }
+    let sockets = if plan.mode == Mode::Network {
+        SocketPolicy::Inet
+    } else {
+        SocketPolicy::LocalOnly
+    };
+    Ok(Confinement {
+        mounts,
+        landlock: Some(ruleset),
+        seccomp: Some(SeccompFilter::new(sockets)),
+    })
+}
+
+/// Grants `access` on `dir` except beneath the `fenced` paths: one rule for a directory
+/// with nothing fenced beneath it, else one for each of its entries in turn. Symlinks are
+/// skipped (what they lead to is judged where it is). Failures only leave rights out.
+fn grant_around(
+    ruleset: &LandlockRuleset,
+    dir: &Path,
+    access: u64,
+    fenced: &[PathBuf],
+    budget: &mut usize,
+) {
+    if fenced.iter().any(|f| f == dir) {
+        return;
+    }
+    if !fenced.iter().any(|f| f.starts_with(dir)) {
+        if *budget > 0 {
+            *budget -= 1;
+            let _ = ruleset.allow_beneath(dir, access);
+        }
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|kind| !kind.is_symlink()) {
+            grant_around(ruleset, &entry.path(), access, fenced, budget);
+        }
+    }
+}
+
+/// The confinement of an MCP stdio server an editor asks caliban to start in `cwd`: the
+/// `sandbox.mcp_servers` mode (default `off`: they are programs the user configured, and
+/// most need the network and caches of their own).
+pub fn mcp_server(cwd: &Path) -> io::Result<Option<Confinement>> {
+    prepare(config().mcp_servers, cwd, cwd).map_err(io::Error::other)
+}
+
+/// The sandbox's answer for a file tool's call (`Write`, `Edit`, `Read`, …): the same
+/// policy as for commands, so a file tool cannot do what a command may not. `Err` is why
+/// not, for the model. It needs no kernel support, so it holds even where commands run
+/// unconfined.
+pub fn check_file_tool(
+    mode: Mode,
+    tool: &str,
+    input: &Value,
+    workspace: &Path,
+) -> Result<(), String> {
+    if mode == Mode::Off {
+        return Ok(());
+    }
+    let Some(permission) = table::permission(tool) else {
+        return Ok(());
+    };
+    let Subject::Path { field, default } = permission.subject else {
+        return Ok(());
+    };
+    let Some(raw) = input.get(field).and_then(Value::as_str).or(default) else {
+        return Ok(());
+    };
+    // A path the tool itself refuses is refused by the tool, with its own words.
+    let Ok(path) = crate::tools::fs::resolve_path(workspace, raw) else {
+        return Ok(());
+    };
+    let config = config();
+    let denied = config.deny.iter().find(|spelled| {
+        spelled.symlink_metadata().is_ok()
+            && spelled
+                .canonicalize()
+                .is_ok_and(|real| path.abs.starts_with(real))
+    });
+    if let Some(spelled) = denied {
+        return Err(format!(
+            "{tool} of `{}` blocked by the sandbox ({mode}): {} is on its deny list",
+            path.rel,
+            config.show(spelled)
+        ));
+    }
+    if permission.class != Class::EditsFile {
+        return Ok(());
+    }
+    if mode == Mode::ReadOnly {
+        return Err(format!(
+            "write to `{}` blocked by the sandbox (read-only): nothing may be written",
+            path.rel
+        ));
+    }
+    if let Some(entry) = protected_path(&path.rel).filter(|e| !config.protected_allowed(&e.shown()))
+    {
+        return Err(format!(
+            "write to `{}` blocked by the sandbox ({mode}): {} is a protected path ({}), \
+             read-only unless sandbox.protected_writable lists it",
+            path.rel,
+            entry.shown(),
+            entry.why
+        ));
+    }
+    Ok(())
+}
+
+/// Words with which tools report what the sandbox refused: Landlock and seccomp give
+/// EACCES or EPERM, a read-only mount EROFS, a hidden file EACCES.
+const DENIAL_MARKERS: &[&str] = &[
+    "Permission denied",
+    "Read-only file system",
+    "Operation not permitted",
+];
+
+/// How a hidden (denied) file looks to a command.
+const HIDDEN_MARKER: &str = "No such file or directory";
+
+/// Words with which tools report a network they cannot reach.
+const NETWORK_MARKERS: &[&str] = &[
+    "Temporary failure in name resolution",
+    "Could not resolve host",
+    "Name or service not known",
+    "Network is unreachable",
+];
+
+/// Most characters of a command's output searched for denials.
+const MAX_EXPLAIN_CHARS: usize = 64 * 1024;
+
+/// A note for the model when a command run under `mode` failed in a way the sandbox
+/// explains: which rule, and what the command may do. `None` when nothing in `output`
+/// points at the sandbox.
+pub fn explain(mode: Mode, workspace: &Path, cwd: &Path, output: &str) -> Option<String> {
+    if status(mode) != Status::Enforced {
+        return None;
+    }
+    let text = crate::text::cut_chars(output, MAX_EXPLAIN_CHARS).map_or(output, |(head, _)| head);
+    let plan = plan(mode, workspace, cwd);
+    let config = config();
+    let mut seen_denial = false;
+    for line in text.lines() {
+        let network = !matches!(mode, Mode::Network | Mode::Off)
+            && NETWORK_MARKERS.iter().any(|m| line.contains(m));
+        if network {
+            return Some(network_note(mode));
+        }
+        let resolve = |candidate: &String| {
+            let path = expand_home(candidate, config.home.as_deref())
+                .unwrap_or_else(|| PathBuf::from(candidate));
+            cwd.join(path)
+        };
+        // A denied path is hidden: reading it says it is not there.
+        if line.contains(HIDDEN_MARKER) {
+            let denied = path_candidates(line)
+                .iter()
+                .find_map(|c| classify_denied(&plan, config, &resolve(c)));
+            if denied.is_some() {
+                return denied;
+            }
+            continue;
+        }
+        if !DENIAL_MARKERS.iter().any(|m| line.contains(m)) {
+            continue;
+        }
+        seen_denial = true;
+        // The likeliest path decides: a refusal of a path the sandbox allows was not its.
+        if let Some(candidate) = path_candidates(line).first() {
+            if let Some(note) = classify(&plan, config, &resolve(candidate)) {
+                return Some(note);
+            }
+            continue;
+        }
+        let lower = line.to_ascii_lowercase();
+        if !matches!(mode, Mode::Network)
+            && ["connect", "socket", "errno 13", "network", "curl:"]
+                .iter()
+                .any(|word| lower.contains(word))
+        {
+            return Some(network_note(mode));
+        }
+    }
+    seen_denial.then(|| {
+        format!(
+            "a \"permission denied\" here may be the sandbox ({mode}): {}",
+            summary(&plan, config)
+        )
+    })
+}
+
+fn network_note(mode: Mode) -> String {
+    format!(
+        "network access blocked by the sandbox ({mode}): commands have no network (the \
+         `network` mode allows outbound TCP)"
+    )
+}
+
+/// What a confined command may do, in a sentence.
+fn summary(plan: &Plan, config: &Config) -> String {
+    let writes = if plan.writable.is_empty() {
+        "commands may write nothing".to_owned()
+    } else {
+        let roots: Vec<String> = plan.writable.iter().map(|p| config.show(p)).collect();
+        format!("commands may write only in {}", roots.join(", "))
+    };
+    let protected = if plan.protected.is_empty() || plan.writable.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = PROTECTED
+            .iter()
+            .filter(|e| !config.protected_allowed(&e.shown()))
+            .map(|e| e.shown())
+            .collect();
+        format!(
+            " (protected paths such as {} are read-only)",
+            names[..names.len().min(3)].join(", ")
+        )
+    };
+    let network = match plan.mode {
+        Mode::Network if config.ports.is_empty() => "reach the network over TCP".to_owned(),
+        Mode::Network => {
+            let ports: Vec<String> = config.ports.iter().map(u16::to_string).collect();
+            format!("connect over TCP to ports {} only", ports.join(", "))
+        }
+        _ => "have no network".to_owned(),
+    };
+    format!("{writes}{protected}, read everything but the deny list, and {network}")
+}
+
+/// Why the sandbox hides `path`, if it does.
+fn classify_denied(plan: &Plan, config: &Config, path: &Path) -> Option<String> {
+    let lexical = normalize(path);
+    let real = resolve_existing(&lexical);
+    let (_, spelled) = plan
+        .denied
+        .iter()
+        .find(|(denied, _)| real.starts_with(denied))?;
+    Some(format!(
+        "access to {} blocked by the sandbox ({}): {} is on its deny list",
+        config.show(&lexical),
+        plan.mode,
+        config.show(spelled)
+    ))
+}
+
+/// Why the sandbox would refuse `path`, if it would.
+fn classify(plan: &Plan, config: &Config, path: &Path) -> Option<String> {
+    let mode = plan.mode;
+    if let Some(denied) = classify_denied(plan, config, path) {
+        return Some(denied);
+    }
+    let lexical = normalize(path);
+    let real = resolve_existing(&lexical);
+    if let Some(protected) = plan.protected.iter().find(|p| real.starts_with(p)) {
+        let why = protected
+            .to_str()
+            .and_then(protected_path)
+            .map_or(String::new(), |entry| format!(" ({})", entry.why));
+        return Some(format!(
+            "write to {} blocked by the sandbox ({mode}): {} is a protected path, read-only to \
+             commands{why}; sandbox.protected_writable can allow it",
+            config.show(&lexical),
+            config.show(protected)
+        ));
+    }
+    if plan.writable.iter().any(|root| real.starts_with(root)) {
+        // Landlock alone grants a directory that holds a fenced path entry by entry: what
+        // is there may be written, nothing new made.
+        let fenced = plan
+            .protected
+            .iter()
+            .chain(plan.denied.iter().map(|(real, _)| real));
+        let parent = real.parent().filter(|parent| {
+            !plan.mount_ns
+                && real.symlink_metadata().is_err()
+                && fenced.clone().any(|f| f.starts_with(parent) && f != parent)
+        });
+        if let Some(parent) = parent {
+            return Some(format!(
+                "creating {} blocked by the sandbox ({mode}): without a mount namespace it \
+                 keeps the protected and denied paths in {} out of reach by allowing only what \
+                 is already there",
+                config.show(&lexical),
+                config.show(parent)
+            ));
+        }
+        // Writable in the sandbox: whatever refused it, it was not the sandbox.
+        return None;
+    }
+    if real.starts_with("/dev") || real.starts_with("/proc") {
+        return None;
+    }
+    Some(format!(
+        "write to {} blocked by the sandbox ({mode}): {}",
+        config.show(&lexical),
+        summary(plan, config)
+    ))
+}
+
+/// `..` and `.` folded, lexically.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The path with its longest existing ancestor resolved (symlinks followed), the missing
+/// rest appended: where a write to it would land.
+fn resolve_existing(path: &Path) -> PathBuf {
+    let mut existing = path;
+    let mut tail = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return tail
+                .iter()
+                .rev()
+                .fold(real, |acc: PathBuf, name| acc.join(name));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Strings on an error line that may be the path refused, likeliest first: the field just
+/// before the error (`bash: line 1: FILE: Permission denied`), quoted ones (`'…'`, `"…"`,
+/// `` `…' ``), the field after it (`Permission denied: 'FILE'`), then any word with a
+/// slash (`could not lock config file .git/config`).
+fn path_candidates(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let fields: Vec<&str> = line.split(": ").map(str::trim).collect();
+    let marker = fields
+        .iter()
+        .position(|f| DENIAL_MARKERS.contains(f) || f.starts_with(HIDDEN_MARKER));
+    if let Some(at) = marker.filter(|&at| at > 0) {
+        out.push(fields[at - 1].to_owned());
+    }
+    for (open, close) in [('\'', '\''), ('"', '"'), ('`', '\''), ('‘', '’')] {
+        let mut rest = line;
+        while let Some(start) = rest.find(open) {
+            let after = &rest[start + open.len_utf8()..];
+            let Some(end) = after.find(close) else { break };
+            out.push(after[..end].to_owned());
+            rest = &after[end + close.len_utf8()..];
+        }
+    }
+    if let Some(after) = marker.and_then(|at| fields.get(at + 1)) {
+        out.push((*after).to_owned());
+    }
+    for word in line.split_whitespace() {
+        let word = word.trim_matches(['\'', '"', '`', ':', ',', ';', '(', ')']);
+        if word.contains('/') && !word.contains("://") {
+            out.push(word.to_owned());
+        }
+    }
+    out.iter_mut()
+        .for_each(|c| *c = c.trim_matches(['\'', '"', '`']).to_owned());
+    out.retain(|c| !c.is_empty() && !c.contains(' ') && !c.starts_with('['));
+    out
+}
+
+/// `caliban sandbox check`: what this machine offers, what the configured mode does here,
+/// and a live test of it. The text to print, and whether the mode is enforced.
+pub fn check_report(workspace: &Path) -> (String, bool) {
+    let config = config();
+    let mut out = String::new();
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    match landlock_abi() {
+        Ok(abi) => {
+            let mut parts = vec!["files"];
+            if abi >= 4 {
+                parts.push("TCP bind/connect");
+            }
+            if abi >= 6 {
+                parts.push("signal and abstract-socket scopes");
+            }
+            line(format!("landlock:        ABI {abi} ({})", parts.join(", ")));
+        }
+        Err(why) => line(format!("landlock:        unavailable: {why}")),
+    }
+    line(format!(
+        "seccomp:         {}",
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            "socket families, mounts, namespaces, io_uring, keyrings, modules"
+        } else {
+            "not on this architecture"
+        }
+    ));
+    line(format!(
+        "mount namespace: {}",
+        match mount_ns() {
+            Some(MountNs::Plain) => "yes: protected paths read-only, deny list hidden",
+            Some(MountNs::User) =>
+                "yes, in a user namespace: protected paths read-only, deny list hidden (your \
+                 other processes stay visible in /proc)",
+            None =>
+                "no: Landlock alone fences protected and denied paths (no new entries in the directories that hold them)",
+        }
+    ));
+    let mode = config.mode;
+    let verdict = match status(mode) {
+        Status::Off => "off: commands run with your full rights".to_owned(),
+        Status::Enforced => "enforced".to_owned(),
+        Status::Unconfined(_) => "NOT enforced: commands run unconfined".to_owned(),
+        Status::Refused(_) => "NOT enforced: commands are refused".to_owned(),
+    };
+    line(format!("mode:            {mode} ({verdict})"));
+    let plan = plan(mode, workspace, workspace);
+    line(format!(
+        "in {}: {}",
+        workspace.display(),
+        summary(&plan, config)
+    ));
+    let denied: Vec<String> = config.deny.iter().map(|p| config.show(p)).collect();
+    line(format!("deny list:       {}", denied.join(", ")));
+    let protected: Vec<String> = PROTECTED
+        .iter()
+        .map(|e| e.shown())
+        .filter(|shown| !config.protected_allowed(shown))
+        .collect();
+    line(format!("protected:       {}", protected.join(", ")));
+    let enforced = match self_test() {
+        Ok(()) => {
+            line(
+                "self-test:       ok (read-only refused a write that workspace-write allowed)"
+                    .to_owned(),
+            );
+            status(mode) == Status::Enforced || mode == Mode::Off
+        }
+        Err(why) => {
+            line(format!("self-test:       FAILED: {why}"));
+            false
+        }
+    };
+    (out, enforced)
+}
+
+/// Runs `sh -c 'echo > FILE'` confined in a scratch workspace, twice: `read-only` must
+/// refuse it, `workspace-write` allow it.
+fn self_test() -> Result<(), String> {
+    landlock_abi()?;
+    let workspace =
+        std::env::temp_dir().join(format!("caliban-sandbox-check-{}", std::process::id()));
+    fs::create_dir_all(&workspace).map_err(|e| format!("scratch directory: {e}"))?;
+    let try_write = |mode: Mode| -> Result<bool, String> {
+        let confinement = prepare(mode, &workspace, &workspace)?
+            .ok_or_else(|| "nothing to confine with".to_owned())?;
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg("echo probe > \"$1\"")
+            .arg("sh")
+            .arg(workspace.join("probe"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        sys::confine(&mut cmd, confinement);
+        let status = cmd
+            .status()
+            .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
+        Ok(status.success())
+    };
+    let result = match (try_write(Mode::ReadOnly), try_write(Mode::WorkspaceWrite)) {
+        (Err(e), _) | (_, Err(e)) => Err(e),
+        (Ok(true), _) => Err("read-only let a command write".to_owned()),
+        (_, Ok(false)) => Err("workspace-write refused a write in the workspace".to_owned()),
+        (Ok(false), Ok(true)) => Ok(()),
+    };
+    let _ = fs::remove_dir_all(&workspace);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_narrow_and_never_widen() {
+        for a in Mode::ALL {
+            assert_eq!(Mode::parse(a.as_str()), Some(a));
+            for b in Mode::ALL {
+                let n = a.narrowed(b);
+                assert!(n.is_within(a) && n.is_within(b), "{a} {b}");
+                assert!(n == a || n == b);
+            }
+        }
+        assert_eq!(Mode::Off.narrowed(Mode::Network), Mode::Network);
+        assert_eq!(Mode::ReadOnly.narrowed(Mode::Off), Mode::ReadOnly);
+        assert!(!Mode::Off.is_within(Mode::WorkspaceWrite));
+        assert_eq!(Mode::parse("workspace_write"), None);
+        assert_eq!(Mode::names(), "read-only, workspace-write, network or off");
+    }
+
+    #[test]
+    fn the_configuration_resolves_flag_settings_and_defaults() {
+        let env = |name: &str| match name {
+            "HOME" => Some("/home/u".to_owned()),
+            _ => None,
+        };
+        let none = Settings::default();
+        let default = Config::new(None, &none, &[], &env);
+        assert_eq!(default.mode, Mode::WorkspaceWrite);
+        assert_eq!(default.fallback, Fallback::Unconfined);
+        assert!(default.deny.contains(&PathBuf::from("/home/u/.ssh")));
+        assert!(
+            default
+                .deny
+                .contains(&PathBuf::from("/home/u/.config/caliban"))
+        );
+        assert!(
+            default
+                .deny
+                .contains(&PathBuf::from("/home/u/.local/state/caliban"))
+        );
+        assert_eq!(default.mcp_servers, Mode::Off);
+
+        // A workspace may narrow, never widen; the user's own choice is refused, not
+        // downgraded, where it cannot be enforced.
+        let project = Settings {
+            mode: Some(Mode::Network),
+            project_mode: Some(Mode::ReadOnly),
+            ..Settings::default()
+        };
+        let narrowed = Config::new(None, &project, &[], &env);
+        assert_eq!(narrowed.mode, Mode::ReadOnly);
+        assert_eq!(narrowed.fallback, Fallback::Refuse);
+        let wider = Settings {
+            project_mode: Some(Mode::Off),
+            ..Settings::default()
+        };
+        assert_eq!(
+            Config::new(None, &wider, &[], &env).mode,
+            Mode::WorkspaceWrite
+        );
+        // The command line wins.
+        assert_eq!(
+            Config::new(Some(Mode::Off), &project, &[], &env).mode,
+            Mode::Off
+        );
+
+        let lists = Settings {
+            deny_read: vec!["~/secrets".into(), "relative".into()],
+            allow_read: vec!["~/.npmrc".into()],
+            writable: vec!["~/.cache".into()],
+            protected_writable: vec![".git/".into()],
+            ..Settings::default()
+        };
+        let config = Config::new(None, &lists, &[PathBuf::from("/etc/key.pem")], &env);
+        assert!(config.deny.contains(&PathBuf::from("/home/u/secrets")));
+        assert!(config.deny.contains(&PathBuf::from("/etc/key.pem")));
+        assert!(!config.deny.contains(&PathBuf::from("/home/u/.npmrc")));
+        assert!(!config.deny.iter().any(|p| p.ends_with("relative")));
+        assert_eq!(config.writable, [PathBuf::from("/home/u/.cache")]);
+        assert!(config.protected_allowed(".git/") && !config.protected_allowed(".caliban/"));
+        assert_eq!(config.show(Path::new("/home/u/.ssh")), "~/.ssh");
+    }
+
+    #[test]
+    fn error_lines_name_their_paths() {
+        let cases = [
+            ("bash: /etc/hosts: Permission denied", "/etc/hosts"),
+            ("touch: cannot touch '/etc/x': Permission denied", "/etc/x"),
+            (
+                "PermissionError: [Errno 13] Permission denied: '/root/.ssh/id_rsa'",
+                "/root/.ssh/id_rsa",
+            ),
+            (
+                "error: could not lock config file .git/config: Read-only file system",
+                ".git/config",
+            ),
+            (
+                "cat: ~/.ssh/id_ed25519: Permission denied",
+                "~/.ssh/id_ed25519",
+            ),
+            ("/bin/bash: line 1: y.txt: Permission denied", "y.txt"),
+            (
+                "cat: /home/u/.ssh/id_rsa: No such file or directory",
+                "/home/u/.ssh/id_rsa",
+            ),
+        ];
+        for (line, path) in cases {
+            let found = path_candidates(line);
+            assert_eq!(
+                found.first().map(String::as_str),
+                Some(path),
+                "{line}: {found:?}"
+            );
+        }
+        assert!(path_candidates("Permission denied").is_empty());
+    }
+}
