@@ -1062,10 +1062,12 @@ fn acp_the_sandbox_config_option_narrows_a_session() {
         json!({"scenario": "prompts", "prompts": ["write"], "configSandbox": "read-only",
                "answers": ["allow", "reject"]}),
     );
-    let options = &r["session"]["configOptions"];
-    assert_eq!(options[1]["id"], "sandbox");
-    assert_eq!(options[1]["currentValue"], "workspace-write");
-    let offered: Vec<&str> = options[1]["options"]
+    let sandbox = r["session"]["configOptions"]
+        .as_array()
+        .and_then(|options| options.iter().find(|o| o["id"] == "sandbox"))
+        .expect("a sandbox config option");
+    assert_eq!(sandbox["currentValue"], "workspace-write");
+    let offered: Vec<&str> = sandbox["options"]
         .as_array()
         .unwrap()
         .iter()
@@ -1076,10 +1078,11 @@ fn acp_the_sandbox_config_option_narrows_a_session() {
         ["read-only", "workspace-write"],
         "never wider than the server's"
     );
-    assert_eq!(
-        r["sandbox"]["configOptions"][1]["currentValue"],
-        "read-only"
-    );
+    let chosen = r["sandbox"]["configOptions"]
+        .as_array()
+        .and_then(|options| options.iter().find(|o| o["id"] == "sandbox"))
+        .expect("the sandbox option in set_config_option's answer");
+    assert_eq!(chosen["currentValue"], "read-only");
     assert!(!ws.path("inside.txt").exists());
     let done = tool_updates(&r["updates"], "toolu_w");
     let text = done.last().unwrap()["content"][0]["content"]["text"]
@@ -1993,14 +1996,21 @@ fn acp_editor_commands_selectors_usage_title_and_delete() {
     let options = r["session"]["configOptions"].as_array().unwrap();
     let ids: Vec<(&str, &str)> = options
         .iter()
-        .map(|o| (o["id"].as_str().unwrap(), o["category"].as_str().unwrap()))
+        .map(|o| {
+            (
+                o["id"].as_str().unwrap(),
+                o["category"].as_str().unwrap_or(""),
+            )
+        })
         .collect();
+    // The sandbox has no ACP category (it is not a mode, a model or a thought level).
     assert_eq!(
         ids,
         [
             ("mode", "mode"),
             ("model", "model"),
-            ("thought_level", "thought_level")
+            ("thought_level", "thought_level"),
+            ("sandbox", "")
         ]
     );
     let models: Vec<&str> = options[1]["options"]
