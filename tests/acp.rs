@@ -989,8 +989,7 @@ fn acp_fs_and_terminal_delegation() {
 #[test]
 fn acp_a_sandboxed_bash_runs_in_caliban_and_may_be_retried_outside() {
     let ws = Workspace::new("acp-sandbox-retry");
-    let outside = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("acp-outside-{}", std::process::id()));
+    let outside = outside_root().join(format!("acp-outside-{}", std::process::id()));
     let _ = std::fs::remove_file(&outside);
     let command = format!("echo x > {}", outside.display());
     let stub = Stub::start(
@@ -1733,8 +1732,7 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
         "home/.config/caliban/settings.json",
         r#"{"sandbox": {"mcp_servers": "workspace-write"}}"#,
     );
-    let outside = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("acp-mcp-outside-{}", std::process::id()));
+    let outside = outside_root().join(format!("acp-mcp-outside-{}", std::process::id()));
     let _ = std::fs::remove_file(&outside);
     let state = format!("/tmp/caliban-acp-mcp-state-{}", std::process::id());
     // The server tries a write outside the workspace before it starts serving.

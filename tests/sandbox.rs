@@ -24,19 +24,17 @@ use crate::util::*;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// A directory outside the workspace and outside every temp dir (the target dir's
-/// `tmp/`, a sibling of the workspace), removed on drop.
+/// A directory outside the workspace and outside every temp dir (`outside_root`), removed
+/// on drop.
 struct Outside(PathBuf);
 
 impl Outside {
     fn new(tag: &str) -> Outside {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("outside-{tag}-{}-{n}", std::process::id()));
+        let dir = outside_root().join(format!("outside-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the outside dir");
         let dir = dir.canonicalize().expect("canonical");
-        assert!(!dir.starts_with("/tmp"), "must not be a temp dir: {dir:?}");
         Outside(dir)
     }
 

@@ -336,3 +336,33 @@ pub fn venv_python(name: &str, requirements: &str) -> PathBuf {
     std::fs::write(&marker, want).expect("write marker");
     python
 }
+
+/// Where to make files a sandboxed command must not be able to write: outside every
+/// workspace and every temp dir the sandbox opens (`/tmp`, `/var/tmp`, `/dev/shm`,
+/// `$TMPDIR`). The target dir's `tmp/` unless the checkout itself lies in a temp dir (a
+/// clone under `/tmp` does); then a directory under `$HOME/.cache`, or `/var/lib`.
+pub fn outside_root() -> PathBuf {
+    let temp_roots: Vec<PathBuf> = ["/tmp", "/var/tmp", "/dev/shm"]
+        .into_iter()
+        .map(PathBuf::from)
+        .chain(std::env::var_os("TMPDIR").map(PathBuf::from))
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    let candidates = [
+        Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/caliban-tests")),
+        Some(PathBuf::from("/var/lib/caliban-tests")),
+    ];
+    for dir in candidates.into_iter().flatten() {
+        if std::fs::create_dir_all(&dir).is_err() {
+            continue;
+        }
+        let Ok(dir) = dir.canonicalize() else {
+            continue;
+        };
+        if !temp_roots.iter().any(|t| dir.starts_with(t)) {
+            return dir;
+        }
+    }
+    panic!("no directory outside the temp dirs to test the sandbox's refusals in")
+}
