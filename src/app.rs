@@ -448,7 +448,15 @@ fn run_print(args: PrintArgs) -> u8 {
             "{e}; this run is not recorded and cannot be continued"
         )),
     }
-    printer.init_frame(&tool_names, &workspace_str, mode.as_str(), sandbox, &loaded);
+    let mcp_servers = engine.mcp_status(run_id);
+    printer.init_frame(
+        &tool_names,
+        &mcp_servers,
+        &workspace_str,
+        mode.as_str(),
+        sandbox,
+        &loaded,
+    );
     match prompt {
         Some(prompt) => {
             let action = printer.start_text(prompt);

@@ -729,6 +729,16 @@ impl<K: HostKey> Engine<K> {
         id
     }
 
+    /// The MCP servers of run `run`, by name, with their state (`Hub::status`).
+    pub fn mcp_status(&self, run: RunId) -> Vec<(String, &'static str)> {
+        self.runs.get(&run).map_or_else(Vec::new, |slot| {
+            slot.mcp
+                .iter()
+                .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
+                .collect()
+        })
+    }
+
     /// The hub and the reactor lent to it, borrowed apart.
     fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
         (

@@ -245,19 +245,25 @@ impl Printer {
 
     /// The opening frame; `sandbox` is `sandbox::describe` of the run's mode, so a reader
     /// sees whether its commands are confined before any runs; `instructions` the project
-    /// instructions the run was given.
+    /// instructions the run was given; `mcp_servers` the run's MCP servers by name with
+    /// their state now (`pending` until they list their tools: the frame comes first).
     pub fn init_frame(
         &mut self,
         tools: &[String],
+        mcp_servers: &[(String, &str)],
         cwd: &str,
         permission_mode: &str,
         sandbox: Value,
         instructions: &crate::instructions::Loaded,
     ) {
+        let mcp_servers: Vec<Value> = mcp_servers
+            .iter()
+            .map(|(name, status)| json!({"name": name, "status": status}))
+            .collect();
         self.frame(json!({
             "type": "system", "subtype": "init", "session_id": self.session_id,
             "model": format!("{}/{}", self.provider, self.model), "tools": tools, "plugins": [],
-            "settingSources": ["user", "project"], "mcp_servers": [], "bare_mode": false,
+            "settingSources": ["user", "project"], "mcp_servers": mcp_servers, "bare_mode": false,
             "cwd": cwd, "permission_mode": permission_mode, "sandbox": sandbox,
             "instructions": instructions.to_json(),
         }));

@@ -324,6 +324,40 @@ fn mcp_client_server_everything_over_stdio() {
     assert!(result(&all, "t3").2.contains("[image image/png"), "{all:?}");
 }
 
+#[test]
+fn mcp_client_print_init_frame_names_the_servers_with_their_status() {
+    let ws = Workspace::new("mcpc-init");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"py": stdio_server(&ws.root),
+               "missing": {"command": path_str(&ws.path("no-such-server"))}}),
+    );
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--output-format", "stream-json"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let init = out
+        .frames()
+        .into_iter()
+        .find(|f| f["type"] == "system" && f["subtype"] == "init")
+        .unwrap_or_else(|| panic!("no init frame: {out:?}"));
+    let mut servers = init["mcp_servers"].as_array().cloned().unwrap_or_default();
+    servers.sort_by_key(|s| s["name"].to_string());
+    // The frame comes before the loop runs: a server that started is still listing.
+    assert_eq!(
+        servers,
+        vec![
+            json!({"name": "missing", "status": "failed"}),
+            json!({"name": "py", "status": "pending"}),
+        ],
+        "{init}"
+    );
+}
+
 // ---- timeouts, cancellation, crashes, rules ------------------------------------------------
 
 #[test]
@@ -473,6 +507,40 @@ fn mcp_client_http_serve_crash_is_reported_and_the_next_run_restarts_the_server(
         stderr.matches("MCP server `py` (").count(),
         1,
         "reported once: {stderr}"
+    );
+}
+
+#[test]
+fn mcp_client_server_that_never_lists_is_given_up_and_the_run_goes_on() {
+    let ws = Workspace::new("mcpc-hung");
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("went on without it")]}));
+    // Reads its input and never answers `initialize`.
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"hung": {"command": "python3", "args": ["-c", "import sys; sys.stdin.read()"]}}),
+    );
+    // A 1 s call timeout makes the listing deadline its floor, `START_WAIT` (10 s).
+    let serve = Serve::start(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--mcp-timeout", "1"],
+        &[],
+    );
+    let run = start_run(serve.addr, json!({"prompt": "hello"})).expect("run");
+    wait_done(serve.addr, &run);
+    assert_eq!(state(serve.addr, &run), "done");
+    assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
+    wait_until("the hung server to be reported", || {
+        serve
+            .stderr()
+            .contains("did not list its tools within 10 s")
+    });
+    let stderr = serve.stderr();
+    assert_eq!(
+        stderr.matches("MCP server `hung` (").count(),
+        1,
+        "reported once, by name: {stderr}"
     );
 }
 

@@ -46,6 +46,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a run waits, before its first model request, for its servers to list their
 /// tools: a run's first turn should see every tool, but one slow server must not hold it.
 pub const START_WAIT: Duration = Duration::from_secs(10);
+/// Longest a server may take to answer `initialize` and list its tools before it is given
+/// up as hung (reported once, restarted by the next run that selects it). It is the call
+/// timeout, but never less than `START_WAIT` (a slow start, like `npx` fetching a package,
+/// is not a hang) nor more than this: a server that lists nothing for 30 s is not coming.
+pub const LIST_DEADLINE: Duration = Duration::from_secs(30);
 
 /// One server instance (a process, or an HTTP session). A restarted server gets a new id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +81,8 @@ pub enum Alarm {
     Call(i64),
     /// The HTTP transport's reconnect delay (a GET stream to resume).
     Reconnect,
+    /// The deadline for `initialize` and the first `tools/list` (`Hub::list_deadline`).
+    Listing,
 }
 
 /// What the hub borrows from its owner for one call: the reactor's registry, tokens and
@@ -116,6 +123,8 @@ struct Entry {
     conn: Conn,
     /// Call timeouts by request id.
     timers: HashMap<i64, TimerId>,
+    /// The listing deadline, while the first tool list is awaited.
+    listing: Option<TimerId>,
     /// The death was logged.
     reported: bool,
 }
@@ -125,6 +134,9 @@ impl Entry {
     /// token and timer forgotten.
     fn disconnect(&mut self, io: &mut impl Io) {
         for (_, timer) in self.timers.drain() {
+            io.cancel_timer(timer);
+        }
+        if let Some(timer) = self.listing.take() {
             io.cancel_timer(timer);
         }
         match std::mem::replace(&mut self.conn, Conn::None) {
@@ -226,10 +238,25 @@ impl Hub {
         }
     }
 
+    /// How long a server may take to list its tools (see `LIST_DEADLINE`).
+    pub fn list_deadline(&self) -> Duration {
+        self.call_timeout.clamp(START_WAIT, LIST_DEADLINE)
+    }
+
     pub fn phase(&self, id: ServerId) -> Phase {
         self.servers
             .get(&id)
             .map_or(Phase::Failed, |e| e.client.phase())
+    }
+
+    /// Server `id`'s state as Claude Code's print-mode `system/init` frame names it:
+    /// `pending` while it starts and lists its tools, then `connected` or `failed`.
+    pub fn status(&self, id: ServerId) -> &'static str {
+        match self.phase(id) {
+            Phase::Starting => "pending",
+            Phase::Ready => "connected",
+            Phase::Failed => "failed",
+        }
     }
 
     pub fn name(&self, id: ServerId) -> &str {
@@ -313,9 +340,16 @@ impl Hub {
                 client,
                 conn,
                 timers: HashMap::new(),
+                listing: None,
                 reported: false,
             },
         );
+        let deadline = self.list_deadline();
+        if let Some(entry) = self.servers.get_mut(&id)
+            && entry.client.phase() == Phase::Starting
+        {
+            entry.listing = Some(io.add_timer(deadline, id, Alarm::Listing));
+        }
         let mut events = Vec::new();
         self.flush(io, id, &mut events);
         let events = self.after(io, id, events);
@@ -463,6 +497,7 @@ impl Hub {
     }
 
     pub fn on_timer(&mut self, io: &mut impl Io, id: ServerId, alarm: Alarm) -> Vec<HubEvent> {
+        let deadline = self.list_deadline();
         let Some(entry) = self.servers.get_mut(&id) else {
             return Vec::new();
         };
@@ -498,6 +533,17 @@ impl Hub {
             Alarm::Reconnect => {
                 if let Conn::Http(conn) = &mut entry.conn {
                     events.extend(conn.on_reconnect(io, id, &mut entry.client));
+                }
+            }
+            Alarm::Listing => {
+                entry.listing = None;
+                if entry.client.phase() == Phase::Starting {
+                    let secs = deadline.as_secs();
+                    events.extend(
+                        entry
+                            .client
+                            .fail(&format!("did not list its tools within {secs} s")),
+                    );
                 }
             }
         }
@@ -540,6 +586,12 @@ impl Hub {
                 )),
                 Event::CallDone { .. } | Event::Settled => {}
             }
+        }
+        // Listed (or failed): the listing deadline goes.
+        if entry.client.phase() != Phase::Starting
+            && let Some(timer) = entry.listing.take()
+        {
+            io.cancel_timer(timer);
         }
         // Calls answered: their timers go.
         if events.iter().any(|e| matches!(e, Event::CallDone { .. })) {
