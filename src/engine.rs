@@ -313,6 +313,30 @@ struct Lookups<'a> {
     waker: &'a Arc<Waker>,
 }
 
+impl Lookups<'_> {
+    /// Looks `host` up on the DNS pool; the answer comes back as the completion `done`
+    /// makes of it. An address literal needs no lookup (and no thread), and a lookup the
+    /// pool refuses fails at once: those answers are returned, for the caller to handle now.
+    fn look_up(
+        &self,
+        host: String,
+        port: u16,
+        done: impl FnOnce(Result<Vec<std::net::SocketAddr>, String>) -> Completion + Send + 'static,
+    ) -> Option<Result<Vec<std::net::SocketAddr>, String>> {
+        if let Some(addr) = crate::transport::literal_addr(&host, port) {
+            return Some(Ok(vec![addr]));
+        }
+        let tx = self.tx.clone();
+        let waker = Arc::clone(self.waker);
+        crate::transport::resolve_in_background(self.pool, host, port, move |result| {
+            let _ = tx.send(done(result));
+            let _ = waker.wake();
+        })
+        .err()
+        .map(Err)
+    }
+}
+
 /// The engine's reactor lent to the MCP hub: its tokens and timers are routed back to it.
 struct McpIo<'a, K> {
     reactor: &'a mut Reactor,
@@ -348,24 +372,14 @@ impl<K> mcp_client::Io for McpIo<'_, K> {
     }
 
     fn resolve(&mut self, host: String, port: u16, server: ServerId, exchange: u64) {
-        let tx = self.lookups.tx.clone();
-        let waker = Arc::clone(self.lookups.waker);
-        let done = tx.clone();
-        let spawned =
-            crate::transport::resolve_in_background(self.lookups.pool, host, port, move |result| {
-                let _ = tx.send(Completion::McpResolved {
-                    server,
-                    exchange,
-                    result,
-                });
-                let _ = waker.wake();
-            });
-        if let Err(error) = spawned {
-            let _ = done.send(Completion::McpResolved {
-                server,
-                exchange,
-                result: Err(error),
-            });
+        let done = move |result| Completion::McpResolved {
+            server,
+            exchange,
+            result,
+        };
+        // The hub takes every answer as a completion, also one known at once.
+        if let Some(result) = self.lookups.look_up(host, port, done) {
+            let _ = self.lookups.tx.send(done(result));
             let _ = self.lookups.waker.wake();
         }
     }
@@ -1223,26 +1237,19 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
-    /// Looks `host` up on the DNS pool; the answer comes back as the completion `done`
-    /// makes of it. An address literal needs no lookup (and no thread), and a lookup the
-    /// pool refuses fails at once: those answers are returned, for the caller to handle now.
+    /// `Lookups::look_up` on the engine's DNS pool.
     fn look_up(
         &self,
         host: String,
         port: u16,
         done: impl FnOnce(Result<Vec<std::net::SocketAddr>, String>) -> Completion + Send + 'static,
     ) -> Option<Result<Vec<std::net::SocketAddr>, String>> {
-        if let Some(addr) = crate::transport::literal_addr(&host, port) {
-            return Some(Ok(vec![addr]));
+        Lookups {
+            pool: &self.dns_workers,
+            tx: &self.tx,
+            waker: &self.waker,
         }
-        let tx = self.tx.clone();
-        let waker = Arc::clone(&self.waker);
-        crate::transport::resolve_in_background(&self.dns_workers, host, port, move |result| {
-            let _ = tx.send(done(result));
-            let _ = waker.wake();
-        })
-        .err()
-        .map(Err)
+        .look_up(host, port, done)
     }
 
     fn on_resolved(
