@@ -12,11 +12,12 @@
 //! {"turns": [TURN, ...], "repeat_last": false}
 //! ```
 //!
-//! Every model request that completes a turn advances to the next one. When the script is
-//! exhausted the server answers HTTP 500 with the provider's error envelope and a message
-//! starting `stub-model script exhausted`, unless `"repeat_last": true`, which replays the last
-//! turn forever (with fresh message and tool ids). Unknown fields are errors, so a typo in a
-//! script fails loudly instead of being ignored.
+//! Every model request that completes a turn uses it up (see `match` and `reuse` below for
+//! the exceptions). When no turn is left for a request the server answers HTTP 500 with the
+//! provider's error envelope and a message starting `stub-model script exhausted`, unless
+//! `"repeat_last": true`, which replays the last turn forever (with fresh message and tool
+//! ids) to every request it matches. Unknown fields are errors, so a typo in a script fails
+//! loudly instead of being ignored.
 //!
 //! ```text
 //! TURN = {
@@ -39,8 +40,23 @@
 //!                              prompt_tokens_details.cached_tokens = cache_read
 //!   "model":       "…",        optional; default: the request's "model"
 //!   "faults":      [FAULT, …]  optional
+//!   "match":       {"tools": true | false?, "model": "…"?},
+//!                              optional; the turn serves only requests that offer tools (a
+//!                              non-empty "tools" array) or offer none, and/or that ask for
+//!                              exactly this model
+//!   "reuse":       true        optional; the turn is never used up: it answers every request
+//!                              it matches (with fresh ids), and later turns stay reachable
 //! }
 //! ```
+//!
+//! A request is served by the first turn, in script order, that is not used up and whose
+//! `match` accepts it; a turn without `match` accepts every request. Without `match` and
+//! `reuse` that is simply the next turn. With them, a script can answer an agent's side
+//! requests, which may arrive at any point and in any order against its main loop: Claude
+//! Code, for one, asks for a session title without tools while it asks for the turn with
+//! them, so a script gives its main turns `"match": {"tools": true}` and ends with
+//! `{"match": {"tools": false}, "reuse": true, "text": "{\"title\": \"…\"}"}`. A reusable
+//! turn without `match` answers everything after it is reached, so put it last.
 //!
 //! Default tool ids are `toolu_stub_<R>_<I>` (Anthropic) and `call_stub_<R>_<I>` (OpenAI),
 //! where `R` counts streamed responses from 1 and `I` is the call's position in the turn.
@@ -281,6 +297,31 @@ struct Turn {
     usage: UsageSpec,
     model: Option<String>,
     faults: Vec<Fault>,
+    /// Which requests the turn answers.
+    accepts: Match,
+    /// Never used up.
+    reuse: bool,
+}
+
+/// A turn's `match`: what a request must be for the turn to answer it. Empty accepts all.
+#[derive(Clone, Debug, Default)]
+struct Match {
+    /// Whether the request offers tools (a non-empty `tools` array).
+    tools: Option<bool>,
+    /// The request's `model`, exactly.
+    model: Option<String>,
+}
+
+impl Match {
+    fn accepts(&self, body: &Map<String, Value>) -> bool {
+        let offers_tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|tools| !tools.is_empty());
+        let model = body.get("model").and_then(Value::as_str);
+        self.tools.is_none_or(|want| want == offers_tools)
+            && self.model.as_deref().is_none_or(|want| Some(want) == model)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -427,6 +468,8 @@ fn parse_turn(value: &Value, at: &str) -> Result<Turn, String> {
             "usage",
             "model",
             "faults",
+            "match",
+            "reuse",
         ],
     )?;
     let thinking = opt_string(obj, "thinking", at)?.filter(|s| !s.is_empty());
@@ -491,6 +534,26 @@ fn parse_turn(value: &Value, at: &str) -> Result<Turn, String> {
             .collect::<Result<Vec<Fault>, String>>()?,
         Some(_) => return Err(format!("{at}: \"faults\" must be an array")),
     };
+    let accepts = match obj.get("match") {
+        None | Some(Value::Null) => Match::default(),
+        Some(value) => {
+            let match_at = format!("{at}.match");
+            let fields = as_object(value, &match_at)?;
+            check_keys(fields, &match_at, &["tools", "model"])?;
+            let tools = match fields.get("tools") {
+                None | Some(Value::Null) => None,
+                Some(Value::Bool(b)) => Some(*b),
+                Some(_) => return Err(format!("{match_at}: \"tools\" must be true or false")),
+            };
+            let model = opt_string(fields, "model", &match_at)?;
+            Match { tools, model }
+        }
+    };
+    let reuse = match obj.get("reuse") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(format!("{at}: \"reuse\" must be true or false")),
+    };
     Ok(Turn {
         thinking,
         text,
@@ -500,6 +563,8 @@ fn parse_turn(value: &Value, at: &str) -> Result<Turn, String> {
         usage,
         model,
         faults,
+        accepts,
+        reuse,
     })
 }
 
@@ -653,8 +718,10 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// Index of the next turn to serve; `turns.len()` once exhausted.
-    next_turn: usize,
+    /// Per turn, whether it was used up.
+    used_up: Vec<bool>,
+    /// Turns used up so far.
+    n_used_up: usize,
     /// Per turn, how many of its faults were already used.
     faults_used: Vec<usize>,
     /// Requests seen on the model routes (request ids).
@@ -676,13 +743,14 @@ enum Plan {
         stream_seq: u64,
     },
     Exhausted {
-        served: usize,
+        used_up: usize,
     },
 }
 
 impl Shared {
     fn new(script: Script) -> Shared {
         let state = State {
+            used_up: vec![false; script.turns.len()],
             faults_used: vec![0; script.turns.len()],
             ..State::default()
         };
@@ -704,16 +772,18 @@ impl Shared {
         format!("req_stub_{}", st.n_model_requests)
     }
 
-    fn plan(&self) -> Plan {
+    /// Picks the turn that answers a valid request with this `body`: the first one in script
+    /// order that is not used up and accepts it.
+    fn plan(&self, body: &Map<String, Value>) -> Plan {
         let turns = &self.script.turns;
         let mut st = self.lock();
-        let turn_idx = if st.next_turn < turns.len() {
-            st.next_turn
-        } else if self.script.repeat_last && !turns.is_empty() {
-            turns.len() - 1
-        } else {
+        let last = turns.len().checked_sub(1);
+        let Some(turn_idx) = (0..turns.len()).find(|&i| {
+            let replayed = self.script.repeat_last && Some(i) == last;
+            (!st.used_up[i] || replayed) && turns[i].accepts.accepts(body)
+        }) else {
             return Plan::Exhausted {
-                served: st.next_turn,
+                used_up: st.n_used_up,
             };
         };
         let turn = &turns[turn_idx];
@@ -728,7 +798,10 @@ impl Shared {
             }
             None => StreamFault::default(),
         };
-        st.next_turn = (st.next_turn + 1).min(turns.len());
+        if !turn.reuse && !st.used_up[turn_idx] {
+            st.used_up[turn_idx] = true;
+            st.n_used_up += 1;
+        }
         st.n_streams += 1;
         Plan::Stream {
             turn_idx,
@@ -1159,12 +1232,12 @@ fn serve_model(
         Ok(body) => body,
         Err(err) => {
             // Invalid requests leave the script alone: a real API would not have run the model.
-            log_line(req, err.status, &err.message);
+            log_line(req, None, err.status, &err.message);
             let text = err.body(wire, &request_id);
             return write_json(stream, err.status, &[id_header], &text, next);
         }
     };
-    match shared.plan() {
+    match shared.plan(&body) {
         Plan::Status(fault) => {
             let text = fault.body.clone().unwrap_or_else(|| {
                 let message = default_message(wire, fault.status);
@@ -1174,15 +1247,16 @@ fn serve_model(
             if let Some(after) = &fault.retry_after {
                 headers.push(("retry-after", after.as_str()));
             }
-            log_line(req, fault.status, "status fault");
+            log_line(req, Some(&body), fault.status, "status fault");
             write_json(stream, fault.status, &headers, &text, next)
         }
-        Plan::Exhausted { served } => {
+        Plan::Exhausted { used_up } => {
             let message = format!(
-                "stub-model script exhausted: all {served} turns were served \
-                 (set \"repeat_last\": true to replay the last one)"
+                "stub-model script exhausted: no turn is left for this request \
+                 ({used_up} of {} turns used up; \"repeat_last\": true replays the last one)",
+                shared.script.turns.len()
             );
-            log_line(req, 500, &message);
+            log_line(req, Some(&body), 500, &message);
             let text = ApiError::new(500, message).body(wire, &request_id);
             write_json(stream, 500, &[id_header], &text, next)
         }
@@ -1198,16 +1272,25 @@ fn serve_model(
                 Wire::OpenAi => openai_events(turn, &ctx),
             };
             let what = format!("turn {} of {}", turn_idx + 1, shared.script.turns.len());
-            log_line(req, 200, &what);
+            log_line(req, Some(&body), 200, &what);
             write_stream(stream, req, wire, &events, fault, id_header, next)
         }
     }
 }
 
-/// One stderr line per model request, so a failing test's output shows what the stub did.
-fn log_line(req: &Request, status: u16, what: &str) {
+/// One stderr line per model request, so a failing test's output shows what the stub did;
+/// a valid request's model and tool count are what `match` looks at.
+fn log_line(req: &Request, body: Option<&Map<String, Value>>, status: u16, what: &str) {
+    let asked = body.map_or_else(String::new, |body| {
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+        let tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        format!(" ({model}, {tools} tools)")
+    });
     eprintln!(
-        "stub-model: {} {} -> {status}: {what}",
+        "stub-model: {} {}{asked} -> {status}: {what}",
         req.method, req.target
     );
 }
@@ -2145,6 +2228,26 @@ mod tests {
                 r#"{"turns":[],"repeat_last":true}"#,
                 "needs at least one turn",
             ),
+            (
+                r#"{"turns":[{"match":{"tool":true}}]}"#,
+                "turns[0].match: unknown field \"tool\"",
+            ),
+            (
+                r#"{"turns":[{"match":{"tools":"yes"}}]}"#,
+                "turns[0].match: \"tools\" must be true or false",
+            ),
+            (
+                r#"{"turns":[{"match":{"model":1}}]}"#,
+                "turns[0].match: \"model\" must be a string",
+            ),
+            (
+                r#"{"turns":[{"match":[]}]}"#,
+                "turns[0].match: expected a JSON object",
+            ),
+            (
+                r#"{"turns":[{"reuse":1}]}"#,
+                "turns[0]: \"reuse\" must be true or false",
+            ),
         ];
         for (json, want) in cases {
             let err = Script::parse(json).expect_err(json);
@@ -2749,6 +2852,99 @@ mod tests {
             assert_eq!(res.status, 200);
             let events = anthropic_json(&res.body);
             assert_eq!(events[0]["message"]["id"], format!("msg_stub_{round}"));
+        }
+    }
+
+    /// The text a streamed Anthropic response carries.
+    fn streamed_text(res: &Response) -> String {
+        anthropic_json(&res.body)
+            .iter()
+            .filter_map(|e| e["delta"]["text"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn match_on_tools_serves_side_requests_in_any_order() {
+        // An agent's main loop (with tools) and its side requests (a title, without tools),
+        // arriving interleaved: each gets its own turns, the reusable side turn every time.
+        let addr = start(
+            r#"{"turns":[
+                {"match":{"tools":true},"text":"first"},
+                {"match":{"tools":true},"text":"second"},
+                {"match":{"tools":false},"reuse":true,"text":"{\"title\": \"T\"}"}]}"#,
+        );
+        let with_tools = r#"{"model":"m","max_tokens":8,"stream":true,"tools":[{"name":"Read","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}"#;
+        let empty_tools = r#"{"model":"m","max_tokens":8,"stream":true,"tools":[],"messages":[{"role":"user","content":"hi"}]}"#;
+        let mut client = Client::connect(addr);
+        let side = client.call(&anthropic(ANTHROPIC_BODY));
+        assert_eq!(streamed_text(&side), r#"{"title": "T"}"#);
+        assert_eq!(streamed_text(&client.call(&anthropic(with_tools))), "first");
+        // An empty tools array offers no tools.
+        let side = client.call(&anthropic(empty_tools));
+        assert_eq!(streamed_text(&side), r#"{"title": "T"}"#);
+        assert_eq!(
+            streamed_text(&client.call(&anthropic(with_tools))),
+            "second"
+        );
+        let res = client.call(&anthropic(with_tools));
+        assert_eq!(res.status, 500);
+        let message = res.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.starts_with("stub-model script exhausted") && message.contains("2 of 3"),
+            "{message}"
+        );
+        // The OpenAI wire reads `tools` the same way.
+        let side = client.call(&openai(OPENAI_BODY));
+        assert_eq!(side.status, 200);
+        assert!(
+            side.text().contains(r#"{\"title\": \"T\"}"#),
+            "{}",
+            side.text()
+        );
+    }
+
+    #[test]
+    fn match_on_model_and_repeat_last() {
+        let addr = start(
+            r#"{"turns":[{"match":{"model":"small"},"text":"small"},
+                         {"match":{"model":"claude-test"},"text":"big"}],
+                "repeat_last":true}"#,
+        );
+        let mut client = Client::connect(addr);
+        let small = ANTHROPIC_BODY.replace("claude-test", "small");
+        // The first turn is skipped, not used up, by a request it does not match; the last
+        // turn is replayed only to requests it matches.
+        assert_eq!(
+            streamed_text(&client.call(&anthropic(ANTHROPIC_BODY))),
+            "big"
+        );
+        assert_eq!(
+            streamed_text(&client.call(&anthropic(ANTHROPIC_BODY))),
+            "big"
+        );
+        assert_eq!(streamed_text(&client.call(&anthropic(&small))), "small");
+        assert_eq!(client.call(&anthropic(&small)).status, 500);
+        let other = ANTHROPIC_BODY.replace("claude-test", "other");
+        assert_eq!(client.call(&anthropic(&other)).status, 500);
+        assert_eq!(
+            streamed_text(&client.call(&anthropic(ANTHROPIC_BODY))),
+            "big"
+        );
+    }
+
+    #[test]
+    fn status_faults_of_a_reusable_turn_do_not_use_it_up() {
+        let addr = start(
+            r#"{"turns":[{"reuse":true,"text":"again","faults":[{"status":529}]},
+                         {"text":"never"}]}"#,
+        );
+        let mut client = Client::connect(addr);
+        assert_eq!(client.call(&anthropic(ANTHROPIC_BODY)).status, 529);
+        for _ in 0..3 {
+            assert_eq!(
+                streamed_text(&client.call(&anthropic(ANTHROPIC_BODY))),
+                "again"
+            );
         }
     }
 
