@@ -46,6 +46,10 @@ A child that has not exec'd yet (same executable and command line as its parent:
 or a vfork/posix_spawn child sharing its parent's memory) is not counted, or its parent's
 pages would be counted twice. The sampler's own CPU time is reported.
 
+CPU time (user + sys) of the tree is the larger of two lower bounds: wait4's rusage of the
+agent (itself and the descendants it reaped; exact for one process) and the sum of
+/proc/PID/stat over every process seen (its last reading, in clock ticks).
+
 Times are from spawn (time.perf_counter) to the `initialize`, `session/new` and prompt
 responses; stdin is closed on the prompt response and spawn → exit is the prompt time plus
 EOF → exit. Rounds alternate between the agents (and which goes first), after one warm-up
@@ -160,13 +164,20 @@ def status(pid):
     return fields["Name"], int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
-def image(pid):
-    """(executable, raw command line): what a child that has not exec'd yet shares with its
-    parent (a vfork or posix_spawn child even reads its parent's memory for the latter)."""
+def executable(pid):
     try:
-        exe = os.readlink(f"/proc/{pid}/exe")
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def command_line(pid):
+    """The raw command line. The kernel reads it from the process's memory under its mmap
+    lock, so the sampler reads it only until it knows a process has exec'd: reading it every
+    few milliseconds slows a process that maps memory as busily as a JavaScript runtime."""
+    try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return exe, f.read()
+            return f.read()
     except OSError:
         return None
 
@@ -177,6 +188,20 @@ def short(cmdline):
     args = [os.path.basename(args[0].decode(errors="replace"))] + \
         [x.decode(errors="replace")[:24] for x in args[1:4] if x]
     return " ".join(args)
+
+
+TICK = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """utime + stime of a whole process (all its threads, living and dead), in clock ticks'
+    resolution."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) * TICK
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def pss_kib(pid):
@@ -203,7 +228,8 @@ class TreeSampler(threading.Thread):
         self.lock = threading.Lock()  # the bench also takes a sample at the prompt response
         self.peak_rss = 0      # largest Σ VmRSS seen in one sample
         self.hwm = {}          # pid → (name, last VmHWM read)
-        self.argv = {}         # pid → its command line, read when its name changes
+        self.images = {}       # pid → (executable, command line), once it has exec'd
+        self.cpu_of = {}       # pid → last utime + stime read
         self.samples = 0
         self.cpu = 0.0         # CPU seconds the sampler itself used
 
@@ -217,10 +243,21 @@ class TreeSampler(threading.Thread):
             if pid in seen:
                 continue
             seen.add(pid)
-            own = image(pid)
-            if own is None:
+            exe = executable(pid)
+            if exe is None:
                 continue
-            out.append((pid, own != parent_image))
+            known = self.images.get(pid)
+            if known is not None and known[0] == exe:
+                own, execd = known, True
+            else:
+                cmdline = command_line(pid)
+                if cmdline is None:
+                    continue
+                own = (exe, cmdline)
+                execd = own != parent_image
+                if execd and cmdline:  # an empty one is read mid-exec: read it again
+                    self.images[pid] = own
+            out.append((pid, execd))
             todo.extend((child, own) for child in children(pid))
         return out
 
@@ -236,11 +273,10 @@ class TreeSampler(threading.Thread):
                 continue
             name, rss, hwm = st
             total += rss
-            # A label is read again when the name changes (an exec) or was read mid-exec.
-            if self.hwm.get(pid, (None,))[0] != name or not self.argv.get(pid):
-                own = image(pid)
-                self.argv[pid] = short(own[1]) if own else name
             self.hwm[pid] = (name, hwm)
+            cpu = cpu_seconds(pid)
+            if cpu is not None:
+                self.cpu_of[pid] = cpu
         self.peak_rss = max(self.peak_rss, total)
         self.samples += 1
 
@@ -278,6 +314,21 @@ class Agent:
         # stderr is drained on a thread so a chatty agent never blocks on a full pipe.
         self.stderr = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
+        # wait4 rather than Popen.wait: its rusage is the CPU time of the agent and of every
+        # descendant it reaped.
+        self.exited = threading.Event()
+        self.exited_at, self.rusage = None, None
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def _reap(self):
+        _pid, status, self.rusage = os.wait4(self.proc.pid, 0)
+        self.exited_at = time.perf_counter()
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.exited.set()
+
+    def wait(self, timeout=None):
+        """Whether the agent exited within `timeout` seconds."""
+        return self.exited.wait(timeout)
 
     def _drain_stderr(self):
         for line in self.proc.stderr:
@@ -398,8 +449,8 @@ def kill_tree(pids):
 def floor_round():
     """Spawning `true` through the same harness: what any process pays here."""
     agent = Agent(["true"], {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "/")
-    agent.proc.wait()
-    return agent.elapsed()
+    agent.wait()
+    return agent.exited_at - agent.start
 
 
 def one_round(name, argv, read_key, binary, interval, verbose):
@@ -452,30 +503,36 @@ def one_round(name, argv, read_key, binary, interval, verbose):
             agent.proc.stdin.close()
         except OSError:
             pass
-        try:
-            agent.proc.wait(timeout=EXIT_TIMEOUT)
-            r["eof_to_exit"] = time.perf_counter() - closed
+        if agent.wait(EXIT_TIMEOUT):
+            r["eof_to_exit"] = agent.exited_at - closed
             # Spawn → exit as a client that closes stdin on the response sees it; the Pss
             # reading between the two is left out.
             r["exit"] = r.get("prompt", 0) + r["eof_to_exit"]
-        except subprocess.TimeoutExpired:
+            r["cpu_reaped"] = agent.rusage.ru_utime + agent.rusage.ru_stime
+        else:
             r["exit"] = None
+            r.setdefault("error", f"did not exit within {EXIT_TIMEOUT} s of stdin EOF")
         sampler.stop()
         # Descendants still alive once the agent is gone are orphans: note and end them.
         time.sleep(0.2)
         leftovers = [pid for pid in sampler.hwm if pid != agent.proc.pid and status(pid)]
         r["orphans"] = [sampler.hwm[pid][0] for pid in leftovers]
         kill_tree(leftovers + ([agent.proc.pid] if r["exit"] is None else []))
-        agent.proc.wait()
+        agent.wait()
         r["peak_rss_sampled"] = sampler.peak_rss
         r["hwm_sum"] = sampler.hwm_sum()
         r["pss_at_prompt"] = pss_at_prompt
         r["processes"] = sorted(name for name, _h in sampler.hwm.values())
         r["per_process_hwm"] = sorted(
-            ((sampler.argv.get(pid, name), h) for pid, (name, h) in sampler.hwm.items()),
+            ((short(sampler.images[pid][1]) if pid in sampler.images else name, h)
+             for pid, (name, h) in sampler.hwm.items()),
             key=lambda x: -x[1])
         r["samples"] = sampler.samples
         r["sampler_cpu"] = sampler.cpu
+        # Both are lower bounds of the tree's CPU time: wait4's misses descendants the agent
+        # never reaped (node does not wait for every Claude Code process it ends), the /proc
+        # sum what ran after a process's last sample and is counted in 10 ms ticks.
+        r["cpu"] = max(r.get("cpu_reaped", 0), sum(list(sampler.cpu_of.values())))
         r["permissions"] = agent.permissions
         try:
             with urllib.request.urlopen(url + "/_stub/requests", timeout=10) as res:
@@ -522,6 +579,7 @@ def report(name, rounds, install_bytes, what):
     print(row("spawn → prompt response (ms)", [r["prompt"] for r in rounds], ms))
     print(row("spawn → exit (ms)", [r["exit"] for r in rounds], ms))
     print(row("stdin EOF → exit (ms)", [r["eof_to_exit"] for r in rounds], ms))
+    print(row("CPU user+sys of the tree (ms)", [r["cpu"] for r in rounds], ms))
     print(row("peak Σ VmRSS sampled (MiB)", [r["peak_rss_sampled"] for r in rounds], mib))
     print(row("Σ VmHWM, every process (MiB)", [r["hwm_sum"] for r in rounds], mib))
     print(row("Σ Pss at prompt resp. (MiB)", [r["pss_at_prompt"] for r in rounds], mib))
