@@ -70,6 +70,8 @@ import threading
 import time
 import urllib.request
 
+from initialize import default_binary  # the release build initialize.py measures
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_SRC = os.path.join(ROOT, "bench", "peer")
 PEER_DIR = os.path.join(ROOT, "target", "peer-bench")
@@ -121,14 +123,6 @@ def tree_bytes(path):
             except OSError:
                 pass
     return total
-
-
-def default_binary():
-    for rel in ("target/x86_64-unknown-linux-gnu/release/caliban", "target/release/caliban"):
-        path = os.path.join(ROOT, rel)
-        if os.path.exists(path):
-            return path
-    sys.exit("no release binary: build it with the README's static release recipe")
 
 
 # ---- the process tree ------------------------------------------------------------------------
