@@ -428,7 +428,8 @@ def describe(req):
     fmt = ((body.get("output_config") or {}).get("format") or {}).get("type")
     return (f"{req['method']} {req['path']} model={body.get('model')} tools={len(tools)} "
             f"max_tokens={body.get('max_tokens')} stream={body.get('stream')} "
-            f"messages={len(body.get('messages') or [])}"
+            f"messages={len(body.get('messages') or [])} "
+            f"bytes={req.get('headers', {}).get('content-length', '?')}"
             + (f" output_format={fmt}" if fmt else ""))
 
 
