@@ -4,9 +4,10 @@
 One round spawns an agent with pipes, as an editor does, and drives one ACP session over
 stdio: `initialize` → `session/new` (cwd = a fresh workspace holding notes.txt) →
 `session/prompt` "read notes.txt". Both agents talk to the same `caliban stub-model` over the
-Anthropic Messages wire (ANTHROPIC_BASE_URL), which answers the first model request with a
-Read tool_use of that file, and the request carrying the tool result with a short text, so
-the prompt ends with stop reason end_turn. Any `session/request_permission` is answered with
+Anthropic Messages wire (ANTHROPIC_BASE_URL), which answers the first model request that
+offers tools with a Read tool_use of that file, the next (carrying the tool result) with a
+short text, so the prompt ends with stop reason end_turn, and any request without tools
+(Claude Code's session title) with a title. Any `session/request_permission` is answered with
 the first allow option. Then stdin is closed and the exit timed.
 
 A round only counts when the stub saw a tool_result that holds the file's contents (a token
