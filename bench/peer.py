@@ -71,7 +71,8 @@ import threading
 import time
 import urllib.request
 
-from initialize import default_binary  # the release build initialize.py measures
+sys.dont_write_bytecode = True  # no __pycache__ in bench/ for the import below
+from initialize import default_binary  # noqa: E402 (the release build initialize.py measures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_SRC = os.path.join(ROOT, "bench", "peer")
