@@ -439,7 +439,7 @@ fn terminal_result(
             true
         }
     };
-    ToolOutput { is_error, text }
+    ToolOutput::new(is_error, text)
 }
 
 #[cfg(test)]
