@@ -1011,7 +1011,7 @@ impl Run {
         self.phase = Phase::Done;
         vec![
             Effect::Emit(TurnEvent::RunEnd {
-                final_messages: self.messages.clone(),
+                final_messages: final_messages(&self.messages),
                 total_usage: self.total_usage,
                 turn_count: self.turn_count,
                 stopped_for: condition.clone(),
@@ -1021,6 +1021,53 @@ impl Run {
             Effect::Finished(condition),
         ]
     }
+}
+
+/// The most image base64 `RunEnd.final_messages` carries. The event is one session-file
+/// line (16 MiB) and holds the whole conversation, so a run that was shown a few pictures
+/// would otherwise end with an unreadable `Oversized` marker in place of its `RunEnd`.
+const FINAL_IMAGES_BASE64: usize = 8 << 20;
+
+/// The conversation as `RunEnd` reports it: the messages, with each image after the first
+/// `FINAL_IMAGES_BASE64` bytes of them replaced by a line naming it (the `TurnEnd` that
+/// carried it, and so every replay, keeps it).
+fn final_messages(messages: &[Message]) -> Vec<Message> {
+    fn fit(blocks: &[ContentBlock], budget: &mut usize) -> Vec<ContentBlock> {
+        blocks
+            .iter()
+            .map(|block| match block {
+                ContentBlock::Image { media_type, data } if data.len() > *budget => {
+                    ContentBlock::text(format!(
+                        "[an image ({media_type}, {} bytes of base64) left out of \
+                         final_messages; the TurnEnd that carried it has it]",
+                        data.len()
+                    ))
+                }
+                ContentBlock::Image { data, .. } => {
+                    *budget -= data.len();
+                    block.clone()
+                }
+                ContentBlock::ToolResult {
+                    tool_use_id,
+                    content,
+                    is_error,
+                } => ContentBlock::ToolResult {
+                    tool_use_id: tool_use_id.clone(),
+                    content: fit(content, budget),
+                    is_error: *is_error,
+                },
+                other => other.clone(),
+            })
+            .collect()
+    }
+    let mut budget = FINAL_IMAGES_BASE64;
+    messages
+        .iter()
+        .map(|m| Message {
+            role: m.role,
+            content: fit(&m.content, &mut budget),
+        })
+        .collect()
 }
 
 fn tool_call_end(turn_index: u32, tool_use_id: &str, output: &ToolOutput) -> TurnEvent {
@@ -1313,6 +1360,39 @@ mod tests {
         };
         let counts: Vec<usize> = tool_results[0].content.iter().map(images).collect();
         assert_eq!(counts, [6, 2]);
+    }
+
+    #[test]
+    fn final_messages_keep_images_up_to_a_budget() {
+        let big = "A".repeat(crate::model::types::MAX_IMAGE_BASE64);
+        let image = ContentBlock::image("image/png", &big).unwrap();
+        let result = |id: &str| ContentBlock::ToolResult {
+            tool_use_id: id.into(),
+            content: vec![ContentBlock::text("shot"), image.clone()],
+            is_error: false,
+        };
+        let messages = [Message {
+            role: Role::User,
+            content: vec![result("a"), result("b"), result("c")],
+        }];
+        let out = final_messages(&messages);
+        let kept: Vec<bool> = out[0]
+            .content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::ToolResult { content, .. } => {
+                    matches!(content[1], ContentBlock::Image { .. })
+                }
+                _ => false,
+            })
+            .collect();
+        assert_eq!(kept, [true, true, false]);
+        let ContentBlock::ToolResult { content, .. } = &out[0].content[2] else {
+            panic!()
+        };
+        assert!(
+            matches!(&content[1], ContentBlock::Text { text } if text.contains("left out of final_messages"))
+        );
     }
 
     #[test]
