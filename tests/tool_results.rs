@@ -265,3 +265,40 @@ fn tool_results_read_of_a_png_reaches_the_model_and_survives_continue() {
         anthropic_image("image/png", data)
     );
 }
+
+#[test]
+fn tool_results_acp_cards_show_the_picture_read_here_not_in_the_editor() {
+    use crate::acp::{drive, script, text_turn, tool_turn, tool_updates};
+    let ws = Workspace::new("results-acp");
+    std::fs::write(ws.path("shot.png"), b"\x89PNG\r\n\x1a\n0123").unwrap();
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("Read", "toolu_img", json!({"path": "shot.png"})),
+            text_turn("A picture."),
+        ]),
+    );
+    // The editor offers its files: a text file would be read through it, a picture is not
+    // (its `fs/read_text_file` gives text).
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "prompts": ["look"],
+               "caps": {"fs": {"readTextFile": true, "writeTextFile": true}}}),
+    );
+    assert_eq!(r["fs"], json!([]), "the picture is read here");
+    let card = tool_updates(&r["updates"], "toolu_img");
+    let done = card.last().unwrap();
+    assert_eq!(done["status"], "completed", "{card:?}");
+    let content = done["content"].as_array().unwrap();
+    assert_eq!(
+        content.last().unwrap(),
+        &json!({"type": "content", "content": {"type": "image", "mimeType": "image/png",
+                                               "data": "iVBORw0KGgowMTIz"}})
+    );
+    let messages = last_messages(&stub);
+    assert_eq!(
+        anthropic_result(&messages, "toolu_img")["content"][1],
+        anthropic_image("image/png", "iVBORw0KGgowMTIz")
+    );
+}
