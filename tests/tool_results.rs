@@ -22,6 +22,25 @@ fn picture_server(ws: &Workspace) -> String {
     path_str(&ws.path("mcp.json"))
 }
 
+/// Print mode on `wire`, the model calling the picture server's `tools` (ids t1, t2, …)
+/// in one turn and then finishing; the run's output and the stub that recorded it.
+fn call_pictures(ws: &Workspace, wire: &str, tools: &[&str]) -> (Output, Stub) {
+    let batch: Vec<Value> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| json!({"id": format!("t{}", i + 1), "name": format!("mcp__pics__{tool}"), "input": {}}))
+        .collect();
+    let stub = Stub::start(ws, &json!({"turns": [calls(json!(batch)), done()]}));
+    let cfg = picture_server(ws);
+    let out = print_run(
+        ws,
+        &stub,
+        wire,
+        &["--mcp-config", &cfg, "--allow", "mcp__pics__*"],
+    );
+    (out, stub)
+}
+
 fn calls(calls: Value) -> Value {
     json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
 }
@@ -84,23 +103,7 @@ fn texts(blocks: &Value) -> String {
 #[test]
 fn tool_results_mcp_images_reach_the_model_on_the_anthropic_wire() {
     let ws = Workspace::new("results-anthropic");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__pics__shot", "input": {}},
-                {"id": "t2", "name": "mcp__pics__mixed", "input": {}},
-            ])),
-            done(),
-        ]}),
-    );
-    let cfg = picture_server(&ws);
-    let out = print_run(
-        &ws,
-        &stub,
-        "anthropic",
-        &["--mcp-config", &cfg, "--allow", "mcp__pics__*"],
-    );
+    let (out, stub) = call_pictures(&ws, "anthropic", &["shot", "mixed"]);
     let messages = last_messages(&stub);
     assert_eq!(
         anthropic_result(&messages, "t1")["content"],
@@ -134,23 +137,7 @@ fn tool_results_mcp_images_reach_the_model_on_the_anthropic_wire() {
 #[test]
 fn tool_results_mcp_images_reach_the_model_on_the_openai_wire() {
     let ws = Workspace::new("results-openai");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__pics__shot", "input": {}},
-                {"id": "t2", "name": "mcp__pics__mixed", "input": {}},
-            ])),
-            done(),
-        ]}),
-    );
-    let cfg = picture_server(&ws);
-    print_run(
-        &ws,
-        &stub,
-        "openai",
-        &["--mcp-config", &cfg, "--allow", "mcp__pics__*"],
-    );
+    let (_, stub) = call_pictures(&ws, "openai", &["shot", "mixed"]);
     let messages = last_messages(&stub);
     let at = messages
         .iter()
@@ -192,17 +179,7 @@ fn tool_results_mcp_images_reach_the_model_on_the_openai_wire() {
 #[test]
 fn tool_results_an_oversized_mcp_image_is_refused_in_words() {
     let ws = Workspace::new("results-huge");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [calls(json!([{"id": "t1", "name": "mcp__pics__huge", "input": {}}])), done()]}),
-    );
-    let cfg = picture_server(&ws);
-    print_run(
-        &ws,
-        &stub,
-        "anthropic",
-        &["--mcp-config", &cfg, "--allow", "mcp__pics__*"],
-    );
+    let (_, stub) = call_pictures(&ws, "anthropic", &["huge"]);
     let result = anthropic_result(&last_messages(&stub), "t1");
     assert!(
         result["content"]

@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::model::types::{ContentBlock, Message, Role};
+use crate::model::types::{ContentBlock, Message, Role, swap_images};
 use crate::tools::table::{self, Runs};
 use crate::tools::todo::{self, Todo};
 
@@ -108,28 +108,6 @@ fn images_in(blocks: &[ContentBlock]) -> (usize, usize) {
     })
 }
 
-/// `blocks` with each image, tool results' included, replaced by a line naming it.
-fn without_images(blocks: &[ContentBlock]) -> Vec<ContentBlock> {
-    blocks
-        .iter()
-        .map(|block| match block {
-            ContentBlock::Image { media_type, .. } => ContentBlock::text(format!(
-                "[an image ({media_type}) was here; left out of the summary request]"
-            )),
-            ContentBlock::ToolResult {
-                tool_use_id,
-                content,
-                is_error,
-            } => ContentBlock::ToolResult {
-                tool_use_id: tool_use_id.clone(),
-                content: without_images(content),
-                is_error: *is_error,
-            },
-            other => other.clone(),
-        })
-        .collect()
-}
-
 /// The most tokens a request may hold before it is compacted: the window less room for the
 /// answer (`max_tokens`, but never more than a quarter of the window, since a large
 /// `max_tokens` is a ceiling most answers stay far below).
@@ -178,7 +156,12 @@ pub fn request_messages(summarised: &[Message]) -> Vec<Message> {
         .iter()
         .map(|m| Message {
             role: m.role,
-            content: without_images(&m.content),
+            content: swap_images(&m.content, &mut |image| match image {
+                ContentBlock::Image { media_type, .. } => ContentBlock::text(format!(
+                    "[an image ({media_type}) was here; left out of the summary request]"
+                )),
+                other => other.clone(),
+            }),
         })
         .collect();
     match messages.last_mut() {

@@ -25,7 +25,7 @@ use crate::agent::event::{StopCondition, TurnEvent, result_text};
 use crate::agent::tool_input::ToolInput;
 use crate::model::types::{
     ContentBlock, Effort, MAX_IMAGES, Message, ModelEvent, ModelRequest, Role, StopReason,
-    ToolSpec, Usage,
+    ToolSpec, Usage, swap_images,
 };
 use crate::permissions::{Action, Mode, Policy};
 use crate::sandbox;
@@ -1032,40 +1032,26 @@ const FINAL_IMAGES_BASE64: usize = 8 << 20;
 /// `FINAL_IMAGES_BASE64` bytes of them replaced by a line naming it (the `TurnEnd` that
 /// carried it, and so every replay, keeps it).
 fn final_messages(messages: &[Message]) -> Vec<Message> {
-    fn fit(blocks: &[ContentBlock], budget: &mut usize) -> Vec<ContentBlock> {
-        blocks
-            .iter()
-            .map(|block| match block {
-                ContentBlock::Image { media_type, data } if data.len() > *budget => {
-                    ContentBlock::text(format!(
-                        "[an image ({media_type}, {} bytes of base64) left out of \
-                         final_messages; the TurnEnd that carried it has it]",
-                        data.len()
-                    ))
-                }
-                ContentBlock::Image { data, .. } => {
-                    *budget -= data.len();
-                    block.clone()
-                }
-                ContentBlock::ToolResult {
-                    tool_use_id,
-                    content,
-                    is_error,
-                } => ContentBlock::ToolResult {
-                    tool_use_id: tool_use_id.clone(),
-                    content: fit(content, budget),
-                    is_error: *is_error,
-                },
-                other => other.clone(),
-            })
-            .collect()
-    }
     let mut budget = FINAL_IMAGES_BASE64;
+    let mut fit = |image: &ContentBlock| match image {
+        ContentBlock::Image { media_type, data } if data.len() > budget => {
+            ContentBlock::text(format!(
+                "[an image ({media_type}, {} bytes of base64) left out of final_messages; \
+                 the TurnEnd that carried it has it]",
+                data.len()
+            ))
+        }
+        ContentBlock::Image { data, .. } => {
+            budget -= data.len();
+            image.clone()
+        }
+        other => other.clone(),
+    };
     messages
         .iter()
         .map(|m| Message {
             role: m.role,
-            content: fit(&m.content, &mut budget),
+            content: swap_images(&m.content, &mut fit),
         })
         .collect()
 }

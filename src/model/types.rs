@@ -245,6 +245,30 @@ impl ContentBlock {
     }
 }
 
+/// `blocks` with each image, tool results' included, replaced by what `swap` makes of it
+/// (for views of a conversation that must not carry every picture in it).
+pub fn swap_images(
+    blocks: &[ContentBlock],
+    swap: &mut impl FnMut(&ContentBlock) -> ContentBlock,
+) -> Vec<ContentBlock> {
+    blocks
+        .iter()
+        .map(|block| match block {
+            ContentBlock::Image { .. } => swap(block),
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => ContentBlock::ToolResult {
+                tool_use_id: tool_use_id.clone(),
+                content: swap_images(content, swap),
+                is_error: *is_error,
+            },
+            other => other.clone(),
+        })
+        .collect()
+}
+
 /// `bytes` in standard base64 with padding (RFC 4648 §4), as both providers take images.
 fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
