@@ -98,7 +98,7 @@ fn agent(flags: &[&str]) -> Value {
 
 /// Runs one scenario of `tests/acp/driver.mjs` and returns its result, after checking that
 /// it succeeded and that every frame caliban sent validated against the ACP schema.
-fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
+pub(crate) fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
     let dir = sdk_dir();
     args["cwd"] = json!(path_str(&ws.root));
     if args.get("agent").is_none() {
@@ -142,16 +142,16 @@ fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-fn text_turn(text: &str) -> Value {
+pub(crate) fn text_turn(text: &str) -> Value {
     json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
 }
 
-fn tool_turn(name: &str, id: &str, input: Value) -> Value {
+pub(crate) fn tool_turn(name: &str, id: &str, input: Value) -> Value {
     json!({"tool_calls": [{"id": id, "name": name, "input": input}],
            "usage": {"input_tokens": 20, "output_tokens": 8}})
 }
 
-fn script(turns: Vec<Value>) -> Value {
+pub(crate) fn script(turns: Vec<Value>) -> Value {
     json!({ "turns": turns })
 }
 
@@ -163,7 +163,7 @@ fn of_kind<'a>(updates: &'a Value, kind: &str) -> Vec<&'a Value> {
 }
 
 /// Every update about one tool call, the opening `tool_call` first.
-fn tool_updates<'a>(updates: &'a Value, id: &str) -> Vec<&'a Value> {
+pub(crate) fn tool_updates<'a>(updates: &'a Value, id: &str) -> Vec<&'a Value> {
     updates
         .as_array()
         .map(|u| u.iter().filter(|u| u["toolCallId"] == id).collect())

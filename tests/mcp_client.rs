@@ -198,7 +198,14 @@ fn mcp_client_stdio_round_trip_with_images_and_resources() {
     let all = results(&stub);
     assert_eq!(result(&all, "t1").2, "echo: hi");
     let picture = &result(&all, "t2").2;
-    assert!(picture.contains("[image image/png"), "{picture}");
+    // The image itself reaches the model (tests/tool_results.rs checks the wire shapes).
+    assert!(
+        stub.requests()
+            .last()
+            .unwrap()
+            .to_string()
+            .contains("iVBORw0KGgo=")
+    );
     assert!(
         picture.contains("[resource file:///notes.txt]\nresource body"),
         "{picture}"
@@ -321,7 +328,9 @@ fn mcp_client_server_everything_over_stdio() {
     let all = results(&stub);
     assert!(result(&all, "t1").2.contains('5'), "{all:?}");
     assert!(result(&all, "t2").2.contains("hey"), "{all:?}");
-    assert!(result(&all, "t3").2.contains("[image image/png"), "{all:?}");
+    // The tiny image reaches the model as an image (tests/tool_results.rs checks the shapes).
+    let last = stub.requests().last().unwrap().to_string();
+    assert!(last.contains(r#""media_type":"image/png""#), "{all:?}");
 }
 
 #[test]

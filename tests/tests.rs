@@ -17,3 +17,4 @@ mod openapi;
 mod print;
 mod sandbox;
 mod tls;
+mod tool_results;

@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::model::types::{ContentBlock, Message, Role};
+use crate::model::types::{ContentBlock, Message, Role, swap_images};
 use crate::tools::table::{self, Runs};
 use crate::tools::todo::{self, Todo};
 
@@ -81,9 +81,31 @@ pub fn tokens_of_bytes(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(BYTES_PER_TOKEN)
 }
 
-/// A message's share of a request, estimated from its JSON.
+/// What one image is guessed to cost. Providers bill images by their pixels, not their
+/// bytes: Anthropic about width × height / 750 tokens, on images it scales down to about
+/// 1.15 megapixels (so about 1,600 at most), OpenAI's tiles about as much. Counted as base64
+/// at four bytes a token, one 3 MiB screenshot would pass for 800,000 tokens and compact
+/// every conversation that holds it.
+pub const IMAGE_TOKENS: u64 = 1600;
+
+/// A message's share of a request, estimated from its JSON, images at `IMAGE_TOKENS`.
 pub fn message_tokens(message: &Message) -> u64 {
-    tokens_of_bytes(message.to_json().to_string().len())
+    let (count, data) = images_in(&message.content);
+    // Base64 needs no escaping, so an image's data is as long in the JSON as it is.
+    let bytes = message.to_json().to_string().len().saturating_sub(data);
+    tokens_of_bytes(bytes).saturating_add(IMAGE_TOKENS.saturating_mul(count as u64))
+}
+
+/// How many images `blocks` hold, tool results' included, and their bytes of base64.
+fn images_in(blocks: &[ContentBlock]) -> (usize, usize) {
+    blocks.iter().fold((0, 0), |(n, bytes), block| match block {
+        ContentBlock::Image { data, .. } => (n + 1, bytes + data.len()),
+        ContentBlock::ToolResult { content, .. } => {
+            let (m, more) = images_in(content);
+            (n + m, bytes + more)
+        }
+        _ => (n, bytes),
+    })
 }
 
 /// The most tokens a request may hold before it is compacted: the window less room for the
@@ -126,9 +148,22 @@ pub fn split_point(messages: &[Message], keep_tokens: u64) -> usize {
 }
 
 /// The messages of the request that asks for the summary of `summarised`: the conversation
-/// as it was, and the instruction as the last user words.
+/// as it was, but with a line in place of each image (what the model said about a picture
+/// is what a summary can keep of it, and the request stays small), and the instruction as
+/// the last user words.
 pub fn request_messages(summarised: &[Message]) -> Vec<Message> {
-    let mut messages = summarised.to_vec();
+    let mut messages: Vec<Message> = summarised
+        .iter()
+        .map(|m| Message {
+            role: m.role,
+            content: swap_images(&m.content, &mut |image| match image {
+                ContentBlock::Image { media_type, .. } => ContentBlock::text(format!(
+                    "[an image ({media_type}) was here; left out of the summary request]"
+                )),
+                other => other.clone(),
+            }),
+        })
+        .collect();
     match messages.last_mut() {
         Some(last) if last.role == Role::User => last.content.push(ContentBlock::text(INSTRUCTION)),
         _ => messages.push(Message {
@@ -233,6 +268,55 @@ mod tests {
                 content: vec![ContentBlock::text("x".repeat(400))],
                 is_error: false,
             }],
+        }
+    }
+
+    #[test]
+    fn images_count_as_pictures_and_stay_out_of_the_summary_request() {
+        let data = "A".repeat(1 << 20);
+        let image = ContentBlock::image("image/png", &data).unwrap();
+        let shot = Message {
+            role: Role::User,
+            content: vec![ContentBlock::ToolResult {
+                tool_use_id: "t".into(),
+                content: vec![ContentBlock::text("shot"), image.clone()],
+                is_error: false,
+            }],
+        };
+        let bare = Message {
+            role: Role::User,
+            content: vec![ContentBlock::ToolResult {
+                tool_use_id: "t".into(),
+                content: vec![ContentBlock::text("shot")],
+                is_error: false,
+            }],
+        };
+        let tokens = message_tokens(&shot);
+        assert!(
+            tokens < message_tokens(&bare) + IMAGE_TOKENS + 40,
+            "{tokens}"
+        );
+        assert!(tokens > IMAGE_TOKENS);
+        let prompt = Message {
+            role: Role::User,
+            content: vec![ContentBlock::text("look"), image],
+        };
+        let request = request_messages(&[prompt, assistant("ok"), shot]);
+        let json = serde_json::to_string(&request.iter().map(Message::to_json).collect::<Vec<_>>())
+            .unwrap();
+        assert!(!json.contains("AAAA"), "no image data");
+        assert_eq!(
+            request[0].content[1],
+            ContentBlock::text("[an image (image/png) was here; left out of the summary request]")
+        );
+        match &request[2].content[0] {
+            ContentBlock::ToolResult { content, .. } => assert_eq!(
+                content[1],
+                ContentBlock::text(
+                    "[an image (image/png) was here; left out of the summary request]"
+                )
+            ),
+            other => panic!("{other:?}"),
         }
     }
 

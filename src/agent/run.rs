@@ -24,12 +24,13 @@ use crate::agent::compact::{self, Next, Trigger};
 use crate::agent::event::{StopCondition, TurnEvent, result_text};
 use crate::agent::tool_input::ToolInput;
 use crate::model::types::{
-    ContentBlock, Effort, Message, ModelEvent, ModelRequest, Role, StopReason, ToolSpec, Usage,
+    ContentBlock, Effort, MAX_IMAGES, Message, ModelEvent, ModelRequest, Role, StopReason,
+    ToolSpec, Usage, swap_images,
 };
 use crate::permissions::{Action, Mode, Policy};
 use crate::sandbox;
-use crate::tools::ToolOutput;
 use crate::tools::table;
+use crate::tools::{MAX_RESULT_IMAGES_BASE64, ToolOutput};
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -888,6 +889,17 @@ impl Run {
         if !output.is_error && table::edits_files(&tools.calls[slot].name) {
             self.turns_without_edit = 0;
         }
+        // The turn's results go to the model (and into one `TurnEnd`) as one message, so
+        // its images share one budget; a result's images past it are named in its text
+        // before anyone sees the result.
+        let mut output = output;
+        let used = tools.results.iter().flatten().fold((0, 0), |(n, b), r| {
+            (n + r.images.len(), b + r.image_bytes())
+        });
+        output.fit_images((
+            MAX_IMAGES.saturating_sub(used.0),
+            MAX_RESULT_IMAGES_BASE64.saturating_sub(used.1),
+        ));
         tools.results[slot] = Some(output.clone());
         let next = tools.finished(tool_use_id);
         let mut out = vec![Effect::Emit(tool_call_end(
@@ -918,7 +930,7 @@ impl Run {
                 let result = result.unwrap_or_else(|| ToolOutput::error("no result"));
                 ContentBlock::ToolResult {
                     tool_use_id: call.id.clone(),
-                    content: vec![ContentBlock::text(result.text)],
+                    content: result.content(),
                     is_error: result.is_error,
                 }
             })
@@ -999,7 +1011,7 @@ impl Run {
         self.phase = Phase::Done;
         vec![
             Effect::Emit(TurnEvent::RunEnd {
-                final_messages: self.messages.clone(),
+                final_messages: final_messages(&self.messages),
                 total_usage: self.total_usage,
                 turn_count: self.turn_count,
                 stopped_for: condition.clone(),
@@ -1011,8 +1023,41 @@ impl Run {
     }
 }
 
+/// The most image base64 `RunEnd.final_messages` carries. The event is one session-file
+/// line (16 MiB) and holds the whole conversation, so a run that was shown a few pictures
+/// would otherwise end with an unreadable `Oversized` marker in place of its `RunEnd`.
+const FINAL_IMAGES_BASE64: usize = 8 << 20;
+
+/// The conversation as `RunEnd` reports it: the messages, with each image after the first
+/// `FINAL_IMAGES_BASE64` bytes of them replaced by a line naming it (the `TurnEnd` that
+/// carried it, and so every replay, keeps it).
+fn final_messages(messages: &[Message]) -> Vec<Message> {
+    let mut budget = FINAL_IMAGES_BASE64;
+    let mut fit = |image: &ContentBlock| match image {
+        ContentBlock::Image { media_type, data } if data.len() > budget => {
+            ContentBlock::text(format!(
+                "[an image ({media_type}, {} bytes of base64) left out of final_messages; \
+                 the TurnEnd that carried it has it]",
+                data.len()
+            ))
+        }
+        ContentBlock::Image { data, .. } => {
+            budget -= data.len();
+            image.clone()
+        }
+        other => other.clone(),
+    };
+    messages
+        .iter()
+        .map(|m| Message {
+            role: m.role,
+            content: swap_images(&m.content, &mut fit),
+        })
+        .collect()
+}
+
 fn tool_call_end(turn_index: u32, tool_use_id: &str, output: &ToolOutput) -> TurnEvent {
-    let content = vec![ContentBlock::text(output.text.clone())];
+    let content = output.content();
     let (text, truncated) = result_text(&content);
     TurnEvent::ToolCallEnd {
         turn_index,
@@ -1252,6 +1297,88 @@ mod tests {
             output_tokens: 10,
             ..Usage::default()
         })
+    }
+
+    #[test]
+    fn a_turns_results_share_one_image_budget_and_carry_their_images() {
+        let mut r = run();
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(tool_start(1, "t1", "Read"), now);
+        r.on_model_event(input(1, r#"{"path":"a.png"}"#), now);
+        r.on_model_event(tool_start(2, "t2", "Read"), now);
+        r.on_model_event(input(2, r#"{"path":"b.png"}"#), now);
+        r.on_model_complete(now);
+        let shots = |n: usize| {
+            let mut out = ToolOutput::ok("");
+            for _ in 0..n {
+                out.add_image("i", "image/png", "AAAA");
+            }
+            out
+        };
+        let out = r.on_tool_done("t1", shots(6), now);
+        let TurnEvent::ToolCallEnd { content, .. } = emitted(&out)[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(content.len(), 6, "images only, no empty text");
+        let out = r.on_tool_done("t2", shots(4), now);
+        let events = emitted(&out);
+        let TurnEvent::ToolCallEnd {
+            content,
+            result_text,
+            ..
+        } = events[0]
+        else {
+            panic!("{out:?}")
+        };
+        // Two of the four fit the turn's eight; the text says the others were left out.
+        assert_eq!(content.len(), 3, "{content:?}");
+        assert!(result_text.contains("this turn's tool results already carry 8 images"));
+        let TurnEvent::TurnEnd { tool_results, .. } = events[1] else {
+            panic!("{out:?}")
+        };
+        let images = |block: &ContentBlock| match block {
+            ContentBlock::ToolResult { content, .. } => content
+                .iter()
+                .filter(|b| matches!(b, ContentBlock::Image { .. }))
+                .count(),
+            _ => 0,
+        };
+        let counts: Vec<usize> = tool_results[0].content.iter().map(images).collect();
+        assert_eq!(counts, [6, 2]);
+    }
+
+    #[test]
+    fn final_messages_keep_images_up_to_a_budget() {
+        let big = "A".repeat(crate::model::types::MAX_IMAGE_BASE64);
+        let image = ContentBlock::image("image/png", &big).unwrap();
+        let result = |id: &str| ContentBlock::ToolResult {
+            tool_use_id: id.into(),
+            content: vec![ContentBlock::text("shot"), image.clone()],
+            is_error: false,
+        };
+        let messages = [Message {
+            role: Role::User,
+            content: vec![result("a"), result("b"), result("c")],
+        }];
+        let out = final_messages(&messages);
+        let kept: Vec<bool> = out[0]
+            .content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::ToolResult { content, .. } => {
+                    matches!(content[1], ContentBlock::Image { .. })
+                }
+                _ => false,
+            })
+            .collect();
+        assert_eq!(kept, [true, true, false]);
+        let ContentBlock::ToolResult { content, .. } = &out[0].content[2] else {
+            panic!()
+        };
+        assert!(
+            matches!(&content[1], ContentBlock::Text { text } if text.contains("left out of final_messages"))
+        );
     }
 
     #[test]

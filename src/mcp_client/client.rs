@@ -544,15 +544,24 @@ impl Client {
     }
 }
 
-/// A `tools/call` answer as a tool result: its text, embedded text resources and resource
-/// links, a line naming each image or audio block, `isError` an error; capped like every
-/// tool's output.
+/// A `tools/call` answer as a tool result: its text and embedded text resources as text,
+/// its images and embedded image blobs as images for the model (`ToolOutput::add_image`,
+/// which explains any it must leave out), a line naming each audio block, other blob and
+/// resource link; `isError` an error. The text is capped like every tool's output; the
+/// images have their own caps.
 fn call_output(result: Result<Value, RpcError>) -> ToolOutput {
     let result = match result {
         Ok(r) => r,
         Err(e) => return ToolOutput::error(format!("MCP error {}: {}", e.code, e.message)),
     };
+    let mut out = ToolOutput::new(
+        result.get("isError").and_then(Value::as_bool) == Some(true),
+        "",
+    );
     let mut text = String::new();
+    // Images are added after the text is capped, so their refusals are never cut off.
+    let mut images: Vec<(String, &str, &str)> = Vec::new();
+    let mut n_images = 0;
     for block in result
         .get("content")
         .and_then(Value::as_array)
@@ -562,29 +571,41 @@ fn call_output(result: Result<Value, RpcError>) -> ToolOutput {
         let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or("");
         let piece: Option<Cow<str>> = match block.get("type").and_then(Value::as_str) {
             Some("text") => block.get("text").and_then(Value::as_str).map(Cow::Borrowed),
+            Some("image") => {
+                n_images += 1;
+                images.push((
+                    format!("image {n_images}"),
+                    field("mimeType"),
+                    field("data"),
+                ));
+                None
+            }
             Some("resource") => {
                 let resource = block.get("resource").unwrap_or(&Value::Null);
                 let get = |k: &str| resource.get(k).and_then(Value::as_str);
-                Some(match (get("text"), get("blob")) {
-                    (Some(t), _) => {
-                        Cow::Owned(format!("[resource {}]\n{t}", get("uri").unwrap_or("")))
+                let uri = get("uri").unwrap_or("");
+                match (get("text"), get("blob"), get("mimeType")) {
+                    (Some(t), _, _) => Some(Cow::Owned(format!("[resource {uri}]\n{t}"))),
+                    (None, Some(b), Some(mime)) if mime.starts_with("image/") => {
+                        images.push((format!("resource {uri}"), mime, b));
+                        None
                     }
-                    (None, Some(b)) => Cow::Owned(format!(
-                        "[resource {} ({}, {} bytes of base64)]",
-                        get("uri").unwrap_or(""),
-                        get("mimeType").unwrap_or("binary"),
+                    (None, Some(b), mime) => Some(Cow::Owned(format!(
+                        "[resource {uri} ({}, {} bytes of base64) not shown: only text and \
+                         image resources reach the model]",
+                        mime.unwrap_or("binary"),
                         b.len()
-                    )),
-                    (None, None) => Cow::Owned(format!("[resource {}]", get("uri").unwrap_or(""))),
-                })
+                    ))),
+                    (None, None, _) => Some(Cow::Owned(format!("[resource {uri}]"))),
+                }
             }
             Some("resource_link") => Some(Cow::Owned(format!(
                 "[resource link {} {}]",
                 field("uri"),
                 field("name")
             ))),
-            Some(kind @ ("image" | "audio")) => Some(Cow::Owned(format!(
-                "[{kind} {} ({} bytes of base64); caliban cannot show it to the model]",
+            Some("audio") => Some(Cow::Owned(format!(
+                "[audio {} ({} bytes of base64) not shown: the model takes no audio]",
                 field("mimeType"),
                 field("data").len()
             ))),
@@ -599,14 +620,16 @@ fn call_output(result: Result<Value, RpcError>) -> ToolOutput {
         }
     }
     if text.is_empty()
+        && images.is_empty()
         && let Some(structured) = result.get("structuredContent")
     {
         text = structured.to_string();
     }
-    ToolOutput {
-        is_error: result.get("isError").and_then(Value::as_bool) == Some(true),
-        text: crate::tools::fs::cap_output(text),
+    out.text = crate::tools::fs::cap_output(text);
+    for (what, media_type, data) in images {
+        out.add_image(&what, media_type, data);
     }
+    out
 }
 
 #[cfg(test)]
@@ -756,23 +779,55 @@ mod tests {
     }
 
     #[test]
-    fn results_pass_on_resources_and_name_images() {
+    fn results_pass_on_images_and_resources() {
         let out = call_output(Ok(json!({"content": [
             {"type": "text", "text": "hi"},
             {"type": "image", "data": "AAAA", "mimeType": "image/png"},
             {"type": "resource", "resource": {"uri": "file:///a", "text": "body"}},
             {"type": "resource_link", "uri": "file:///b", "name": "b"},
+            {"type": "resource", "resource": {"uri": "file:///c.jpg", "blob": "BBBB", "mimeType": "image/jpeg"}},
+            {"type": "resource", "resource": {"uri": "file:///d.bin", "blob": "CCCC", "mimeType": "application/pdf"}},
+            {"type": "audio", "data": "DDDD", "mimeType": "audio/wav"},
+            {"type": "image", "data": "EEEE", "mimeType": "image/bmp"},
         ]})));
         assert!(!out.is_error);
         assert_eq!(
             out.text,
-            "hi\n[image image/png (4 bytes of base64); caliban cannot show it to the model]\n\
-             [resource file:///a]\nbody\n[resource link file:///b b]"
+            "hi\n[resource file:///a]\nbody\n[resource link file:///b b]\n\
+             [resource file:///d.bin (application/pdf, 4 bytes of base64) not shown: only text \
+             and image resources reach the model]\n\
+             [audio audio/wav (4 bytes of base64) not shown: the model takes no audio]\n\
+             [image 2 (image/bmp) not passed on to the model: unsupported image type \
+             `image/bmp`: expected one of image/png, image/jpeg, image/gif, image/webp]"
         );
+        assert_eq!(
+            out.images,
+            vec![
+                crate::model::types::ContentBlock::image("image/png", "AAAA").unwrap(),
+                crate::model::types::ContentBlock::image("image/jpeg", "BBBB").unwrap(),
+            ]
+        );
+        // An image alone: no text block, and `structuredContent` is not put in its place.
+        let only = call_output(Ok(json!({"content": [
+            {"type": "image", "data": "AAAA", "mimeType": "image/webp"}],
+            "structuredContent": {"x": 1}})));
+        assert_eq!((only.text.as_str(), only.images.len()), ("", 1));
         let big = call_output(Ok(
             json!({"content": [{"type": "text", "text": "x".repeat(1 << 20)}]}),
         ));
         assert!(big.text.len() < 70 * 1024);
+        // A capped text still ends with what was refused.
+        let huge = "A".repeat(crate::model::types::MAX_IMAGE_BASE64 + 4);
+        let both = call_output(Ok(json!({"content": [
+            {"type": "text", "text": "x".repeat(1 << 20)},
+            {"type": "image", "data": huge, "mimeType": "image/png"}]})));
+        assert!(both.images.is_empty());
+        assert!(
+            both.text
+                .ends_with("image too large: 3145732 bytes of base64, at most 3145728]"),
+            "{}",
+            &both.text[both.text.len() - 200..]
+        );
     }
 
     #[test]

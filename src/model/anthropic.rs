@@ -163,12 +163,15 @@ fn block_json(block: &ContentBlock) -> Option<Value> {
             content,
             is_error,
         } => {
-            let texts: Vec<Value> = content
+            // Text and image blocks, as the API takes them inside a result (a tool's
+            // images reach the model this way: `Read` of a picture, an MCP tool's image).
+            let inner: Vec<Value> = content
                 .iter()
                 .filter_map(|inner| match inner {
                     ContentBlock::Text { text } if !text.trim().is_empty() => {
                         Some(json!({"type": "text", "text": text}))
                     }
+                    image @ ContentBlock::Image { .. } => Some(image.to_json()),
                     _ => None,
                 })
                 .collect();
@@ -176,8 +179,8 @@ fn block_json(block: &ContentBlock) -> Option<Value> {
             obj.insert("type".into(), json!("tool_result"));
             obj.insert("tool_use_id".into(), json!(tool_use_id));
             // `content` is optional; an empty text block inside it would be a 400.
-            if !texts.is_empty() {
-                obj.insert("content".into(), Value::Array(texts));
+            if !inner.is_empty() {
+                obj.insert("content".into(), Value::Array(inner));
             }
             if *is_error {
                 obj.insert("is_error".into(), json!(true));
@@ -726,6 +729,45 @@ mod tests {
                      "cache_control": {"type": "ephemeral"}},
                 ]},
             ])
+        );
+    }
+
+    #[test]
+    fn tool_result_images_travel_inside_the_result() {
+        let png = ContentBlock::image("image/png", "iVBORw0KGgo=").unwrap();
+        let messages = [Message {
+            role: Role::User,
+            content: vec![
+                ContentBlock::ToolResult {
+                    tool_use_id: "toolu_01".into(),
+                    content: vec![ContentBlock::text("a screenshot"), png.clone()],
+                    is_error: false,
+                },
+                ContentBlock::ToolResult {
+                    tool_use_id: "toolu_02".into(),
+                    content: vec![png],
+                    is_error: false,
+                },
+            ],
+        }];
+        let req = ModelRequest {
+            model: "m",
+            max_tokens: 100,
+            effort: None,
+            system: "",
+            messages: &messages,
+            tools: &[],
+        };
+        let image = json!({"type": "image", "source": {"type": "base64",
+                           "media_type": "image/png", "data": "iVBORw0KGgo="}});
+        assert_eq!(
+            body_json(&req)["messages"],
+            json!([{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01",
+                 "content": [{"type": "text", "text": "a screenshot"}, image]},
+                {"type": "tool_result", "tool_use_id": "toolu_02", "content": [image],
+                 "cache_control": {"type": "ephemeral"}},
+            ]}])
         );
     }
 

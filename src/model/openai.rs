@@ -97,9 +97,12 @@ fn joined_text(blocks: &[ContentBlock]) -> String {
 
 /// A user turn becomes one `tool` message per tool result, then the user's own text. The
 /// tool messages come first because they must directly follow the assistant message whose
-/// `tool_calls` they answer.
+/// `tool_calls` they answer. A `tool` message takes only text, so the images of the results
+/// (`Read` of a picture, an MCP tool's image) follow all of them in one `user` message, each
+/// group introduced by the call it came from, with the user's own words after them.
 fn push_user(message: &Message, out: &mut Vec<Value>) {
     let mut had_results = false;
+    let mut parts = Vec::new();
     for block in &message.content {
         if let ContentBlock::ToolResult {
             tool_use_id,
@@ -109,28 +112,31 @@ fn push_user(message: &Message, out: &mut Vec<Value>) {
         {
             // There is no `is_error` on this wire; the tool's text already says what failed.
             had_results = true;
+            let mut text = joined_text(content);
+            let images = image_parts(content);
+            if !images.is_empty() {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&format!(
+                    "[{} image(s) of this result follow in the next user message]",
+                    images.len()
+                ));
+                parts.push(json!({"type": "text",
+                                  "text": format!("Images from tool call {tool_use_id}:")}));
+                parts.extend(images);
+            }
             out.push(json!({
                 "role": "tool",
                 "tool_call_id": tool_use_id,
-                "content": joined_text(content),
+                "content": text,
             }));
         }
     }
     let text = joined_text(&message.content);
-    let images: Vec<Value> = message
-        .content
-        .iter()
-        .filter_map(|block| match block {
-            ContentBlock::Image { media_type, data } => Some(json!({
-                "type": "image_url",
-                "image_url": {"url": format!("data:{media_type};base64,{data}")},
-            })),
-            _ => None,
-        })
-        .collect();
-    if !images.is_empty() {
+    let images = image_parts(&message.content);
+    if !images.is_empty() || !parts.is_empty() {
         // Parts only when there is an image: a plain string suits more chat templates.
-        let mut parts = Vec::with_capacity(images.len() + 1);
         if !text.is_empty() {
             parts.push(json!({"type": "text", "text": text}));
         }
@@ -143,6 +149,20 @@ fn push_user(message: &Message, out: &mut Vec<Value>) {
     if !text.is_empty() || !had_results {
         out.push(json!({"role": "user", "content": text}));
     }
+}
+
+/// The image blocks of `blocks` as `image_url` parts with `data:` URLs.
+fn image_parts(blocks: &[ContentBlock]) -> Vec<Value> {
+    blocks
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Image { media_type, data } => Some(json!({
+                "type": "image_url",
+                "image_url": {"url": format!("data:{media_type};base64,{data}")},
+            })),
+            _ => None,
+        })
+        .collect()
 }
 
 /// An assistant turn: text as `content`, tool uses as `tool_calls`. Thinking is dropped:
@@ -815,6 +835,83 @@ mod tests {
                 {"role": "tool", "tool_call_id": "b", "content": ""},
                 {"role": "user", "content": "and then"},
             ])
+        );
+    }
+
+    #[test]
+    fn tool_result_images_follow_every_tool_message_in_one_user_message() {
+        let png = ContentBlock::image("image/png", "iVBORw0KGgo=").unwrap();
+        let gif = ContentBlock::image("image/gif", "R0lGOD==").unwrap();
+        let messages = [
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    ContentBlock::ToolUse {
+                        id: "a".into(),
+                        name: "Read".into(),
+                        input: json!({"path": "a.png"}),
+                    },
+                    ContentBlock::ToolUse {
+                        id: "b".into(),
+                        name: "Bash".into(),
+                        input: json!({}),
+                    },
+                    ContentBlock::ToolUse {
+                        id: "c".into(),
+                        name: "mcp__s__shot".into(),
+                        input: json!({}),
+                    },
+                ],
+            },
+            Message {
+                role: Role::User,
+                content: vec![
+                    ContentBlock::ToolResult {
+                        tool_use_id: "a".into(),
+                        content: vec![png.clone()],
+                        is_error: false,
+                    },
+                    ContentBlock::ToolResult {
+                        tool_use_id: "b".into(),
+                        content: vec![ContentBlock::text("ok")],
+                        is_error: false,
+                    },
+                    ContentBlock::ToolResult {
+                        tool_use_id: "c".into(),
+                        content: vec![ContentBlock::text("two shots"), png, gif],
+                        is_error: false,
+                    },
+                    ContentBlock::text("and look"),
+                ],
+            },
+        ];
+        let req = ModelRequest {
+            model: "m",
+            max_tokens: 5,
+            effort: None,
+            system: "",
+            messages: &messages,
+            tools: &[],
+        };
+        let url = |t: &str, d: &str| json!({"type": "image_url", "image_url": {"url": format!("data:{t};base64,{d}")}});
+        let body = body_json(&req);
+        assert_eq!(
+            body["messages"].as_array().unwrap()[1..],
+            [
+                json!({"role": "tool", "tool_call_id": "a",
+                       "content": "[1 image(s) of this result follow in the next user message]"}),
+                json!({"role": "tool", "tool_call_id": "b", "content": "ok"}),
+                json!({"role": "tool", "tool_call_id": "c", "content":
+                       "two shots\n[2 image(s) of this result follow in the next user message]"}),
+                json!({"role": "user", "content": [
+                    {"type": "text", "text": "Images from tool call a:"},
+                    url("image/png", "iVBORw0KGgo="),
+                    {"type": "text", "text": "Images from tool call c:"},
+                    url("image/png", "iVBORw0KGgo="),
+                    url("image/gif", "R0lGOD=="),
+                    {"type": "text", "text": "and look"},
+                ]}),
+            ]
         );
     }
 

@@ -92,6 +92,18 @@ impl ContentBlock {
         })
     }
 
+    /// An image block from the image's bytes, encoded as base64; refused as `image` refuses.
+    pub fn image_of_bytes(media_type: &str, bytes: &[u8]) -> Result<ContentBlock, String> {
+        if bytes.len().div_ceil(3) * 4 > MAX_IMAGE_BASE64 {
+            return Err(format!(
+                "image too large: {} bytes, at most {} ({MAX_IMAGE_BASE64} bytes of base64)",
+                bytes.len(),
+                MAX_IMAGE_BASE64 / 4 * 3
+            ));
+        }
+        ContentBlock::image(media_type, &base64(bytes))
+    }
+
     /// Images from upstream's block shape (`{"type":"image","source":{"type":"base64",
     /// "media_type","data"}}`), as prompts on the drive surfaces and print mode's input
     /// carry them; at most `MAX_IMAGES`.
@@ -231,6 +243,50 @@ impl ContentBlock {
             None => Err("content block has no `type`".to_owned()),
         }
     }
+}
+
+/// `blocks` with each image, tool results' included, replaced by what `swap` makes of it
+/// (for views of a conversation that must not carry every picture in it).
+pub fn swap_images(
+    blocks: &[ContentBlock],
+    swap: &mut impl FnMut(&ContentBlock) -> ContentBlock,
+) -> Vec<ContentBlock> {
+    blocks
+        .iter()
+        .map(|block| match block {
+            ContentBlock::Image { .. } => swap(block),
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => ContentBlock::ToolResult {
+                tool_use_id: tool_use_id.clone(),
+                content: swap_images(content, swap),
+                is_error: *is_error,
+            },
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// `bytes` in standard base64 with padding (RFC 4648 §4), as both providers take images.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -463,6 +519,35 @@ impl ModelEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648_vectors() {
+        let cases = [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ];
+        for (plain, encoded) in cases {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+        assert_eq!(base64(&[0xff, 0xfe, 0xfd]), "//79");
+        let png = ContentBlock::image_of_bytes("image/png", b"\x89PNG\r\n\x1a\n").unwrap();
+        assert_eq!(
+            png,
+            ContentBlock::image("image/png", "iVBORw0KGgo=").unwrap()
+        );
+        let big = vec![0u8; MAX_IMAGE_BASE64 / 4 * 3 + 1];
+        assert!(
+            ContentBlock::image_of_bytes("image/png", &big)
+                .unwrap_err()
+                .contains("too large")
+        );
+        assert!(ContentBlock::image_of_bytes("image/png", &big[1..]).is_ok());
+    }
 
     #[test]
     fn start_and_usage_are_not_output() {

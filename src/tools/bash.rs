@@ -488,7 +488,7 @@ impl BashJob {
             },
             (None, _) => text.push_str("[exit status unknown]"),
         }
-        ToolOutput { is_error, text }
+        ToolOutput::new(is_error, text)
     }
 
     /// The result for the model and, when the command failed in a way the sandbox explains,

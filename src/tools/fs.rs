@@ -27,7 +27,7 @@ use regex::{Regex, RegexBuilder};
 use serde_json::{Map, Value, json};
 
 use crate::glob::{Glob, GlobOptions};
-use crate::model::types::ToolSpec;
+use crate::model::types::{ContentBlock, MAX_IMAGE_BASE64, ToolSpec};
 use crate::tools::ToolOutput;
 use crate::tools::spec::closed_object;
 use crate::tools::table::{cap_title, text_field};
@@ -74,7 +74,9 @@ pub(crate) fn read_spec() -> ToolSpec {
             Shows at most `limit` lines (default 2000) starting at line `offset` (default 1); \
             lines over 2000 characters are cut, and output stops at 64 KiB with a note saying \
             which offset to continue from. Files over 5 MB and binary files are refused; \
-            invalid UTF-8 is shown as U+FFFD. Use Glob, not Read, to list a directory.",
+            invalid UTF-8 is shown as U+FFFD. An image (.png, .jpg, .jpeg, .gif, .webp, up \
+            to 2.25 MiB) is shown to you as a picture instead. Use Glob, not Read, to list \
+            a directory.",
         ),
         input_schema: closed_object(
             json!({
@@ -100,7 +102,87 @@ pub(crate) fn read_spec() -> ToolSpec {
 
 /// Runs one `Read` call. Blocking; call it from a worker thread, not the reactor.
 pub(crate) fn run_read(input: &Value, workspace: &Path) -> ToolOutput {
-    finish("Read", read(input, workspace))
+    let (target, offset, limit) = match read_args(input, workspace) {
+        Ok(args) => args,
+        Err(err) => return refusal("Read")(err),
+    };
+    if image_type(&target.rel).is_some() {
+        return read_image(&target).unwrap_or_else(refusal("Read"));
+    }
+    finish(
+        "Read",
+        load_text(&target)
+            .and_then(|(text, lossy)| render_read(&target.rel, &text, lossy, offset, limit)),
+    )
+}
+
+/// The image types `Read` shows the model as pictures, by file extension (what the model
+/// names): the four both providers take.
+const IMAGE_EXTENSIONS: [(&str, &str); 5] = [
+    ("png", "image/png"),
+    ("jpg", "image/jpeg"),
+    ("jpeg", "image/jpeg"),
+    ("gif", "image/gif"),
+    ("webp", "image/webp"),
+];
+
+/// The largest image file `Read` shows: as much as fits `MAX_IMAGE_BASE64` once encoded.
+const MAX_IMAGE_FILE_BYTES: u64 = (MAX_IMAGE_BASE64 / 4 * 3) as u64;
+
+/// The image type a path's extension names, if `Read` shows it as a picture.
+fn image_type(path: &str) -> Option<&'static str> {
+    let (_, ext) = path.rsplit_once('.')?;
+    IMAGE_EXTENSIONS
+        .iter()
+        .find(|(e, _)| e.eq_ignore_ascii_case(ext))
+        .map(|(_, media_type)| *media_type)
+}
+
+/// Whether a `Read` call names an image file, which is read here and not through an
+/// editor (whose `fs/read_text_file` gives text).
+pub(crate) fn reads_image(input: &Value) -> bool {
+    image_type(text_field(input, "path")).is_some()
+}
+
+/// The type an image's first bytes say it is (its magic number), if one of `IMAGE_TYPES`.
+fn sniff_image(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// `Read` of an image file: the picture for the model, with a header line naming it. The
+/// type comes from the file's bytes (a `.png` that is really a JPEG is sent as one); a file
+/// none of the four types' bytes start is refused rather than sent mislabelled.
+fn read_image(target: &Resolved) -> Result<ToolOutput, String> {
+    let rel = &target.rel;
+    let bytes = load_bytes(target, MAX_IMAGE_FILE_BYTES, |n_bytes| {
+        format!(
+            "`{rel}` is an image of {n_bytes} bytes, too large to show the model: at most \
+             {MAX_IMAGE_FILE_BYTES} bytes ({MAX_IMAGE_BASE64} bytes of base64); make a \
+             smaller copy (e.g. with Bash) and read that"
+        )
+    })?;
+    let Some(media_type) = sniff_image(&bytes) else {
+        return Err(format!(
+            "`{rel}` is named as an image but its bytes are not PNG, JPEG, GIF or WebP; not shown"
+        ));
+    };
+    let image = ContentBlock::image_of_bytes(media_type, &bytes)?;
+    let mut out = ToolOutput::ok(format!(
+        "→ Read {rel}: {media_type}, {} bytes, shown as an image",
+        bytes.len()
+    ));
+    out.images.push(image);
+    Ok(out)
 }
 
 /// A `Read` call's title: the file, and the line it starts at when not the first.
@@ -110,12 +192,6 @@ pub(crate) fn read_title(input: &Value) -> String {
         Some(line) if line > 1 => format!("Read {path} (from line {line})"),
         _ => format!("Read {path}"),
     }
-}
-
-fn read(input: &Value, workspace: &Path) -> ToolResult {
-    let (target, offset, limit) = read_args(input, workspace)?;
-    let (text, lossy) = load_text(&target)?;
-    render_read(&target.rel, &text, lossy, offset, limit)
 }
 
 /// `Read`'s input: the file, the first line (1-based) and how many lines.
@@ -1695,6 +1771,28 @@ fn require_dir(target: &Resolved) -> Result<(), String> {
 /// true when invalid UTF-8 had to be replaced.
 fn load_text(target: &Resolved) -> Result<(String, bool), String> {
     let rel = &target.rel;
+    let bytes = load_bytes(target, MAX_FILE_BYTES, |n_bytes| {
+        format!("`{rel}` is {n_bytes} bytes, over the 5 MB limit; search it with Grep instead")
+    })?;
+    if looks_binary(&bytes) {
+        return Err(format!(
+            "`{rel}` looks binary (a NUL byte in its first 8 KiB); not shown"
+        ));
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((text, false)),
+        Err(err) => Ok((String::from_utf8_lossy(err.as_bytes()).into_owned(), true)),
+    }
+}
+
+/// The bytes of a regular file of at most `max` bytes; `too_big` says why a larger one is
+/// refused.
+fn load_bytes(
+    target: &Resolved,
+    max: u64,
+    too_big: impl Fn(u64) -> String,
+) -> Result<Vec<u8>, String> {
+    let rel = &target.rel;
     let meta = fs::metadata(&target.abs).map_err(|err| io_message(rel, &err))?;
     if meta.is_dir() {
         return Err(format!(
@@ -1705,25 +1803,14 @@ fn load_text(target: &Resolved) -> Result<(String, bool), String> {
     if !meta.is_file() {
         return Err(format!("`{rel}` is not a regular file"));
     }
-    let too_big = |n_bytes: u64| {
-        format!("`{rel}` is {n_bytes} bytes, over the 5 MB limit; search it with Grep instead")
-    };
-    if meta.len() > MAX_FILE_BYTES {
+    if meta.len() > max {
         return Err(too_big(meta.len()));
     }
     let bytes = fs::read(&target.abs).map_err(|err| io_message(rel, &err))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
+    if bytes.len() as u64 > max {
         return Err(too_big(bytes.len() as u64));
     }
-    if looks_binary(&bytes) {
-        return Err(format!(
-            "`{rel}` looks binary (a NUL byte in its first 8 KiB); not shown"
-        ));
-    }
-    match String::from_utf8(bytes) {
-        Ok(text) => Ok((text, false)),
-        Err(err) => Ok((String::from_utf8_lossy(err.as_bytes()).into_owned(), true)),
-    }
+    Ok(bytes)
 }
 
 fn looks_binary(bytes: &[u8]) -> bool {
@@ -2168,12 +2255,58 @@ mod tests {
         );
         let mut blob = b"PNG\x00\x01".to_vec();
         blob.extend_from_slice(b"rest");
-        ws.put("img.png", blob);
-        assert!(err("Read", json!({"path": "img.png"}), &ws).contains("looks binary"));
+        ws.put("img.bin", blob);
+        assert!(err("Read", json!({"path": "img.bin"}), &ws).contains("looks binary"));
         let big = File::create(ws.path().join("big.log")).expect("create");
         big.set_len(MAX_FILE_BYTES + 1).expect("set_len");
         let msg = err("Read", json!({"path": "big.log"}), &ws);
         assert!(msg.contains("over the 5 MB limit"), "{msg}");
+    }
+
+    #[test]
+    fn read_shows_images_as_pictures() {
+        let ws = TempDir::new();
+        let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+        ws.put("shots/a.PNG", png);
+        let out = run("Read", &json!({"path": "shots/a.PNG"}), ws.path());
+        assert!(!out.is_error, "{}", out.text);
+        assert_eq!(
+            out.text,
+            "→ Read shots/a.PNG: image/png, 16 bytes, shown as an image"
+        );
+        assert_eq!(
+            out.images,
+            [ContentBlock::image_of_bytes("image/png", png).unwrap()]
+        );
+        // The bytes say what it is, whatever the name says.
+        ws.put("photo.png", b"\xff\xd8\xff\xe0JFIF");
+        let out = run("Read", &json!({"path": "photo.png"}), ws.path());
+        assert!(
+            matches!(&out.images[0], ContentBlock::Image { media_type, .. } if media_type == "image/jpeg")
+        );
+        ws.put("anim.gif", b"GIF89a....");
+        ws.put("pic.webp", b"RIFF\0\0\0\0WEBPVP8 ");
+        for (path, media_type) in [("anim.gif", "image/gif"), ("pic.webp", "image/webp")] {
+            let out = run("Read", &json!({"path": path}), ws.path());
+            assert!(
+                matches!(&out.images[0], ContentBlock::Image { media_type: t, .. } if t == media_type),
+                "{path}"
+            );
+        }
+        ws.put("fake.jpg", "just text");
+        assert_eq!(
+            err("Read", json!({"path": "fake.jpg"}), &ws),
+            "Read: `fake.jpg` is named as an image but its bytes are not PNG, JPEG, GIF or WebP; not shown"
+        );
+        let big = File::create(ws.path().join("big.png")).expect("create");
+        big.set_len(MAX_IMAGE_FILE_BYTES + 1).expect("set_len");
+        let msg = err("Read", json!({"path": "big.png"}), &ws);
+        assert!(
+            msg.contains("too large to show the model: at most 2359296 bytes"),
+            "{msg}"
+        );
+        assert!(reads_image(&json!({"path": "a/b.jpeg"})));
+        assert!(!reads_image(&json!({"path": "a.d/readme"})));
     }
 
     #[test]

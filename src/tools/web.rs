@@ -289,10 +289,7 @@ impl FetchRequest {
             }
             None => out.push_str(&text),
         }
-        ToolOutput {
-            is_error: status >= 400,
-            text: out,
-        }
+        ToolOutput::new(status >= 400, out)
     }
 }
 

@@ -113,6 +113,24 @@ fn text_content(text: &str) -> Value {
     json!({"type": "content", "content": {"type": "text", "text": text}})
 }
 
+/// An image as ACP tool-call content (a `content` item holding an `image` block), from an
+/// image block in upstream's shape (`source.media_type`, `source.data`).
+pub(super) fn image_content(block: &Value) -> Value {
+    let source = block.get("source").unwrap_or(&Value::Null);
+    json!({"type": "content", "content": {"type": "image", "mimeType": source["media_type"],
+                                           "data": source["data"]}})
+}
+
+/// The image blocks among a tool result's content, as ACP tool-call content.
+fn result_images(content: &Value) -> impl Iterator<Item = Value> + '_ {
+    content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("image"))
+        .map(image_content)
+}
+
 /// The `session/update`s that replay a conversation: user and agent text, thoughts, and one
 /// `tool_call` per call carrying its input and final status and result. A call's result is
 /// the one answering it in the message that follows its own (by id, and among calls that
@@ -188,11 +206,13 @@ pub fn replay(
                         .get("is_error")
                         .and_then(Value::as_bool)
                         .unwrap_or(false);
-                    let text = result_text(block.get("content").unwrap_or(&Value::Null));
+                    let result = block.get("content").unwrap_or(&Value::Null);
+                    let text = result_text(result);
                     let card = &mut updates[at];
                     card["status"] = json!(if is_error { "failed" } else { "completed" });
                     if let Some(content) = card["content"].as_array_mut() {
                         content.push(text_content(&text));
+                        content.extend(result_images(result));
                     }
                 }
                 ("assistant", Some("text")) => updates.push(json!({
@@ -312,7 +332,10 @@ mod tests {
                 {"type": "text", "text": "reading"},
                 {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]}),
             json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                   "content": [{"type": "text", "text": "a.txt"}], "is_error": true}]}),
+                   "content": [{"type": "text", "text": "a.txt"},
+                               {"type": "image", "source": {"type": "base64",
+                                "media_type": "image/png", "data": "AAAA"}}],
+                   "is_error": true}]}),
         ];
         let updates = replay(&messages, Path::new("/"), &mut CallIds::default(), false);
         let kinds: Vec<&str> = updates
@@ -331,6 +354,12 @@ mod tests {
         assert_eq!(updates[3]["status"], "failed");
         assert_eq!(updates[3]["title"], "ls");
         assert_eq!(updates[3]["content"][0]["content"]["text"], "a.txt");
+        // The picture the model was shown, as an ACP image block.
+        assert_eq!(
+            updates[3]["content"][1],
+            json!({"type": "content", "content": {"type": "image", "mimeType": "image/png",
+                                                  "data": "AAAA"}})
+        );
     }
 
     /// A model that repeats ids (local servers do): each call keeps its own result, and

@@ -127,7 +127,8 @@ pub fn start(
 ) -> Option<Result<(Step, Request), ToolOutput>> {
     let delegation = table::lookup(tool).map_or(Delegation::Local, |row| row.delegation);
     let check = match delegation {
-        Delegation::ReadFile(check) if caps.read => check,
+        // An image is read here: the editor's `fs/read_text_file` gives only text.
+        Delegation::ReadFile(check) if caps.read && !fs::reads_image(input) => check,
         Delegation::WriteFile(check) if caps.write => check,
         Delegation::EditFile(check) if caps.read && caps.write => check,
         Delegation::Terminal(parse) if caps.terminal => {
@@ -439,7 +440,7 @@ fn terminal_result(
             true
         }
     };
-    ToolOutput { is_error, text }
+    ToolOutput::new(is_error, text)
 }
 
 #[cfg(test)]

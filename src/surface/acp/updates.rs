@@ -10,6 +10,7 @@ use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
 use crate::engine::RetryNotice;
+use crate::model::types::ContentBlock;
 use crate::surface::host::Cx;
 use crate::tools::todo::{Todo, TodoStatus};
 
@@ -117,6 +118,7 @@ impl AcpServe {
                 tool_use_id,
                 is_error,
                 result_text,
+                content: result,
                 ..
             } => {
                 // A call whose opening this session never saw keeps the model's id.
@@ -131,6 +133,13 @@ impl AcpServe {
                 if !result_text.is_empty() {
                     content.push(text_content(result_text));
                 }
+                // The pictures the model was shown (`Read` of an image, an MCP tool's).
+                content.extend(
+                    result
+                        .iter()
+                        .filter(|b| matches!(b, ContentBlock::Image { .. }))
+                        .map(|b| super::convo::image_content(&b.to_json())),
+                );
                 let mut update = json!({
                     "sessionUpdate": "tool_call_update",
                     "toolCallId": wire,
