@@ -545,6 +545,64 @@ fn mcp_client_server_that_never_lists_is_given_up_and_the_run_goes_on() {
 }
 
 #[test]
+fn mcp_client_relist_that_hangs_is_given_up_and_the_old_tools_stay() {
+    let ws = Workspace::new("mcpc-relist-hangs");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__hangs__change", "t1", json!({})),
+            text_turn("first run over"),
+            call("mcp__hangs__echo", "t2", json!({"text": "old list"})),
+            text_turn("second run over"),
+        ]}),
+    );
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/mcp_client/relist_hangs.py"
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"hangs": {"command": "python3", "args": [script]}}),
+    );
+    // A 1 s call timeout makes the re-list deadline its floor, `START_WAIT` (10 s).
+    let serve = Serve::start(
+        &ws,
+        &stub,
+        &[
+            "--mcp-config",
+            &cfg,
+            "--allow",
+            "mcp__hangs__*",
+            "--mcp-timeout",
+            "1",
+        ],
+        &[],
+    );
+    let first = start_run(serve.addr, json!({"prompt": "change"})).expect("run");
+    wait_done(serve.addr, &first);
+    assert_eq!(result(&results(&stub), "t1").2, "changed");
+    wait_until("the hung re-list to be given up", || {
+        serve
+            .stderr()
+            .contains("did not list them again within 10 s; it keeps offering the 2 tools")
+    });
+    // The server is neither listing nor dropped: the next run is offered the old list at
+    // once and calls it.
+    let second = start_run(serve.addr, json!({"prompt": "echo"})).expect("run");
+    wait_done(serve.addr, &second);
+    assert_eq!(state(serve.addr, &second), "done");
+    let tools = offered(&stub, 2);
+    assert!(tools.contains(&"mcp__hangs__echo".to_owned()), "{tools:?}");
+    assert_eq!(result(&results(&stub), "t2").2, "echo: old list");
+    let stderr = serve.stderr();
+    assert!(
+        !stderr.contains("MCP server `hangs` ("),
+        "not dropped: {stderr}"
+    );
+}
+
+#[test]
 fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
     let ws = Workspace::new("mcpc-cancel");
     let stub = Stub::start(

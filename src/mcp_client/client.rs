@@ -112,6 +112,8 @@ pub struct Client {
     relist: Option<(Vec<ToolSpec>, HashMap<String, String>)>,
     /// A `list_changed` arrived while a list was in flight: list again when it ends.
     relist_again: bool,
+    /// Counts the re-lists begun, so the hub's deadline is for the one in flight.
+    relists: u64,
     /// Model-facing name → the server's own tool name.
     names: HashMap<String, String>,
     out: VecDeque<Vec<u8>>,
@@ -134,6 +136,7 @@ impl Client {
             tools: Vec::new(),
             relist: None,
             relist_again: false,
+            relists: 0,
             names: HashMap::new(),
             out: VecDeque::new(),
             out_bytes: 0,
@@ -173,6 +176,24 @@ impl Client {
     /// Whether a tool list is being read: the first, or a new one after `list_changed`.
     pub fn is_listing(&self) -> bool {
         self.phase == Phase::Starting || self.relist.is_some()
+    }
+
+    /// The re-list in flight after `list_changed`, by number (each begun gets the next).
+    pub fn relisting(&self) -> Option<u64> {
+        self.relist.is_some().then_some(self.relists)
+    }
+
+    /// Gives up the re-list in flight (its deadline passed): the tools listed before stay
+    /// offered, the late answer is ignored, and a later `list_changed` lists afresh.
+    /// Whether one was in flight.
+    pub fn abandon_relist(&mut self) -> bool {
+        if self.relist.take().is_none() {
+            return false;
+        }
+        self.relist_again = false;
+        // Once `Ready`, every `tools/list` in flight is a re-list's.
+        self.pending.retain(|_, p| !matches!(p, Pending::List));
+        true
     }
 
     /// The tools offered to the model (only once `Ready`).
@@ -393,9 +414,7 @@ impl Client {
                         self.relist_again = true;
                         Vec::new()
                     } else {
-                        self.relist = Some(Default::default());
-                        self.pages = 0;
-                        self.list(None)
+                        self.begin_relist()
                     }
                 }
                 // Logging and other notifications are not acted on.
@@ -438,6 +457,13 @@ impl Client {
                 output: call_output(result),
             }],
         }
+    }
+
+    fn begin_relist(&mut self) -> Vec<Event> {
+        self.relist = Some(Default::default());
+        self.relists += 1;
+        self.pages = 0;
+        self.list(None)
     }
 
     fn list(&mut self, cursor: Option<&str>) -> Vec<Event> {
@@ -526,9 +552,7 @@ impl Client {
             self.names = names;
             let mut events = vec![Event::ToolsChanged];
             if std::mem::take(&mut self.relist_again) {
-                self.relist = Some(Default::default());
-                self.pages = 0;
-                events.extend(self.list(None));
+                events.extend(self.begin_relist());
             }
             return events;
         }
@@ -734,6 +758,29 @@ mod tests {
         assert_eq!(events, vec![Event::ToolsChanged]);
         assert!(!c.has_tool("mcp__s__a"));
         assert!(c.has_tool("mcp__s__b"));
+    }
+
+    #[test]
+    fn a_relist_given_up_keeps_the_old_list_and_ignores_the_late_answer() {
+        let mut c = ready("s");
+        sent(&mut c);
+        assert_eq!(c.relisting(), None);
+        c.on_bytes(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#);
+        let id = sent(&mut c)[0]["id"].as_i64().unwrap();
+        assert_eq!(c.relisting(), Some(1));
+        assert!(c.is_listing());
+        assert!(c.abandon_relist());
+        assert!(!c.is_listing());
+        assert!(!c.abandon_relist());
+        assert!(c.has_tool("mcp__s__a"));
+        // The late answer changes nothing.
+        let late =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"b"}}]}}}}"#);
+        assert!(c.on_bytes(late.as_bytes()).is_empty());
+        assert!(c.has_tool("mcp__s__a") && !c.has_tool("mcp__s__b"));
+        // A later change lists afresh, under a new number.
+        c.on_bytes(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#);
+        assert_eq!(c.relisting(), Some(2));
     }
 
     #[test]

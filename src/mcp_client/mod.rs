@@ -50,6 +50,9 @@ pub const START_WAIT: Duration = Duration::from_secs(10);
 /// up as hung (reported once, restarted by the next run that selects it). It is the call
 /// timeout, but never less than `START_WAIT` (a slow start, like `npx` fetching a package,
 /// is not a hang) nor more than this: a server that lists nothing for 30 s is not coming.
+/// A re-list after `tools/list_changed` has the same deadline; one that misses it is
+/// given up and the server keeps offering the tools it listed before (it still answers
+/// calls, so killing it would lose more than a stale list does).
 pub const LIST_DEADLINE: Duration = Duration::from_secs(30);
 
 /// One server instance (a process, or an HTTP session). A restarted server gets a new id.
@@ -83,6 +86,8 @@ pub enum Alarm {
     Reconnect,
     /// The deadline for `initialize` and the first `tools/list` (`Hub::list_deadline`).
     Listing,
+    /// The same deadline for re-list number `n` after `tools/list_changed`.
+    Relist(u64),
 }
 
 /// What the hub borrows from its owner for one call: the reactor's registry, tokens and
@@ -125,6 +130,8 @@ struct Entry {
     timers: HashMap<i64, TimerId>,
     /// The listing deadline, while the first tool list is awaited.
     listing: Option<TimerId>,
+    /// The deadline of the re-list in flight (`Client::relisting`'s number).
+    relisting: Option<(u64, TimerId)>,
     /// The death was logged.
     reported: bool,
 }
@@ -137,6 +144,9 @@ impl Entry {
             io.cancel_timer(timer);
         }
         if let Some(timer) = self.listing.take() {
+            io.cancel_timer(timer);
+        }
+        if let Some((_, timer)) = self.relisting.take() {
             io.cancel_timer(timer);
         }
         match std::mem::replace(&mut self.conn, Conn::None) {
@@ -341,6 +351,7 @@ impl Hub {
                 conn,
                 timers: HashMap::new(),
                 listing: None,
+                relisting: None,
                 reported: false,
             },
         );
@@ -535,6 +546,22 @@ impl Hub {
                     events.extend(conn.on_reconnect(io, id, &mut entry.client));
                 }
             }
+            Alarm::Relist(n) => {
+                entry.relisting = None;
+                if entry.client.relisting() == Some(n) && entry.client.abandon_relist() {
+                    log::warn(&format!(
+                        "MCP server `{}` said its tools changed but did not list them again \
+                         within {} s; it keeps offering the {} tools it listed before",
+                        entry.client.name(),
+                        deadline.as_secs(),
+                        entry.client.tools().len()
+                    ));
+                    // Runs waiting for the new list go on with the old one.
+                    let mut hub_events = self.after(io, id, events);
+                    hub_events.push(HubEvent::Settled);
+                    return hub_events;
+                }
+            }
             Alarm::Listing => {
                 entry.listing = None;
                 if entry.client.phase() == Phase::Starting {
@@ -592,6 +619,17 @@ impl Hub {
             && let Some(timer) = entry.listing.take()
         {
             io.cancel_timer(timer);
+        }
+        // A re-list begun gets the listing deadline; one that ended lets its deadline go.
+        let relisting = entry.client.relisting();
+        if entry.relisting.map(|(n, _)| n) != relisting {
+            if let Some((_, timer)) = entry.relisting.take() {
+                io.cancel_timer(timer);
+            }
+            if let Some(n) = relisting {
+                let deadline = self.call_timeout.clamp(START_WAIT, LIST_DEADLINE);
+                entry.relisting = Some((n, io.add_timer(deadline, id, Alarm::Relist(n))));
+            }
         }
         // Calls answered: their timers go.
         if events.iter().any(|e| matches!(e, Event::CallDone { .. })) {
