@@ -817,6 +817,7 @@ impl<K: HostKey> Engine<K> {
             self.drain(host);
         }
         self.shutdown();
+        self.end_mcp_sessions()?;
         if let Some(stdout) = self.stdout.as_mut() {
             // After a signal the caller asked us to stop: give a stalled reader a moment,
             // not forever. A normal end waits for the reader like any command-line tool.
@@ -2293,6 +2294,54 @@ impl<K: HostKey> Engine<K> {
             release_shell(&mut self.owners, self.reactor.registry(), &mut shell);
             shell.job.reap_blocking();
         }
+    }
+
+    /// Gives the `DELETE`s that end stopped MCP servers' HTTP sessions (`shutdown` sent
+    /// them) at most `EXIT_SESSION_WAIT`, running only the hub's part of the loop: nothing
+    /// else is left to answer, and exit must stay prompt.
+    fn end_mcp_sessions(&mut self) -> std::io::Result<()> {
+        let deadline = Instant::now() + mcp_client::EXIT_SESSION_WAIT;
+        let mut wakes = Vec::new();
+        while self.mcp.ending() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            wakes.clear();
+            self.reactor.wait(&mut wakes, Some(left))?;
+            for wake in wakes.drain(..) {
+                match wake {
+                    Wake::Io { token, .. } => {
+                        if let Some(Owner::Mcp(server, source)) = self.owners.get(&token) {
+                            let (server, source) = (*server, *source);
+                            let (hub, mut io) = self.mcp_io();
+                            hub.on_ready(&mut io, server, source);
+                        }
+                    }
+                    Wake::Timer(id) => {
+                        if let Some(TimerOwner::Mcp(server, alarm)) = self.timers.remove(&id) {
+                            let (hub, mut io) = self.mcp_io();
+                            hub.on_timer(&mut io, server, alarm);
+                        }
+                    }
+                    Wake::Woken => {
+                        while let Ok(done) = self.rx.try_recv() {
+                            if let Completion::McpResolved {
+                                server,
+                                exchange,
+                                result,
+                            } = done
+                            {
+                                let (hub, mut io) = self.mcp_io();
+                                hub.on_resolved(&mut io, server, exchange, result);
+                            }
+                        }
+                    }
+                    Wake::Signal(_) => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     fn shutdown(&mut self) {

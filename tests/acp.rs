@@ -2206,6 +2206,16 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     assert_eq!(opening["title"], "mcp__web__echo", "{opening}");
     let sent = flat(&request_messages(&stub, 1));
     assert!(sent.contains("echo: from acp"), "{sent}");
+    // Closing the session stops its servers: the HTTP one's session is ended with a
+    // DELETE while caliban goes on.
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "session/close",
+                "params": {"sessionId": session}})
+        .to_string(),
+    );
+    let (closed, _) = raw.recv_until(|f| f["id"] == 4);
+    assert_eq!(closed["result"], json!({}), "{closed}");
+    server.assert_session_deleted(&ws.root);
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
 }

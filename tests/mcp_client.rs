@@ -53,31 +53,45 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The Python server listening over HTTP (`http` or `sse`); killed on drop.
+/// The fixture identity `tests/tls.rs` serves (for `localhost` and `127.0.0.1`, signed
+/// by `tests/fixtures/ca.pem`).
+fn fixture(name: &str) -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/").to_owned() + name
+}
+
+/// The Python server listening over HTTP (`http`, `https` with the fixture identity, or
+/// `sse`); killed on drop.
 pub(crate) struct PyHttp {
     child: Child,
     pub(crate) url: String,
+    addr: SocketAddr,
 }
 
 impl PyHttp {
     pub(crate) fn start(mode: &str, mark_dir: &Path) -> PyHttp {
         let port = free_port();
+        let mut args = vec![server_script(), mode.to_owned(), port.to_string()];
+        if mode == "https" {
+            args.extend([fixture("server.pem"), fixture("server-key.pem")]);
+        }
         let child = Command::new(python())
-            .args([&server_script(), mode, &port.to_string()])
+            .args(&args)
             .env("MARK_DIR", mark_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the Python MCP server");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let server = PyHttp {
             child,
             url: match mode {
                 "sse" => format!("http://127.0.0.1:{port}/sse"),
+                "https" => format!("https://localhost:{port}/mcp"),
                 _ => format!("http://127.0.0.1:{port}/mcp"),
             },
+            addr,
         };
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         wait_until("the Python MCP server to listen", || {
             TcpStream::connect(addr).is_ok()
         });
@@ -92,7 +106,41 @@ impl Drop for PyHttp {
     }
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+impl PyHttp {
+    /// Checks that caliban ended its session: the server saw a `DELETE` with the session
+    /// id and answered it, and (over plain HTTP, which this probe speaks) a request with
+    /// that id now gets 404: the session is gone.
+    pub(crate) fn assert_session_deleted(&self, mark_dir: &Path) {
+        let marked = mark_dir.join("session-deleted");
+        wait_until("the server to see the session's DELETE", || marked.exists());
+        let text = std::fs::read_to_string(&marked).expect("read the mark");
+        let (session, status) = text.split_once(' ').expect("`session status`");
+        assert_eq!(status, "200", "{text}");
+        assert!(session.len() > 8, "{text}");
+        if self.url.starts_with("https:") {
+            return;
+        }
+        let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+        let resp = request(
+            self.addr,
+            "POST",
+            "/mcp",
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-session-id", session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            ping.as_bytes(),
+        );
+        assert_eq!(
+            resp.status, 404,
+            "the session outlived its DELETE: {resp:?}"
+        );
+    }
+}
+
+pub(crate) fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -261,6 +309,98 @@ fn mcp_client_streamable_http_resumes_streams_follows_progress_and_list_changed(
         out.stderr.contains("CALIBAN_TEST_HEADER not set"),
         "{out:?}"
     );
+    // Exiting, caliban ended its session.
+    server.assert_session_deleted(&ws.root);
+}
+
+#[test]
+fn mcp_client_standalone_stream_is_heard_and_resumed_with_last_event_id() {
+    let ws = Workspace::new("mcpc-standalone");
+    let server = PyHttp::start("http", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            // Says the list changed on the GET stream (twice, the stream broken between),
+            // and answers only once caliban listed again after each.
+            call("mcp__web__announce", "t1", json!({})),
+            calls(json!([
+                {"id": "t2", "name": "mcp__web__early", "input": {}},
+                {"id": "t3", "name": "mcp__web__later", "input": {}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"web": {"type": "http", "url": server.url}}),
+    );
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__web__*"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert_eq!(result(&all, "t1").2, "announced");
+    let tools = offered(&stub, 1);
+    for name in ["mcp__web__early", "mcp__web__later"] {
+        assert!(tools.iter().any(|t| t == name), "{tools:?}");
+    }
+    assert_eq!(result(&all, "t2").2, "early ran");
+    assert_eq!(result(&all, "t3").2, "later ran");
+    // The second notification came on the standalone stream caliban resumed from the
+    // first one's event id.
+    let resumed = std::fs::read_to_string(ws.path("standalone-resumed"))
+        .expect("the standalone stream was resumed with Last-Event-ID");
+    assert!(!resumed.is_empty());
+}
+
+#[test]
+fn mcp_client_streamable_http_over_tls_trusts_a_private_ca_from_ssl_cert_file() {
+    let ws = Workspace::new("mcpc-tls");
+    let server = PyHttp::start("https", &ws.root);
+    assert!(
+        server.url.starts_with("https://localhost:"),
+        "{}",
+        server.url
+    );
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__tls__echo", "t1", json!({"text": "over tls"})),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"tls": {"type": "http", "url": server.url}}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("SSL_CERT_FILE", fixture("ca.pem")).args([
+        "-p",
+        "--mcp-config",
+        &cfg,
+        "--allow",
+        "mcp__tls__*",
+        "echo",
+    ]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(result(&results(&stub), "t1").2, "echo: over tls");
+    server.assert_session_deleted(&ws.root);
+    // Without the private CA the server is not trusted: reported, its tools not offered.
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("SSL_CERT_FILE", fixture("other-ca.pem"))
+        .args(["-p", "--mcp-config", &cfg, "echo"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
+    assert!(out.stderr.contains("MCP server `tls` ("), "{out:?}");
 }
 
 #[test]

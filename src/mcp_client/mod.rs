@@ -54,6 +54,12 @@ pub const START_WAIT: Duration = Duration::from_secs(10);
 /// given up and the server keeps offering the tools it listed before (it still answers
 /// calls, so killing it would lose more than a stale list does).
 pub const LIST_DEADLINE: Duration = Duration::from_secs(30);
+/// Longest the `DELETE` that ends an HTTP server's session may take before the connection
+/// is simply dropped: the server frees an abandoned session on its own, later.
+pub const SESSION_END_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a process that is exiting waits for those `DELETE`s: exit stays prompt, and a
+/// server on the same machine or network answers well within it.
+pub const EXIT_SESSION_WAIT: Duration = Duration::from_secs(1);
 
 /// One server instance (a process, or an HTTP session). A restarted server gets a new id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -88,6 +94,8 @@ pub enum Alarm {
     Listing,
     /// The same deadline for re-list number `n` after `tools/list_changed`.
     Relist(u64),
+    /// `SESSION_END_DEADLINE` for the `DELETE` of a stopped HTTP server's session.
+    SessionEnd,
 }
 
 /// What the hub borrows from its owner for one call: the reactor's registry, tokens and
@@ -117,6 +125,8 @@ enum Conn {
         tokens: [Token; 2],
     },
     Http(Box<HttpConn>),
+    /// An HTTP server let go, whose session's `DELETE` is in flight.
+    Ending(Box<HttpConn>, TimerId),
     /// Could not be started, or stopped.
     None,
 }
@@ -137,9 +147,10 @@ struct Entry {
 }
 
 impl Entry {
-    /// Lets the connection go: the process group killed, the HTTP exchanges closed, every
-    /// token and timer forgotten.
-    fn disconnect(&mut self, io: &mut impl Io) {
+    /// Lets the connection go: the process group killed, the HTTP exchanges closed (the
+    /// session's `DELETE` sent: `Conn::Ending` until it is answered), every token and timer
+    /// forgotten.
+    fn disconnect(&mut self, io: &mut impl Io, id: ServerId) {
         for (_, timer) in self.timers.drain() {
             io.cancel_timer(timer);
         }
@@ -156,10 +167,47 @@ impl Entry {
                     io.forget_token(t);
                 }
             }
-            Conn::Http(mut conn) => conn.close(io),
+            Conn::Http(mut conn) => {
+                if conn.end_session(io, id, &mut self.client) {
+                    let timer = io.add_timer(SESSION_END_DEADLINE, id, Alarm::SessionEnd);
+                    self.conn = Conn::Ending(conn, timer);
+                }
+            }
+            // Already let go: its `DELETE` goes on (a failed server, now stopped).
+            ending @ Conn::Ending(..) => self.conn = ending,
             Conn::None => {}
         }
     }
+
+    /// Moves a session's `DELETE` on; once it is answered (or failed, or its deadline
+    /// passed) the connection is gone.
+    fn on_ending(&mut self, io: &mut impl Io, id: ServerId, wake: EndingWake) {
+        let Conn::Ending(conn, timer) = &mut self.conn else {
+            return;
+        };
+        // Nothing a server says now reaches a run: the client failed when it was let go.
+        let _ = match wake {
+            EndingWake::Ready(n) => conn.on_ready(io, id, n, &mut self.client),
+            EndingWake::Resolved(n, result) => {
+                conn.on_resolved(io, id, n, result, &mut self.client)
+            }
+            EndingWake::Deadline => {
+                conn.close(io);
+                Vec::new()
+            }
+        };
+        if conn.is_idle() {
+            io.cancel_timer(*timer);
+            self.conn = Conn::None;
+        }
+    }
+}
+
+/// What moves a session's `DELETE` on (`Entry::on_ending`).
+enum EndingWake {
+    Ready(u64),
+    Resolved(u64, Result<Vec<std::net::SocketAddr>, String>),
+    Deadline,
 }
 
 /// Every MCP server of the process.
@@ -173,6 +221,8 @@ pub struct Hub {
     call_timeout: Duration,
     /// Events produced outside a readiness callback, for the engine's next look.
     early: Vec<HubEvent>,
+    /// Servers stopped while their HTTP session's `DELETE` is in flight.
+    ending: BTreeMap<ServerId, Entry>,
 }
 
 impl Hub {
@@ -185,6 +235,7 @@ impl Hub {
             workspace,
             call_timeout,
             early: Vec::new(),
+            ending: BTreeMap::new(),
         }
     }
 
@@ -377,8 +428,34 @@ impl Hub {
         if self.running.get(&entry.config.name) == Some(&id) {
             self.running.remove(&entry.config.name);
         }
-        entry.disconnect(io);
-        convert(entry.client.fail("was stopped"))
+        let events = convert(entry.client.fail("was stopped"));
+        entry.disconnect(io, id);
+        if matches!(entry.conn, Conn::Ending(..)) {
+            self.ending.insert(id, entry);
+        }
+        events
+    }
+
+    /// Whether a stopped server's session `DELETE` is still in flight (an exiting process
+    /// gives them `EXIT_SESSION_WAIT`).
+    pub fn ending(&self) -> bool {
+        !self.ending.is_empty()
+            || self
+                .servers
+                .values()
+                .any(|e| matches!(e.conn, Conn::Ending(..)))
+    }
+
+    /// Readiness, a lookup or the deadline for a stopped server whose `DELETE` is in
+    /// flight; it is forgotten once answered.
+    fn on_ending(&mut self, io: &mut impl Io, id: ServerId, wake: EndingWake) {
+        let Some(mut entry) = self.ending.remove(&id) else {
+            return;
+        };
+        entry.on_ending(io, id, wake);
+        if matches!(entry.conn, Conn::Ending(..)) {
+            self.ending.insert(id, entry);
+        }
     }
 
     /// Stops every server (the engine is ending).
@@ -472,9 +549,16 @@ impl Hub {
 
     pub fn on_ready(&mut self, io: &mut impl Io, id: ServerId, source: Source) -> Vec<HubEvent> {
         let Some(entry) = self.servers.get_mut(&id) else {
+            if let Source::Http(n) = source {
+                self.on_ending(io, id, EndingWake::Ready(n));
+            }
             return Vec::new();
         };
         let events = match (&mut entry.conn, source) {
+            (Conn::Ending(..), Source::Http(n)) => {
+                entry.on_ending(io, id, EndingWake::Ready(n));
+                return Vec::new();
+            }
             (Conn::Stdio { conn, .. }, Source::StdioOut) => {
                 conn.read(&mut entry.client, io.registry())
             }
@@ -497,10 +581,15 @@ impl Hub {
         result: Result<Vec<std::net::SocketAddr>, String>,
     ) -> Vec<HubEvent> {
         let Some(entry) = self.servers.get_mut(&id) else {
+            self.on_ending(io, id, EndingWake::Resolved(exchange, result));
             return Vec::new();
         };
         let mut events = match &mut entry.conn {
             Conn::Http(conn) => conn.on_resolved(io, id, exchange, result, &mut entry.client),
+            Conn::Ending(..) => {
+                entry.on_ending(io, id, EndingWake::Resolved(exchange, result));
+                return Vec::new();
+            }
             _ => Vec::new(),
         };
         self.flush(io, id, &mut events);
@@ -510,6 +599,9 @@ impl Hub {
     pub fn on_timer(&mut self, io: &mut impl Io, id: ServerId, alarm: Alarm) -> Vec<HubEvent> {
         let deadline = self.list_deadline();
         let Some(entry) = self.servers.get_mut(&id) else {
+            if alarm == Alarm::SessionEnd {
+                self.on_ending(io, id, EndingWake::Deadline);
+            }
             return Vec::new();
         };
         let mut events = Vec::new();
@@ -545,6 +637,10 @@ impl Hub {
                 if let Conn::Http(conn) = &mut entry.conn {
                     events.extend(conn.on_reconnect(io, id, &mut entry.client));
                 }
+            }
+            Alarm::SessionEnd => {
+                entry.on_ending(io, id, EndingWake::Deadline);
+                return Vec::new();
             }
             Alarm::Relist(n) => {
                 entry.relisting = None;
@@ -586,7 +682,7 @@ impl Hub {
         match &mut entry.conn {
             Conn::Stdio { conn, .. } => events.extend(conn.flush(&mut entry.client, io.registry())),
             Conn::Http(conn) => events.extend(conn.flush(io, id, &mut entry.client)),
-            Conn::None => while entry.client.take_outgoing().is_some() {},
+            Conn::Ending(..) | Conn::None => while entry.client.take_outgoing().is_some() {},
         }
     }
 
@@ -654,7 +750,7 @@ impl Hub {
                 entry.config.describe(),
                 entry.client.failure().unwrap_or("failed")
             ));
-            entry.disconnect(io);
+            entry.disconnect(io, id);
         }
         convert(events)
     }
