@@ -224,6 +224,7 @@ fn agent_setup(
         effort: None,
         // The drive surfaces turn this on: they have someone to ask.
         sandbox_retry: false,
+        mcp_allowlist: None,
     };
     let engine_config = EngineConfig {
         provider: provider.clone(),

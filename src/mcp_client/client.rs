@@ -60,6 +60,25 @@ pub fn server_part(model_name: &str) -> Option<&str> {
     rest.split_once("__").map(|(server, _)| server)
 }
 
+/// Whether `entry` names MCP tools in a tool allowlist (a networked agent's
+/// `tool_allowlist`): one tool, `mcp__<server>__<tool>`, or every tool of a server,
+/// `mcp__<server>__*`.
+pub fn is_allowlist_entry(entry: &str) -> bool {
+    server_part(entry).is_some_and(|server| !server.is_empty())
+        && entry
+            .strip_prefix(TOOL_PREFIX)
+            .and_then(|rest| rest.split_once("__"))
+            .is_some_and(|(_, tool)| !tool.is_empty() && (tool == "*" || !tool.contains('*')))
+}
+
+/// Whether an allowlist admits the MCP tool `model_name` (see `is_allowlist_entry`).
+pub fn allowlist_admits(entries: &[String], model_name: &str) -> bool {
+    entries.iter().any(|entry| match entry.strip_suffix('*') {
+        Some(prefix) => model_name.starts_with(prefix) && model_name.len() > prefix.len(),
+        None => entry == model_name,
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// `initialize` or the first `tools/list` is in flight.
@@ -820,6 +839,30 @@ mod tests {
             json!({"content": [{"type": "text", "text": "x".repeat(1 << 20)}]}),
         ));
         assert!(big.text.len() < 70 * 1024);
+    }
+
+    #[test]
+    fn allowlist_entries_name_one_tool_or_one_server() {
+        for good in ["mcp__fs__read", "mcp__fs__*", "mcp__my-srv__a_b"] {
+            assert!(is_allowlist_entry(good), "{good}");
+        }
+        for bad in [
+            "mcp__",
+            "mcp__fs",
+            "mcp__fs__",
+            "mcp____x",
+            "mcp__*",
+            "mcp__fs__re*",
+            "Read",
+        ] {
+            assert!(!is_allowlist_entry(bad), "{bad}");
+        }
+        let list = vec!["mcp__fs__*".to_owned(), "mcp__web__fetch".to_owned()];
+        assert!(allowlist_admits(&list, "mcp__fs__read"));
+        assert!(allowlist_admits(&list, "mcp__web__fetch"));
+        assert!(!allowlist_admits(&list, "mcp__web__post"));
+        assert!(!allowlist_admits(&list, "mcp__fsx__read"));
+        assert!(!allowlist_admits(&[], "mcp__fs__read"));
     }
 
     #[test]
