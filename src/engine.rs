@@ -133,6 +133,10 @@ pub struct McpConfig {
     pub workspace: PathBuf,
     /// A call with no answer and no progress for this long is cancelled.
     pub call_timeout: Duration,
+    /// The workspace's servers the user has not approved yet (`Ctx::mcp_awaiting`), and
+    /// the approvals file an approval is recorded in.
+    pub unapproved: Vec<mcp_client::config::ServerConfig>,
+    pub approvals_file: Option<PathBuf>,
 }
 
 impl Default for McpConfig {
@@ -141,6 +145,8 @@ impl Default for McpConfig {
             servers: Vec::new(),
             workspace: PathBuf::from("."),
             call_timeout: mcp_client::DEFAULT_CALL_TIMEOUT,
+            unapproved: Vec::new(),
+            approvals_file: None,
         }
     }
 }
@@ -206,6 +212,9 @@ pub enum HostAction {
         tool_use_id: String,
         output: ToolOutput,
     },
+    /// The user approved the workspace's MCP server of this name (`Ctx::mcp_decide`):
+    /// live runs that see every configured server get it from their next turn.
+    McpApproved(String),
     Quit,
 }
 
@@ -289,6 +298,22 @@ impl<K: HostKey> Ctx<'_, K> {
         let (hub, mut io) = self.mcp_io();
         let events = hub.stop(&mut io, id);
         hub.defer(events);
+    }
+
+    /// The workspace's servers still awaiting the user's approval (`Hub::awaiting`).
+    pub fn mcp_awaiting(&self) -> Vec<mcp_client::config::ServerConfig> {
+        self.mcp.awaiting().to_vec()
+    }
+
+    /// The user's answer about a workspace server (`Hub::decide`); an approved one joins
+    /// the live runs that see every configured server (`HostAction::McpApproved`).
+    pub fn mcp_decide(&mut self, name: &str, decision: mcp_client::Approval) -> Result<(), String> {
+        let waiting = self.mcp.awaiting().iter().any(|s| s.name == name);
+        let recorded = self.mcp.decide(name, decision);
+        if waiting && decision != mcp_client::Approval::Refused {
+            self.act(HostAction::McpApproved(name.to_owned()));
+        }
+        recorded
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
@@ -618,6 +643,9 @@ struct RunSlot {
     fetches: HashMap<String, FetchTask>,
     /// The MCP servers whose tools the run is offered.
     mcp: Vec<ServerId>,
+    /// The run sees every configured server (no per-run list), so a workspace server
+    /// approved while it lives joins it.
+    mcp_all: bool,
     mcp_wait: McpWait,
     /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
     mcp_gave_up: bool,
@@ -636,7 +664,7 @@ enum McpWait {
 }
 
 impl RunSlot {
-    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>) -> RunSlot {
+    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>, mcp_all: bool) -> RunSlot {
         RunSlot {
             run,
             workspace,
@@ -647,6 +675,7 @@ impl RunSlot {
             shells_started: 0,
             fetches: HashMap::new(),
             mcp,
+            mcp_all,
             mcp_wait: McpWait::Idle,
             mcp_gave_up: false,
         }
@@ -688,10 +717,14 @@ impl<K: HostKey> Engine<K> {
         let reactor = Reactor::new()?;
         let waker = reactor.waker();
         let (tx, rx) = channel();
-        let mcp = Hub::new(
+        let mut mcp = Hub::new(
             config.mcp.servers.clone(),
             config.mcp.workspace.clone(),
             config.mcp.call_timeout,
+        );
+        mcp.await_approval(
+            config.mcp.unapproved.clone(),
+            config.mcp.approvals_file.clone(),
         );
         Ok(Engine {
             reactor,
@@ -739,7 +772,8 @@ impl<K: HostKey> Engine<K> {
         self.next_run += 1;
         let (hub, mut io) = self.mcp_io();
         let servers = hub.select(&mut io, &Selection::default());
-        self.runs.insert(id, RunSlot::new(run, workspace, servers));
+        self.runs
+            .insert(id, RunSlot::new(run, workspace, servers, true));
         id
     }
 
@@ -964,7 +998,33 @@ impl<K: HostKey> Engine<K> {
             } => {
                 let (hub, mut io) = self.mcp_io();
                 let servers = hub.select(&mut io, &mcp);
-                self.runs.insert(id, RunSlot::new(*run, workspace, servers));
+                let all = mcp.configured.is_none();
+                self.runs
+                    .insert(id, RunSlot::new(*run, workspace, servers, all));
+            }
+            HostAction::McpApproved(name) => {
+                let runs: Vec<RunId> = self
+                    .runs
+                    .iter()
+                    .filter(|(_, s)| {
+                        s.mcp_all && !s.mcp.iter().any(|id| self.mcp.name(*id) == name)
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                if runs.is_empty() {
+                    return;
+                }
+                let only = Selection {
+                    configured: Some(vec![name]),
+                    servers: Vec::new(),
+                };
+                let (hub, mut io) = self.mcp_io();
+                let started = hub.select(&mut io, &only);
+                for run in runs {
+                    if let Some(slot) = self.runs.get_mut(&run) {
+                        slot.mcp.extend(started.iter().copied());
+                    }
+                }
             }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {

@@ -2219,3 +2219,111 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
 }
+
+/// A workspace's own MCP server (`.mcp.json`) needs the user's approval: the editor is
+/// asked once with `session/request_permission`; a rejection leaves it out and the session
+/// says so, "always allow" starts it for the live session and records the approval in the
+/// file `--approve-mcp` writes, so a later process asks no more.
+#[test]
+fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
+    let ws = Workspace::new("acp-mcp-approve");
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"proj": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+    );
+    let approvals = ws.path("home/.state/caliban/mcp-approvals.json");
+    let card = "caliban-mcp-approval-proj";
+    let flags = ["--allow", "mcp__proj__*"];
+    let offered = |stub: &Stub, n: usize| -> Vec<String> {
+        stub.requests()[n]["body"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str())
+            .filter(|t| t.starts_with("mcp__"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let card_updates = |r: &Value| -> Vec<Value> {
+        tool_updates(&r["updates"], card)
+            .into_iter()
+            .cloned()
+            .collect()
+    };
+
+    // Rejected: not started, and the session says so on the server's card.
+    let stub = Stub::start(&ws, &script(vec![text_turn("without it")]));
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["hello"],
+               "answers": ["reject"]}),
+    );
+    let asks = r["permissions"].as_array().unwrap();
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks[0]["toolCall"]["toolCallId"], card);
+    let title = asks[0]["toolCall"]["title"].as_str().unwrap();
+    assert!(
+        title.starts_with("Start MCP server `proj` from the workspace"),
+        "{title}"
+    );
+    let kinds: Vec<&str> = asks[0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["allow_once", "allow_always", "reject_once"]);
+    let updates = card_updates(&r);
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0]["status"], "failed");
+    assert!(
+        updates[0].to_string().contains("was not approved"),
+        "{}",
+        updates[0]
+    );
+    assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
+    assert!(!approvals.exists(), "a rejection records nothing");
+
+    // Always allowed: the live session's next turn has its tools, and the approval is kept.
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            text_turn("first"),
+            tool_turn("mcp__proj__echo", "toolu_p", json!({"text": "approved"})),
+            text_turn("done"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["one", "two"],
+               "answers": ["allow_always"]}),
+    );
+    assert_eq!(r["permissions"].as_array().unwrap().len(), 1);
+    let updates = card_updates(&r);
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0]["status"], "completed");
+    assert!(offered(&stub, 1).contains(&"mcp__proj__echo".to_owned()));
+    let sent = flat(&request_messages(&stub, 2));
+    assert!(sent.contains("echo: approved"), "{sent}");
+    let recorded = std::fs::read_to_string(&approvals).expect("the approval was recorded");
+    assert!(recorded.contains("\"proj\""), "{recorded}");
+
+    // A later process asks no more.
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("mcp__proj__echo", "toolu_q", json!({"text": "remembered"})),
+            text_turn("done"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["three"]}),
+    );
+    assert_eq!(r["permissions"], json!([]));
+    let sent = flat(&request_messages(&stub, 1));
+    assert!(sent.contains("echo: remembered"), "{sent}");
+}

@@ -1407,6 +1407,7 @@ mod tests {
                     format!("reconfigure {run} {model}")
                 }
                 CoreAction::Engine(HostAction::Cancel(id)) => format!("cancel {id}"),
+                CoreAction::Engine(HostAction::McpApproved(name)) => format!("mcp_approved {name}"),
                 CoreAction::Engine(HostAction::Permit {
                     run,
                     tool_use_id,

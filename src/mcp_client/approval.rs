@@ -13,8 +13,10 @@
 //! - Claude Code's user-settings keys `enabledMcpjsonServers` (names) and
 //!   `enableAllProjectMcpServers`, read only from the user's own settings file.
 //!
-//! Unapproved servers are skipped with a warning that says how to approve them, on every
-//! surface (an ACP editor sees it in the agent's log).
+//! Unapproved servers are skipped with a warning that says how to approve them. `acp serve`
+//! also asks the editor, once per server, when a session opens (`session/request_permission`):
+//! "always allow" records the approval here, as `--approve-mcp` does; "allow" starts the
+//! server for this process only; a rejection leaves it skipped, and the session says so.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -112,13 +114,23 @@ impl Approvals {
     /// Records the approvals `--approve-mcp` gave for `servers` of `workspace`, so the next
     /// start needs no flag. Failing to write is a warning: this start goes ahead.
     pub fn record(&mut self, workspace: &Path, servers: &[ServerConfig]) -> Result<(), String> {
+        let approved: Vec<&ServerConfig> =
+            servers.iter().filter(|s| self.by_cli(&s.name)).collect();
+        self.write(workspace, &approved)
+    }
+
+    /// Records that the user approved `server` of `workspace` for good (an ACP editor's
+    /// "always allow"), in the same file `--approve-mcp` writes.
+    pub fn remember(&mut self, workspace: &Path, server: &ServerConfig) -> Result<(), String> {
+        self.write(workspace, &[server])
+    }
+
+    fn write(&mut self, workspace: &Path, approved: &[&ServerConfig]) -> Result<(), String> {
         let Some(path) = self.file.clone() else {
             return Ok(());
         };
         let key = workspace.display().to_string();
         let mut changed = false;
-        let approved: Vec<&ServerConfig> =
-            servers.iter().filter(|s| self.by_cli(&s.name)).collect();
         for server in approved {
             let entry = self.recorded.entry(key.clone()).or_default();
             let fp = server.fingerprint();
@@ -184,6 +196,24 @@ mod tests {
         assert!(!later.approves(ws, &server("one", "changed")));
         assert!(!later.approves(Path::new("/other"), &server("one", "x")));
         assert!(!later.approves(ws, &server("two", "x")));
+        let mut editor = Approvals::new(
+            vec![],
+            vec![],
+            false,
+            Some(dir.join("a/mcp-approvals.json")),
+        );
+        editor.remember(ws, &server("two", "x")).unwrap();
+        let later = Approvals::new(
+            vec![],
+            vec![],
+            false,
+            Some(dir.join("a/mcp-approvals.json")),
+        );
+        assert!(
+            later.approves(ws, &server("one", "x")),
+            "kept beside the new one"
+        );
+        assert!(later.approves(ws, &server("two", "x")));
         let user = Approvals::new(vec![], vec!["two".into()], false, None);
         assert!(user.approves(ws, &server("two", "x")));
         let _ = std::fs::remove_dir_all(&dir);

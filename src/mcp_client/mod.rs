@@ -61,6 +61,17 @@ pub const SESSION_END_DEADLINE: Duration = Duration::from_secs(5);
 /// server on the same machine or network answers well within it.
 pub const EXIT_SESSION_WAIT: Duration = Duration::from_secs(1);
 
+/// The user's answer about a workspace server that awaits approval (`Hub::decide`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approval {
+    /// Start it for this process.
+    Once,
+    /// Start it, and record the approval for the workspace (`approval::Approvals::remember`).
+    Always,
+    /// Leave it out.
+    Refused,
+}
+
 /// One server instance (a process, or an HTTP session). A restarted server gets a new id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServerId(pub u64);
@@ -223,6 +234,10 @@ pub struct Hub {
     early: Vec<HubEvent>,
     /// Servers stopped while their HTTP session's `DELETE` is in flight.
     ending: BTreeMap<ServerId, Entry>,
+    /// The workspace's servers the user has not approved (yet), and where an approval
+    /// for good is recorded.
+    awaiting: Vec<ServerConfig>,
+    approvals_file: Option<PathBuf>,
 }
 
 impl Hub {
@@ -236,7 +251,44 @@ impl Hub {
             call_timeout,
             early: Vec::new(),
             ending: BTreeMap::new(),
+            awaiting: Vec::new(),
+            approvals_file: None,
         }
+    }
+
+    /// Workspace servers that start only once the user approves them (`decide`).
+    pub fn await_approval(&mut self, servers: Vec<ServerConfig>, file: Option<PathBuf>) {
+        self.awaiting = servers;
+        self.approvals_file = file;
+    }
+
+    /// The workspace servers still awaiting the user's approval.
+    pub fn awaiting(&self) -> &[ServerConfig] {
+        &self.awaiting
+    }
+
+    /// The user's answer about an awaiting server: approved, it becomes a configured
+    /// server, which runs started from now on see; `Always` also records the approval, so
+    /// later starts in this workspace need none (a failure to record is the `Err`, and the
+    /// server is approved for this process all the same).
+    pub fn decide(&mut self, name: &str, decision: Approval) -> Result<(), String> {
+        let Some(at) = self.awaiting.iter().position(|s| s.name == name) else {
+            return Ok(());
+        };
+        let server = self.awaiting.remove(at);
+        if decision == Approval::Refused {
+            return Ok(());
+        }
+        let recorded = match decision {
+            Approval::Always => {
+                approval::Approvals::new(Vec::new(), Vec::new(), false, self.approvals_file.clone())
+                    .remember(&self.workspace, &server)
+            }
+            _ => Ok(()),
+        };
+        self.configured.retain(|c| c.name != server.name);
+        self.configured.push(server);
+        recorded
     }
 
     /// The servers of a run's selection, starting configured ones not running yet and

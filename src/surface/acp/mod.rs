@@ -111,6 +111,12 @@ enum Pending {
         tool: String,
         method: &'static str,
     },
+    /// The editor is asked whether a workspace MCP server may start (`mcp`).
+    ServerApproval {
+        session: String,
+        server: String,
+        card: String,
+    },
     Ignore,
 }
 
@@ -134,6 +140,8 @@ pub struct AcpServe {
     quitting: bool,
     /// Why no model can be reached, if so: no session is started and no prompt taken.
     provider_problem: Option<String>,
+    /// Workspace MCP servers the editor was asked about (once per server per process).
+    approvals_asked: BTreeSet<String>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -167,6 +175,7 @@ impl AcpServe {
             next_timer: 0,
             quitting: false,
             provider_problem: None,
+            approvals_asked: BTreeSet::new(),
         }
     }
 
@@ -257,6 +266,7 @@ impl AcpServe {
         self.reply(id, result);
         if let Some((sid, title)) = opened {
             self.announce_session(&sid, title);
+            self.ask_server_approvals(ctx, &sid);
         }
     }
 
@@ -306,6 +316,11 @@ impl AcpServe {
                 tool,
                 method,
             } => self.on_tool_answer(ctx, id, &session, &tool, method, result),
+            Pending::ServerApproval {
+                session,
+                server,
+                card,
+            } => self.on_server_approval(ctx, &session, &server, &card, result),
             Pending::Ignore => {}
         }
     }
