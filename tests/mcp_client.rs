@@ -742,30 +742,41 @@ fn mcp_client_relist_that_hangs_is_given_up_and_the_old_tools_stay() {
     );
 }
 
+/// A cancelled run's MCP call is cancelled with `notifications/cancelled`, over stdio and
+/// over Streamable HTTP (where it is a POST of its own while the call's stream is open).
 #[test]
 fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
-    let ws = Workspace::new("mcpc-cancel");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [call("mcp__py__slow", "t1", json!({"seconds": 60})), text_turn("x")]}),
-    );
-    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
-    let serve = Serve::start(
-        &ws,
-        &stub,
-        &["--mcp-config", &cfg, "--allow", "mcp__py__*"],
-        &[],
-    );
-    let run = start_run(serve.addr, json!({"prompt": "wait"})).expect("run");
-    wait_until("the slow call to start", || {
-        ws.path("slow-started").exists()
-    });
-    let resp = request(serve.addr, "POST", &format!("/runs/{run}/cancel"), &[], b"");
-    assert_eq!(resp.status, 200, "{resp:?}");
-    wait_until("the server to cancel the call", || {
-        ws.path("slow-cancelled").exists()
-    });
-    wait_done(serve.addr, &run);
+    for transport in ["stdio", "http"] {
+        let ws = Workspace::new(&format!("mcpc-cancel-{transport}"));
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [call("mcp__py__slow", "t1", json!({"seconds": 60})),
+                              text_turn("x")]}),
+        );
+        let http = (transport == "http").then(|| PyHttp::start("http", &ws.root));
+        let server = match &http {
+            Some(http) => json!({"type": "http", "url": http.url}),
+            None => stdio_server(&ws.root),
+        };
+        let cfg = config(&ws, "mcp.json", json!({ "py": server }));
+        let serve = Serve::start(
+            &ws,
+            &stub,
+            &["--mcp-config", &cfg, "--allow", "mcp__py__*"],
+            &[],
+        );
+        let run = start_run(serve.addr, json!({"prompt": "wait"})).expect("run");
+        wait_until("the slow call to start", || {
+            ws.path("slow-started").exists()
+        });
+        let resp = request(serve.addr, "POST", &format!("/runs/{run}/cancel"), &[], b"");
+        assert_eq!(resp.status, 200, "{transport}: {resp:?}");
+        wait_until(
+            &format!("the {transport} server to cancel the call"),
+            || ws.path("slow-cancelled").exists(),
+        );
+        wait_done(serve.addr, &run);
+    }
 }
 
 #[test]

@@ -20,9 +20,10 @@
 //! One module per concern: `session` (the registry and the session requests), `prompt`
 //! (the prompt lifecycle), `permission` (permission prompts and "always" rules), `updates`
 //! (events as `session/update`s and tool-call cards), `tasks` (where a tool call runs, and
-//! the calls the editor carries out), `mcp` (the session's MCP servers), `outbox` (the
-//! ordered frames), `client` (a client that goes away and comes back). This file holds the server's state, the dispatch of the client's
-//! messages and the `Surface` callbacks.
+//! the calls the editor carries out), `mcp` (the session's MCP servers, and the editor's
+//! approval of the workspace's), `outbox` (the ordered frames), `client` (a client that
+//! goes away and comes back). This file holds the server's state, the dispatch of the
+//! client's messages and the `Surface` callbacks.
 
 mod call_ids;
 mod card;
