@@ -403,6 +403,39 @@ fn mcp_client_streamable_http_over_tls_trusts_a_private_ca_from_ssl_cert_file() 
     assert!(out.stderr.contains("MCP server `tls` ("), "{out:?}");
 }
 
+/// A server that answers every POST with a single JSON body instead of an event stream
+/// (`json_response` in the Python SDK) works the same.
+#[test]
+fn mcp_client_streamable_http_json_replies_round_trip() {
+    let ws = Workspace::new("mcpc-http-json");
+    let server = PyHttp::start("http-json", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([
+                {"id": "t1", "name": "mcp__web__echo", "input": {"text": "as json"}},
+                {"id": "t2", "name": "mcp__web__slow", "input": {"seconds": 0}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"web": {"type": "http", "url": server.url}}),
+    );
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__web__*"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert_eq!(result(&all, "t1").2, "echo: as json");
+    assert_eq!(result(&all, "t2").2, "slept");
+    server.assert_session_deleted(&ws.root);
+}
+
 #[test]
 fn mcp_client_legacy_http_sse_round_trip() {
     let ws = Workspace::new("mcpc-sse");

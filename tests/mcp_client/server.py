@@ -4,6 +4,7 @@
     server.py stdio
     server.py http PORT      Streamable HTTP at /mcp (with an event store, so streams resume)
     server.py https PORT CERT KEY   the same over TLS (uvicorn's), with that identity
+    server.py http-json PORT Streamable HTTP answering each POST with one JSON body (no SSE)
     server.py sse PORT       the legacy HTTP+SSE transport at /sse
 
 Tools: echo, slow (sleeps, no progress), ticking (sleeps, reporting progress), crash (the
@@ -233,10 +234,12 @@ class Marks:
         await self.app(scope, receive, send)
 
 
-def serve_http(port, tls=None):
+def serve_http(port, tls=None, json_response=False):
     import uvicorn
 
-    app = server.streamable_http_app(event_store=EVENTS, retry_interval=100)
+    app = server.streamable_http_app(
+        event_store=EVENTS, retry_interval=100, json_response=json_response
+    )
     ssl = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
     config = uvicorn.Config(Marks(app), host="127.0.0.1", port=port, log_level="warning", **ssl)
     anyio.run(uvicorn.Server(config).serve)
@@ -248,6 +251,8 @@ def main():
         server.run("stdio")
     elif mode == "http":
         serve_http(int(sys.argv[2]))
+    elif mode == "http-json":
+        serve_http(int(sys.argv[2]), json_response=True)
     elif mode == "https":
         serve_http(int(sys.argv[2]), (sys.argv[3], sys.argv[4]))
     elif mode == "sse":
