@@ -1283,6 +1283,14 @@ fn ndjson_run_calls_configured_mcp_servers() {
 /// refused.
 #[test]
 fn tool_allowlist_limits_mcp_tools_too() {
+    let offered = |stub: &Stub| -> Vec<String> {
+        stub.requests()[0]["body"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
     let ws = Workspace::new("agent-mcp-allowlist");
     let pki = pki(&ws);
     let stub = Stub::start(
@@ -1323,13 +1331,7 @@ fn tool_allowlist_limits_mcp_tools_too() {
             .starts_with("unknown tool 'mcp__py__picture'"),
         "{refused}"
     );
-    let offered: Vec<String> = stub.requests()[0]["body"]["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["name"].as_str().map(str::to_owned))
-        .collect();
-    assert_eq!(offered, ["Read", "mcp__py__echo"], "{offered:?}");
+    assert_eq!(offered(&stub), ["Read", "mcp__py__echo"]);
     // Without an MCP entry no MCP tool is offered.
     drop(client);
     drop(agent);
@@ -1339,11 +1341,5 @@ fn tool_allowlist_limits_mcp_tools_too() {
     let agent = start_tls(&ws, &stub, &pki, &spec, &["--mcp-config", &cfg]);
     let mut client = Client::attached(&agent, &pki, "");
     client.recv_to_end();
-    let offered: Vec<String> = stub.requests()[0]["body"]["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["name"].as_str().map(str::to_owned))
-        .collect();
-    assert_eq!(offered, ["Read"], "{offered:?}");
+    assert_eq!(offered(&stub), ["Read"]);
 }

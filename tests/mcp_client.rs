@@ -168,6 +168,15 @@ fn config(ws: &Workspace, name: &str, servers: Value) -> String {
     path_str(&ws.path(name))
 }
 
+/// An MCP config file naming one Streamable HTTP server; returns its path.
+fn http_config(ws: &Workspace, name: &str, url: &str) -> String {
+    config(
+        ws,
+        "mcp.json",
+        json!({ name: {"type": "http", "url": url} }),
+    )
+}
+
 /// Every tool result the model was sent, by tool use id: (is_error, text).
 fn results(stub: &Stub) -> Vec<(String, bool, String)> {
     let mut out = Vec::new();
@@ -330,11 +339,7 @@ fn mcp_client_standalone_stream_is_heard_and_resumed_with_last_event_id() {
             text_turn("done"),
         ]}),
     );
-    let cfg = config(
-        &ws,
-        "mcp.json",
-        json!({"web": {"type": "http", "url": server.url}}),
-    );
+    let cfg = http_config(&ws, "web", &server.url);
     let out = print_mode(
         &ws,
         &stub,
@@ -372,11 +377,7 @@ fn mcp_client_streamable_http_over_tls_trusts_a_private_ca_from_ssl_cert_file() 
             text_turn("done"),
         ]}),
     );
-    let cfg = config(
-        &ws,
-        "mcp.json",
-        json!({"tls": {"type": "http", "url": server.url}}),
-    );
+    let cfg = http_config(&ws, "tls", &server.url);
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
     cmd.env("SSL_CERT_FILE", fixture("ca.pem")).args([
@@ -419,11 +420,7 @@ fn mcp_client_streamable_http_json_replies_round_trip() {
             text_turn("done"),
         ]}),
     );
-    let cfg = config(
-        &ws,
-        "mcp.json",
-        json!({"web": {"type": "http", "url": server.url}}),
-    );
+    let cfg = http_config(&ws, "web", &server.url);
     let out = print_mode(
         &ws,
         &stub,
