@@ -362,7 +362,7 @@ fn mcp_client_standalone_stream_is_heard_and_resumed_with_last_event_id() {
 }
 
 #[test]
-fn mcp_client_streamable_http_over_tls_trusts_a_private_ca_from_ssl_cert_file() {
+fn mcp_client_streamable_http_over_tls_with_a_private_ca_and_through_a_proxy() {
     let ws = Workspace::new("mcpc-tls");
     let server = PyHttp::start("https", &ws.root);
     assert!(
@@ -392,6 +392,36 @@ fn mcp_client_streamable_http_over_tls_trusts_a_private_ca_from_ssl_cert_file() 
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(result(&results(&stub), "t1").2, "echo: over tls");
     server.assert_session_deleted(&ws.root);
+    // Through an HTTPS_PROXY: every exchange is tunnelled with CONNECT.
+    std::fs::remove_file(ws.path("session-deleted")).expect("remove the mark");
+    let proxy = crate::tls::connect_proxy(crate::tls::ProxyMode::Tunnel);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__tls__echo", "t2", json!({"text": "via proxy"})),
+            text_turn("done"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("SSL_CERT_FILE", fixture("ca.pem"))
+        .env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port()))
+        .args(["-p", "--mcp-config", &cfg, "--allow", "mcp__tls__*", "echo"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(result(&results(&stub), "t2").2, "echo: via proxy");
+    server.assert_session_deleted(&ws.root);
+    let seen = proxy.seen();
+    let port = server
+        .url
+        .split(':')
+        .nth(2)
+        .and_then(|p| p.split('/').next());
+    let connect = format!("CONNECT localhost:{} HTTP/1.1", port.unwrap_or_default());
+    assert!(
+        seen.len() >= 3 && seen.iter().all(|s| *s == connect),
+        "{seen:?}"
+    );
     // Without the private CA the server is not trusted: reported, its tools not offered.
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
     let mut cmd = caliban(&ws);
