@@ -310,7 +310,11 @@ impl<K: HostKey> Ctx<'_, K> {
     pub fn mcp_decide(&mut self, name: &str, decision: mcp_client::Approval) -> Result<(), String> {
         let waiting = self.mcp.awaiting().iter().any(|s| s.name == name);
         let recorded = self.mcp.decide(name, decision);
-        if waiting && decision != mcp_client::Approval::Refused {
+        let approved = matches!(
+            decision,
+            mcp_client::Approval::Once | mcp_client::Approval::Always
+        );
+        if waiting && approved {
             self.act(HostAction::McpApproved(name.to_owned()));
         }
         recorded

@@ -2223,13 +2223,16 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
 /// A workspace's own MCP server (`.mcp.json`) needs the user's approval: the editor is
 /// asked once with `session/request_permission`; a rejection leaves it out and the session
 /// says so, "always allow" starts it for the live session and records the approval in the
-/// file `--approve-mcp` writes, so a later process asks no more.
+/// file `--approve-mcp` writes, so a later process asks no more, and "always reject" is
+/// recorded there too, so a later process does not ask about it again either.
 #[test]
 fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
     let ws = Workspace::new("acp-mcp-approve");
     ws.write(
         ".mcp.json",
-        &json!({"mcpServers": {"proj": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+        &json!({"mcpServers": {"proj": crate::mcp_client::stdio_server(&ws.root),
+                                "zother": crate::mcp_client::stdio_server(&ws.root)}})
+        .to_string(),
     );
     let approvals = ws.path("home/.state/caliban/mcp-approvals.json");
     let card = "caliban-mcp-approval-proj";
@@ -2251,16 +2254,21 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
             .collect()
     };
 
-    // Rejected: not started, and the session says so on the server's card.
+    // Rejected: not started, and the session says so on the server's card; the other
+    // server is rejected for good.
     let stub = Stub::start(&ws, &script(vec![text_turn("without it")]));
     let r = drive(
         &ws,
         &stub,
         json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["hello"],
-               "answers": ["reject"]}),
+               "answers": ["reject", "reject_always"]}),
     );
     let asks = r["permissions"].as_array().unwrap();
-    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks.len(), 2, "{asks:?}");
+    assert_eq!(
+        asks[1]["toolCall"]["toolCallId"],
+        "caliban-mcp-approval-zother"
+    );
     assert_eq!(asks[0]["toolCall"]["toolCallId"], card);
     let title = asks[0]["toolCall"]["title"].as_str().unwrap();
     assert!(
@@ -2273,7 +2281,10 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
         .iter()
         .map(|o| o["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds, ["allow_once", "allow_always", "reject_once"]);
+    assert_eq!(
+        kinds,
+        ["allow_once", "allow_always", "reject_once", "reject_always"]
+    );
     let updates = card_updates(&r);
     assert_eq!(updates.len(), 1, "{updates:?}");
     assert_eq!(updates[0]["status"], "failed");
@@ -2283,7 +2294,12 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
         updates[0]
     );
     assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
-    assert!(!approvals.exists(), "a rejection records nothing");
+    let recorded = std::fs::read_to_string(&approvals).expect("the rejection was recorded");
+    assert!(recorded.contains("\"zother\": \"!"), "{recorded}");
+    assert!(
+        !recorded.contains("\"proj\""),
+        "a plain rejection records nothing: {recorded}"
+    );
 
     // Always allowed: the live session's next turn has its tools, and the approval is kept.
     let stub = Stub::start(
@@ -2300,11 +2316,19 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
         json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["one", "two"],
                "answers": ["allow_always"]}),
     );
-    assert_eq!(r["permissions"].as_array().unwrap().len(), 1);
+    // Only `proj` is asked about: `zother` was rejected for good.
+    let asks = r["permissions"].as_array().unwrap();
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks[0]["toolCall"]["toolCallId"], card);
     let updates = card_updates(&r);
     assert_eq!(updates.len(), 1, "{updates:?}");
     assert_eq!(updates[0]["status"], "completed");
     assert!(offered(&stub, 1).contains(&"mcp__proj__echo".to_owned()));
+    assert!(
+        !offered(&stub, 1)
+            .iter()
+            .any(|t| t.starts_with("mcp__zother__"))
+    );
     let sent = flat(&request_messages(&stub, 2));
     assert!(sent.contains("echo: approved"), "{sent}");
     let recorded = std::fs::read_to_string(&approvals).expect("the approval was recorded");

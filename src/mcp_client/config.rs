@@ -401,6 +401,19 @@ pub fn load(
     let mut servers = Vec::new();
     let mut unapproved = Vec::new();
     for server in configured.into_vec() {
+        if server.origin == Origin::Project
+            && !approval.approves(workspace, &server)
+            && approval.rejects(workspace, &server)
+        {
+            warnings.push(format!(
+                "MCP server `{}` ({}) comes from the workspace and was rejected for it, so it \
+                 is not started; approve it with `--approve-mcp {}` if you changed your mind",
+                server.name,
+                server.describe(),
+                server.name
+            ));
+            continue;
+        }
         if server.origin == Origin::Project && !approval.approves(workspace, &server) {
             warnings.push(format!(
                 "MCP server `{}` ({}) comes from the workspace and is not approved, so it is \

@@ -70,6 +70,9 @@ pub enum Approval {
     Always,
     /// Leave it out.
     Refused,
+    /// Leave it out, and record that for the workspace (`approval::Approvals::reject`):
+    /// it is not asked about again.
+    RefusedAlways,
 }
 
 /// One server instance (a process, or an HTTP session). A restarted server gets a new id.
@@ -269,22 +272,21 @@ impl Hub {
 
     /// The user's answer about an awaiting server: approved, it becomes a configured
     /// server, which runs started from now on see; `Always` also records the approval, so
-    /// later starts in this workspace need none (a failure to record is the `Err`, and the
-    /// server is approved for this process all the same).
+    /// later starts in this workspace need none, and `RefusedAlways` the rejection, so they
+    /// do not ask again (a failure to record is the `Err`; the answer holds for this
+    /// process all the same).
     pub fn decide(&mut self, name: &str, decision: Approval) -> Result<(), String> {
         let Some(at) = self.awaiting.iter().position(|s| s.name == name) else {
             return Ok(());
         };
         let server = self.awaiting.remove(at);
-        if decision == Approval::Refused {
-            return Ok(());
-        }
+        let file =
+            || approval::Approvals::new(Vec::new(), Vec::new(), false, self.approvals_file.clone());
         let recorded = match decision {
-            Approval::Always => {
-                approval::Approvals::new(Vec::new(), Vec::new(), false, self.approvals_file.clone())
-                    .remember(&self.workspace, &server)
-            }
-            _ => Ok(()),
+            Approval::Refused => return Ok(()),
+            Approval::RefusedAlways => return file().reject(&self.workspace, &server),
+            Approval::Always => file().remember(&self.workspace, &server),
+            Approval::Once => Ok(()),
         };
         self.configured.retain(|c| c.name != server.name);
         self.configured.push(server);

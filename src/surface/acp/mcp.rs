@@ -44,7 +44,8 @@ impl AcpServe {
 
     /// Asks the editor about each workspace server still awaiting approval that it was
     /// not asked about yet: "Allow" starts it for this process, "Always allow" also
-    /// records the approval (as `--approve-mcp` does), "Reject" leaves it out. An approved
+    /// records the approval (as `--approve-mcp` does), "Reject" leaves it out, "Always
+    /// reject" records that too, so later starts do not ask. An approved
     /// server joins the live runs from their next turn (`HostAction::McpApproved`); a turn
     /// already under way when the answer comes goes on without it.
     pub(super) fn ask_server_approvals(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
@@ -69,6 +70,8 @@ impl AcpServe {
                     {"optionId": "allow_always", "name": "Always allow in this workspace",
                      "kind": "allow_always"},
                     {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+                    {"optionId": "reject_always", "name": "Always reject in this workspace",
+                     "kind": "reject_always"},
                 ],
             });
             self.request(
@@ -99,11 +102,12 @@ impl AcpServe {
         let decision = match chosen {
             Some("allow") => Approval::Once,
             Some("allow_always") => Approval::Always,
+            Some("reject_always") => Approval::RefusedAlways,
             _ => Approval::Refused,
         };
         if let Err(e) = ctx.mcp_decide(server, decision) {
             log::warn(&format!(
-                "cannot remember the approval of MCP server `{server}`: {e}"
+                "cannot remember the answer about MCP server `{server}`: {e}"
             ));
         }
         let (status, text) = match decision {
@@ -120,7 +124,7 @@ impl AcpServe {
                      from the next turn, and later starts do not ask again."
                 ),
             ),
-            Approval::Refused => (
+            Approval::Refused | Approval::RefusedAlways => (
                 "failed",
                 format!(
                     "MCP server `{server}` was not approved, so it is not started and its \
