@@ -62,8 +62,11 @@ def mark(name, text=None):
     """Leaves a file in $MARK_DIR for the test to see (it cannot see inside the server)."""
     directory = os.environ.get("MARK_DIR")
     if directory:
-        with open(os.path.join(directory, name), "w") as f:
+        # Written aside and renamed, so the test never reads half a mark.
+        path = os.path.join(directory, name)
+        with open(path + ".tmp", "w") as f:
             f.write(name if text is None else text)
+        os.replace(path + ".tmp", path)
 
 
 @server.tool()

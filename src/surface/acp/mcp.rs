@@ -124,7 +124,15 @@ impl AcpServe {
                      from the next turn, and later starts do not ask again."
                 ),
             ),
-            Approval::Refused | Approval::RefusedAlways => (
+            Approval::RefusedAlways => (
+                "failed",
+                format!(
+                    "MCP server `{server}` was rejected for this workspace: it is not started, \
+                     its tools are not offered, and later starts do not ask again (start \
+                     caliban with `--approve-mcp {server}` to approve it)."
+                ),
+            ),
+            Approval::Refused => (
                 "failed",
                 format!(
                     "MCP server `{server}` was not approved, so it is not started and its \
