@@ -224,6 +224,7 @@ fn agent_setup(
         effort: None,
         // The drive surfaces turn this on: they have someone to ask.
         sandbox_retry: false,
+        mcp_allowlist: None,
     };
     let engine_config = EngineConfig {
         provider: provider.clone(),
@@ -295,7 +296,7 @@ fn mcp_setup(
             (origin, servers.clone())
         })
         .collect();
-    let (servers, warnings) = config::load(
+    let (servers, unapproved, warnings) = config::load(
         workspace,
         &args.mcp_config,
         &from_settings,
@@ -322,6 +323,8 @@ fn mcp_setup(
         servers,
         workspace: workspace.to_path_buf(),
         call_timeout,
+        unapproved,
+        approvals_file: approvals.file.clone(),
     })
 }
 

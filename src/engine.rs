@@ -133,6 +133,10 @@ pub struct McpConfig {
     pub workspace: PathBuf,
     /// A call with no answer and no progress for this long is cancelled.
     pub call_timeout: Duration,
+    /// The workspace's servers the user has not approved yet (`Ctx::mcp_awaiting`), and
+    /// the approvals file an approval is recorded in.
+    pub unapproved: Vec<mcp_client::config::ServerConfig>,
+    pub approvals_file: Option<PathBuf>,
 }
 
 impl Default for McpConfig {
@@ -141,6 +145,8 @@ impl Default for McpConfig {
             servers: Vec::new(),
             workspace: PathBuf::from("."),
             call_timeout: mcp_client::DEFAULT_CALL_TIMEOUT,
+            unapproved: Vec::new(),
+            approvals_file: None,
         }
     }
 }
@@ -206,6 +212,9 @@ pub enum HostAction {
         tool_use_id: String,
         output: ToolOutput,
     },
+    /// The user approved the workspace's MCP server of this name (`Ctx::mcp_decide`):
+    /// live runs that see every configured server get it from their next turn.
+    McpApproved(String),
     Quit,
 }
 
@@ -289,6 +298,26 @@ impl<K: HostKey> Ctx<'_, K> {
         let (hub, mut io) = self.mcp_io();
         let events = hub.stop(&mut io, id);
         hub.defer(events);
+    }
+
+    /// The workspace's servers still awaiting the user's approval (`Hub::awaiting`).
+    pub fn mcp_awaiting(&self) -> Vec<mcp_client::config::ServerConfig> {
+        self.mcp.awaiting().to_vec()
+    }
+
+    /// The user's answer about a workspace server (`Hub::decide`); an approved one joins
+    /// the live runs that see every configured server (`HostAction::McpApproved`).
+    pub fn mcp_decide(&mut self, name: &str, decision: mcp_client::Approval) -> Result<(), String> {
+        let waiting = self.mcp.awaiting().iter().any(|s| s.name == name);
+        let recorded = self.mcp.decide(name, decision);
+        let approved = matches!(
+            decision,
+            mcp_client::Approval::Once | mcp_client::Approval::Always
+        );
+        if waiting && approved {
+            self.act(HostAction::McpApproved(name.to_owned()));
+        }
+        recorded
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
@@ -618,6 +647,9 @@ struct RunSlot {
     fetches: HashMap<String, FetchTask>,
     /// The MCP servers whose tools the run is offered.
     mcp: Vec<ServerId>,
+    /// The run sees every configured server (no per-run list), so a workspace server
+    /// approved while it lives joins it.
+    mcp_all: bool,
     mcp_wait: McpWait,
     /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
     mcp_gave_up: bool,
@@ -636,7 +668,7 @@ enum McpWait {
 }
 
 impl RunSlot {
-    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>) -> RunSlot {
+    fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>, mcp_all: bool) -> RunSlot {
         RunSlot {
             run,
             workspace,
@@ -647,6 +679,7 @@ impl RunSlot {
             shells_started: 0,
             fetches: HashMap::new(),
             mcp,
+            mcp_all,
             mcp_wait: McpWait::Idle,
             mcp_gave_up: false,
         }
@@ -688,10 +721,14 @@ impl<K: HostKey> Engine<K> {
         let reactor = Reactor::new()?;
         let waker = reactor.waker();
         let (tx, rx) = channel();
-        let mcp = Hub::new(
+        let mut mcp = Hub::new(
             config.mcp.servers.clone(),
             config.mcp.workspace.clone(),
             config.mcp.call_timeout,
+        );
+        mcp.await_approval(
+            config.mcp.unapproved.clone(),
+            config.mcp.approvals_file.clone(),
         );
         Ok(Engine {
             reactor,
@@ -739,7 +776,8 @@ impl<K: HostKey> Engine<K> {
         self.next_run += 1;
         let (hub, mut io) = self.mcp_io();
         let servers = hub.select(&mut io, &Selection::default());
-        self.runs.insert(id, RunSlot::new(run, workspace, servers));
+        self.runs
+            .insert(id, RunSlot::new(run, workspace, servers, true));
         id
     }
 
@@ -817,6 +855,7 @@ impl<K: HostKey> Engine<K> {
             self.drain(host);
         }
         self.shutdown();
+        self.end_mcp_sessions()?;
         if let Some(stdout) = self.stdout.as_mut() {
             // After a signal the caller asked us to stop: give a stalled reader a moment,
             // not forever. A normal end waits for the reader like any command-line tool.
@@ -963,7 +1002,33 @@ impl<K: HostKey> Engine<K> {
             } => {
                 let (hub, mut io) = self.mcp_io();
                 let servers = hub.select(&mut io, &mcp);
-                self.runs.insert(id, RunSlot::new(*run, workspace, servers));
+                let all = mcp.configured.is_none();
+                self.runs
+                    .insert(id, RunSlot::new(*run, workspace, servers, all));
+            }
+            HostAction::McpApproved(name) => {
+                let runs: Vec<RunId> = self
+                    .runs
+                    .iter()
+                    .filter(|(_, s)| {
+                        s.mcp_all && !s.mcp.iter().any(|id| self.mcp.name(*id) == name)
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                if runs.is_empty() {
+                    return;
+                }
+                let only = Selection {
+                    configured: Some(vec![name]),
+                    servers: Vec::new(),
+                };
+                let (hub, mut io) = self.mcp_io();
+                let started = hub.select(&mut io, &only);
+                for run in runs {
+                    if let Some(slot) = self.runs.get_mut(&run) {
+                        slot.mcp.extend(started.iter().copied());
+                    }
+                }
             }
             HostAction::SendInput(run, content) => {
                 if let Some(slot) = self.runs.get_mut(&run) {
@@ -2293,6 +2358,54 @@ impl<K: HostKey> Engine<K> {
             release_shell(&mut self.owners, self.reactor.registry(), &mut shell);
             shell.job.reap_blocking();
         }
+    }
+
+    /// Gives the `DELETE`s that end stopped MCP servers' HTTP sessions (`shutdown` sent
+    /// them) at most `EXIT_SESSION_WAIT`, running only the hub's part of the loop: nothing
+    /// else is left to answer, and exit must stay prompt.
+    fn end_mcp_sessions(&mut self) -> std::io::Result<()> {
+        let deadline = Instant::now() + mcp_client::EXIT_SESSION_WAIT;
+        let mut wakes = Vec::new();
+        while self.mcp.ending() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            wakes.clear();
+            self.reactor.wait(&mut wakes, Some(left))?;
+            for wake in wakes.drain(..) {
+                match wake {
+                    Wake::Io { token, .. } => {
+                        if let Some(Owner::Mcp(server, source)) = self.owners.get(&token) {
+                            let (server, source) = (*server, *source);
+                            let (hub, mut io) = self.mcp_io();
+                            hub.on_ready(&mut io, server, source);
+                        }
+                    }
+                    Wake::Timer(id) => {
+                        if let Some(TimerOwner::Mcp(server, alarm)) = self.timers.remove(&id) {
+                            let (hub, mut io) = self.mcp_io();
+                            hub.on_timer(&mut io, server, alarm);
+                        }
+                    }
+                    Wake::Woken => {
+                        while let Ok(done) = self.rx.try_recv() {
+                            if let Completion::McpResolved {
+                                server,
+                                exchange,
+                                result,
+                            } = done
+                            {
+                                let (hub, mut io) = self.mcp_io();
+                                hub.on_resolved(&mut io, server, exchange, result);
+                            }
+                        }
+                    }
+                    Wake::Signal(_) => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     fn shutdown(&mut self) {

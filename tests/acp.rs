@@ -2206,6 +2206,148 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     assert_eq!(opening["title"], "mcp__web__echo", "{opening}");
     let sent = flat(&request_messages(&stub, 1));
     assert!(sent.contains("echo: from acp"), "{sent}");
+    // Closing the session stops its servers: the HTTP one's session is ended with a
+    // DELETE while caliban goes on.
+    raw.send(
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "session/close",
+                "params": {"sessionId": session}})
+        .to_string(),
+    );
+    let (closed, _) = raw.recv_until(|f| f["id"] == 4);
+    assert_eq!(closed["result"], json!({}), "{closed}");
+    server.assert_session_deleted(&ws.root);
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
+}
+
+/// A workspace's own MCP server (`.mcp.json`) needs the user's approval: the editor is
+/// asked once with `session/request_permission`; a rejection leaves it out and the session
+/// says so, "always allow" starts it for the live session and records the approval in the
+/// file `--approve-mcp` writes, so a later process asks no more, and "always reject" is
+/// recorded there too, so a later process does not ask about it again either.
+#[test]
+fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
+    let ws = Workspace::new("acp-mcp-approve");
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"proj": crate::mcp_client::stdio_server(&ws.root),
+                                "zother": crate::mcp_client::stdio_server(&ws.root)}})
+        .to_string(),
+    );
+    let approvals = ws.path("home/.state/caliban/mcp-approvals.json");
+    let card = "caliban-mcp-approval-proj";
+    let flags = ["--allow", "mcp__proj__*"];
+    let offered = |stub: &Stub, n: usize| -> Vec<String> {
+        stub.requests()[n]["body"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str())
+            .filter(|t| t.starts_with("mcp__"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let card_updates = |r: &Value| -> Vec<Value> {
+        tool_updates(&r["updates"], card)
+            .into_iter()
+            .cloned()
+            .collect()
+    };
+
+    // Rejected: not started, and the session says so on the server's card; the other
+    // server is rejected for good.
+    let stub = Stub::start(&ws, &script(vec![text_turn("without it")]));
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["hello"],
+               "answers": ["reject", "reject_always"]}),
+    );
+    let asks = r["permissions"].as_array().unwrap();
+    assert_eq!(asks.len(), 2, "{asks:?}");
+    assert_eq!(
+        asks[1]["toolCall"]["toolCallId"],
+        "caliban-mcp-approval-zother"
+    );
+    assert_eq!(asks[0]["toolCall"]["toolCallId"], card);
+    let title = asks[0]["toolCall"]["title"].as_str().unwrap();
+    assert!(
+        title.starts_with("Start MCP server `proj` from the workspace"),
+        "{title}"
+    );
+    let kinds: Vec<&str> = asks[0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["allow_once", "allow_always", "reject_once", "reject_always"]
+    );
+    let updates = card_updates(&r);
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0]["status"], "failed");
+    assert!(
+        updates[0].to_string().contains("was not approved"),
+        "{}",
+        updates[0]
+    );
+    assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
+    let recorded = std::fs::read_to_string(&approvals).expect("the rejection was recorded");
+    assert!(recorded.contains("\"zother\": \"!"), "{recorded}");
+    assert!(
+        !recorded.contains("\"proj\""),
+        "a plain rejection records nothing: {recorded}"
+    );
+
+    // Always allowed: the live session's next turn has its tools, and the approval is kept.
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            text_turn("first"),
+            tool_turn("mcp__proj__echo", "toolu_p", json!({"text": "approved"})),
+            text_turn("done"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["one", "two"],
+               "answers": ["allow_always"]}),
+    );
+    // Only `proj` is asked about: `zother` was rejected for good.
+    let asks = r["permissions"].as_array().unwrap();
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks[0]["toolCall"]["toolCallId"], card);
+    let updates = card_updates(&r);
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0]["status"], "completed");
+    assert!(offered(&stub, 1).contains(&"mcp__proj__echo".to_owned()));
+    assert!(
+        !offered(&stub, 1)
+            .iter()
+            .any(|t| t.starts_with("mcp__zother__"))
+    );
+    let sent = flat(&request_messages(&stub, 2));
+    assert!(sent.contains("echo: approved"), "{sent}");
+    let recorded = std::fs::read_to_string(&approvals).expect("the approval was recorded");
+    assert!(recorded.contains("\"proj\""), "{recorded}");
+
+    // A later process asks no more.
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            tool_turn("mcp__proj__echo", "toolu_q", json!({"text": "remembered"})),
+            text_turn("done"),
+        ]),
+    );
+    let r = drive(
+        &ws,
+        &stub,
+        json!({"scenario": "prompts", "agent": agent(&flags), "prompts": ["three"]}),
+    );
+    assert_eq!(r["permissions"], json!([]));
+    let sent = flat(&request_messages(&stub, 1));
+    assert!(sent.contains("echo: remembered"), "{sent}");
 }

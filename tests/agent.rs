@@ -1277,3 +1277,69 @@ fn ndjson_run_calls_configured_mcp_servers() {
     assert_eq!(end["is_error"], false, "{end}");
     assert_eq!(end["result_text"], "echo: net", "{end}");
 }
+
+/// The spec's `tool_allowlist` limits MCP tools as it limits built-in ones: only those it
+/// names (`mcp__server__tool`, `mcp__server__*`) are offered, and a call to another is
+/// refused.
+#[test]
+fn tool_allowlist_limits_mcp_tools_too() {
+    let offered = |stub: &Stub| -> Vec<String> {
+        stub.requests()[0]["body"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let ws = Workspace::new("agent-mcp-allowlist");
+    let pki = pki(&ws);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"tool_calls": [
+                {"id": "toolu_ok", "name": "mcp__py__echo", "input": {"text": "listed"}},
+                {"id": "toolu_no", "name": "mcp__py__picture", "input": {}},
+            ]},
+            text_turn("done"),
+        ]}),
+    );
+    ws.write(
+        "mcp.json",
+        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+    );
+    let cfg = path_str(&ws.path("mcp.json"));
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended",
+                      "tool_allowlist": ["Read", "mcp__py__echo"]});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &["--mcp-config", &cfg]);
+    let mut client = Client::attached(&agent, &pki, "");
+    let lines = client.recv_to_end();
+    let end = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["type"] == "ToolCallEnd" && l["tool_use_id"] == id)
+            .unwrap_or_else(|| panic!("no ToolCallEnd for {id}: {lines:?}"))
+            .clone()
+    };
+    assert_eq!(end("toolu_ok")["is_error"], false);
+    assert_eq!(end("toolu_ok")["result_text"], "echo: listed");
+    let refused = end("toolu_no");
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(
+        refused["result_text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("unknown tool 'mcp__py__picture'"),
+        "{refused}"
+    );
+    assert_eq!(offered(&stub), ["Read", "mcp__py__echo"]);
+    // Without an MCP entry no MCP tool is offered.
+    drop(client);
+    drop(agent);
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended",
+                      "tool_allowlist": ["Read"]});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &["--mcp-config", &cfg]);
+    let mut client = Client::attached(&agent, &pki, "");
+    client.recv_to_end();
+    assert_eq!(offered(&stub), ["Read"]);
+}

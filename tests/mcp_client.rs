@@ -53,31 +53,45 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The Python server listening over HTTP (`http` or `sse`); killed on drop.
+/// The fixture identity `tests/tls.rs` serves (for `localhost` and `127.0.0.1`, signed
+/// by `tests/fixtures/ca.pem`).
+fn fixture(name: &str) -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/").to_owned() + name
+}
+
+/// The Python server listening over HTTP (`http`, `https` with the fixture identity, or
+/// `sse`); killed on drop.
 pub(crate) struct PyHttp {
     child: Child,
     pub(crate) url: String,
+    addr: SocketAddr,
 }
 
 impl PyHttp {
     pub(crate) fn start(mode: &str, mark_dir: &Path) -> PyHttp {
         let port = free_port();
+        let mut args = vec![server_script(), mode.to_owned(), port.to_string()];
+        if mode == "https" {
+            args.extend([fixture("server.pem"), fixture("server-key.pem")]);
+        }
         let child = Command::new(python())
-            .args([&server_script(), mode, &port.to_string()])
+            .args(&args)
             .env("MARK_DIR", mark_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the Python MCP server");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let server = PyHttp {
             child,
             url: match mode {
                 "sse" => format!("http://127.0.0.1:{port}/sse"),
+                "https" => format!("https://localhost:{port}/mcp"),
                 _ => format!("http://127.0.0.1:{port}/mcp"),
             },
+            addr,
         };
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         wait_until("the Python MCP server to listen", || {
             TcpStream::connect(addr).is_ok()
         });
@@ -92,7 +106,41 @@ impl Drop for PyHttp {
     }
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+impl PyHttp {
+    /// Checks that caliban ended its session: the server saw a `DELETE` with the session
+    /// id and answered it, and (over plain HTTP, which this probe speaks) a request with
+    /// that id now gets 404: the session is gone.
+    pub(crate) fn assert_session_deleted(&self, mark_dir: &Path) {
+        let marked = mark_dir.join("session-deleted");
+        wait_until("the server to see the session's DELETE", || marked.exists());
+        let text = std::fs::read_to_string(&marked).expect("read the mark");
+        let (session, status) = text.split_once(' ').expect("`session status`");
+        assert_eq!(status, "200", "{text}");
+        assert!(session.len() > 8, "{text}");
+        if self.url.starts_with("https:") {
+            return;
+        }
+        let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+        let resp = request(
+            self.addr,
+            "POST",
+            "/mcp",
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-session-id", session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            ping.as_bytes(),
+        );
+        assert_eq!(
+            resp.status, 404,
+            "the session outlived its DELETE: {resp:?}"
+        );
+    }
+}
+
+pub(crate) fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -118,6 +166,15 @@ fn text_turn(text: &str) -> Value {
 fn config(ws: &Workspace, name: &str, servers: Value) -> String {
     ws.write(name, &json!({ "mcpServers": servers }).to_string());
     path_str(&ws.path(name))
+}
+
+/// An MCP config file naming one Streamable HTTP server; returns its path.
+fn http_config(ws: &Workspace, name: &str, url: &str) -> String {
+    config(
+        ws,
+        "mcp.json",
+        json!({ name: {"type": "http", "url": url} }),
+    )
 }
 
 /// Every tool result the model was sent, by tool use id: (is_error, text).
@@ -268,6 +325,149 @@ fn mcp_client_streamable_http_resumes_streams_follows_progress_and_list_changed(
         out.stderr.contains("CALIBAN_TEST_HEADER not set"),
         "{out:?}"
     );
+    // Exiting, caliban ended its session.
+    server.assert_session_deleted(&ws.root);
+}
+
+#[test]
+fn mcp_client_standalone_stream_is_heard_and_resumed_with_last_event_id() {
+    let ws = Workspace::new("mcpc-standalone");
+    let server = PyHttp::start("http", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            // Says the list changed on the GET stream (twice, the stream broken between),
+            // and answers only once caliban listed again after each.
+            call("mcp__web__announce", "t1", json!({})),
+            calls(json!([
+                {"id": "t2", "name": "mcp__web__early", "input": {}},
+                {"id": "t3", "name": "mcp__web__later", "input": {}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = http_config(&ws, "web", &server.url);
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__web__*"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert_eq!(result(&all, "t1").2, "announced");
+    let tools = offered(&stub, 1);
+    for name in ["mcp__web__early", "mcp__web__later"] {
+        assert!(tools.iter().any(|t| t == name), "{tools:?}");
+    }
+    assert_eq!(result(&all, "t2").2, "early ran");
+    assert_eq!(result(&all, "t3").2, "later ran");
+    // The second notification came on the standalone stream caliban resumed from the
+    // first one's event id.
+    let resumed = std::fs::read_to_string(ws.path("standalone-resumed"))
+        .expect("the standalone stream was resumed with Last-Event-ID");
+    assert!(!resumed.is_empty());
+}
+
+#[test]
+fn mcp_client_streamable_http_over_tls_with_a_private_ca_and_through_a_proxy() {
+    let ws = Workspace::new("mcpc-tls");
+    let server = PyHttp::start("https", &ws.root);
+    assert!(
+        server.url.starts_with("https://localhost:"),
+        "{}",
+        server.url
+    );
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__tls__echo", "t1", json!({"text": "over tls"})),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = http_config(&ws, "tls", &server.url);
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("SSL_CERT_FILE", fixture("ca.pem")).args([
+        "-p",
+        "--mcp-config",
+        &cfg,
+        "--allow",
+        "mcp__tls__*",
+        "echo",
+    ]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(result(&results(&stub), "t1").2, "echo: over tls");
+    server.assert_session_deleted(&ws.root);
+    // Through an HTTPS_PROXY: every exchange is tunnelled with CONNECT.
+    std::fs::remove_file(ws.path("session-deleted")).expect("remove the mark");
+    let proxy = crate::tls::connect_proxy(crate::tls::ProxyMode::Tunnel);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            call("mcp__tls__echo", "t2", json!({"text": "via proxy"})),
+            text_turn("done"),
+        ]}),
+    );
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("SSL_CERT_FILE", fixture("ca.pem"))
+        .env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port()))
+        .args(["-p", "--mcp-config", &cfg, "--allow", "mcp__tls__*", "echo"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(result(&results(&stub), "t2").2, "echo: via proxy");
+    server.assert_session_deleted(&ws.root);
+    let seen = proxy.seen();
+    let port = server
+        .url
+        .split(':')
+        .nth(2)
+        .and_then(|p| p.split('/').next());
+    let connect = format!("CONNECT localhost:{} HTTP/1.1", port.unwrap_or_default());
+    assert!(
+        seen.len() >= 3 && seen.iter().all(|s| *s == connect),
+        "{seen:?}"
+    );
+    // Without the private CA the server is not trusted: reported, its tools not offered.
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let mut cmd = caliban(&ws);
+    anthropic(&mut cmd, &stub);
+    cmd.env("SSL_CERT_FILE", fixture("other-ca.pem"))
+        .args(["-p", "--mcp-config", &cfg, "echo"]);
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
+    assert!(out.stderr.contains("MCP server `tls` ("), "{out:?}");
+}
+
+/// A server that answers every POST with a single JSON body instead of an event stream
+/// (`json_response` in the Python SDK) works the same.
+#[test]
+fn mcp_client_streamable_http_json_replies_round_trip() {
+    let ws = Workspace::new("mcpc-http-json");
+    let server = PyHttp::start("http-json", &ws.root);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([
+                {"id": "t1", "name": "mcp__web__echo", "input": {"text": "as json"}},
+                {"id": "t2", "name": "mcp__web__slow", "input": {"seconds": 0}},
+            ])),
+            text_turn("done"),
+        ]}),
+    );
+    let cfg = http_config(&ws, "web", &server.url);
+    let out = print_mode(
+        &ws,
+        &stub,
+        &["--mcp-config", &cfg, "--allow", "mcp__web__*"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all = results(&stub);
+    assert_eq!(result(&all, "t1").2, "echo: as json");
+    assert_eq!(result(&all, "t2").2, "slept");
+    server.assert_session_deleted(&ws.root);
 }
 
 #[test]
@@ -554,29 +754,98 @@ fn mcp_client_server_that_never_lists_is_given_up_and_the_run_goes_on() {
 }
 
 #[test]
-fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
-    let ws = Workspace::new("mcpc-cancel");
+fn mcp_client_relist_that_hangs_is_given_up_and_the_old_tools_stay() {
+    let ws = Workspace::new("mcpc-relist-hangs");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [call("mcp__py__slow", "t1", json!({"seconds": 60})), text_turn("x")]}),
+        &json!({"turns": [
+            call("mcp__hangs__change", "t1", json!({})),
+            text_turn("first run over"),
+            call("mcp__hangs__echo", "t2", json!({"text": "old list"})),
+            text_turn("second run over"),
+        ]}),
     );
-    let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/mcp_client/relist_hangs.py"
+    );
+    let cfg = config(
+        &ws,
+        "mcp.json",
+        json!({"hangs": {"command": "python3", "args": [script]}}),
+    );
+    // A 1 s call timeout makes the re-list deadline its floor, `START_WAIT` (10 s).
     let serve = Serve::start(
         &ws,
         &stub,
-        &["--mcp-config", &cfg, "--allow", "mcp__py__*"],
+        &[
+            "--mcp-config",
+            &cfg,
+            "--allow",
+            "mcp__hangs__*",
+            "--mcp-timeout",
+            "1",
+        ],
         &[],
     );
-    let run = start_run(serve.addr, json!({"prompt": "wait"})).expect("run");
-    wait_until("the slow call to start", || {
-        ws.path("slow-started").exists()
+    let first = start_run(serve.addr, json!({"prompt": "change"})).expect("run");
+    wait_done(serve.addr, &first);
+    assert_eq!(result(&results(&stub), "t1").2, "changed");
+    wait_until("the hung re-list to be given up", || {
+        serve
+            .stderr()
+            .contains("did not list them again within 10 s; it keeps offering the 2 tools")
     });
-    let resp = request(serve.addr, "POST", &format!("/runs/{run}/cancel"), &[], b"");
-    assert_eq!(resp.status, 200, "{resp:?}");
-    wait_until("the server to cancel the call", || {
-        ws.path("slow-cancelled").exists()
-    });
-    wait_done(serve.addr, &run);
+    // The server is neither listing nor dropped: the next run is offered the old list at
+    // once and calls it.
+    let second = start_run(serve.addr, json!({"prompt": "echo"})).expect("run");
+    wait_done(serve.addr, &second);
+    assert_eq!(state(serve.addr, &second), "done");
+    let tools = offered(&stub, 2);
+    assert!(tools.contains(&"mcp__hangs__echo".to_owned()), "{tools:?}");
+    assert_eq!(result(&results(&stub), "t2").2, "echo: old list");
+    let stderr = serve.stderr();
+    assert!(
+        !stderr.contains("MCP server `hangs` ("),
+        "not dropped: {stderr}"
+    );
+}
+
+/// A cancelled run's MCP call is cancelled with `notifications/cancelled`, over stdio and
+/// over Streamable HTTP (where it is a POST of its own while the call's stream is open).
+#[test]
+fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
+    for transport in ["stdio", "http"] {
+        let ws = Workspace::new(&format!("mcpc-cancel-{transport}"));
+        let stub = Stub::start(
+            &ws,
+            &json!({"turns": [call("mcp__py__slow", "t1", json!({"seconds": 60})),
+                              text_turn("x")]}),
+        );
+        let http = (transport == "http").then(|| PyHttp::start("http", &ws.root));
+        let server = match &http {
+            Some(http) => json!({"type": "http", "url": http.url}),
+            None => stdio_server(&ws.root),
+        };
+        let cfg = config(&ws, "mcp.json", json!({ "py": server }));
+        let serve = Serve::start(
+            &ws,
+            &stub,
+            &["--mcp-config", &cfg, "--allow", "mcp__py__*"],
+            &[],
+        );
+        let run = start_run(serve.addr, json!({"prompt": "wait"})).expect("run");
+        wait_until("the slow call to start", || {
+            ws.path("slow-started").exists()
+        });
+        let resp = request(serve.addr, "POST", &format!("/runs/{run}/cancel"), &[], b"");
+        assert_eq!(resp.status, 200, "{transport}: {resp:?}");
+        wait_until(
+            &format!("the {transport} server to cancel the call"),
+            || ws.path("slow-cancelled").exists(),
+        );
+        wait_done(serve.addr, &run);
+    }
 }
 
 #[test]

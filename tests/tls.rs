@@ -41,7 +41,7 @@ fn would_block(e: &io::Error) -> bool {
 }
 
 /// A loopback listener whose accept loop runs on its own thread until drop.
-struct Server {
+pub(crate) struct Server {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     /// Heads of what each accepted connection asked for (the proxy records its CONNECTs);
@@ -73,11 +73,11 @@ impl Server {
         Server { addr, stop, seen }
     }
 
-    fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.addr.port()
     }
 
-    fn seen(&self) -> Vec<String> {
+    pub(crate) fn seen(&self) -> Vec<String> {
         self.seen.lock().expect("seen lock").clone()
     }
 }
@@ -215,7 +215,7 @@ fn relay(
 
 /// What the test proxy answers to CONNECT.
 #[derive(Clone, Copy)]
-enum ProxyMode {
+pub(crate) enum ProxyMode {
     Tunnel,
     /// Tunnel to this address whatever the CONNECT named (for targets this host lacks).
     TunnelTo(SocketAddr),
@@ -224,7 +224,7 @@ enum ProxyMode {
 
 /// An HTTP proxy that understands only CONNECT: records each request head's first line, then
 /// either tunnels to the named authority or answers with a refusal status line.
-fn connect_proxy(mode: ProxyMode) -> Server {
+pub(crate) fn connect_proxy(mode: ProxyMode) -> Server {
     Server::start(move |mut client, seen| {
         let Some(head) = read_head(&mut client) else {
             return;

@@ -52,6 +52,9 @@ pub struct RunConfig {
     /// Someone can be asked to run a call the sandbox refused outside it (a drive
     /// surface); print mode has no one to ask.
     pub sandbox_retry: bool,
+    /// The MCP tools a networked agent's `tool_allowlist` admits (`mcp__server__tool`,
+    /// `mcp__server__*`); `None` admits every tool the run's servers offer.
+    pub mcp_allowlist: Option<Arc<[String]>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -252,8 +255,12 @@ impl Run {
     }
 
     /// The tools offered besides the configured ones (MCP servers' tools, as they list
-    /// them now): the next model request offers them, and calls are checked against them.
-    pub fn set_extra_tools(&mut self, extra: Vec<ToolSpec>) {
+    /// them now, less those an allowlist leaves out): the next model request offers them,
+    /// and calls are checked against them.
+    pub fn set_extra_tools(&mut self, mut extra: Vec<ToolSpec>) {
+        if let Some(allowed) = &self.config.mcp_allowlist {
+            extra.retain(|t| crate::mcp_client::client::allowlist_admits(allowed, &t.name));
+        }
         if extra.is_empty() && self.tools.len() == self.configured_tools {
             return;
         }
@@ -1086,6 +1093,7 @@ mod tests {
             context_window: None,
             effort: None,
             sandbox_retry: true,
+            mcp_allowlist: None,
         };
         let policy = Policy::new(Vec::new(), Mode::Default, std::env::temp_dir());
         Run::new(config, policy, Vec::new())
@@ -1488,6 +1496,42 @@ mod tests {
             input_schema: serde_json::json!({}),
         }]);
         assert!(r.context_tokens() > bare + 1000);
+    }
+
+    /// A networked agent's allowlist admits only the MCP tools it names: the others are
+    /// not offered, and a call to one is refused as an unknown tool.
+    #[test]
+    fn an_allowlist_limits_the_mcp_tools_offered_and_called() {
+        let mut r = run();
+        r.config.mcp_allowlist = Some(vec!["mcp__s__a".to_owned()].into());
+        let spec = |name: &str| ToolSpec {
+            name: name.to_owned().into(),
+            description: "".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+        };
+        r.set_extra_tools(vec![spec("mcp__s__a"), spec("mcp__s__b")]);
+        let offered: Vec<String> = r
+            .model_request()
+            .tools
+            .iter()
+            .map(|t| t.name.to_string())
+            .filter(|n| n.starts_with("mcp__"))
+            .collect();
+        assert_eq!(offered, ["mcp__s__a"]);
+        let now = Instant::now();
+        r.send_user(vec![ContentBlock::text("go")], now);
+        r.on_model_event(tool_start(1, "t1", "mcp__s__b"), now);
+        r.on_model_event(input(1, "{}"), now);
+        let out = r.on_model_complete(now);
+        assert!(
+            !out.iter().any(|e| matches!(e, Effect::RunTool(_))),
+            "{out:?}"
+        );
+        let refused = emitted(&out).into_iter().any(|e| {
+            matches!(e, TurnEvent::ToolCallEnd { is_error: true, result_text, .. }
+                if result_text.starts_with("unknown tool 'mcp__s__b'"))
+        });
+        assert!(refused, "{out:?}");
     }
 
     #[test]

@@ -886,11 +886,19 @@ impl DriveCore {
             .count()
     }
 
-    /// Offers runs started from now on only the built-in tools named in `names` (a
-    /// networked agent's `tool_allowlist`); a call to any other is refused by the run.
+    /// Offers runs started from now on only the tools named in `names` (a networked
+    /// agent's `tool_allowlist`): built-in tools by name, MCP tools by `mcp__server__tool`
+    /// or `mcp__server__*` (none without such an entry); a call to any other is refused
+    /// by the run as an unknown tool.
     pub fn retain_tools(&mut self, names: &[String]) {
         Arc::make_mut(&mut self.config.run.tools)
             .retain(|tool| names.iter().any(|n| *n == tool.name));
+        let mcp: Vec<String> = names
+            .iter()
+            .filter(|n| crate::mcp_client::client::is_allowlist_entry(n))
+            .cloned()
+            .collect();
+        self.config.run.mcp_allowlist = Some(mcp.into());
     }
 
     pub fn surfaced_prompt(&self, id: RunId) -> Result<Option<Prompt>, DriveError> {
@@ -1330,6 +1338,7 @@ mod tests {
                     context_window: None,
                     effort: None,
                     sandbox_retry: true,
+                    mcp_allowlist: None,
                 },
                 context_windows: Default::default(),
                 models: vec!["test-model".into()],
@@ -1398,6 +1407,7 @@ mod tests {
                     format!("reconfigure {run} {model}")
                 }
                 CoreAction::Engine(HostAction::Cancel(id)) => format!("cancel {id}"),
+                CoreAction::Engine(HostAction::McpApproved(name)) => format!("mcp_approved {name}"),
                 CoreAction::Engine(HostAction::Permit {
                     run,
                     tool_use_id,

@@ -9,12 +9,16 @@
 //! - the approvals file, `$XDG_STATE_HOME/caliban/mcp-approvals.json`
 //!   (`{"<workspace>": {"<server>": "<fingerprint>"}}`): an approval holds while the
 //!   server's command, arguments, environment or URL stay what they were
-//!   (`ServerConfig::fingerprint`);
+//!   (`ServerConfig::fingerprint`); an editor's "always reject" is kept there too, as
+//!   `"!<fingerprint>"`, so that server is not asked about again (`--approve-mcp` still
+//!   approves it);
 //! - Claude Code's user-settings keys `enabledMcpjsonServers` (names) and
 //!   `enableAllProjectMcpServers`, read only from the user's own settings file.
 //!
-//! Unapproved servers are skipped with a warning that says how to approve them, on every
-//! surface (an ACP editor sees it in the agent's log).
+//! Unapproved servers are skipped with a warning that says how to approve them. `acp serve`
+//! also asks the editor, once per server, when a session opens (`session/request_permission`):
+//! "always allow" records the approval here, as `--approve-mcp` does; "allow" starts the
+//! server for this process only; a rejection leaves it skipped, and the session says so.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -109,19 +113,49 @@ impl Approvals {
                 .is_some_and(|fp| *fp == server.fingerprint())
     }
 
+    /// Whether the user rejected `server` of `workspace` for good (an editor's "always
+    /// reject"), as it is now.
+    pub fn rejects(&self, workspace: &Path, server: &ServerConfig) -> bool {
+        self.recorded
+            .get(&workspace.display().to_string())
+            .and_then(|servers| servers.get(&server.name))
+            .is_some_and(|fp| fp.strip_prefix('!') == Some(&server.fingerprint()))
+    }
+
     /// Records the approvals `--approve-mcp` gave for `servers` of `workspace`, so the next
     /// start needs no flag. Failing to write is a warning: this start goes ahead.
     pub fn record(&mut self, workspace: &Path, servers: &[ServerConfig]) -> Result<(), String> {
+        let approved: Vec<&ServerConfig> =
+            servers.iter().filter(|s| self.by_cli(&s.name)).collect();
+        self.write(workspace, &approved, "")
+    }
+
+    /// Records that the user approved `server` of `workspace` for good (an ACP editor's
+    /// "always allow"), in the same file `--approve-mcp` writes.
+    pub fn remember(&mut self, workspace: &Path, server: &ServerConfig) -> Result<(), String> {
+        self.write(workspace, &[server], "")
+    }
+
+    /// Records that the user rejected `server` of `workspace` for good (an editor's
+    /// "always reject"): it is not asked about again while it stays the same.
+    pub fn reject(&mut self, workspace: &Path, server: &ServerConfig) -> Result<(), String> {
+        self.write(workspace, &[server], "!")
+    }
+
+    fn write(
+        &mut self,
+        workspace: &Path,
+        servers: &[&ServerConfig],
+        mark: &str,
+    ) -> Result<(), String> {
         let Some(path) = self.file.clone() else {
             return Ok(());
         };
         let key = workspace.display().to_string();
         let mut changed = false;
-        let approved: Vec<&ServerConfig> =
-            servers.iter().filter(|s| self.by_cli(&s.name)).collect();
-        for server in approved {
+        for server in servers {
             let entry = self.recorded.entry(key.clone()).or_default();
-            let fp = server.fingerprint();
+            let fp = format!("{mark}{}", server.fingerprint());
             if entry.get(&server.name) != Some(&fp) {
                 entry.insert(server.name.clone(), fp);
                 changed = true;
@@ -184,6 +218,49 @@ mod tests {
         assert!(!later.approves(ws, &server("one", "changed")));
         assert!(!later.approves(Path::new("/other"), &server("one", "x")));
         assert!(!later.approves(ws, &server("two", "x")));
+        let mut editor = Approvals::new(
+            vec![],
+            vec![],
+            false,
+            Some(dir.join("a/mcp-approvals.json")),
+        );
+        editor.remember(ws, &server("two", "x")).unwrap();
+        let later = Approvals::new(
+            vec![],
+            vec![],
+            false,
+            Some(dir.join("a/mcp-approvals.json")),
+        );
+        assert!(
+            later.approves(ws, &server("one", "x")),
+            "kept beside the new one"
+        );
+        assert!(later.approves(ws, &server("two", "x")));
+        let mut editor = Approvals::new(
+            vec![],
+            vec![],
+            false,
+            Some(dir.join("a/mcp-approvals.json")),
+        );
+        editor.reject(ws, &server("three", "x")).unwrap();
+        let later = Approvals::new(
+            vec![],
+            vec![],
+            false,
+            Some(dir.join("a/mcp-approvals.json")),
+        );
+        assert!(later.rejects(ws, &server("three", "x")));
+        assert!(!later.approves(ws, &server("three", "x")));
+        assert!(
+            !later.rejects(ws, &server("three", "changed")),
+            "a changed server is asked again"
+        );
+        assert!(!later.rejects(ws, &server("two", "x")));
+        let flag = Approvals::new(vec!["three".into()], vec![], false, None);
+        assert!(
+            flag.approves(ws, &server("three", "x")),
+            "--approve-mcp still approves"
+        );
         let user = Approvals::new(vec![], vec!["two".into()], false, None);
         assert!(user.approves(ws, &server("two", "x")));
         let _ = std::fs::remove_dir_all(&dir);

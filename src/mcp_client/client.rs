@@ -60,6 +60,25 @@ pub fn server_part(model_name: &str) -> Option<&str> {
     rest.split_once("__").map(|(server, _)| server)
 }
 
+/// Whether `entry` names MCP tools in a tool allowlist (a networked agent's
+/// `tool_allowlist`): one tool, `mcp__<server>__<tool>`, or every tool of a server,
+/// `mcp__<server>__*`.
+pub fn is_allowlist_entry(entry: &str) -> bool {
+    server_part(entry).is_some_and(|server| !server.is_empty())
+        && entry
+            .strip_prefix(TOOL_PREFIX)
+            .and_then(|rest| rest.split_once("__"))
+            .is_some_and(|(_, tool)| !tool.is_empty() && (tool == "*" || !tool.contains('*')))
+}
+
+/// Whether an allowlist admits the MCP tool `model_name` (see `is_allowlist_entry`).
+pub fn allowlist_admits(entries: &[String], model_name: &str) -> bool {
+    entries.iter().any(|entry| match entry.strip_suffix('*') {
+        Some(prefix) => model_name.starts_with(prefix) && model_name.len() > prefix.len(),
+        None => entry == model_name,
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// `initialize` or the first `tools/list` is in flight.
@@ -112,6 +131,8 @@ pub struct Client {
     relist: Option<(Vec<ToolSpec>, HashMap<String, String>)>,
     /// A `list_changed` arrived while a list was in flight: list again when it ends.
     relist_again: bool,
+    /// Counts the re-lists begun, so the hub's deadline is for the one in flight.
+    relists: u64,
     /// Model-facing name → the server's own tool name.
     names: HashMap<String, String>,
     out: VecDeque<Vec<u8>>,
@@ -134,6 +155,7 @@ impl Client {
             tools: Vec::new(),
             relist: None,
             relist_again: false,
+            relists: 0,
             names: HashMap::new(),
             out: VecDeque::new(),
             out_bytes: 0,
@@ -173,6 +195,24 @@ impl Client {
     /// Whether a tool list is being read: the first, or a new one after `list_changed`.
     pub fn is_listing(&self) -> bool {
         self.phase == Phase::Starting || self.relist.is_some()
+    }
+
+    /// The re-list in flight after `list_changed`, by number (each begun gets the next).
+    pub fn relisting(&self) -> Option<u64> {
+        self.relist.is_some().then_some(self.relists)
+    }
+
+    /// Gives up the re-list in flight (its deadline passed): the tools listed before stay
+    /// offered, the late answer is ignored, and a later `list_changed` lists afresh.
+    /// Whether one was in flight.
+    pub fn abandon_relist(&mut self) -> bool {
+        if self.relist.take().is_none() {
+            return false;
+        }
+        self.relist_again = false;
+        // Once `Ready`, every `tools/list` in flight is a re-list's.
+        self.pending.retain(|_, p| !matches!(p, Pending::List));
+        true
     }
 
     /// The tools offered to the model (only once `Ready`).
@@ -393,9 +433,7 @@ impl Client {
                         self.relist_again = true;
                         Vec::new()
                     } else {
-                        self.relist = Some(Default::default());
-                        self.pages = 0;
-                        self.list(None)
+                        self.begin_relist()
                     }
                 }
                 // Logging and other notifications are not acted on.
@@ -438,6 +476,13 @@ impl Client {
                 output: call_output(result),
             }],
         }
+    }
+
+    fn begin_relist(&mut self) -> Vec<Event> {
+        self.relist = Some(Default::default());
+        self.relists += 1;
+        self.pages = 0;
+        self.list(None)
     }
 
     fn list(&mut self, cursor: Option<&str>) -> Vec<Event> {
@@ -526,9 +571,7 @@ impl Client {
             self.names = names;
             let mut events = vec![Event::ToolsChanged];
             if std::mem::take(&mut self.relist_again) {
-                self.relist = Some(Default::default());
-                self.pages = 0;
-                events.extend(self.list(None));
+                events.extend(self.begin_relist());
             }
             return events;
         }
@@ -760,6 +803,29 @@ mod tests {
     }
 
     #[test]
+    fn a_relist_given_up_keeps_the_old_list_and_ignores_the_late_answer() {
+        let mut c = ready("s");
+        sent(&mut c);
+        assert_eq!(c.relisting(), None);
+        c.on_bytes(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#);
+        let id = sent(&mut c)[0]["id"].as_i64().unwrap();
+        assert_eq!(c.relisting(), Some(1));
+        assert!(c.is_listing());
+        assert!(c.abandon_relist());
+        assert!(!c.is_listing());
+        assert!(!c.abandon_relist());
+        assert!(c.has_tool("mcp__s__a"));
+        // The late answer changes nothing.
+        let late =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"b"}}]}}}}"#);
+        assert!(c.on_bytes(late.as_bytes()).is_empty());
+        assert!(c.has_tool("mcp__s__a") && !c.has_tool("mcp__s__b"));
+        // A later change lists afresh, under a new number.
+        c.on_bytes(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#);
+        assert_eq!(c.relisting(), Some(2));
+    }
+
+    #[test]
     fn garbage_and_exit_never_panic() {
         let mut c = Client::new("s");
         sent(&mut c);
@@ -828,6 +894,30 @@ mod tests {
             "{}",
             &both.text[both.text.len() - 200..]
         );
+    }
+
+    #[test]
+    fn allowlist_entries_name_one_tool_or_one_server() {
+        for good in ["mcp__fs__read", "mcp__fs__*", "mcp__my-srv__a_b"] {
+            assert!(is_allowlist_entry(good), "{good}");
+        }
+        for bad in [
+            "mcp__",
+            "mcp__fs",
+            "mcp__fs__",
+            "mcp____x",
+            "mcp__*",
+            "mcp__fs__re*",
+            "Read",
+        ] {
+            assert!(!is_allowlist_entry(bad), "{bad}");
+        }
+        let list = vec!["mcp__fs__*".to_owned(), "mcp__web__fetch".to_owned()];
+        assert!(allowlist_admits(&list, "mcp__fs__read"));
+        assert!(allowlist_admits(&list, "mcp__web__fetch"));
+        assert!(!allowlist_admits(&list, "mcp__web__post"));
+        assert!(!allowlist_admits(&list, "mcp__fsx__read"));
+        assert!(!allowlist_admits(&[], "mcp__fs__read"));
     }
 
     #[test]

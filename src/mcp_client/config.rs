@@ -358,6 +358,10 @@ impl Configured {
     }
 }
 
+/// What `load` found: the servers to start, the workspace's servers still awaiting the
+/// user's approval (an ACP editor is asked about them), and warnings to log.
+pub type Loaded = (Vec<ServerConfig>, Vec<ServerConfig>, Vec<String>);
+
 /// Everything `app` hands the engine about MCP servers: every configured server in
 /// precedence order, with approvals already applied.
 pub fn load(
@@ -366,7 +370,7 @@ pub fn load(
     settings_servers: &[(Origin, Map<String, Value>)],
     approval: &crate::mcp_client::approval::Approvals,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Vec<ServerConfig>, Vec<String>), String> {
+) -> Result<Loaded, String> {
     let mut configured = Configured::default();
     let mut warnings = Vec::new();
     // `--mcp-config` files: the last one named wins a name clash, as a later flag should.
@@ -395,21 +399,37 @@ pub fn load(
         add_mcp_json(workspace, env, &mut configured, &mut warnings)?;
     }
     let mut servers = Vec::new();
+    let mut unapproved = Vec::new();
     for server in configured.into_vec() {
-        if server.origin == Origin::Project && !approval.approves(workspace, &server) {
+        if server.origin == Origin::Project
+            && !approval.approves(workspace, &server)
+            && approval.rejects(workspace, &server)
+        {
             warnings.push(format!(
-                "MCP server `{}` ({}) comes from the workspace and is not approved, so it is \
-                 not started; approve it with `--approve-mcp {}` (remembered for this \
-                 workspace), or list it in `enabledMcpjsonServers` in your user settings",
+                "MCP server `{}` ({}) comes from the workspace and was rejected for it, so it \
+                 is not started; approve it with `--approve-mcp {}` if you changed your mind",
                 server.name,
                 server.describe(),
                 server.name
             ));
             continue;
         }
+        if server.origin == Origin::Project && !approval.approves(workspace, &server) {
+            warnings.push(format!(
+                "MCP server `{}` ({}) comes from the workspace and is not approved, so it is \
+                 not started; approve it with `--approve-mcp {}` (remembered for this \
+                 workspace), or list it in `enabledMcpjsonServers` in your user settings \
+                 (`acp serve` asks the editor when a session opens)",
+                server.name,
+                server.describe(),
+                server.name
+            ));
+            unapproved.push(server);
+            continue;
+        }
         servers.push(server);
     }
-    Ok((servers, warnings))
+    Ok((servers, unapproved, warnings))
 }
 
 fn add_mcp_json(
@@ -554,8 +574,10 @@ mod tests {
                 })
         };
         let none = Approvals::new(vec![], vec![], false, None);
-        let (servers, warnings) =
+        let (servers, unapproved, warnings) =
             load(&ws, std::slice::from_ref(&cli), &settings, &none, &env).unwrap();
+        let waiting: Vec<&str> = unapproved.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(waiting, ["b", "c"]);
         // `a` from --mcp-config (user's own), `d` from user settings; `b` (project settings
         // over .mcp.json) and `c` (.mcp.json over user settings) wait for approval.
         assert_eq!(command(&servers, "a").as_deref(), Some("cli-a"));
@@ -570,7 +592,8 @@ mod tests {
             2
         );
         let all = Approvals::new(vec!["all".into()], vec![], false, None);
-        let (servers, _) = load(&ws, &[cli], &settings, &all, &env).unwrap();
+        let (servers, unapproved, _) = load(&ws, &[cli], &settings, &all, &env).unwrap();
+        assert!(unapproved.is_empty());
         assert_eq!(command(&servers, "b").as_deref(), Some("project-b"));
         assert_eq!(command(&servers, "c").as_deref(), Some("json-c"));
         assert!(load(&ws, &[ws.join("missing.json")], &[], &none, &env).is_err());

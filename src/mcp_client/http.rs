@@ -56,6 +56,8 @@ enum Carries {
     /// A message POSTed on the legacy transport, whose answer (if any, for the request
     /// named) comes on the event stream: acknowledged by the response head like `Ack`.
     Posted(Option<i64>),
+    /// The `DELETE` that ends the session: done with its response head.
+    Delete,
 }
 
 struct Ex {
@@ -78,6 +80,8 @@ pub struct HttpConn {
     /// The legacy transport's POST path, from its `endpoint` event.
     endpoint: Option<String>,
     session: Option<String>,
+    /// The server ended the session itself (a 404): there is nothing to `DELETE`.
+    session_gone: bool,
     addrs: Option<Vec<SocketAddr>>,
     exchanges: BTreeMap<u64, Ex>,
     next: u64,
@@ -113,6 +117,7 @@ impl HttpConn {
             legacy,
             endpoint: None,
             session: None,
+            session_gone: false,
             addrs: None,
             exchanges: BTreeMap::new(),
             next: 1,
@@ -132,6 +137,27 @@ impl HttpConn {
         if let Some(t) = self.reconnect_timer.take() {
             io.cancel_timer(t);
         }
+    }
+
+    /// Ends the connection as the spec asks a client to: every exchange is closed and, if
+    /// the server gave a session id it has not ended itself, a `DELETE` with it tells the
+    /// server to free the session (a 405 means it keeps sessions until they expire, which
+    /// is fine). Whether that `DELETE` is still in flight (`is_idle` says when it is done).
+    pub fn end_session(&mut self, io: &mut impl Io, id: ServerId, client: &mut Client) -> bool {
+        self.close(io);
+        if self.legacy || self.session_gone || self.session.is_none() {
+            return false;
+        }
+        let request = self.request_bytes("DELETE", &self.path.clone(), b"", None, client.version());
+        // Whatever the server answers, nothing more is sent on this session.
+        self.no_stream = true;
+        let _ = self.begin(io, id, request, Carries::Delete, client);
+        !self.is_idle()
+    }
+
+    /// No exchange is open (a `DELETE` in flight has finished).
+    pub fn is_idle(&self) -> bool {
+        self.exchanges.is_empty()
     }
 
     fn request_bytes(
@@ -376,7 +402,16 @@ impl HttpConn {
                     if ex.carries == Carries::Stream && status == 405 {
                         self.no_stream = true;
                     }
+                    if ex.carries == Carries::Delete {
+                        crate::log::debug(&format!(
+                            "MCP server `{}` answered the end of its session with HTTP {status}",
+                            client.name()
+                        ));
+                        self.end_exchange(io, id, n, events, client, None);
+                        return;
+                    }
                     if status == 404 && self.session.is_some() && ex.carries != Carries::Stream {
+                        self.session_gone = true;
                         events.extend(client.fail("ended its session (HTTP 404)"));
                         return;
                     }
@@ -407,7 +442,8 @@ impl HttpConn {
                             crate::log::warn(
                                 "an MCP server sent a malformed event stream; closing it",
                             );
-                            self.end_exchange(io, id, n, events, client, true);
+                            let broken = Some("a malformed event stream");
+                            self.end_exchange(io, id, n, events, client, broken);
                             return;
                         }
                         let carries = ex.carries;
@@ -435,12 +471,13 @@ impl HttpConn {
                     }
                 }
                 ClientEvent::End => {
-                    self.end_exchange(io, id, n, events, client, false);
+                    self.end_exchange(io, id, n, events, client, None);
                     return;
                 }
                 ClientEvent::Failed { error, .. } => {
                     crate::log::debug(&format!("MCP HTTP exchange failed: {error}"));
-                    self.end_exchange(io, id, n, events, client, true);
+                    let error = error.to_string();
+                    self.end_exchange(io, id, n, events, client, Some(&error));
                     return;
                 }
             }
@@ -456,7 +493,8 @@ impl HttpConn {
         n: u64,
         events: &mut Vec<Event>,
         client: &mut Client,
-        broken: bool,
+        // Why the exchange broke, if it did (a TLS or connection error).
+        broken: Option<&str>,
     ) {
         let Some(mut ex) = self.exchanges.remove(&n) else {
             return;
@@ -492,11 +530,10 @@ impl HttpConn {
                         );
                         events.extend(self.begin(io, id, request, Carries::Resume(rid), client));
                     }
-                    _ if ok || broken => {
-                        let why = if broken {
-                            "the connection broke"
-                        } else {
-                            "the stream ended"
+                    _ if ok || broken.is_some() => {
+                        let why = match broken {
+                            Some(error) => format!("the connection failed ({error})"),
+                            None => "the stream ended".to_owned(),
                         };
                         events.extend(answer_error(
                             client,

@@ -50,7 +50,30 @@ pub const START_WAIT: Duration = Duration::from_secs(10);
 /// up as hung (reported once, restarted by the next run that selects it). It is the call
 /// timeout, but never less than `START_WAIT` (a slow start, like `npx` fetching a package,
 /// is not a hang) nor more than this: a server that lists nothing for 30 s is not coming.
+/// A re-list after `tools/list_changed` has the same deadline; one that misses it is
+/// given up and the server keeps offering the tools it listed before (it still answers
+/// calls, so killing it would lose more than a stale list does).
 pub const LIST_DEADLINE: Duration = Duration::from_secs(30);
+/// Longest the `DELETE` that ends an HTTP server's session may take before the connection
+/// is simply dropped: the server frees an abandoned session on its own, later.
+pub const SESSION_END_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a process that is exiting waits for those `DELETE`s: exit stays prompt, and a
+/// server on the same machine or network answers well within it.
+pub const EXIT_SESSION_WAIT: Duration = Duration::from_secs(1);
+
+/// The user's answer about a workspace server that awaits approval (`Hub::decide`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approval {
+    /// Start it for this process.
+    Once,
+    /// Start it, and record the approval for the workspace (`approval::Approvals::remember`).
+    Always,
+    /// Leave it out.
+    Refused,
+    /// Leave it out, and record that for the workspace (`approval::Approvals::reject`):
+    /// it is not asked about again.
+    RefusedAlways,
+}
 
 /// One server instance (a process, or an HTTP session). A restarted server gets a new id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -83,6 +106,10 @@ pub enum Alarm {
     Reconnect,
     /// The deadline for `initialize` and the first `tools/list` (`Hub::list_deadline`).
     Listing,
+    /// The same deadline for re-list number `n` after `tools/list_changed`.
+    Relist(u64),
+    /// `SESSION_END_DEADLINE` for the `DELETE` of a stopped HTTP server's session.
+    SessionEnd,
 }
 
 /// What the hub borrows from its owner for one call: the reactor's registry, tokens and
@@ -112,6 +139,8 @@ enum Conn {
         tokens: [Token; 2],
     },
     Http(Box<HttpConn>),
+    /// An HTTP server let go, whose session's `DELETE` is in flight.
+    Ending(Box<HttpConn>, TimerId),
     /// Could not be started, or stopped.
     None,
 }
@@ -125,18 +154,24 @@ struct Entry {
     timers: HashMap<i64, TimerId>,
     /// The listing deadline, while the first tool list is awaited.
     listing: Option<TimerId>,
+    /// The deadline of the re-list in flight (`Client::relisting`'s number).
+    relisting: Option<(u64, TimerId)>,
     /// The death was logged.
     reported: bool,
 }
 
 impl Entry {
-    /// Lets the connection go: the process group killed, the HTTP exchanges closed, every
-    /// token and timer forgotten.
-    fn disconnect(&mut self, io: &mut impl Io) {
+    /// Lets the connection go: the process group killed, the HTTP exchanges closed (the
+    /// session's `DELETE` sent: `Conn::Ending` until it is answered), every token and timer
+    /// forgotten.
+    fn disconnect(&mut self, io: &mut impl Io, id: ServerId) {
         for (_, timer) in self.timers.drain() {
             io.cancel_timer(timer);
         }
         if let Some(timer) = self.listing.take() {
+            io.cancel_timer(timer);
+        }
+        if let Some((_, timer)) = self.relisting.take() {
             io.cancel_timer(timer);
         }
         match std::mem::replace(&mut self.conn, Conn::None) {
@@ -146,10 +181,47 @@ impl Entry {
                     io.forget_token(t);
                 }
             }
-            Conn::Http(mut conn) => conn.close(io),
+            Conn::Http(mut conn) => {
+                if conn.end_session(io, id, &mut self.client) {
+                    let timer = io.add_timer(SESSION_END_DEADLINE, id, Alarm::SessionEnd);
+                    self.conn = Conn::Ending(conn, timer);
+                }
+            }
+            // Already let go: its `DELETE` goes on (a failed server, now stopped).
+            ending @ Conn::Ending(..) => self.conn = ending,
             Conn::None => {}
         }
     }
+
+    /// Moves a session's `DELETE` on; once it is answered (or failed, or its deadline
+    /// passed) the connection is gone.
+    fn on_ending(&mut self, io: &mut impl Io, id: ServerId, wake: EndingWake) {
+        let Conn::Ending(conn, timer) = &mut self.conn else {
+            return;
+        };
+        // Nothing a server says now reaches a run: the client failed when it was let go.
+        let _ = match wake {
+            EndingWake::Ready(n) => conn.on_ready(io, id, n, &mut self.client),
+            EndingWake::Resolved(n, result) => {
+                conn.on_resolved(io, id, n, result, &mut self.client)
+            }
+            EndingWake::Deadline => {
+                conn.close(io);
+                Vec::new()
+            }
+        };
+        if conn.is_idle() {
+            io.cancel_timer(*timer);
+            self.conn = Conn::None;
+        }
+    }
+}
+
+/// What moves a session's `DELETE` on (`Entry::on_ending`).
+enum EndingWake {
+    Ready(u64),
+    Resolved(u64, Result<Vec<std::net::SocketAddr>, String>),
+    Deadline,
 }
 
 /// Every MCP server of the process.
@@ -163,6 +235,12 @@ pub struct Hub {
     call_timeout: Duration,
     /// Events produced outside a readiness callback, for the engine's next look.
     early: Vec<HubEvent>,
+    /// Servers stopped while their HTTP session's `DELETE` is in flight.
+    ending: BTreeMap<ServerId, Entry>,
+    /// The workspace's servers the user has not approved (yet), and where an approval
+    /// for good is recorded.
+    awaiting: Vec<ServerConfig>,
+    approvals_file: Option<PathBuf>,
 }
 
 impl Hub {
@@ -175,7 +253,44 @@ impl Hub {
             workspace,
             call_timeout,
             early: Vec::new(),
+            ending: BTreeMap::new(),
+            awaiting: Vec::new(),
+            approvals_file: None,
         }
+    }
+
+    /// Workspace servers that start only once the user approves them (`decide`).
+    pub fn await_approval(&mut self, servers: Vec<ServerConfig>, file: Option<PathBuf>) {
+        self.awaiting = servers;
+        self.approvals_file = file;
+    }
+
+    /// The workspace servers still awaiting the user's approval.
+    pub fn awaiting(&self) -> &[ServerConfig] {
+        &self.awaiting
+    }
+
+    /// The user's answer about an awaiting server: approved, it becomes a configured
+    /// server, which runs started from now on see; `Always` also records the approval, so
+    /// later starts in this workspace need none, and `RefusedAlways` the rejection, so they
+    /// do not ask again (a failure to record is the `Err`; the answer holds for this
+    /// process all the same).
+    pub fn decide(&mut self, name: &str, decision: Approval) -> Result<(), String> {
+        let Some(at) = self.awaiting.iter().position(|s| s.name == name) else {
+            return Ok(());
+        };
+        let server = self.awaiting.remove(at);
+        let file =
+            || approval::Approvals::new(Vec::new(), Vec::new(), false, self.approvals_file.clone());
+        let recorded = match decision {
+            Approval::Refused => return Ok(()),
+            Approval::RefusedAlways => return file().reject(&self.workspace, &server),
+            Approval::Always => file().remember(&self.workspace, &server),
+            Approval::Once => Ok(()),
+        };
+        self.configured.retain(|c| c.name != server.name);
+        self.configured.push(server);
+        recorded
     }
 
     /// The servers of a run's selection, starting configured ones not running yet and
@@ -341,6 +456,7 @@ impl Hub {
                 conn,
                 timers: HashMap::new(),
                 listing: None,
+                relisting: None,
                 reported: false,
             },
         );
@@ -366,8 +482,34 @@ impl Hub {
         if self.running.get(&entry.config.name) == Some(&id) {
             self.running.remove(&entry.config.name);
         }
-        entry.disconnect(io);
-        convert(entry.client.fail("was stopped"))
+        let events = convert(entry.client.fail("was stopped"));
+        entry.disconnect(io, id);
+        if matches!(entry.conn, Conn::Ending(..)) {
+            self.ending.insert(id, entry);
+        }
+        events
+    }
+
+    /// Whether a stopped server's session `DELETE` is still in flight (an exiting process
+    /// gives them `EXIT_SESSION_WAIT`).
+    pub fn ending(&self) -> bool {
+        !self.ending.is_empty()
+            || self
+                .servers
+                .values()
+                .any(|e| matches!(e.conn, Conn::Ending(..)))
+    }
+
+    /// Readiness, a lookup or the deadline for a stopped server whose `DELETE` is in
+    /// flight; it is forgotten once answered.
+    fn on_ending(&mut self, io: &mut impl Io, id: ServerId, wake: EndingWake) {
+        let Some(mut entry) = self.ending.remove(&id) else {
+            return;
+        };
+        entry.on_ending(io, id, wake);
+        if matches!(entry.conn, Conn::Ending(..)) {
+            self.ending.insert(id, entry);
+        }
     }
 
     /// Stops every server (the engine is ending).
@@ -461,9 +603,16 @@ impl Hub {
 
     pub fn on_ready(&mut self, io: &mut impl Io, id: ServerId, source: Source) -> Vec<HubEvent> {
         let Some(entry) = self.servers.get_mut(&id) else {
+            if let Source::Http(n) = source {
+                self.on_ending(io, id, EndingWake::Ready(n));
+            }
             return Vec::new();
         };
         let events = match (&mut entry.conn, source) {
+            (Conn::Ending(..), Source::Http(n)) => {
+                entry.on_ending(io, id, EndingWake::Ready(n));
+                return Vec::new();
+            }
             (Conn::Stdio { conn, .. }, Source::StdioOut) => {
                 conn.read(&mut entry.client, io.registry())
             }
@@ -486,10 +635,15 @@ impl Hub {
         result: Result<Vec<std::net::SocketAddr>, String>,
     ) -> Vec<HubEvent> {
         let Some(entry) = self.servers.get_mut(&id) else {
+            self.on_ending(io, id, EndingWake::Resolved(exchange, result));
             return Vec::new();
         };
         let mut events = match &mut entry.conn {
             Conn::Http(conn) => conn.on_resolved(io, id, exchange, result, &mut entry.client),
+            Conn::Ending(..) => {
+                entry.on_ending(io, id, EndingWake::Resolved(exchange, result));
+                return Vec::new();
+            }
             _ => Vec::new(),
         };
         self.flush(io, id, &mut events);
@@ -499,6 +653,9 @@ impl Hub {
     pub fn on_timer(&mut self, io: &mut impl Io, id: ServerId, alarm: Alarm) -> Vec<HubEvent> {
         let deadline = self.list_deadline();
         let Some(entry) = self.servers.get_mut(&id) else {
+            if alarm == Alarm::SessionEnd {
+                self.on_ending(io, id, EndingWake::Deadline);
+            }
             return Vec::new();
         };
         let mut events = Vec::new();
@@ -535,6 +692,26 @@ impl Hub {
                     events.extend(conn.on_reconnect(io, id, &mut entry.client));
                 }
             }
+            Alarm::SessionEnd => {
+                entry.on_ending(io, id, EndingWake::Deadline);
+                return Vec::new();
+            }
+            Alarm::Relist(n) => {
+                entry.relisting = None;
+                if entry.client.relisting() == Some(n) && entry.client.abandon_relist() {
+                    log::warn(&format!(
+                        "MCP server `{}` said its tools changed but did not list them again \
+                         within {} s; it keeps offering the {} tools it listed before",
+                        entry.client.name(),
+                        deadline.as_secs(),
+                        entry.client.tools().len()
+                    ));
+                    // Runs waiting for the new list go on with the old one.
+                    let mut hub_events = self.after(io, id, events);
+                    hub_events.push(HubEvent::Settled);
+                    return hub_events;
+                }
+            }
             Alarm::Listing => {
                 entry.listing = None;
                 if entry.client.phase() == Phase::Starting {
@@ -559,7 +736,7 @@ impl Hub {
         match &mut entry.conn {
             Conn::Stdio { conn, .. } => events.extend(conn.flush(&mut entry.client, io.registry())),
             Conn::Http(conn) => events.extend(conn.flush(io, id, &mut entry.client)),
-            Conn::None => while entry.client.take_outgoing().is_some() {},
+            Conn::Ending(..) | Conn::None => while entry.client.take_outgoing().is_some() {},
         }
     }
 
@@ -593,6 +770,17 @@ impl Hub {
         {
             io.cancel_timer(timer);
         }
+        // A re-list begun gets the listing deadline; one that ended lets its deadline go.
+        let relisting = entry.client.relisting();
+        if entry.relisting.map(|(n, _)| n) != relisting {
+            if let Some((_, timer)) = entry.relisting.take() {
+                io.cancel_timer(timer);
+            }
+            if let Some(n) = relisting {
+                let deadline = self.call_timeout.clamp(START_WAIT, LIST_DEADLINE);
+                entry.relisting = Some((n, io.add_timer(deadline, id, Alarm::Relist(n))));
+            }
+        }
         // Calls answered: their timers go.
         if events.iter().any(|e| matches!(e, Event::CallDone { .. })) {
             let client = &entry.client;
@@ -616,7 +804,7 @@ impl Hub {
                 entry.config.describe(),
                 entry.client.failure().unwrap_or("failed")
             ));
-            entry.disconnect(io);
+            entry.disconnect(io, id);
         }
         convert(events)
     }

@@ -87,6 +87,20 @@ impl<S: HostKey> Cx<'_, '_, S> {
     pub fn mcp_stop(&mut self, id: crate::mcp_client::ServerId) {
         self.ctx.mcp_stop(id);
     }
+
+    /// The workspace's MCP servers still awaiting the user's approval.
+    pub fn mcp_awaiting(&self) -> Vec<crate::mcp_client::config::ServerConfig> {
+        self.ctx.mcp_awaiting()
+    }
+
+    /// The user's answer about a workspace MCP server (`engine::Ctx::mcp_decide`).
+    pub fn mcp_decide(
+        &mut self,
+        name: &str,
+        decision: crate::mcp_client::Approval,
+    ) -> Result<(), String> {
+        self.ctx.mcp_decide(name, decision)
+    }
 }
 
 /// A drive surface: a protocol adapter over the core. Every callback has a default that

@@ -20,9 +20,10 @@
 //! One module per concern: `session` (the registry and the session requests), `prompt`
 //! (the prompt lifecycle), `permission` (permission prompts and "always" rules), `updates`
 //! (events as `session/update`s and tool-call cards), `tasks` (where a tool call runs, and
-//! the calls the editor carries out), `mcp` (the session's MCP servers), `outbox` (the
-//! ordered frames), `client` (a client that goes away and comes back). This file holds the server's state, the dispatch of the client's
-//! messages and the `Surface` callbacks.
+//! the calls the editor carries out), `mcp` (the session's MCP servers, and the editor's
+//! approval of the workspace's), `outbox` (the ordered frames), `client` (a client that
+//! goes away and comes back). This file holds the server's state, the dispatch of the
+//! client's messages and the `Surface` callbacks.
 
 mod call_ids;
 mod card;
@@ -111,6 +112,12 @@ enum Pending {
         tool: String,
         method: &'static str,
     },
+    /// The editor is asked whether a workspace MCP server may start (`mcp`).
+    ServerApproval {
+        session: String,
+        server: String,
+        card: String,
+    },
     Ignore,
 }
 
@@ -134,6 +141,8 @@ pub struct AcpServe {
     quitting: bool,
     /// Why no model can be reached, if so: no session is started and no prompt taken.
     provider_problem: Option<String>,
+    /// Workspace MCP servers the editor was asked about (once per server per process).
+    approvals_asked: BTreeSet<String>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -167,6 +176,7 @@ impl AcpServe {
             next_timer: 0,
             quitting: false,
             provider_problem: None,
+            approvals_asked: BTreeSet::new(),
         }
     }
 
@@ -257,6 +267,7 @@ impl AcpServe {
         self.reply(id, result);
         if let Some((sid, title)) = opened {
             self.announce_session(&sid, title);
+            self.ask_server_approvals(ctx, &sid);
         }
     }
 
@@ -306,6 +317,11 @@ impl AcpServe {
                 tool,
                 method,
             } => self.on_tool_answer(ctx, id, &session, &tool, method, result),
+            Pending::ServerApproval {
+                session,
+                server,
+                card,
+            } => self.on_server_approval(ctx, &session, &server, &card, result),
             Pending::Ignore => {}
         }
     }

@@ -258,7 +258,11 @@ impl AcpServe {
             return Ok(());
         }
         match session.prompt.admit(id, params) {
-            Admit::Start => {}
+            Admit::Start => {
+                for update in std::mem::take(&mut session.held) {
+                    self.outbox.update(&sid, update);
+                }
+            }
             Admit::Queued => return Ok(()),
             Admit::Busy => {
                 return Err(RpcError::new(

@@ -83,6 +83,9 @@ pub(super) struct Session {
     pub(super) run_end: Option<Value>,
     /// The session's MCP servers, on the engine's hub.
     pub(super) mcp: Vec<crate::mcp_client::ServerId>,
+    /// Updates held for the session's next prompt (what became of a workspace server the
+    /// editor was asked about between prompts): updates belong within a prompt or a load.
+    pub(super) held: Vec<Value>,
     /// The model the session's runs use (the `model` config option).
     pub(super) model: String,
     /// What the session's turns used so far, for `usage_update`'s cost.
@@ -116,6 +119,7 @@ impl Session {
             tasks: HashMap::new(),
             run_end: None,
             mcp: Vec::new(),
+            held: Vec::new(),
             model,
             usage: Default::default(),
             effort: None,

@@ -50,7 +50,8 @@ pub(crate) struct Spec {
     pub(crate) initial_prompt: String,
     pub(crate) model: Option<String>,
     pub(crate) provider: Option<String>,
-    /// The only built-in tools offered to the model (`None`: all of them).
+    /// The only tools offered to the model (`None`: all of them): built-in tools by name,
+    /// MCP tools as `mcp__server__tool` or `mcp__server__*` (no such entry: no MCP tools).
     pub(crate) tool_allowlist: Option<Vec<String>>,
     /// The NDJSON plane's run takes `UserMessage` and `EndInput` lines.
     pub(crate) interactive: bool,
@@ -136,9 +137,11 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
                         crate::text::json_kind(item)
                     ));
                 };
-                if !tools.contains(&name.as_str()) {
+                let mcp = crate::mcp_client::client::is_allowlist_entry(name);
+                if !mcp && !tools.contains(&name.as_str()) {
                     return Err(format!(
-                        "unknown tool `{name}` in tool_allowlist: expected some of {}",
+                        "unknown tool `{name}` in tool_allowlist: expected some of {}, or MCP \
+                         tools as mcp__<server>__<tool> or mcp__<server>__*",
                         tools.join(", ")
                     ));
                 }
@@ -236,7 +239,8 @@ mod tests {
     fn every_field_is_read() {
         let spec = ok(
             r#"{"label": "w1", "initial_prompt": "go", "model": "m", "provider":
-            "openai", "tool_allowlist": ["Read", "Bash"], "interactive": true,
+            "openai", "tool_allowlist": ["Read", "Bash", "mcp__fs__*", "mcp__web__get"],
+            "interactive": true,
             "drive_protocol": "ndjson", "permission_posture": "unattended"}"#,
         );
         assert_eq!(spec.label.as_deref(), Some("w1"));
@@ -244,7 +248,11 @@ mod tests {
         assert_eq!(spec.provider.as_deref(), Some("openai"));
         assert_eq!(
             spec.tool_allowlist,
-            Some(vec!["Read".to_owned(), "Bash".to_owned()])
+            Some(
+                ["Read", "Bash", "mcp__fs__*", "mcp__web__get"]
+                    .map(str::to_owned)
+                    .to_vec()
+            )
         );
         assert!(spec.interactive);
         assert_eq!(spec.posture, Posture::Unattended);
@@ -278,6 +286,10 @@ mod tests {
             (
                 r#"{"initial_prompt": "x", "tool_allowlist": ["Read", "Curl"]}"#,
                 "unknown tool `Curl` in tool_allowlist",
+            ),
+            (
+                r#"{"initial_prompt": "x", "tool_allowlist": ["mcp__*"]}"#,
+                "unknown tool `mcp__*` in tool_allowlist",
             ),
             (
                 r#"{"initial_prompt": "x", "tool_allowlist": "Read"}"#,
