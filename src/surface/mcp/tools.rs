@@ -26,9 +26,39 @@ pub const CANCEL: &str = "caliban_cancel";
 
 const SCHEMA_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
 
-/// `caliban_poll`'s body (see `PollView::to_json_text`).
+/// `caliban_poll`'s body (see `PollView::to_json_text`), with the base64 of images left
+/// out: an MCP host hands this text to its model, where megabytes of base64 would fill the
+/// context and show nothing. Each such block keeps its shape, with `data` empty and
+/// `omitted_bytes` saying how much was there; HTTP polls and the session file keep it whole.
 pub fn poll_text(view: &PollView) -> String {
-    view.to_json_text()
+    let body = view.to_json_text();
+    if !body.contains("\"base64\"") {
+        return body;
+    }
+    match serde_json::from_str::<Value>(&body) {
+        Ok(mut value) => {
+            omit_base64(&mut value);
+            value.to_string()
+        }
+        Err(_) => body,
+    }
+}
+
+/// Empties the `data` of every `{"type":"base64","data":…}` source in `value`.
+fn omit_base64(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if map.get("type").and_then(Value::as_str) == Some("base64")
+                && let Some(Value::String(data)) = map.get_mut("data")
+            {
+                let bytes = std::mem::take(data).len();
+                map.insert("omitted_bytes".into(), bytes.into());
+            }
+            map.values_mut().for_each(omit_base64);
+        }
+        Value::Array(items) => items.iter_mut().for_each(omit_base64),
+        _ => {}
+    }
 }
 
 pub fn run_text(run_id: &str, instructions: Option<Value>) -> String {
@@ -474,6 +504,29 @@ mod tests {
         for text in [poll_text(&view), OK_TEXT.to_owned()] {
             serde_json::from_str::<Value>(&text).unwrap();
         }
+    }
+
+    #[test]
+    fn poll_bodies_leave_image_data_out() {
+        let event = json!({"type": "ToolCallEnd", "tool_use_id": "t", "content": [
+            {"type": "text", "text": "a \"base64\" word"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}},
+        ]});
+        let view = PollView {
+            events: vec![(0, Arc::from(event.to_string()))],
+            next_cursor: 1,
+            status: DriveStatus::Running,
+            permission_request: None,
+        };
+        let body: Value = serde_json::from_str(&poll_text(&view)).unwrap();
+        let content = &body["events"][0]["event"]["content"];
+        assert_eq!(content[0]["text"], "a \"base64\" word");
+        assert_eq!(
+            content[1]["source"],
+            json!({"type": "base64", "media_type": "image/png", "data": "", "omitted_bytes": 12})
+        );
+        assert_eq!(body["next_cursor"], 1);
     }
 
     #[test]
