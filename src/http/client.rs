@@ -361,9 +361,12 @@ impl Exchange {
                         }
                     })?;
                     let before = self.inbuf.len();
-                    let status = conn
-                        .drain_read(&mut self.inbuf)
-                        .map_err(|e| read_failure("connection to the model failed", e))?;
+                    // The client serves model requests, WebFetch and MCP servers alike: the
+                    // failure names the host, the caller says which of them it was.
+                    let status = conn.drain_read(&mut self.inbuf).map_err(|e| {
+                        let host = self.target.url_host();
+                        read_failure(&format!("connection to {host} failed"), e)
+                    })?;
                     if self.inbuf.len() > before {
                         self.got_response_byte = true;
                     }
