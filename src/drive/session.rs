@@ -461,10 +461,12 @@ impl SessionStore {
         Ok(log)
     }
 
-    /// `EventLog::close` without waiting on the disk: the descriptor's lock and the tail are
-    /// let go at once, and the sync runs on the syncer thread, which holds the descriptor
-    /// until it is done. Reads of the log go to the file straight away. A failed sync is
-    /// logged; it costs durability only, the lines are already written.
+    /// `EventLog::close` without waiting on the disk: the descriptor's lock is let go at
+    /// once, and the sync runs on the syncer thread, which holds the descriptor until it is
+    /// done. The tail stays until the caller calls `EventLog::release_tail`: a run's last
+    /// events are what its followers are about to read, and the drive core lets go of it once
+    /// they had their round (`DriveCore::end_round`). A failed sync is logged; it costs
+    /// durability only, the lines are already written.
     pub fn close(&self, log: &mut EventLog) {
         let Some(pending) = log.detach() else {
             return;
@@ -482,6 +484,7 @@ impl SessionStore {
     /// on a thousand `fsync`s once the syncer's queue is full.
     pub fn let_go(&self, log: &mut EventLog) {
         drop(log.detach());
+        log.release_tail();
     }
 
     /// Waits until every sync handed over by `close` is done, or until `deadline`; returns
@@ -837,7 +840,8 @@ impl EventLog {
         Ok(())
     }
 
-    /// `close` minus the sync, which it returns for the caller to run (elsewhere). The lock
+    /// `close` minus the sync and the tail, the sync returned for the caller to run
+    /// (elsewhere). The lock
     /// is released now, not when the descriptor finally closes, so this process (a delete,
     /// an append) or another one can take it at once. The directory entry counts as synced
     /// from here on: its sync is in the returned job.
@@ -847,7 +851,6 @@ impl EventLog {
         }
         self.release_staging();
         let access = mem::replace(&mut self.access, Access::Detached);
-        self.release_tail();
         let (Access::Append(file) | Access::Poisoned(file)) = access else {
             return None;
         };
@@ -2511,10 +2514,11 @@ mod tests {
         log.append_status(&json!({"state": "done"})).unwrap();
         let release = park_syncer(&store);
         store.close(&mut log);
-        // The sync is still pending, yet the log is served from its file and the lock is
-        // free: another log of the run can append.
+        // The sync is still pending, yet the lock is free: another log of the run can
+        // append. The tail serves until it is let go, then the file does.
         assert!(matches!(log.access, Access::Detached));
-        assert!(log.tail.events.is_empty());
+        assert_eq!(log.tail.events.len(), 1);
+        log.release_tail();
         assert_eq!(all_events(&log), vec![delta(0, "x").to_string()]);
         assert!(!store.wait_for_syncs(Instant::now()));
         let mut other = store.load("run-1").unwrap();

@@ -374,6 +374,8 @@ pub struct DriveCore {
     runs: BTreeMap<RunId, RunRecord>,
     /// Runs whose events, status or prompt changed since `take_changed`.
     changed: BTreeSet<RunId>,
+    /// Runs finished in this round whose tails go at its end (`end_round`).
+    closed_this_round: Vec<RunId>,
     events_total: u64,
     /// Runs to cancel at the next chance (their session file broke).
     pending_cancels: Vec<RunId>,
@@ -415,6 +417,7 @@ impl DriveCore {
             config,
             runs: BTreeMap::new(),
             changed: BTreeSet::new(),
+            closed_this_round: Vec::new(),
             events_total: 0,
             pending_cancels: Vec::new(),
             loaded_existing: false,
@@ -1259,8 +1262,10 @@ impl DriveCore {
         };
         let _ = rec.log.append_status(&rec.status.to_json());
         // A finished run is served from its file: no descriptor, lock or tail stays open.
-        // The sync runs on the store's syncer, off the loop.
+        // The sync runs on the store's syncer, off the loop; the tail goes once the run's
+        // followers read its last events from it, at the end of the round (`end_round`).
         self.store.close(&mut rec.log);
+        self.closed_this_round.push(run);
         self.changed.insert(run);
     }
 
@@ -1287,6 +1292,15 @@ impl DriveCore {
         for run in std::mem::take(&mut self.pending_cancels) {
             if self.runs.get(&run).is_some_and(|r| r.live) {
                 self.act(HostAction::Cancel(run));
+            }
+        }
+    }
+
+    /// The round's fan-out is over: finished runs let go of their tails (see `on_finished`).
+    pub fn end_round(&mut self) {
+        for run in std::mem::take(&mut self.closed_this_round) {
+            if let Some(rec) = self.runs.get_mut(&run).filter(|r| !r.live) {
+                rec.log.release_tail();
             }
         }
     }
