@@ -25,7 +25,7 @@
 //! about `STREAM_WINDOW` plus what the owner queues at once; `write_stalled_for` tells the
 //! owner how long output has waited on such a peer, so it can give up on it.
 
-use std::io;
+use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -422,8 +422,7 @@ impl Connection {
             return;
         }
         if chunked {
-            self.outbuf
-                .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            let _ = write!(self.outbuf, "{:x}\r\n", data.len());
             self.outbuf.extend_from_slice(data);
             self.outbuf.extend_from_slice(b"\r\n");
         } else {
