@@ -220,6 +220,20 @@ fn from_object(mut obj: Map<String, Value>, line: &[u8]) -> Result<Message, Inva
     }
 }
 
+/// A response's text (no newline) around `result`, JSON text the caller vouches for: an
+/// answer built as text (an MCP poll body) is not parsed into a value only to be written out
+/// again.
+pub fn response_text(id: &Id, result: &str) -> String {
+    let mut text = response_head(id);
+    text.push_str(result);
+    text.push('}');
+    text
+}
+
+fn response_head(id: &Id) -> String {
+    format!("{{\"id\":{},\"jsonrpc\":\"2.0\",\"result\":", id.to_text())
+}
+
 /// Serialises a message as one line, newline included. Written by hand, the keys in the
 /// order serde_json's sorted maps would give them, so the params are not copied into a new
 /// object first (an ACP prompt's updates are most of what `acp serve` writes), and an
@@ -258,9 +272,7 @@ pub fn to_line(message: &Message) -> Vec<u8> {
         }
         Message::Response { id, result } => match result {
             Ok(result) => {
-                line.extend_from_slice(
-                    format!("{{\"id\":{},\"jsonrpc\":\"2.0\",\"result\":", id.to_text()).as_bytes(),
-                );
+                line.extend_from_slice(response_head(id).as_bytes());
                 let _ = serde_json::to_writer(&mut line, result);
             }
             Err(error) => line.extend_from_slice(
