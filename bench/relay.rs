@@ -619,6 +619,8 @@ fn main() {
          (starts spread over {drip_ms} ms), then flat out (all start at once); first byte \
          {lead_ms} ms after each way's script is written"
     );
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at the start: {}", load().trim());
     println!(
         "{:<6} {:<8} {:>8} {:>10} {:>10} {:>12} {:>10}",
         "way", "pace", "events", "p50 µs", "p99 µs", "events/s", "cpu µs/ev"
@@ -694,5 +696,6 @@ fn main() {
             }
         }
     }
+    println!("load average at the end: {}", load().trim());
     let _ = std::fs::remove_dir_all(&dir);
 }
