@@ -109,8 +109,8 @@ pub const MAX_STATUS_CHANGES: usize = 1024;
 pub const MAX_EVENT_DEPTH: usize = 126;
 
 /// A log flushes its staged event lines itself once they reach this many bytes or events,
-/// whatever the round: it bounds what one run holds in memory between writes (a model read
-/// of a few KiB is a few dozen events), and keeps one `write` under the cost of the copies.
+/// whatever the round: it bounds what one run holds in memory between writes. A round rarely
+/// comes near it (a model read of a few KiB is a few dozen events).
 pub const STAGE_BYTES: usize = 64 << 10;
 pub const STAGE_EVENTS: usize = 64;
 
@@ -668,7 +668,6 @@ impl EventLog {
     /// Appends one event and returns its cursor. An event that cannot be stored as itself is
     /// stored as an `Oversized` marker (see the module docs). On error nothing was appended,
     /// and neither were the events staged before it.
-    #[cfg_attr(not(test), allow(dead_code))] // print mode's recorder appends through its own
     pub fn append_event(&mut self, event: &Value) -> io::Result<u64> {
         let cursor = self.stage_event(event)?;
         self.flush()?;
@@ -841,9 +840,8 @@ impl EventLog {
     }
 
     /// `close` minus the sync and the tail, the sync returned for the caller to run
-    /// (elsewhere). The lock
-    /// is released now, not when the descriptor finally closes, so this process (a delete,
-    /// an append) or another one can take it at once. The directory entry counts as synced
+    /// (elsewhere). The lock is released now, not when the descriptor finally closes, so this
+    /// process (a delete, an append) or another one can take it at once. The directory entry counts as synced
     /// from here on: its sync is in the returned job.
     fn detach(&mut self) -> Option<PendingSync> {
         if let Err(e) = self.flush() {
