@@ -16,10 +16,15 @@
 //!
 //! Each surface runs twice: paced (`RELAY_DRIP_MS` between a run's events: latency under a
 //! steady load) and flat out (no pause: throughput, events per second). The stub holds every
-//! stream's first byte until all clients are attached (`delay_ms`). Clients scan whatever
+//! stream's first byte until a moment chosen before any run starts (`start_at_ms`), well after
+//! all clients will have attached, so the load is the same for every way however long its
+//! runs take to set up one by one (a surface that starts a run per HTTP request takes seconds
+//! for a thousand): flat out, every stream starts at that one instant; paced, the runs' starts
+//! are spread evenly over one pause. Clients scan whatever
 //! they read for stamps (`@` and 19 digits); a stamp seen again (a `TurnEnd` repeats the text)
 //! counts once. Figures are medians of nothing: one run of each, on a shared machine, so the
-//! ratio to the raw relay of the same run is the figure to quote.
+//! ratio to the raw relay of the same run is the figure to quote. `CALIBAN_BIN` measures another
+//! build of caliban (an older one, side by side); the stub is always this build's.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -36,7 +41,12 @@ use serde_json::{Value, json};
 #[path = "common.rs"]
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_caliban");
+const BUILT: &str = env!("CARGO_BIN_EXE_caliban");
+
+/// The caliban to measure: `CALIBAN_BIN` (another build, side by side), else this one.
+fn bin() -> String {
+    std::env::var("CALIBAN_BIN").unwrap_or_else(|_| BUILT.to_owned())
+}
 /// No phase may take longer than this; a stuck surface fails the bench instead of hanging it.
 const PHASE_DEADLINE: Duration = Duration::from_secs(600);
 /// A phase in which nothing arrives for this long is over (what is missing is reported).
@@ -133,23 +143,49 @@ struct Setup {
     runs: usize,
     events: u64,
     drip_ms: u64,
-    delay_ms: u64,
+    /// Time after the script is written for every client to attach before the first byte.
+    lead_ms: u64,
+    /// The moment the script holds the first byte until (set per way by `write_script`).
+    start_ms: u64,
 }
 
-/// A script of one turn per run: `events` stamps, held `delay_ms`, `drip_ms` apart.
-fn write_script(dir: &std::path::Path, s: &Setup) -> std::path::PathBuf {
-    let turn =
-        json!({"stamps": s.events, "faults": [{"delay_ms": s.delay_ms, "drip_ms": s.drip_ms}]});
-    let script = json!({"turns": vec![turn; s.runs]});
+/// Called once a way's clients are attached: a setup that ran past the start skews that
+/// way's figures (its first runs streamed while others were still being set up), so say so.
+fn attached(s: &Setup, way: &str) {
+    let now = now_ms();
+    if now > s.start_ms {
+        println!(
+            "       ({way}: clients attached {} ms after the start; raise RELAY_LEAD_MS)",
+            now - s.start_ms
+        );
+    }
+}
+
+fn now_ms() -> u64 {
+    now_ns() / 1_000_000
+}
+
+/// A script of one turn per run: `events` stamps, `drip_ms` apart, the first held until a
+/// moment `lead_ms` from now (spread over one `drip_ms` when paced). Returns the script and
+/// that moment.
+fn write_script(dir: &std::path::Path, s: &Setup) -> (std::path::PathBuf, u64) {
+    let start_ms = now_ms() + s.lead_ms;
+    let turns: Vec<Value> = (0..s.runs as u64)
+        .map(|i| {
+            let at = start_ms + i * s.drip_ms / s.runs as u64;
+            json!({"stamps": s.events, "faults": [{"start_at_ms": at, "drip_ms": s.drip_ms}]})
+        })
+        .collect();
+    let script = json!({"turns": turns});
     let path = dir.join(format!("script-{}-{}.json", s.drip_ms, s.runs));
     std::fs::write(&path, script.to_string()).expect("script");
-    path
+    (path, start_ms)
 }
 
 fn serve(dir: &std::path::Path, stub_url: &str, args: &[&str], runs: usize) -> Child {
     let runs = runs.to_string();
     let conns = (2 * runs.parse::<usize>().unwrap() + 64).to_string();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.env_clear()
         .env("ANTHROPIC_BASE_URL", stub_url)
         .env("HOME", dir)
@@ -264,6 +300,7 @@ fn raw(stub: &str, s: &Setup) -> Figures {
         pairs.push((MioStream::from_std(up), MioStream::from_std(down)));
         clients.push(MioStream::from_std(client));
     }
+    attached(s, "raw");
     let runs = s.runs;
     // The stub keeps its connections alive after a turn: the relay runs until told to stop.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -384,6 +421,7 @@ fn http(dir: &std::path::Path, stub: &str, s: &Setup) -> Figures {
             MioStream::from_std(stream)
         })
         .collect();
+    attached(s, "http");
     let cpu_start = cpu_secs(server.id());
     let seen = read_all(follows, s.runs * s.events as usize);
     let cpu = cpu_secs(server.id()) - cpu_start;
@@ -483,6 +521,7 @@ fn mcp(dir: &std::path::Path, stub: &str, s: &Setup) -> Figures {
     for (i, (run, cursor)) in runs.iter().enumerate() {
         io.send(poll(run, *cursor, base + seq * s.runs as u64 + i as u64));
     }
+    attached(s, "mcp");
     let mut seen = Seen::default();
     let mut carry = Vec::new();
     let mut done = 0;
@@ -499,8 +538,16 @@ fn mcp(dir: &std::path::Path, stub: &str, s: &Setup) -> Figures {
             continue;
         };
         let i = ((id - base) % s.runs as u64) as usize;
-        let text = msg["result"]["content"][0]["text"].as_str().unwrap_or("{}");
-        let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        // The body is also the answer's `structuredContent`: reading it there spares the
+        // client a second parse per event, time that would otherwise count as latency.
+        let mut msg = msg;
+        let body = match msg["result"]["structuredContent"].take() {
+            Value::Null => {
+                let text = msg["result"]["content"][0]["text"].as_str().unwrap_or("{}");
+                serde_json::from_str(text).unwrap_or(Value::Null)
+            }
+            body => body,
+        };
         let state = body["status"]["state"].as_str().unwrap_or("");
         runs[i].1 = body["next_cursor"].as_u64().unwrap_or(runs[i].1);
         if (state == "done" || state == "failed")
@@ -546,6 +593,7 @@ fn acp(dir: &std::path::Path, stub: &str, s: &Setup) -> Figures {
             "params":{"sessionId":session,"prompt":[{"type":"text","text":"go"}]}}),
         );
     }
+    attached(s, "acp");
     let mut seen = Seen::default();
     let mut carry = Vec::new();
     let mut done = 0;
@@ -573,29 +621,38 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("caliban-bench-relay-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     // Enough for every client to attach before the first model byte: about 4 ms a run here.
-    let delay_ms = 2000 + 6 * runs as u64;
+    let lead_ms = common::env_num("RELAY_LEAD_MS", 2000 + 6 * runs as u64);
     println!(
-        "relay: {runs} concurrent runs x {events} stamped text deltas; paced {drip_ms} ms apart, \
-         then flat out; stub holds the first byte {delay_ms} ms"
+        "relay: {runs} concurrent runs x {events} stamped text deltas; paced {drip_ms} ms apart \
+         (starts spread over {drip_ms} ms), then flat out (all start at once); first byte \
+         {lead_ms} ms after each way's script is written"
     );
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at the start: {}", load().trim());
     println!(
         "{:<6} {:<8} {:>8} {:>10} {:>10} {:>12} {:>10}",
         "way", "pace", "events", "p50 µs", "p99 µs", "events/s", "cpu µs/ev"
     );
+    let phases = std::env::var("RELAY_PHASES").unwrap_or_else(|_| "paced,flat".to_owned());
     for (pace, drip) in [("paced", drip_ms), ("flat", 0)] {
-        let setup = Setup {
-            runs,
-            events,
-            drip_ms: drip,
-            delay_ms,
-        };
+        if !phases.split(',').any(|p| p == pace) {
+            continue;
+        }
         let mut floor: Option<(f64, f64, f64)> = None;
         for way in ["raw", "http", "mcp", "acp"] {
             if !only.is_empty() && way != "raw" && !only.split(',').any(|o| o == way) {
                 continue;
             }
-            let script = write_script(&dir, &setup);
-            let (mut stub, stub_url) = common::start_stub(BIN, &script);
+            let mut setup = Setup {
+                runs,
+                events,
+                drip_ms: drip,
+                lead_ms,
+                start_ms: 0,
+            };
+            let (script, start_ms) = write_script(&dir, &setup);
+            setup.start_ms = start_ms;
+            let (mut stub, stub_url) = common::start_stub(BUILT, &script);
             let f = match way {
                 "raw" => raw(&stub_url, &setup),
                 "http" => http(&dir, &stub_url, &setup),
@@ -647,5 +704,6 @@ fn main() {
             }
         }
     }
+    println!("load average at the end: {}", load().trim());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -220,44 +220,72 @@ fn from_object(mut obj: Map<String, Value>, line: &[u8]) -> Result<Message, Inva
     }
 }
 
-/// Serialises a message as one line, newline included.
+/// A response's text (no newline) around `result`, JSON text the caller vouches for: an
+/// answer built as text (an MCP poll body) is not parsed into a value only to be written out
+/// again.
+pub fn response_text(id: &Id, result: &str) -> String {
+    let mut text = response_head(id);
+    text.push_str(result);
+    text.push('}');
+    text
+}
+
+fn response_head(id: &Id) -> String {
+    format!("{{\"id\":{},\"jsonrpc\":\"2.0\",\"result\":", id.to_text())
+}
+
+/// Serialises a message as one line, newline included. Written by hand, the keys in the
+/// order serde_json's sorted maps would give them, so the params are not copied into a new
+/// object first (an ACP prompt's updates are most of what `acp serve` writes), and an
+/// `Id::Other` goes out as the peer wrote it.
 pub fn to_line(message: &Message) -> Vec<u8> {
-    let value = match message {
-        Message::Request { id, method, params } => {
-            let mut obj = json!({"jsonrpc": "2.0", "id": id.to_json(), "method": method});
-            if !params.is_null() {
-                obj["params"] = params.clone();
-            }
-            obj
-        }
-        Message::Notification { method, params } => {
-            let mut obj = json!({"jsonrpc": "2.0", "method": method});
-            if !params.is_null() {
-                obj["params"] = params.clone();
-            }
-            obj
-        }
-        // Written by hand so an `Id::Other` goes out as the peer wrote it; the keys in the
-        // order serde_json's sorted maps give every other message.
-        Message::Response { id, result } => {
-            let mut line = match result {
-                Ok(result) => format!(
-                    "{{\"id\":{},\"jsonrpc\":\"2.0\",\"result\":{result}}}",
-                    id.to_text()
-                ),
-                Err(error) => format!(
-                    "{{\"error\":{},\"id\":{},\"jsonrpc\":\"2.0\"}}",
-                    error.to_json(),
-                    id.to_text()
-                ),
-            }
-            .into_bytes();
-            line.push(b'\n');
-            return line;
+    let mut line = Vec::new();
+    let params = |line: &mut Vec<u8>, params: &Value| {
+        if !params.is_null() {
+            line.extend_from_slice(b",\"params\":");
+            let _ = serde_json::to_writer(&mut *line, params);
         }
     };
-    let mut line = value.to_string().into_bytes();
-    line.push(b'\n');
+    let method = |line: &mut Vec<u8>, method: &str| {
+        line.extend_from_slice(b"\"method\":");
+        let _ = serde_json::to_writer(&mut *line, method);
+    };
+    match message {
+        Message::Request {
+            id,
+            method: name,
+            params: p,
+        } => {
+            line.extend_from_slice(
+                format!("{{\"id\":{},\"jsonrpc\":\"2.0\",", id.to_text()).as_bytes(),
+            );
+            method(&mut line, name);
+            params(&mut line, p);
+        }
+        Message::Notification {
+            method: name,
+            params: p,
+        } => {
+            line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
+            method(&mut line, name);
+            params(&mut line, p);
+        }
+        Message::Response { id, result } => match result {
+            Ok(result) => {
+                line.extend_from_slice(response_head(id).as_bytes());
+                let _ = serde_json::to_writer(&mut line, result);
+            }
+            Err(error) => line.extend_from_slice(
+                format!(
+                    "{{\"error\":{},\"id\":{},\"jsonrpc\":\"2.0\"",
+                    error.to_json(),
+                    id.to_text()
+                )
+                .as_bytes(),
+            ),
+        },
+    }
+    line.extend_from_slice(b"}\n");
     line
 }
 

@@ -74,6 +74,9 @@
 //!             retry-after header when given; "body" replaces the envelope verbatim
 //!       | {"delay_ms": N}            wait N ms before the first response byte, then serve the turn
 //!       | {"drip_ms": N}             serve the turn with N ms between SSE events
+//!       | {"start_at_ms": N}         hold the first response byte until N ms after the Unix
+//!                                    epoch (then `delay_ms`): streams of many connections
+//!                                    begin at one instant, however their requests trickled in
 //!       | {"drop_after_events": N}   send N SSE events, then close the socket mid-stream
 //!       | {"stall_after_events": N}  send N SSE events, then go silent with the socket open
 //!                                    until the client closes it (idle-timeout tests)
@@ -85,7 +88,7 @@
 //!                                    a text delta repeated is real output that never ends
 //! ```
 //!
-//! `delay_ms`, `drip_ms` and one of the four `…_after_events` may be combined in one fault;
+//! `start_at_ms`, `delay_ms`, `drip_ms` and one of the four `…_after_events` may be combined in one fault;
 //! `status` stands alone. Events are counted as SSE events, `data: [DONE]`
 //! included; a count past the end sends the whole stream but never its terminating chunk.
 //!
@@ -395,6 +398,8 @@ struct StatusFault {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct StreamFault {
+    /// Unix time in ms before which no byte goes out; 0: none.
+    start_at_ms: u64,
     delay_ms: u64,
     drip_ms: u64,
     cut: Option<Cut>,
@@ -594,6 +599,7 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
             "body",
             "delay_ms",
             "drip_ms",
+            "start_at_ms",
             "drop_after_events",
             "stall_after_events",
             "ping_after_events",
@@ -601,7 +607,7 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
         ],
     )?;
     if let Some(status) = opt_u64(obj, "status", at)? {
-        if let Some(other) = ["delay_ms", "drip_ms"]
+        if let Some(other) = ["delay_ms", "drip_ms", "start_at_ms"]
             .iter()
             .chain(CUTS.iter())
             .find(|k| obj.contains_key(**k))
@@ -660,14 +666,16 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
     };
     let delay_ms = opt_u64(obj, "delay_ms", at)?;
     let drip_ms = opt_u64(obj, "drip_ms", at)?;
-    if cut.is_none() && delay_ms.is_none() && drip_ms.is_none() {
+    let start_at_ms = opt_u64(obj, "start_at_ms", at)?;
+    if cut.is_none() && delay_ms.is_none() && drip_ms.is_none() && start_at_ms.is_none() {
         return Err(format!(
-            "{at}: a fault needs one of \"status\", \"delay_ms\", \"drip_ms\", \
+            "{at}: a fault needs one of \"status\", \"delay_ms\", \"drip_ms\", \"start_at_ms\", \
              \"drop_after_events\", \"stall_after_events\", \"ping_after_events\", \
              \"repeat_after_events\""
         ));
     }
     Ok(Fault::Stream(StreamFault {
+        start_at_ms: start_at_ms.unwrap_or(0),
         delay_ms: delay_ms.unwrap_or(0),
         drip_ms: drip_ms.unwrap_or(0),
         cut,
@@ -1826,6 +1834,10 @@ fn write_stream(
     request_id: (&str, &str),
     next: Next,
 ) -> io::Result<Next> {
+    let start_at = std::time::UNIX_EPOCH + Duration::from_millis(fault.start_at_ms);
+    if let Ok(wait) = start_at.duration_since(std::time::SystemTime::now()) {
+        thread::sleep(wait);
+    }
     if fault.delay_ms > 0 {
         thread::sleep(Duration::from_millis(fault.delay_ms));
     }
@@ -2650,6 +2662,37 @@ mod tests {
         assert_eq!(res.end, End::Complete);
         let n_events = anthropic_json(&res.body).len() as u32;
         assert!(began.elapsed() >= Duration::from_millis(30) * (n_events - 1));
+    }
+
+    #[test]
+    fn start_at_holds_the_stream_until_then() {
+        let now_ns = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        };
+        let start_ms = now_ns() / 1_000_000 + 150;
+        let addr = start(&format!(
+            r#"{{"turns":[{{"stamps":2,"faults":[{{"start_at_ms":{start_ms}}}]}},{{"stamps":1,"faults":[{{"start_at_ms":1}}]}}]}}"#
+        ));
+        let mut client = Client::connect(addr);
+        let res = client.call(&anthropic(ANTHROPIC_BODY));
+        let stamps: Vec<u128> = anthropic_json(&res.body)
+            .iter()
+            .filter_map(|e| e["delta"]["text"].as_str())
+            .map(|t| t.trim_matches(['@', ' ']).parse().unwrap())
+            .collect();
+        assert_eq!(stamps.len(), 2);
+        assert!(
+            stamps.iter().all(|&s| s >= start_ms * 1_000_000),
+            "{stamps:?}"
+        );
+        // A moment already past holds nothing back.
+        let res = client.call(&anthropic(ANTHROPIC_BODY));
+        assert_eq!(res.end, End::Complete);
+        let bad = Script::parse(r#"{"turns":[{"faults":[{"status":529,"start_at_ms":5}]}]}"#);
+        assert!(bad.unwrap_err().contains("cannot be combined"));
     }
 
     #[test]

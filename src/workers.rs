@@ -132,6 +132,11 @@ impl Pool {
         }
     }
 
+    /// How many jobs may wait.
+    pub(crate) fn queue_cap(&self) -> usize {
+        self.shared.queue_cap
+    }
+
     /// Queues `job`, starting a thread for it if none is free and the pool is not at its
     /// thread cap. Fails, handing the job back, when the queue is full or when no thread
     /// exists and none can be started (with a thread alive, the job waits for it instead).

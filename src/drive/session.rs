@@ -23,6 +23,18 @@
 //! it on is reported by `EventLog::ignored_bytes`. A failed append is cut back off the file, so
 //! a full disk never strands a partial line in the middle.
 //!
+//! STAGING. A drive surface's events arrive a few at a time per model read, and many runs'
+//! reads are handled in one round of the loop. `EventLog::stage_event` gives an event its
+//! cursor and holds its line in memory; `EventLog::flush` writes every line held with one
+//! `write`, and only then does the log show the events (`len`, `read`): a reader never sees
+//! an event the file does not have. The drive core flushes each run that changed at the end
+//! of every round of wakes, before any surface looks at the log (`DriveCore::after_batch`);
+//! any other line (status, permission, input) and letting go of the file (`idle`, `close`)
+//! flush first, so lines keep their order and a terminal status follows every event. A log
+//! holds at most `STAGE_BYTES` or `STAGE_EVENTS` before it flushes on its own. What a crash
+//! can lose grows by the events of the round in progress: never shown to anyone, and the
+//! model exchange that produced them is lost with the process anyway.
+//!
 //! DURABILITY. Lines are written, not synced, as they go: a process crash loses nothing the
 //! kernel has, a power cut may lose the end of a run still in progress. When a run finishes
 //! (`SessionStore::close`) its file's data, and the first time also the directory entry that
@@ -96,6 +108,12 @@ pub const MAX_STATUS_CHANGES: usize = 1024;
 /// the line wrapper is one of them, so a deeper event could be written but never read back.
 pub const MAX_EVENT_DEPTH: usize = 126;
 
+/// A log flushes its staged event lines itself once they reach this many bytes or events,
+/// whatever the round: it bounds what one run holds in memory between writes. A round rarely
+/// comes near it (a model read of a few KiB is a few dozen events).
+pub const STAGE_BYTES: usize = 64 << 10;
+pub const STAGE_EVENTS: usize = 64;
+
 /// Buffer for reading session files.
 const READ_BUF_BYTES: usize = 64 << 10;
 
@@ -114,9 +132,12 @@ const WRITERS_DIR: &str = ".writers";
 /// thread would mostly wait on the first; one also keeps syncs in the order runs finished.
 const SYNC_WORKERS: usize = 1;
 
-/// Finished runs waiting for their sync, each holding its file's descriptor until then. Far
-/// more than the 64 runs the drive table lets work at once, so a burst of them finishing
-/// fits; past it a close syncs in place, slower but losing nothing.
+/// Finished runs waiting for their sync, each holding its file's descriptor until then: at
+/// least this many, and as many as the drive table lets work at once
+/// (`SessionStore::expect_working_runs`), so a burst of every working run finishing at once
+/// fits (the descriptors are the ones those runs held while working). Past it a close syncs
+/// in place, slower but losing nothing: on the loop, where 1,000 runs ending together once
+/// cost 90 `fdatasync`s (a relay benchmark), each a stall in which nobody was answered.
 const SYNC_QUEUE_CAP: usize = 256;
 
 /// Where session files live: `$XDG_STATE_HOME/caliban/sessions`, or
@@ -198,6 +219,15 @@ impl SessionStore {
             writer_tried: false,
             syncer: Syncer(Pool::new("caliban-sync", SYNC_WORKERS, SYNC_QUEUE_CAP)),
         })
+    }
+
+    /// Makes room in the syncer's queue for `runs` finishing at once (see `SYNC_QUEUE_CAP`).
+    /// Call before the first run finishes: syncs already queued would be waited for here.
+    pub fn expect_working_runs(&mut self, runs: usize) {
+        let cap = runs.max(SYNC_QUEUE_CAP);
+        if cap != self.syncer.0.queue_cap() {
+            self.syncer = Syncer(Pool::new("caliban-sync", SYNC_WORKERS, cap));
+        }
     }
 
     #[cfg(test)]
@@ -406,6 +436,10 @@ impl SessionStore {
             (Some((writer, _)), Some(own)) => writer == own,
             _ => false,
         };
+        if let Err(e) = log.flush() {
+            log::error(&format!("{}: staged events lost: {e}", log.run_id));
+        }
+        log.release_staging();
         if !ours || !matches!(log.access, Access::Append(_)) {
             return;
         }
@@ -427,10 +461,12 @@ impl SessionStore {
         Ok(log)
     }
 
-    /// `EventLog::close` without waiting on the disk: the descriptor's lock and the tail are
-    /// let go at once, and the sync runs on the syncer thread, which holds the descriptor
-    /// until it is done. Reads of the log go to the file straight away. A failed sync is
-    /// logged; it costs durability only, the lines are already written.
+    /// `EventLog::close` without waiting on the disk: the descriptor's lock is let go at
+    /// once, and the sync runs on the syncer thread, which holds the descriptor until it is
+    /// done. The tail stays until the caller calls `EventLog::release_tail`: a run's last
+    /// events are what its followers are about to read, and the drive core lets go of it once
+    /// they had their round (`DriveCore::end_round`). A failed sync is logged; it costs
+    /// durability only, the lines are already written.
     pub fn close(&self, log: &mut EventLog) {
         let Some(pending) = log.detach() else {
             return;
@@ -448,6 +484,7 @@ impl SessionStore {
     /// on a thousand `fsync`s once the syncer's queue is full.
     pub fn let_go(&self, log: &mut EventLog) {
         drop(log.detach());
+        log.release_tail();
     }
 
     /// Waits until every sync handed over by `close` is done, or until `deadline`; returns
@@ -530,6 +567,10 @@ pub struct EventLog {
     /// it has one: a header naming it is ours, so its lock does not keep us off the file
     /// (`reopen_for_append`).
     own_writer: Option<Arc<str>>,
+    /// Event lines `stage_event` took and `flush` has not written yet (see STAGING).
+    staged: Vec<u8>,
+    /// Per staged event: where its line starts in `staged`, and where its JSON sits.
+    staged_events: Vec<(usize, std::ops::Range<usize>)>,
 }
 
 impl fmt::Debug for EventLog {
@@ -540,6 +581,7 @@ impl fmt::Debug for EventLog {
             .field("end", &self.end)
             .field("tail_start", &self.tail.start)
             .field("damaged", &self.damaged)
+            .field("staged", &self.staged_events.len())
             .finish_non_exhaustive()
     }
 }
@@ -562,6 +604,8 @@ impl EventLog {
             ignored: 0,
             dir_synced: false,
             own_writer: None,
+            staged: Vec::new(),
+            staged_events: Vec::new(),
         }
     }
 
@@ -622,29 +666,84 @@ impl EventLog {
     }
 
     /// Appends one event and returns its cursor. An event that cannot be stored as itself is
-    /// stored as an `Oversized` marker (see the module docs). On error nothing was appended.
+    /// stored as an `Oversized` marker (see the module docs). On error nothing was appended,
+    /// and neither were the events staged before it.
     pub fn append_event(&mut self, event: &Value) -> io::Result<u64> {
-        let cursor = self.events;
-        let (line, body) = event_line(cursor, event)?;
-        let offset = self.end;
-        self.write_line(line.as_bytes())?;
-        if cursor.is_multiple_of(INDEX_STRIDE) {
-            self.index.push(offset);
+        let cursor = self.stage_event(event)?;
+        self.flush()?;
+        Ok(cursor)
+    }
+
+    /// Gives an event its cursor and holds its line for the next `flush` (see STAGING); the
+    /// log shows it once it is written. On error the event, and every one staged before it,
+    /// is not appended.
+    pub fn stage_event(&mut self, event: &Value) -> io::Result<u64> {
+        if let Access::Detached = self.access {
+            // Opening a loaded run's file reads what was written since: cursors follow it.
+            self.writer()?;
         }
-        self.events += 1;
-        let text = &line[body];
-        if self.tail.admits(text.len()) {
-            self.tail.push(Arc::from(text));
-        } else {
-            self.tail.skip();
+        let cursor = self.events + self.staged_events.len() as u64;
+        let start = self.staged.len();
+        match write_event_line(&mut self.staged, cursor, event) {
+            Ok(body) => self.staged_events.push((start, body)),
+            Err(e) => {
+                self.staged.truncate(start);
+                return Err(e);
+            }
+        }
+        if self.staged.len() >= STAGE_BYTES || self.staged_events.len() >= STAGE_EVENTS {
+            self.flush()?;
         }
         Ok(cursor)
+    }
+
+    /// Whether events wait in memory for `flush`.
+    pub fn has_staged(&self) -> bool {
+        !self.staged_events.is_empty()
+    }
+
+    /// Writes the staged event lines with one `write`, then shows their events. If the write
+    /// fails the staged events are dropped (the file is cut back as for any failed append) and
+    /// the log stays as it was.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.staged_events.is_empty() {
+            return Ok(());
+        }
+        let staged = mem::take(&mut self.staged);
+        let events = mem::take(&mut self.staged_events);
+        let offset = self.end;
+        let written = self.write_line(&staged);
+        if written.is_ok() {
+            for (start, body) in events {
+                if self.events.is_multiple_of(INDEX_STRIDE) {
+                    self.index.push(offset + start as u64);
+                }
+                self.events += 1;
+                let text = String::from_utf8_lossy(staged.get(body).unwrap_or_default());
+                if self.tail.admits(text.len()) {
+                    self.tail.push(Arc::from(text.as_ref()));
+                } else {
+                    self.tail.skip();
+                }
+            }
+        }
+        // The next round's lines reuse the buffer; `release_staging` frees it.
+        self.staged = staged;
+        self.staged.clear();
+        written
+    }
+
+    /// Frees the staging buffer (a run that goes idle or finishes stages nothing for long).
+    fn release_staging(&mut self) {
+        self.staged = Vec::new();
+        self.staged_events = Vec::new();
     }
 
     /// Records a status change. Like every `append_*`, it updates what the log reports
     /// (`last_status` here) only once the line is written, so the log never claims more than
     /// the file holds.
     pub fn append_status(&mut self, status: &Value) -> io::Result<()> {
+        self.flush()?;
         let line = record_line("status", self.events, "status", status)?;
         self.write_line(line.as_bytes())?;
         self.record_status(status.clone());
@@ -661,6 +760,7 @@ impl EventLog {
 
     /// Records the surfaced permission request, or `None` once it is answered.
     pub fn append_permission(&mut self, request: Option<&Value>) -> io::Result<()> {
+        self.flush()?;
         let line = record_line(
             "permission",
             self.events,
@@ -675,6 +775,7 @@ impl EventLog {
     /// Records a client input (`{"type":"user_message","text":…}` or `{"type":"end_input"}`),
     /// which `messages` replays.
     pub fn append_input(&mut self, input: &Value) -> io::Result<()> {
+        self.flush()?;
         let line = record_line("input", self.events, "input", input)?;
         self.write_line(line.as_bytes())
     }
@@ -717,6 +818,7 @@ impl EventLog {
     /// closes finished runs through `SessionStore::close` instead.
     #[cfg(test)]
     pub fn sync(&mut self) -> io::Result<()> {
+        self.flush()?;
         let (Access::Append(file) | Access::Poisoned(file)) = &self.access else {
             return Ok(());
         };
@@ -737,13 +839,16 @@ impl EventLog {
         Ok(())
     }
 
-    /// `close` minus the sync, which it returns for the caller to run (elsewhere). The lock
-    /// is released now, not when the descriptor finally closes, so this process (a delete,
-    /// an append) or another one can take it at once. The directory entry counts as synced
+    /// `close` minus the sync and the tail, the sync returned for the caller to run
+    /// (elsewhere). The lock is released now, not when the descriptor finally closes, so this
+    /// process (a delete, an append) or another one can take it at once. The directory entry counts as synced
     /// from here on: its sync is in the returned job.
     fn detach(&mut self) -> Option<PendingSync> {
+        if let Err(e) = self.flush() {
+            log::error(&format!("{}: staged events lost: {e}", self.run_id));
+        }
+        self.release_staging();
         let access = mem::replace(&mut self.access, Access::Detached);
-        self.release_tail();
         let (Access::Append(file) | Access::Poisoned(file)) = access else {
             return None;
         };
@@ -1052,6 +1157,13 @@ impl EventLog {
     }
 }
 
+impl Drop for EventLog {
+    /// An orderly end (a cancelled run's log dropped with its core) writes what was staged.
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
 static NULL: Value = Value::Null;
 
 /// The newest events of a log, contiguous and ending at its last event.
@@ -1230,9 +1342,14 @@ fn canonical_event_head(line: &[u8]) -> Option<(u64, usize)> {
     ))
 }
 
-/// The event line for `event` at `cursor`, and where the event's JSON sits in it. An event
-/// that cannot be stored as itself becomes an `Oversized` marker.
-fn event_line(cursor: u64, event: &Value) -> io::Result<(String, std::ops::Range<usize>)> {
+/// Appends the event line for `event` at `cursor` to `out` and returns where the event's
+/// JSON sits in `out`. An event that cannot be stored as itself becomes an `Oversized`
+/// marker. On error `out` may hold part of the line; the caller cuts it off.
+fn write_event_line(
+    out: &mut Vec<u8>,
+    cursor: u64,
+    event: &Value,
+) -> io::Result<std::ops::Range<usize>> {
     let marker;
     let event = if nested_deeper_than(event, MAX_EVENT_DEPTH) {
         marker = json!({"type": "Oversized", "max_depth": MAX_EVENT_DEPTH});
@@ -1240,19 +1357,18 @@ fn event_line(cursor: u64, event: &Value) -> io::Result<(String, std::ops::Range
     } else {
         event
     };
-    let mut line = format!("{EVENT_LINE_PREFIX}{cursor},\"event\":").into_bytes();
-    let body_start = line.len();
-    serde_json::to_writer(&mut line, event)?;
-    if line.len() + "}\n".len() > MAX_LINE_BYTES {
-        let bytes = line.len() - body_start;
-        line.truncate(body_start);
-        serde_json::to_writer(&mut line, &json!({"type": "Oversized", "bytes": bytes}))?;
+    let line_start = out.len();
+    write!(out, "{EVENT_LINE_PREFIX}{cursor},\"event\":")?;
+    let body_start = out.len();
+    serde_json::to_writer(&mut *out, event)?;
+    if out.len() - line_start + "}\n".len() > MAX_LINE_BYTES {
+        let bytes = out.len() - body_start;
+        out.truncate(body_start);
+        serde_json::to_writer(&mut *out, &json!({"type": "Oversized", "bytes": bytes}))?;
     }
-    let body = body_start..line.len();
-    line.extend_from_slice(b"}\n");
-    let line =
-        String::from_utf8(line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok((line, body))
+    let body = body_start..out.len();
+    out.extend_from_slice(b"}\n");
+    Ok(body)
 }
 
 /// `{"kind":<kind>,"cursor":<cursor>,"<field>":<value>}\n`, refused if it would be unreadable.
@@ -1988,7 +2104,9 @@ mod tests {
         let mut store = tmp.store("sessions");
         let mut log = store.create(header("p")).unwrap();
         // An event whose line is exactly the cap is stored as is; one byte more is not.
-        let overhead = event_line(1, &delta(1, "")).unwrap().0.len();
+        let mut line = Vec::new();
+        write_event_line(&mut line, 1, &delta(1, "")).unwrap();
+        let overhead = line.len();
         let fits = delta(1, &"a".repeat(MAX_LINE_BYTES - overhead));
         let huge = delta(2, &"a".repeat(MAX_LINE_BYTES - overhead + 1));
         let deep_ok = (0..MAX_EVENT_DEPTH - 1).fold(json!(1), |v, _| json!([v]));
@@ -2315,6 +2433,59 @@ mod tests {
         assert_eq!(log.last_status(), None);
     }
 
+    #[test]
+    fn staged_events_are_shown_once_written_in_one_line_run() {
+        let tmp = TempDir::new("staged");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        let size = |log: &EventLog| fs::metadata(log.path()).unwrap().len();
+        let before = size(&log);
+        assert_eq!(log.stage_event(&delta(0, "a")).unwrap(), 0);
+        assert_eq!(log.stage_event(&delta(1, "b")).unwrap(), 1);
+        // Neither in the file nor shown yet.
+        assert_eq!((log.len(), size(&log)), (0, before));
+        assert!(log.read(0, 10, 1000).unwrap().is_empty());
+        log.flush().unwrap();
+        assert_eq!(log.len(), 2);
+        assert_eq!(all_events(&log).len(), 2);
+        // A status flushes what is staged first, so it follows its events in the file.
+        log.stage_event(&delta(2, "c")).unwrap();
+        log.append_status(&json!({"state": "done"})).unwrap();
+        let text = fs::read_to_string(log.path()).unwrap();
+        let last: Vec<&str> = text.lines().rev().take(2).collect();
+        assert!(
+            last[0].starts_with(r#"{"kind":"status","cursor":3,"#),
+            "{text}"
+        );
+        assert!(
+            last[1].starts_with(r#"{"kind":"event","cursor":2,"#),
+            "{text}"
+        );
+        // Reads from the file (past the tail) and from memory agree on staged-then-written
+        // events, across index strides.
+        let mut other = store.create(header("q")).unwrap();
+        for i in 0..(2 * STAGE_EVENTS + 3) {
+            other.stage_event(&delta(i, "x")).unwrap();
+            // The cap writes on its own: never more than `STAGE_EVENTS` wait.
+            assert!(other.len() as usize + STAGE_EVENTS > i);
+        }
+        other.flush().unwrap();
+        let from_memory = all_events(&other);
+        other.release_tail();
+        assert_eq!(all_events(&other), from_memory);
+        assert_eq!(from_memory.len(), 2 * STAGE_EVENTS + 3);
+        // A write that fails drops what was staged and leaves the log as it was.
+        let Ok(full) = OpenOptions::new().read(true).append(true).open("/dev/full") else {
+            return;
+        };
+        let shown = other.len();
+        other.access = Access::Append(full);
+        other.stage_event(&delta(0, "lost")).unwrap();
+        assert!(other.flush().is_err());
+        assert_eq!(other.len(), shown);
+        assert!(!other.has_staged());
+    }
+
     /// Parks `store`'s syncer thread until the returned sender is dropped, so syncs handed
     /// to it stay pending.
     fn park_syncer(store: &SessionStore) -> std::sync::mpsc::Sender<()> {
@@ -2341,10 +2512,11 @@ mod tests {
         log.append_status(&json!({"state": "done"})).unwrap();
         let release = park_syncer(&store);
         store.close(&mut log);
-        // The sync is still pending, yet the log is served from its file and the lock is
-        // free: another log of the run can append.
+        // The sync is still pending, yet the lock is free: another log of the run can
+        // append. The tail serves until it is let go, then the file does.
         assert!(matches!(log.access, Access::Detached));
-        assert!(log.tail.events.is_empty());
+        assert_eq!(log.tail.events.len(), 1);
+        log.release_tail();
         assert_eq!(all_events(&log), vec![delta(0, "x").to_string()]);
         assert!(!store.wait_for_syncs(Instant::now()));
         let mut other = store.load("run-1").unwrap();
@@ -2353,6 +2525,28 @@ mod tests {
         assert!(store.wait_for_syncs(Instant::now() + Duration::from_secs(10)));
         store.close(&mut other);
         assert_eq!(store.load("run-1").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_sync_queue_holds_every_working_run_finishing_at_once() {
+        let tmp = TempDir::new("sync-queue");
+        let mut store = tmp.store("sessions");
+        let queued = |store: &SessionStore, n: usize| {
+            (0..n)
+                .filter(|_| store.syncer.0.submit(|| {}).is_ok())
+                .count()
+        };
+        let release = park_syncer(&store);
+        assert_eq!(queued(&store, SYNC_QUEUE_CAP + 1), SYNC_QUEUE_CAP);
+        drop(release);
+        assert!(store.wait_for_syncs(Instant::now() + Duration::from_secs(10)));
+        // A table that lets 1,000 runs work: 1,000 of them ending together all queue, so
+        // none syncs on the loop.
+        store.expect_working_runs(1000);
+        let release = park_syncer(&store);
+        assert_eq!(queued(&store, 1000), 1000);
+        drop(release);
+        assert!(store.wait_for_syncs(Instant::now() + Duration::from_secs(10)));
     }
 
     #[test]

@@ -374,6 +374,8 @@ pub struct DriveCore {
     runs: BTreeMap<RunId, RunRecord>,
     /// Runs whose events, status or prompt changed since `take_changed`.
     changed: BTreeSet<RunId>,
+    /// Runs finished in this round whose tails go at its end (`end_round`).
+    closed_this_round: Vec<RunId>,
     events_total: u64,
     /// Runs to cancel at the next chance (their session file broke).
     pending_cancels: Vec<RunId>,
@@ -408,12 +410,14 @@ fn drop_last_prompt(messages: &mut Vec<Value>) {
 }
 
 impl DriveCore {
-    pub fn new(store: SessionStore, config: DriveConfig) -> DriveCore {
+    pub fn new(mut store: SessionStore, config: DriveConfig) -> DriveCore {
+        store.expect_working_runs(config.max_working_runs);
         DriveCore {
             store,
             config,
             runs: BTreeMap::new(),
             changed: BTreeSet::new(),
+            closed_this_round: Vec::new(),
             events_total: 0,
             pending_cancels: Vec::new(),
             loaded_existing: false,
@@ -796,6 +800,8 @@ impl DriveCore {
         }
         let mut messages: Vec<Value> = Vec::new();
         for run in chain.iter().rev() {
+            // A run still working may hold staged events that its file does not have yet.
+            self.flush_log(*run);
             let rec = self.record(*run)?;
             if rec.log.header().get("continues_without_last_prompt") == Some(&json!(true)) {
                 drop_last_prompt(&mut messages);
@@ -1172,25 +1178,42 @@ impl DriveCore {
 
     // ---- engine callbacks ----------------------------------------------------------------
 
+    /// Stages the event in the run's log; `after_batch` writes it with the rest of the
+    /// round's (see `drive::session` STAGING).
     pub fn on_event(&mut self, run: RunId, event: &TurnEvent) {
         let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
-        match rec.log.append_event(&event.to_json()) {
+        match rec.log.stage_event(&event.to_json()) {
             Ok(_) => self.events_total += 1,
-            Err(e) => {
-                // An event that cannot be recorded is lost to every reader: stop the run
-                // rather than let it finish with a hole nobody can see.
-                log::error(&format!("cannot append to {run}: {e}"));
-                if rec.write_error.is_none() {
-                    rec.write_error = Some(format!("the session file could not be written: {e}"));
-                    if rec.live && !matches!(event, TurnEvent::RunEnd { .. }) {
-                        self.pending_cancels.push(run);
-                    }
-                }
-            }
+            Err(e) => self.write_failed(run, &e, matches!(event, TurnEvent::RunEnd { .. })),
         }
         self.changed.insert(run);
+    }
+
+    /// Writes the events the run's log staged; a failure is the run's write error.
+    fn flush_log(&mut self, run: RunId) {
+        let Some(rec) = self.runs.get_mut(&run) else {
+            return;
+        };
+        if let Err(e) = rec.log.flush() {
+            self.write_failed(run, &e, false);
+        }
+    }
+
+    /// An event that cannot be recorded is lost to every reader: stop the run rather than let
+    /// it finish with a hole nobody can see (its end says why).
+    fn write_failed(&mut self, run: RunId, e: &std::io::Error, at_run_end: bool) {
+        log::error(&format!("cannot append to {run}: {e}"));
+        let Some(rec) = self.runs.get_mut(&run) else {
+            return;
+        };
+        if rec.write_error.is_none() {
+            rec.write_error = Some(format!("the session file could not be written: {e}"));
+            if rec.live && !at_run_end {
+                self.pending_cancels.push(run);
+            }
+        }
     }
 
     pub fn on_ask(&mut self, run: RunId, call: &ToolCall) -> AskReply {
@@ -1210,6 +1233,7 @@ impl DriveCore {
     }
 
     pub fn on_await_input(&mut self, run: RunId) {
+        self.flush_log(run);
         let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
@@ -1225,6 +1249,9 @@ impl DriveCore {
     }
 
     pub fn on_finished(&mut self, run: RunId, why: &StopCondition) {
+        // Every event goes to the file before the terminal status, and a failure to write
+        // them is what the status reports.
+        self.flush_log(run);
         let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
@@ -1243,8 +1270,10 @@ impl DriveCore {
         };
         let _ = rec.log.append_status(&rec.status.to_json());
         // A finished run is served from its file: no descriptor, lock or tail stays open.
-        // The sync runs on the store's syncer, off the loop.
+        // The sync runs on the store's syncer, off the loop; the tail goes once the run's
+        // followers read its last events from it, at the end of the round (`end_round`).
         self.store.close(&mut rec.log);
+        self.closed_this_round.push(run);
         self.changed.insert(run);
     }
 
@@ -1257,9 +1286,29 @@ impl DriveCore {
 
     /// Work the core deferred to a safe point; the drive host calls it after each batch.
     pub fn after_batch(&mut self) {
+        // The round's events go to their files, one write per run, before any surface is
+        // told what changed: a surface shows only what the log shows.
+        let staged: Vec<RunId> = self
+            .changed
+            .iter()
+            .copied()
+            .filter(|run| self.runs.get(run).is_some_and(|r| r.log.has_staged()))
+            .collect();
+        for run in staged {
+            self.flush_log(run);
+        }
         for run in std::mem::take(&mut self.pending_cancels) {
             if self.runs.get(&run).is_some_and(|r| r.live) {
                 self.act(HostAction::Cancel(run));
+            }
+        }
+    }
+
+    /// The round's fan-out is over: finished runs let go of their tails (see `on_finished`).
+    pub fn end_round(&mut self) {
+        for run in std::mem::take(&mut self.closed_this_round) {
+            if let Some(rec) = self.runs.get_mut(&run).filter(|r| !r.live) {
+                rec.log.release_tail();
             }
         }
     }
@@ -1671,6 +1720,9 @@ mod tests {
         core.on_event(id, &end);
         expected.push(end.to_json().to_string());
         let len = expected.len() as u64;
+        // Staged until the round ends: nothing is shown that the file does not have.
+        assert_eq!(core.event_count(id), Ok(0));
+        core.after_batch();
         // `RunEnd` is recorded but the engine has not reported the end yet: still running.
         assert_eq!(
             poll_to_end(&core, id, 0, 3),
@@ -2130,6 +2182,7 @@ mod tests {
         let mut writer = tmp.core();
         let id = start(&mut writer, "p", false);
         writer.on_event(id, &delta(0));
+        writer.after_batch();
         let mut reader = tmp.core();
         assert_eq!(reader.resolve("run-1"), Ok(id));
         assert_eq!(reader.status(id), Ok(DriveStatus::Running));
@@ -2275,6 +2328,68 @@ mod tests {
             Err(DriveError::Input(ENDED.into()))
         );
         assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn a_rounds_events_are_on_disk_before_its_terminal_status_is_visible() {
+        let tmp = TempDir::new("staged");
+        let mut core = tmp.core();
+        let a = start(&mut core, "a", false);
+        let b = start(&mut core, "b", false);
+        let path = |id: RunId| tmp.sessions().join(format!("{id}.jsonl"));
+        let kinds = |id: RunId| -> Vec<String> {
+            fs::read_to_string(path(id))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let v: Value = serde_json::from_str(l).unwrap();
+                    match v["kind"].as_str().unwrap() {
+                        "event" => format!("event {}", v["cursor"]),
+                        "status" => format!("status {}", v["status"]["state"].as_str().unwrap()),
+                        other => other.to_owned(),
+                    }
+                })
+                .collect()
+        };
+        // One round: both runs stream; nothing is on disk or shown until the round ends.
+        for i in 0..3 {
+            core.on_event(a, &delta(i));
+            core.on_event(b, &delta(i));
+        }
+        assert_eq!(
+            kinds(a).iter().filter(|k| k.starts_with("event")).count(),
+            0
+        );
+        assert_eq!(core.poll(a, 0, 10, 1 << 20).unwrap().events.len(), 0);
+        core.after_batch();
+        for id in [a, b] {
+            assert_eq!(core.event_count(id), Ok(3));
+            assert_eq!(
+                kinds(id).iter().filter(|k| k.starts_with("event")).count(),
+                3
+            );
+        }
+        // The next round ends run `a` without an `after_batch` in between: its events
+        // still precede its terminal status in the file, and a poll that sees the status
+        // sees every event.
+        core.on_event(a, &delta(3));
+        core.on_event(a, &run_end(StopCondition::EndOfTurn));
+        core.on_finished(a, &StopCondition::EndOfTurn);
+        let view = core.poll(a, 0, 100, 1 << 20).unwrap();
+        assert_eq!(view.status, DriveStatus::Done);
+        assert_eq!(view.events.len(), 5);
+        let lines = kinds(a);
+        assert_eq!(lines.last().map(String::as_str), Some("status done"));
+        let events: Vec<&String> = lines.iter().filter(|k| k.starts_with("event")).collect();
+        assert_eq!(events.len(), 5, "{lines:?}");
+        assert_eq!(events.last().map(|k| k.as_str()), Some("event 4"));
+        // Dropping the core (an orderly exit) writes what a working run staged.
+        core.on_event(b, &delta(3));
+        drop(core);
+        assert_eq!(
+            kinds(b).iter().filter(|k| k.starts_with("event")).count(),
+            4
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! about `STREAM_WINDOW` plus what the owner queues at once; `write_stalled_for` tells the
 //! owner how long output has waited on such a peer, so it can give up on it.
 
-use std::io;
+use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -218,6 +218,12 @@ pub struct Connection {
     /// is under way. Unlike `last_activity`, more bytes do not move it.
     head_started: Option<Instant>,
     peer_eof: bool,
+    /// The last read of the socket ended in `WouldBlock` and no readiness came since, so
+    /// another read would only say `WouldBlock` again: with edge-triggered readiness, bytes
+    /// or a hang-up arriving later bring `on_ready`. Every write to a live stream looks at
+    /// its connection again (for a pipelined request, a hang-up); without this, each such
+    /// look cost two empty `recv`s per event per follower.
+    socket_drained: bool,
     /// A stream went over its window (`stream_window`); `Writable` is owed when it drains.
     writable_owed: bool,
     /// Since when queued output has waited with no byte taken by the socket (from when it
@@ -258,6 +264,7 @@ impl Connection {
             last_activity: Instant::now(),
             head_started: None,
             peer_eof: false,
+            socket_drained: false,
             writable_owed: false,
             write_waiting_since: None,
             closed_reported: false,
@@ -285,6 +292,7 @@ impl Connection {
     /// parses. Yields at most one `Head` or `Request`, and only when no response is in
     /// progress.
     pub fn on_ready(&mut self) -> Vec<ConnEvent> {
+        self.socket_drained = false;
         self.pump();
         let mut events = std::mem::take(&mut self.events);
         if let Some(head) = self.head_ready.take() {
@@ -414,8 +422,7 @@ impl Connection {
             return;
         }
         if chunked {
-            self.outbuf
-                .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            let _ = write!(self.outbuf, "{:x}\r\n", data.len());
             self.outbuf.extend_from_slice(data);
             self.outbuf.extend_from_slice(b"\r\n");
         } else {
@@ -671,6 +678,9 @@ impl Connection {
 
     /// Reads what the phase allows; returns whether anything happened (bytes or EOF).
     fn read_some(&mut self) -> bool {
+        if self.socket_drained {
+            return false;
+        }
         let res = match &mut self.phase {
             Phase::Closing { .. } | Phase::Closed => return false,
             Phase::Lingering { discarded } => {
@@ -719,6 +729,8 @@ impl Connection {
                 false
             }
             Ok(status) => {
+                // Neither the budget nor EOF stopped the drain: the socket said `WouldBlock`.
+                self.socket_drained = !status.more && !status.eof;
                 if status.n_bytes > 0 {
                     self.last_activity = Instant::now();
                 }

@@ -250,6 +250,7 @@ impl<S: Surface> Host for DriveHost<S> {
         self.core.after_batch();
         let changed = self.core.take_changed();
         self.with(ctx, |s, cx| s.after_batch(cx, &changed));
+        self.core.end_round();
     }
 
     fn take_output(&mut self) -> Vec<u8> {

@@ -467,11 +467,11 @@ impl HttpServe {
         // cursor). A status or prompt line has no place of its own: it carries none, and an
         // SSE client keeps the last event's id, which is where a reconnect must resume; an
         // id of its own would repeat the event's, and look like that event sent again.
-        let line = |follow: &Follow, id: Option<u64>, body: String| -> String {
-            match (follow.sse, id) {
-                (true, Some(id)) => format!("id: {id}\ndata: {body}\n\n"),
-                (true, None) => format!("data: {body}\n\n"),
-                (false, _) => format!("{body}\n"),
+        let line = |follow: &Follow, body: String| -> String {
+            if follow.sse {
+                format!("data: {body}\n\n")
+            } else {
+                format!("{body}\n")
             }
         };
         // The first line is the status (DESIGN §4.5) as of the starting cursor, so that a
@@ -501,7 +501,7 @@ impl HttpServe {
                 follow.next_cursor,
                 status.to_json()
             );
-            slot.conn.stream_chunk(line(follow, None, body).as_bytes());
+            slot.conn.stream_chunk(line(follow, body).as_bytes());
             follow.sent_status = Some(status);
         }
         loop {
@@ -526,10 +526,18 @@ impl HttpServe {
                 }
             };
             if !view.events.is_empty() {
-                let mut chunk = String::new();
+                // Event lines carry their cursor as the SSE `id:`; written in place, since a
+                // flat-out stream is many small events per step, and two strings each were
+                // most of the pump's own time.
+                let text: usize = view.events.iter().map(|(_, raw)| raw.len()).sum();
+                let mut chunk = String::with_capacity(text + 64 * view.events.len());
                 for (cursor, raw) in &view.events {
-                    let body = format!("{{\"v\":1,\"cursor\":{},\"event\":{raw}}}", cursor + 1);
-                    chunk.push_str(&line(follow, Some(cursor + 1), body));
+                    let next = cursor + 1;
+                    if follow.sse {
+                        let _ = write!(chunk, "id: {next}\ndata: ");
+                    }
+                    let _ = write!(chunk, "{{\"v\":1,\"cursor\":{next},\"event\":{raw}}}");
+                    chunk.push_str(if follow.sse { "\n\n" } else { "\n" });
                 }
                 follow.next_cursor = view.next_cursor;
                 slot.conn.stream_chunk(chunk.as_bytes());
@@ -549,7 +557,7 @@ impl HttpServe {
                     "{{\"v\":1,\"cursor\":{},\"permission_request\":{prompt}}}",
                     follow.next_cursor
                 );
-                slot.conn.stream_chunk(line(follow, None, body).as_bytes());
+                slot.conn.stream_chunk(line(follow, body).as_bytes());
                 follow.sent_prompt = Some(prompt);
             }
             if follow.sent_status.as_ref() != Some(&view.status) {
@@ -558,7 +566,7 @@ impl HttpServe {
                     follow.next_cursor,
                     view.status.to_json()
                 );
-                slot.conn.stream_chunk(line(follow, None, body).as_bytes());
+                slot.conn.stream_chunk(line(follow, body).as_bytes());
                 follow.sent_status = Some(view.status.clone());
             }
             if view.status.is_terminal() {

@@ -90,6 +90,17 @@ fn sse_event(text: &str) -> String {
     format!("event: message\ndata: {text}\n\n")
 }
 
+/// What a message written out is, for where it may go when no stream takes it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Dropped.
+    Notification,
+    /// A server request (by its id): waits for the session's next stream.
+    Request(i64),
+    /// A response: its stream is its request's.
+    Other,
+}
+
 fn message_text(message: &Message) -> String {
     let mut line = jsonrpc::to_line(message);
     line.pop();
@@ -222,8 +233,26 @@ impl HttpSide {
     /// Puts a message on the right stream of `session` (see `Route`). A server request
     /// with nowhere to go waits for the session's next stream; a notification is dropped.
     pub(super) fn deliver(&mut self, session: SessionKey, route: Route, message: &Message) {
-        let text = message_text(message);
-        let droppable = matches!(message, Message::Notification { .. });
+        let kind = match message {
+            Message::Notification { .. } => Kind::Notification,
+            Message::Request {
+                id: Id::Num(request),
+                ..
+            } => Kind::Request(*request),
+            _ => Kind::Other,
+        };
+        self.deliver_text(session, route, message_text(message), kind);
+    }
+
+    /// `deliver` of a message already written out.
+    pub(super) fn deliver_text(
+        &mut self,
+        session: SessionKey,
+        route: Route,
+        text: String,
+        kind: Kind,
+    ) {
+        let droppable = kind == Kind::Notification;
         match route {
             Route::Reply(id) => {
                 if let Some(key) = self.replies.remove(&(session, id.clone())) {
@@ -253,16 +282,13 @@ impl HttpSide {
                         return;
                     }
                 }
-                if let Message::Request {
-                    id: Id::Num(request),
-                    ..
-                } = message
+                if let Kind::Request(request) = kind
                     && let Some(s) = self.sessions.get_mut(&session)
                 {
                     if s.pending.len() >= MAX_PENDING {
                         s.pending.pop_front();
                     }
-                    s.pending.push_back((*request, text));
+                    s.pending.push_back((request, text));
                 }
             }
         }

@@ -221,6 +221,23 @@ fn tool_ok(modern: bool, text: String) -> Value {
     result
 }
 
+/// `tool_ok` as JSON text, for a body that is JSON text already (a poll's): the
+/// `structuredContent` is the body itself, not the body parsed into a value and written out
+/// again (a long-poll answer per event was mostly that).
+fn tool_ok_text(modern: bool, body: &str) -> String {
+    let escaped = serde_json::to_string(body).unwrap_or_default();
+    let mut out = String::with_capacity(escaped.len() + body.len() + 96);
+    out.push_str("{\"content\":[{\"text\":");
+    out.push_str(&escaped);
+    out.push_str(",\"type\":\"text\"}],\"isError\":false");
+    if modern {
+        out.push_str(",\"structuredContent\":");
+        out.push_str(body);
+    }
+    out.push('}');
+    out
+}
+
 fn tool_error(message: impl Into<String>) -> Value {
     json!({"content": [{"type": "text", "text": message.into()}], "isError": true})
 }
@@ -259,6 +276,20 @@ impl McpHost {
         }
         if let Some(http) = self.http.as_mut() {
             http.deliver(session, route, message);
+        }
+    }
+
+    /// `deliver` of a message already written out (no newline).
+    fn deliver_text(&mut self, session: SessionKey, route: Route, text: String, kind: http::Kind) {
+        if session == STDIO {
+            if self.stdio_open {
+                self.stdout.extend_from_slice(text.as_bytes());
+                self.stdout.push(b'\n');
+            }
+            return;
+        }
+        if let Some(http) = self.http.as_mut() {
+            http.deliver_text(session, route, text, kind);
         }
     }
 
@@ -707,11 +738,16 @@ impl McpHost {
             .core
             .poll(wait.run, wait.cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES)
         {
-            Ok(view) => tool_ok(modern, tools::poll_text(&view)),
-            Err(e) => tool_error(e.to_string()),
+            Ok(view) => tool_ok_text(modern, &tools::poll_text(&view)),
+            Err(e) => tool_error(e.to_string()).to_string(),
         };
-        let message = jsonrpc::response(wait.request.clone(), result);
-        self.deliver(wait.session, Route::Reply(&wait.request), &message);
+        let text = jsonrpc::response_text(&wait.request, &result);
+        self.deliver_text(
+            wait.session,
+            Route::Reply(&wait.request),
+            text,
+            http::Kind::Other,
+        );
     }
 
     fn on_wait_timer(&mut self, ctx: &mut Cx<McpKey>, wait_id: u64) {
@@ -999,5 +1035,23 @@ impl Surface for McpHost {
 
     fn take_output(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.stdout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_answer_written_as_text_is_the_answer_written_from_values() {
+        let body = r#"{"events":[{"event":{"text":"a \"q\" \\ é \u0001 </x>","type":"TextDelta"},"v":1}],"next_cursor":1,"permission_request":null,"status":{"state":"running"}}"#;
+        for id in [Id::Num(7), Id::Str("r-1".into())] {
+            for modern in [true, false] {
+                let from_values =
+                    jsonrpc::to_line(&jsonrpc::response(id.clone(), tool_ok(modern, body.into())));
+                let text = jsonrpc::response_text(&id, &tool_ok_text(modern, body));
+                assert_eq!(format!("{text}\n").as_bytes(), from_values.as_slice());
+            }
+        }
     }
 }
