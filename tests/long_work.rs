@@ -56,10 +56,8 @@ pub(crate) fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
 }
 
 fn print_frames(ws: &Workspace, stub: &Stub, args: &[&str]) -> (Output, Vec<Value>) {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["-p", "--output-format", "stream-json"])
-        .args(args);
+    let mut cmd = caliban_stub(ws, stub, &["-p", "--output-format", "stream-json"]);
+    cmd.args(args);
     let out = run(cmd, "");
     let frames = out.frames();
     (out, frames)
@@ -90,9 +88,8 @@ fn mcp_events(rpc: &mut Peer, first_id: u64, run: &str) -> Vec<Value> {
 }
 
 fn mcp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["mcp", "serve", "-C"]).arg(&ws.root).args(args);
+    let mut cmd = caliban_stub(ws, stub, &["mcp", "serve", "-C"]);
+    cmd.arg(&ws.root).args(args);
     let mut rpc = Peer::spawn(cmd, RECV);
     let init = rpc.mcp_initialize("2025-11-25", json!({}), "long-work-test");
     assert!(init.get("result").is_some(), "{init}");
@@ -100,9 +97,8 @@ fn mcp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
 }
 
 fn acp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["acp", "serve"]).args(args);
+    let mut cmd = caliban_stub(ws, stub, &["acp", "serve"]);
+    cmd.args(args);
     let mut rpc = Peer::spawn(cmd, RECV);
     let init = rpc.request(
         0,
@@ -695,10 +691,12 @@ fn print_runs_are_recorded_and_continue() {
             text_turn("Both lines seen."),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "remember 7"]);
-    let first = run(cmd, "");
+    let first = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "json", "remember 7"],
+        "",
+    );
     assert_eq!(first.code, Some(0), "{first:?}");
     let session = first.result()["session_id"].as_str().unwrap().to_owned();
     let file = ws.read("home/.state/caliban/sessions/run-1.jsonl");
@@ -713,16 +711,18 @@ fn print_runs_are_recorded_and_continue() {
     );
 
     // --continue: the latest print run in this workspace, keeping its session id.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "json",
-        "--continue",
-        "which number?",
-    ]);
-    let second = run(cmd, "");
+    let second = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "json",
+            "--continue",
+            "which number?",
+        ],
+        "",
+    );
     assert_eq!(second.code, Some(0), "{second:?}");
     assert_eq!(second.result()["session_id"], json!(session));
     assert_eq!(
@@ -735,10 +735,7 @@ fn print_runs_are_recorded_and_continue() {
     );
 
     // --resume SESSION: the newest run of that session, its whole chain.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--resume", &session, "and now?"]);
-    let third = run(cmd, "");
+    let third = run_stub(&ws, &stub, &["-p", "--resume", &session, "and now?"], "");
     assert_eq!(
         (third.code, third.stdout.as_str()),
         (Some(0), "Still 7.\n"),
@@ -747,9 +744,7 @@ fn print_runs_are_recorded_and_continue() {
     assert_eq!(conversation_sent(&stub, 2).len(), 5);
 
     // --resume run-1: that run's conversation only.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "-r", "run-1", "fork"]);
+    let cmd = caliban_stub(&ws, &stub, &["-p", "-r", "run-1", "fork"]);
     assert_eq!(run(cmd, "").code, Some(0));
     assert_eq!(
         conversation_sent(&stub, 3),
@@ -757,20 +752,20 @@ fn print_runs_are_recorded_and_continue() {
     );
 
     // stream-json input: every line is recorded, and continues.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "stream-json",
-    ]);
-    let out = run(cmd, "{\"type\":\"user\",\"content\":\"line one\"}\n");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ],
+        "{\"type\":\"user\",\"content\":\"line one\"}\n",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "-c", "line two"]);
+    let cmd = caliban_stub(&ws, &stub, &["-p", "-c", "line two"]);
     assert_eq!(run(cmd, "").code, Some(0));
     assert_eq!(
         conversation_sent(&stub, 5),
@@ -791,18 +786,12 @@ fn print_runs_are_recorded_and_continue() {
         vec!["--resume", "no-such-session"],
         vec!["--resume", "run-99"],
     ] {
-        let mut cmd = caliban(&ws);
-        anthropic(&mut cmd, &stub);
-        cmd.args(["-p"]).args(&args).arg("hi");
-        let out = run(cmd, "");
+        let out = run_stub(&ws, &stub, &[&["-p"], &args[..], &["hi"]].concat(), "");
         assert_eq!(out.code, Some(78), "{out:?}");
         assert!(out.stderr.contains(args[1]), "{out:?}");
     }
     let empty = Workspace::new("continue-none");
-    let mut cmd = caliban(&empty);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--continue", "hi"]);
-    let out = run(cmd, "");
+    let out = run_stub(&empty, &stub, &["-p", "--continue", "hi"], "");
     assert_eq!(out.code, Some(78), "{out:?}");
     assert!(
         out.stderr.contains("no earlier print-mode session"),
@@ -839,10 +828,7 @@ fn compacted_print_runs_continue_from_the_summary_with_their_plan() {
     let compact = r#"{"type":"control","subtype":"compact"}"#;
     let user = |text: &str| format!("{{\"type\":\"user\",\"content\":\"{text}\"}}\n");
     let print = |args: &[&str], input: &str| {
-        let mut cmd = caliban(&ws);
-        anthropic(&mut cmd, &stub);
-        cmd.arg("-p").args(args);
-        let out = run(cmd, input);
+        let out = run_stub(&ws, &stub, &[&["-p"], args].concat(), input);
         assert_eq!(out.code, Some(0), "{out:?}");
         out
     };
@@ -917,9 +903,7 @@ fn acp_multi_edit_goes_through_the_editors_buffer() {
             text_turn("edited"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["acp", "serve", "--allow", "MultiEdit"]);
+    let cmd = caliban_stub(&ws, &stub, &["acp", "serve", "--allow", "MultiEdit"]);
     let mut acp = Peer::spawn(cmd, RECV);
     let init = acp.request(
         0,

@@ -215,6 +215,19 @@ pub fn openai(cmd: &mut Command, stub: &Stub) {
     cmd.env("OPENAI_BASE_URL", format!("{}/v1", stub.url));
 }
 
+/// `caliban ARGS` in the sanitised environment of `caliban`, on the stub's Anthropic wire.
+pub fn caliban_stub(ws: &Workspace, stub: &Stub, args: &[&str]) -> Command {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    cmd.args(args);
+    cmd
+}
+
+/// Runs `caliban ARGS` on the stub's Anthropic wire to completion, with `stdin` as input.
+pub fn run_stub(ws: &Workspace, stub: &Stub, args: &[&str], stdin: &str) -> Output {
+    run(caliban_stub(ws, stub, args), stdin)
+}
+
 /// Runs to completion with `stdin` as input, killing the child at the deadline.
 pub fn run(mut cmd: Command, stdin: &str) -> Output {
     cmd.stdin(Stdio::piped())
