@@ -33,20 +33,6 @@ fn bash(id: &str, command: &str) -> Value {
     tool_turn(json!([{"id": id, "name": "Bash", "input": {"command": command}}]))
 }
 
-pub(crate) fn get(addr: SocketAddr, path: &str) -> Response {
-    request(addr, "GET", path, &[], b"")
-}
-
-pub(crate) fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
 /// Asserts a JSON response with this status and exactly this body.
 fn assert_json(resp: &Response, status: u16, body: Value) {
     assert_eq!(resp.status, status, "{resp:?}");

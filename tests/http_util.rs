@@ -508,6 +508,22 @@ pub fn request(
     HttpConn::connect(addr).request(method, path, headers, body)
 }
 
+/// `GET path` on a fresh connection.
+pub fn get(addr: SocketAddr, path: &str) -> Response {
+    request(addr, "GET", path, &[], b"")
+}
+
+/// `POST path` with a JSON body on a fresh connection.
+pub fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
 /// Incremental chunked-body decoder.
 #[derive(Default)]
 struct Dechunker {

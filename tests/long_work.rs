@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Serve, request};
+use crate::http_util::{Serve, post_json, request};
 use crate::rpc::Peer;
 use crate::util::*;
 
@@ -120,13 +120,7 @@ fn acp_updates(rpc: &Peer, kind: &str) -> Vec<Value> {
 }
 
 fn http_post(serve: &Serve, path: &str, body: &Value) -> Value {
-    let response = request(
-        serve.addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let response = post_json(serve.addr, path, body);
     assert_eq!(response.status, 200, "{response:?}");
     response.json()
 }
