@@ -1004,7 +1004,7 @@ fn mcp_http_auth_gate_and_listen_checks() {
     // With --listen, stdin EOF ends only the stdio session: HTTP keeps serving.
     std::thread::sleep(Duration::from_millis(200));
     assert!(
-        raw.child.try_wait().expect("try_wait").is_none(),
+        raw.child().try_wait().expect("try_wait").is_none(),
         "exited on EOF"
     );
     let resp = request(

@@ -1,27 +1,31 @@
-//! One line-delimited JSON-RPC 2.0 peer over a child's stdio, for the surfaces that speak it
-//! on stdin/stdout (`caliban acp serve`, `caliban mcp serve`). A reader thread per stream
-//! turns stdout into lines and keeps stderr in a log, so every receive has a deadline and a
-//! failure shows what caliban said. The peer is the client: it sends requests, waits for the
-//! response with a given id and keeps what came in between (notifications, server→client
-//! requests) in `seen`, or answers the server's requests through a callback.
+//! One line-delimited JSON-RPC 2.0 peer, for the surfaces that speak it: `caliban acp serve`
+//! and `caliban mcp serve` on a child's stdio, and ACP on the socket of `caliban agent
+//! serve`. A reader thread turns the incoming stream into lines (and a child's stderr into a
+//! log), so every receive has a deadline and a failure shows what caliban said. The peer is
+//! the client: it sends requests, waits for the response with a given id and keeps what came
+//! in between (notifications, server→client requests) in `seen`, or answers the server's
+//! requests through a callback.
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// A spawned JSON-RPC server on piped stdio; SIGKILLed on drop.
+use crate::util::{StderrLog, wait_for_exit};
+
+/// A JSON-RPC connection: to a spawned server on piped stdio (SIGKILLed on drop), or over a
+/// stream.
 pub struct Peer {
-    pub child: Child,
-    stdin: Option<ChildStdin>,
+    child: Option<Child>,
+    writer: Option<Box<dyn Write + Send>>,
     lines: Receiver<String>,
-    stderr: Arc<Mutex<String>>,
+    stderr: StderrLog,
     /// How long any single receive waits.
     timeout: Duration,
     /// Notifications and server requests seen while waiting for responses.
@@ -37,53 +41,63 @@ impl Peer {
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn caliban");
         let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
+        let stdin = child.stdin.take().expect("stdin");
+        let stderr = StderrLog::start(child.stderr.take().expect("stderr"), None);
+        let mut peer = Peer::over(stdout, stdin, timeout);
+        peer.child = Some(child);
+        peer.stderr = stderr;
+        peer
+    }
+
+    /// A peer on a connected Unix socket.
+    pub fn unix(path: &Path, timeout: Duration) -> Peer {
+        let stream = std::os::unix::net::UnixStream::connect(path).expect("connect unix");
+        let reader = stream.try_clone().expect("clone the socket");
+        Peer::over(reader, stream, timeout)
+    }
+
+    /// A peer reading lines from `reader` and writing to `writer`.
+    pub fn over(
+        reader: impl Read + Send + 'static,
+        writer: impl Write + Send + 'static,
+        timeout: Duration,
+    ) -> Peer {
         let (tx, lines) = channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
+            for line in BufReader::new(reader).lines() {
                 let Ok(line) = line else { return };
                 if tx.send(line).is_err() {
                     return;
                 }
             }
         });
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stderr);
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                sink.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_str(&line);
-                line.clear();
-            }
-        });
         Peer {
-            stdin: child.stdin.take(),
-            child,
+            child: None,
+            writer: Some(Box::new(writer)),
             lines,
-            stderr: log,
+            stderr: StderrLog::default(),
             timeout,
             seen: Vec::new(),
         }
     }
 
+    /// The spawned server.
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("a peer of a spawned server")
+    }
+
     /// Everything the child wrote to stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.stderr.text()
     }
 
     /// Writes one line (a newline is added), as is: for malformed input too.
     pub fn send_line(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin
+        let writer = self.writer.as_mut().expect("stdin open");
+        writer
             .write_all(format!("{line}\n").as_bytes())
             .expect("write stdin");
-        stdin.flush().expect("flush stdin");
+        writer.flush().expect("flush stdin");
     }
 
     pub fn send(&mut self, message: Value) {
@@ -129,9 +143,13 @@ impl Peer {
         }
     }
 
+    pub fn send_request(&mut self, id: u64, method: &str, params: Value) {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+    }
+
     /// Sends a request and returns its response, keeping anything else in `seen`.
     pub fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.send_request(id, method, params);
         self.response(id)
     }
 
@@ -194,23 +212,20 @@ impl Peer {
 
     /// Closes stdin (EOF for the server).
     pub fn close_stdin(&mut self) {
-        self.stdin = None;
+        self.writer = None;
     }
 
     /// Waits for the process to exit; its exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "caliban did not exit within {timeout:?}; stderr:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let status = wait_for_exit(self.child(), timeout);
+        status
+            .unwrap_or_else(|| {
+                panic!(
+                    "caliban did not exit within {timeout:?}; stderr:\n{}",
+                    self.stderr()
+                )
+            })
+            .code()
     }
 
     /// Closes stdin and waits (at most 10 s) for the exit: its code, and how long it took.
@@ -243,7 +258,9 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

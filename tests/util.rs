@@ -7,9 +7,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -279,6 +279,58 @@ pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
         "caliban did not finish within {timeout:?}: {out:?}"
     );
     out
+}
+
+/// A child's stderr, collected line by line on a thread, so a failing test can show it.
+#[derive(Clone, Default)]
+pub struct StderrLog(Arc<Mutex<String>>);
+
+impl StderrLog {
+    /// Starts the reader. With a `banner`, the rest of each line that holds the banner's text
+    /// (trimmed) is also sent on its channel: how a server's start-up line is awaited.
+    pub fn start(
+        stderr: ChildStderr,
+        banner: Option<(&'static str, mpsc::Sender<String>)>,
+    ) -> StderrLog {
+        let log = StderrLog::default();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if let Some((text, tx)) = &banner
+                    && let Some(at) = line.find(text)
+                {
+                    let _ = tx.send(line[at + text.len()..].trim().to_owned());
+                }
+                sink.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_str(&line);
+                line.clear();
+            }
+        });
+        log
+    }
+
+    /// Everything read so far.
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Waits at most `timeout` for `child` to exit: its status, or None if it still runs.
+pub fn wait_for_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Whether any process on the machine has `marker` in its command line.
