@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Serve, post_json, request};
+use crate::http_util::{Serve, get, post_json};
 use crate::rpc::Peer;
 use crate::util::*;
 
@@ -65,26 +65,15 @@ fn print_frames(ws: &Workspace, stub: &Stub, args: &[&str]) -> (Output, Vec<Valu
 
 /// Polls an MCP run until it is done; its events.
 fn mcp_events(rpc: &mut Peer, first_id: u64, run: &str) -> Vec<Value> {
-    let (mut events, mut cursor) = (Vec::new(), 0);
-    for id in first_id..first_id + 50 {
-        let body = rpc.tool_body(
-            id,
+    let mut id = first_id;
+    events_until_done(run, 50, |cursor| {
+        id += 1;
+        rpc.tool_body(
+            id - 1,
             "caliban_poll",
             json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
-        );
-        events.extend(
-            body["events"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| e["event"].clone()),
-        );
-        cursor = body["next_cursor"].as_u64().expect("next_cursor");
-        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
-            return events;
-        }
-    }
-    panic!("{run} never finished");
+        )
+    })
 }
 
 fn mcp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
@@ -127,30 +116,13 @@ fn http_post(serve: &Serve, path: &str, body: &Value) -> Value {
 
 /// Polls an HTTP run until it is done; its events.
 fn http_events(serve: &Serve, run: &str) -> Vec<Value> {
-    let (mut events, mut cursor) = (Vec::new(), 0);
-    for _ in 0..500 {
-        let response = request(
-            serve.addr,
-            "GET",
-            &format!("/runs/{run}/events?cursor={cursor}"),
-            &[],
-            b"",
-        );
-        let body = response.json();
-        events.extend(
-            body["events"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| e["event"].clone()),
-        );
-        cursor = body["next_cursor"].as_u64().expect("next_cursor");
-        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
-            return events;
+    let mut first = true;
+    events_until_done(run, 500, |cursor| {
+        if !std::mem::take(&mut first) {
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{run} never finished");
+        get(serve.addr, &format!("/runs/{run}/events?cursor={cursor}")).json()
+    })
 }
 
 // ---- 1. project instructions ---------------------------------------------------------------

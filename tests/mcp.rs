@@ -565,25 +565,21 @@ fn mcp_stdio_elicitation_timeout_denies_and_is_withdrawn() {
 
 /// Polls a run over raw stdio until it is terminal; every event.
 fn raw_events_until_done(raw: &mut Peer, run: &str, first_id: u64) -> Vec<Value> {
-    let mut events = Vec::new();
-    let mut cursor = 0;
-    for id in first_id..first_id + 40 {
+    let mut id = first_id;
+    events_until_done(run, 40, |cursor| {
+        id += 1;
         let body = raw.tool_body(
-            id,
+            id - 1,
             "caliban_poll",
             json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
         );
-        events.extend(body["events"].as_array().cloned().unwrap_or_default());
-        cursor = body["next_cursor"].as_u64().expect("next_cursor");
-        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
-            return events.into_iter().map(|e| e["event"].clone()).collect();
-        }
-        if !body["permission_request"].is_null() {
+        let done = matches!(body["status"]["state"].as_str(), Some("done" | "failed"));
+        if !done && !body["permission_request"].is_null() {
             // Nothing here answers prompts: a prompt means the options did not narrow.
             panic!("unexpected permission prompt: {body}");
         }
-    }
-    panic!("{run} never finished");
+        body
+    })
 }
 
 #[test]

@@ -333,6 +333,32 @@ pub fn wait_for_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus>
     }
 }
 
+/// Polls a run's event pages until the run is done or failed: `page(cursor)` fetches one
+/// page (`{events: [{event}], next_cursor, status}`, as HTTP and MCP's `caliban_poll` give
+/// it); at most `polls` pages. Every event, unwrapped from its envelope.
+pub fn events_until_done(
+    run: &str,
+    polls: usize,
+    mut page: impl FnMut(u64) -> Value,
+) -> Vec<Value> {
+    let (mut events, mut cursor) = (Vec::new(), 0);
+    for _ in 0..polls {
+        let body = page(cursor);
+        events.extend(
+            body["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| e["event"].clone()),
+        );
+        cursor = body["next_cursor"].as_u64().expect("next_cursor");
+        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
+            return events;
+        }
+    }
+    panic!("{run} never finished");
+}
+
 /// Whether any process on the machine has `marker` in its command line.
 pub fn process_with_marker_exists(marker: &str) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
