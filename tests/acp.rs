@@ -1221,6 +1221,28 @@ fn spawn_raw(mut cmd: Command, flags: &[&str]) -> Peer {
     Peer::spawn(cmd, RECV_TIMEOUT)
 }
 
+/// `initialize` (id 1) on the raw wire; its answer.
+fn raw_initialize(raw: &mut Peer) -> Value {
+    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv()
+}
+
+/// `session/new` (id 2) in the workspace on the raw wire; the session id.
+fn raw_new_session(raw: &mut Peer, ws: &Workspace) -> Value {
+    raw.send_line(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        json!(path_str(&ws.root))
+    ));
+    raw.recv()["result"]["sessionId"].clone()
+}
+
+/// The line of a `session/prompt` request `id` with one text block.
+fn raw_prompt_line(id: u64, session: &Value, text: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"{text}"}}]}}}}"#
+    )
+}
+
 #[test]
 fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
     let ws = Workspace::new("acp-raw");
@@ -1275,8 +1297,7 @@ fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
 fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
     let ws = Workspace::new("acp-noprovider");
     let mut raw = spawn_raw(caliban(&ws), &[]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    let init = raw.recv();
+    let init = raw_initialize(&mut raw);
     assert_eq!(init["id"], 1, "{init}");
     assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
     let cwd = path_str(&ws.root);
@@ -1345,16 +1366,9 @@ fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
         )]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
-    raw.send_line(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
-        json!(path_str(&ws.root))
-    ));
-    let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send_line(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
-    ));
+    raw_initialize(&mut raw);
+    let session = raw_new_session(&mut raw, &ws);
+    raw.send_line(&raw_prompt_line(3, &session, "sleep"));
     raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
     assert!(process_with_marker_exists(&marker), "the command runs");
     let (code, took) = raw.close();
@@ -1381,16 +1395,9 @@ fn acp_closing_a_session_answers_the_prompt_queued_behind_a_cancel() {
         )]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
-    raw.send_line(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
-        json!(path_str(&ws.root))
-    ));
-    let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send_line(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
-    ));
+    raw_initialize(&mut raw);
+    let session = raw_new_session(&mut raw, &ws);
+    raw.send_line(&raw_prompt_line(3, &session, "sleep"));
     raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
     // One write: the cancel, the next prompt (queued behind it) and the close.
     raw.send_line(&format!(
@@ -1398,9 +1405,7 @@ fn acp_closing_a_session_answers_the_prompt_queued_behind_a_cancel() {
         format_args!(
             r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
         ),
-        format_args!(
-            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
-        ),
+        raw_prompt_line(4, &session, "next"),
         format_args!(
             r#"{{"jsonrpc":"2.0","id":5,"method":"session/close","params":{{"sessionId":{session}}}}}"#
         )
@@ -1442,16 +1447,9 @@ fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
-    raw.send_line(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
-        json!(path_str(&ws.root))
-    ));
-    let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send_line(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
-    ));
+    raw_initialize(&mut raw);
+    let session = raw_new_session(&mut raw, &ws);
+    raw.send_line(&raw_prompt_line(3, &session, "sleep"));
     raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
     // One write, two lines: the cancel and the next prompt.
     raw.send_line(&format!(
@@ -1459,9 +1457,7 @@ fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
         format_args!(
             r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
         ),
-        format_args!(
-            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
-        )
+        raw_prompt_line(4, &session, "next")
     ));
     let (first, _) = raw.recv_until(|f| f["id"] == 3);
     assert_eq!(first["result"]["stopReason"], "cancelled", "{first}");
@@ -1561,8 +1557,7 @@ fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
     let marker = format!("CALIBAN_ACP_MCP_MARKER={}", std::process::id());
     let (marker_name, marker_value) = marker.split_once('=').unwrap();
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
+    raw_initialize(&mut raw);
     let servers = json!([
         {"name": "inner", "command": BIN, "args": ["mcp", "serve"],
          "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
@@ -1659,8 +1654,7 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
         outside.display()
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
+    raw_initialize(&mut raw);
     let servers = json!([
         {"name": "inner", "command": "/bin/sh", "args": ["-c", start],
          "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
@@ -1698,8 +1692,7 @@ fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
     let ws = Workspace::new("acp-mcp-fail");
     let stub = Stub::start(&ws, &script(vec![text_turn("no tools, still fine")]));
     let mut raw = start_raw(&ws, &stub, &[]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
+    raw_initialize(&mut raw);
     let servers = json!([
         {"name": "missing", "command": "/nonexistent/mcp-server", "args": [], "env": []},
         {"name": "quitter", "command": "/bin/sh", "args": ["-c", "exit 3"], "env": []},
@@ -2092,8 +2085,7 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    let init = raw.recv();
+    let init = raw_initialize(&mut raw);
     assert_eq!(
         init["result"]["agentCapabilities"]["mcpCapabilities"],
         json!({"http": true, "sse": true}),
