@@ -115,12 +115,8 @@ pub(crate) fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
         .env("XDG_CONFIG_HOME", ws.path("home/.config"))
         .env("XDG_STATE_HOME", ws.path("home/.state"))
         .env("ANTHROPIC_BASE_URL", &stub.url)
-        .current_dir(&ws.root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("spawn node (node 20 is needed)");
-    let out = wait_output(child, SCENARIO_TIMEOUT);
+        .current_dir(&ws.root);
+    let out = output_within(&mut cmd, "spawn node (node 20 is needed)", SCENARIO_TIMEOUT);
     let line = out.stdout.lines().last().unwrap_or_default();
     let report: Value = serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("driver printed no report ({e}): {out:?}"));

@@ -43,15 +43,11 @@ pub(crate) struct Pki {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let child = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl is needed to make the test CA");
-    let out = wait_output(child, Duration::from_secs(30));
+    let out = output_within(
+        Command::new("openssl").args(args).current_dir(dir),
+        "openssl is needed to make the test CA",
+        Duration::from_secs(30),
+    );
     assert_eq!(out.code, Some(0), "openssl {args:?}: {out:?}");
 }
 
@@ -1002,17 +998,15 @@ fn acp_over_tls_with_the_official_sdk_prompts_permits_cancels_and_loads_after_a_
         "servername": "localhost", "token": TOKEN, "cwd": path_str(&ws.root),
         "answers": ["allow", "reject", "allow"],
     });
-    let child = Command::new("node")
-        .arg(dir.join("net.mjs"))
-        .arg(args.to_string())
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn node (node 20 is needed)");
-    let out = wait_output(child, SCENARIO_TIMEOUT);
+    let out = output_within(
+        Command::new("node")
+            .arg(dir.join("net.mjs"))
+            .arg(args.to_string())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default()),
+        "spawn node (node 20 is needed)",
+        SCENARIO_TIMEOUT,
+    );
     let report: Value = serde_json::from_str(out.stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("no report ({e}): {out:?}\n{}", agent.stderr()));
     assert_eq!(

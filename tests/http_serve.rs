@@ -2058,12 +2058,8 @@ fn curl_drives_a_run_to_completion() {
                 "--max-time",
                 "30",
             ])
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let child = cmd.spawn().expect("spawn curl");
-        wait_output(child, Duration::from_secs(40))
+            .args(args);
+        output_within(&mut cmd, "spawn curl", Duration::from_secs(40))
     };
 
     let out = curl(&[

@@ -185,20 +185,18 @@ fn sdk(name: &str, ws: &Workspace, stub: &Stub, serve_args: &[&str]) -> Value {
         "env": env,
         "args": serve_args,
     });
-    let child = Command::new(kit.node())
-        .arg(kit.script())
-        .arg(name)
-        .arg(config.to_string())
-        .current_dir(&kit.dir)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", ws.path("home"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn node");
-    let out = wait_output(child, SCENARIO_TIMEOUT);
+    let out = output_within(
+        Command::new(kit.node())
+            .arg(kit.script())
+            .arg(name)
+            .arg(config.to_string())
+            .current_dir(&kit.dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", ws.path("home")),
+        "spawn node",
+        SCENARIO_TIMEOUT,
+    );
     assert_eq!(out.code, Some(0), "scenario {name} failed: {out:?}");
     let line = out
         .stdout
@@ -1155,24 +1153,22 @@ fn mcp_conformance_suite_matches_baseline() {
     let url = format!("http://{addr}/mcp");
     let baseline_path = manifest_dir().join("tests/conformance/baseline.yml");
     let results = ws.path("conformance-results");
-    let child = Command::new(kit.node())
-        .arg(kit.conformance())
-        .args(["server", "--url", &url, "--suite", "all"])
-        .arg("--expected-failures")
-        .arg(&baseline_path)
-        .arg("-o")
-        .arg(&results)
-        .current_dir(&kit.dir)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", ws.path("home"))
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the conformance suite");
-    let out = wait_output(child, CONFORMANCE_TIMEOUT);
+    let out = output_within(
+        Command::new(kit.node())
+            .arg(kit.conformance())
+            .args(["server", "--url", &url, "--suite", "all"])
+            .arg("--expected-failures")
+            .arg(&baseline_path)
+            .arg("-o")
+            .arg(&results)
+            .current_dir(&kit.dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", ws.path("home"))
+            .env("NO_COLOR", "1"),
+        "spawn the conformance suite",
+        CONFORMANCE_TIMEOUT,
+    );
     // Per-scenario lines: `✓ ping: 1 passed, 0 failed` / `✗ tools-call-image: 0 passed, …`.
     let mut passed = Vec::new();
     let mut failed = Vec::new();

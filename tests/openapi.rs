@@ -292,14 +292,8 @@ fn generated_requests_agree_with_the_document() {
         "/tests/openapi_props.py"
     ))
     .args(["--base", &format!("http://{addr}"), "--run", &run])
-    .args(["--seed", "20261201", "--cases", "20"])
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let out = wait_output(
-        cmd.spawn().expect("run openapi_props.py"),
-        Duration::from_secs(120),
-    );
+    .args(["--seed", "20261201", "--cases", "20"]);
+    let out = output_within(&mut cmd, "run openapi_props.py", Duration::from_secs(120));
     assert!(
         out.code == Some(0) && out.stdout.starts_with("ok:"),
         "the document and the server disagree:\n{}{}",

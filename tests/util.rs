@@ -242,6 +242,18 @@ pub fn run(mut cmd: Command, stdin: &str) -> Output {
     wait_output(child, RUN_TIMEOUT)
 }
 
+/// Runs `cmd` with no stdin to completion, output captured, killed at `timeout`; `what`
+/// says what is missing when it cannot start.
+pub fn output_within(cmd: &mut Command, what: &str, timeout: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    wait_output(child, timeout)
+}
+
 pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
     let mut stdout = child.stdout.take().expect("stdout");
     let mut stderr = child.stderr.take().expect("stderr");
