@@ -164,12 +164,8 @@ impl Agent {
         flags: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
-        let mut cmd = caliban(ws);
-        anthropic(&mut cmd, stub);
-        cmd.args(["agent", "serve"]).args(flags);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let mut cmd = caliban_stub(ws, stub, &["agent", "serve"]);
+        cmd.args(flags).envs(env.iter().copied());
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

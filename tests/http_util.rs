@@ -41,14 +41,10 @@ pub fn serve_command(
     extra_args: &[&str],
     extra_env: &[(&str, &str)],
 ) -> Command {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["http", "serve", "--addr", "127.0.0.1:0", "-C"])
-        .arg(&ws.root)
-        .args(extra_args);
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
+    let mut cmd = caliban_stub(ws, stub, &["http", "serve", "--addr", "127.0.0.1:0", "-C"]);
+    cmd.arg(&ws.root)
+        .args(extra_args)
+        .envs(extra_env.iter().copied());
     cmd
 }
 
