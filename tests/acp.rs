@@ -4,15 +4,15 @@
 //! against the ACP JSON schema the SDK ships. The raw-wire tests speak NDJSON by hand, for
 //! what an SDK would never send (bad JSON, unknown methods) and for stdin EOF.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::rpc::Peer;
 use crate::util::*;
 
 /// The longest one scenario (node, the SDK and one or two agents) may take.
@@ -115,12 +115,8 @@ pub(crate) fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
         .env("XDG_CONFIG_HOME", ws.path("home/.config"))
         .env("XDG_STATE_HOME", ws.path("home/.state"))
         .env("ANTHROPIC_BASE_URL", &stub.url)
-        .current_dir(&ws.root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("spawn node (node 20 is needed)");
-    let out = wait_output(child, SCENARIO_TIMEOUT);
+        .current_dir(&ws.root);
+    let out = output_within(&mut cmd, "spawn node (node 20 is needed)", SCENARIO_TIMEOUT);
     let line = out.stdout.lines().last().unwrap_or_default();
     let report: Value = serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("driver printed no report ({e}): {out:?}"));
@@ -1208,130 +1204,73 @@ fn acp_unanswered_permission_is_denied_and_withdrawn() {
 
 // ---- the raw wire ----------------------------------------------------------------------------
 
-/// `caliban acp serve` with pipes, and a reader thread so every receive has a deadline.
-struct Raw {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+/// `caliban acp serve` with pipes, speaking raw JSON-RPC lines.
+fn start_raw(ws: &Workspace, stub: &Stub, flags: &[&str]) -> Peer {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    spawn_raw(cmd, flags)
 }
 
-impl Raw {
-    fn start(ws: &Workspace, stub: &Stub, flags: &[&str]) -> Raw {
-        let mut cmd = caliban(ws);
-        anthropic(&mut cmd, stub);
-        Raw::spawn(cmd, flags)
-    }
-
-    /// `caliban acp serve` from a command with its environment already set.
-    fn spawn(mut cmd: Command, flags: &[&str]) -> Raw {
-        let mut child = cmd
-            .args(["acp", "serve"])
-            .args(flags)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn caliban acp serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Raw {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(line.as_bytes()).expect("write");
-        stdin.write_all(b"\n").expect("write");
-        stdin.flush().expect("flush");
-    }
-
-    fn recv(&self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(RECV_TIMEOUT)
-            .expect("a frame within the deadline");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-    }
-
-    /// Frames until one matches.
-    fn recv_until(&self, what: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
-        let mut seen = Vec::new();
-        loop {
-            let frame = self.recv();
-            if what(&frame) {
-                return (frame, seen);
-            }
-            seen.push(frame);
-        }
-    }
-
-    /// Closes stdin and waits for the exit; returns its code and how long it took.
-    fn close(&mut self) -> (Option<i32>, Duration) {
-        let start = Instant::now();
-        drop(self.stdin.take());
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return (status.code(), start.elapsed());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no exit after stdin EOF"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
+/// `caliban acp serve` from a command with its environment already set.
+fn spawn_raw(mut cmd: Command, flags: &[&str]) -> Peer {
+    cmd.args(["acp", "serve"]).args(flags);
+    Peer::spawn(cmd, RECV_TIMEOUT)
 }
 
-impl Drop for Raw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `initialize` (id 1) on the raw wire; its answer.
+fn raw_initialize(raw: &mut Peer) -> Value {
+    raw.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.recv()
+}
+
+/// `session/new` (id 2) in the workspace on the raw wire; the session id.
+fn raw_new_session(raw: &mut Peer, ws: &Workspace) -> Value {
+    raw.send_line(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        json!(path_str(&ws.root))
+    ));
+    raw.recv()["result"]["sessionId"].clone()
+}
+
+/// The line of a `session/prompt` request `id` with one text block.
+fn raw_prompt_line(id: u64, session: &Value, text: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"{text}"}}]}}}}"#
+    )
 }
 
 #[test]
 fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
     let ws = Workspace::new("acp-raw");
     let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
-    let mut raw = Raw::start(&ws, &stub, &[]);
-    raw.send("{nope");
+    let mut raw = start_raw(&ws, &stub, &[]);
+    raw.send_line("{nope");
     let e = raw.recv();
     assert_eq!(
         (e["id"].clone(), e["error"]["code"].clone()),
         (Value::Null, json!(-32700))
     );
-    raw.send("[1,2]");
+    raw.send_line("[1,2]");
     assert_eq!(raw.recv()["error"]["code"], -32600);
-    raw.send(r#"{"jsonrpc":"2.0","id":5,"method":"no/such_method","params":{}}"#);
+    raw.send_line(r#"{"jsonrpc":"2.0","id":5,"method":"no/such_method","params":{}}"#);
     let e = raw.recv();
     assert_eq!(
         (e["id"].clone(), e["error"]["code"].clone()),
         (json!(5), json!(-32601))
     );
     // Unknown notifications are ignored; the next answer is for the next request.
-    raw.send(r#"{"jsonrpc":"2.0","method":"_vendor/ping","params":{}}"#);
-    raw.send(r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
+    raw.send_line(r#"{"jsonrpc":"2.0","method":"_vendor/ping","params":{}}"#);
+    raw.send_line(r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
     let init = raw.recv();
     assert_eq!(init["id"], "i");
     assert_eq!(init["result"]["protocolVersion"], 1);
-    raw.send(r#"{"jsonrpc":"2.0","id":6,"method":"session/prompt","params":{"sessionId":"nope","prompt":[{"type":"text","text":"x"}]}}"#);
+    raw.send_line(r#"{"jsonrpc":"2.0","id":6,"method":"session/prompt","params":{"sessionId":"nope","prompt":[{"type":"text","text":"x"}]}}"#);
     assert_eq!(raw.recv()["error"]["code"], -32002);
-    raw.send(
+    raw.send_line(
         r#"{"jsonrpc":"2.0","id":7,"method":"session/new","params":{"cwd":"relative/dir","mcpServers":[]}}"#,
     );
     assert_eq!(raw.recv()["error"]["code"], -32602);
-    raw.send(
+    raw.send_line(
         r#"{"jsonrpc":"2.0","id":8,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}"#,
     );
     let outside = raw.recv();
@@ -1353,13 +1292,12 @@ fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
 #[test]
 fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
     let ws = Workspace::new("acp-noprovider");
-    let mut raw = Raw::spawn(caliban(&ws), &[]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    let init = raw.recv();
+    let mut raw = spawn_raw(caliban(&ws), &[]);
+    let init = raw_initialize(&mut raw);
     assert_eq!(init["id"], 1, "{init}");
     assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
     let cwd = path_str(&ws.root);
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
                      "params": {"cwd": cwd, "mcpServers": []}})
         .to_string(),
@@ -1375,10 +1313,10 @@ fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
     ] {
         assert!(message.contains(what), "{what:?} missing: {message}");
     }
-    raw.send(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"hi"}]}}"#);
+    raw.send_line(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"hi"}]}}"#);
     assert_eq!(raw.recv()["error"]["code"], -32000);
     // Still serving: sessions can be listed.
-    raw.send(r#"{"jsonrpc":"2.0","id":4,"method":"session/list","params":{}}"#);
+    raw.send_line(r#"{"jsonrpc":"2.0","id":4,"method":"session/list","params":{}}"#);
     assert_eq!(raw.recv()["result"], json!({"sessions": []}));
     let (code, _) = raw.close();
     assert_eq!(code, Some(0));
@@ -1390,7 +1328,7 @@ fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
 fn acp_any_json_rpc_id_is_answered_as_sent() {
     let ws = Workspace::new("acp-ids");
     let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
-    let mut raw = Raw::start(&ws, &stub, &[]);
+    let mut raw = start_raw(&ws, &stub, &[]);
     let init = r#""method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}"#;
     for id in [
         "1.5",
@@ -1400,11 +1338,8 @@ fn acp_any_json_rpc_id_is_answered_as_sent() {
         "18446744073709551616",
         "null",
     ] {
-        raw.send(&format!(r#"{{"jsonrpc":"2.0","id":{id},{init}}}"#));
-        let line = raw
-            .lines
-            .recv_timeout(RECV_TIMEOUT)
-            .expect("an answer within the deadline");
+        raw.send_line(&format!(r#"{{"jsonrpc":"2.0","id":{id},{init}}}"#));
+        let line = raw.recv_line();
         assert!(
             line.starts_with(&format!(r#"{{"id":{id},"jsonrpc":"2.0","result":{{"#)),
             "{id}: {line}"
@@ -1426,17 +1361,10 @@ fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
             json!({"command": format!("sleep 30; echo {marker}")}),
         )]),
     );
-    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
-    raw.send(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
-        json!(path_str(&ws.root))
-    ));
-    let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
-    ));
+    let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw_initialize(&mut raw);
+    let session = raw_new_session(&mut raw, &ws);
+    raw.send_line(&raw_prompt_line(3, &session, "sleep"));
     raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
     assert!(process_with_marker_exists(&marker), "the command runs");
     let (code, took) = raw.close();
@@ -1462,27 +1390,18 @@ fn acp_closing_a_session_answers_the_prompt_queued_behind_a_cancel() {
             json!({"command": format!("sleep 30; echo {marker}")}),
         )]),
     );
-    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
-    raw.send(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
-        json!(path_str(&ws.root))
-    ));
-    let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
-    ));
+    let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw_initialize(&mut raw);
+    let session = raw_new_session(&mut raw, &ws);
+    raw.send_line(&raw_prompt_line(3, &session, "sleep"));
     raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
     // One write: the cancel, the next prompt (queued behind it) and the close.
-    raw.send(&format!(
+    raw.send_line(&format!(
         "{}\n{}\n{}",
         format_args!(
             r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
         ),
-        format_args!(
-            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
-        ),
+        raw_prompt_line(4, &session, "next"),
         format_args!(
             r#"{{"jsonrpc":"2.0","id":5,"method":"session/close","params":{{"sessionId":{session}}}}}"#
         )
@@ -1523,27 +1442,18 @@ fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
             text_turn("the second prompt's answer"),
         ]),
     );
-    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
-    raw.send(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
-        json!(path_str(&ws.root))
-    ));
-    let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"sleep"}}]}}}}"#
-    ));
+    let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw_initialize(&mut raw);
+    let session = raw_new_session(&mut raw, &ws);
+    raw.send_line(&raw_prompt_line(3, &session, "sleep"));
     raw.recv_until(|f| f["params"]["update"]["status"] == "in_progress");
     // One write, two lines: the cancel and the next prompt.
-    raw.send(&format!(
+    raw.send_line(&format!(
         "{}\n{}",
         format_args!(
             r#"{{"jsonrpc":"2.0","method":"session/cancel","params":{{"sessionId":{session}}}}}"#
         ),
-        format_args!(
-            r#"{{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{{"sessionId":{session},"prompt":[{{"type":"text","text":"next"}}]}}}}"#
-        )
+        raw_prompt_line(4, &session, "next")
     ));
     let (first, _) = raw.recv_until(|f| f["id"] == 3);
     assert_eq!(first["result"]["stopReason"], "cancelled", "{first}");
@@ -1642,16 +1552,15 @@ fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
     );
     let marker = format!("CALIBAN_ACP_MCP_MARKER={}", std::process::id());
     let (marker_name, marker_value) = marker.split_once('=').unwrap();
-    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
+    let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw_initialize(&mut raw);
     let servers = json!([
         {"name": "inner", "command": BIN, "args": ["mcp", "serve"],
          "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
                  {"name": marker_name, "value": marker_value}]},
         {"type": "http", "name": "remote", "url": "http://127.0.0.1:9/mcp", "headers": []},
     ]);
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
                 "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
         .to_string(),
@@ -1659,7 +1568,7 @@ fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
     let session = raw.recv()["result"]["sessionId"].clone();
     assert!(session.is_string(), "{session}");
     // Sent at once: the prompt waits for the server to list its tools.
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
                 "params": {"sessionId": session,
                            "prompt": [{"type": "text", "text": "status of run-999"}]}})
@@ -1740,21 +1649,20 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
         "echo x > {} 2>/dev/null; echo in > mcp-ran; exec {BIN} mcp serve",
         outside.display()
     );
-    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
+    let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    raw_initialize(&mut raw);
     let servers = json!([
         {"name": "inner", "command": "/bin/sh", "args": ["-c", start],
          "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
                  {"name": "XDG_STATE_HOME", "value": state}]},
     ]);
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
                 "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
         .to_string(),
     );
     let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
                 "params": {"sessionId": session,
                            "prompt": [{"type": "text", "text": "status of run-7"}]}})
@@ -1779,23 +1687,22 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
 fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
     let ws = Workspace::new("acp-mcp-fail");
     let stub = Stub::start(&ws, &script(vec![text_turn("no tools, still fine")]));
-    let mut raw = Raw::start(&ws, &stub, &[]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    raw.recv();
+    let mut raw = start_raw(&ws, &stub, &[]);
+    raw_initialize(&mut raw);
     let servers = json!([
         {"name": "missing", "command": "/nonexistent/mcp-server", "args": [], "env": []},
         {"name": "quitter", "command": "/bin/sh", "args": ["-c", "exit 3"], "env": []},
         {"name": "babbler", "command": "/bin/sh", "args": ["-c", "echo not-json; sleep 0.2"],
          "env": []},
     ]);
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
                 "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
         .to_string(),
     );
     let session = raw.recv()["result"]["sessionId"].clone();
     let start = Instant::now();
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
                 "params": {"sessionId": session,
                            "prompt": [{"type": "text", "text": "hello"}]}})
@@ -2173,9 +2080,8 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
             text_turn("done"),
         ]),
     );
-    let mut raw = Raw::start(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
-    raw.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#);
-    let init = raw.recv();
+    let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
+    let init = raw_initialize(&mut raw);
     assert_eq!(
         init["result"]["agentCapabilities"]["mcpCapabilities"],
         json!({"http": true, "sse": true}),
@@ -2183,13 +2089,13 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     );
     let servers = json!([{"type": "http", "name": "web", "url": server.url,
                           "headers": [{"name": "X-Editor", "value": "test"}]}]);
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
                 "params": {"cwd": path_str(&ws.root), "mcpServers": servers}})
         .to_string(),
     );
     let session = raw.recv()["result"]["sessionId"].clone();
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
                 "params": {"sessionId": session,
                            "prompt": [{"type": "text", "text": "echo"}]}})
@@ -2208,7 +2114,7 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     assert!(sent.contains("echo: from acp"), "{sent}");
     // Closing the session stops its servers: the HTTP one's session is ended with a
     // DELETE while caliban goes on.
-    raw.send(
+    raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 4, "method": "session/close",
                 "params": {"sessionId": session}})
         .to_string(),

@@ -5,12 +5,12 @@
 //! each test's workspace; the client side of the NDJSON tests is rustls trusting only that
 //! CA. Every receive has a deadline.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::mpsc::channel;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
@@ -18,6 +18,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use serde_json::{Value, json};
 
+use crate::rpc::Peer;
 use crate::util::*;
 
 /// The longest any single line may take to arrive.
@@ -42,15 +43,11 @@ pub(crate) struct Pki {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let child = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl is needed to make the test CA");
-    let out = wait_output(child, Duration::from_secs(30));
+    let out = output_within(
+        Command::new("openssl").args(args).current_dir(dir),
+        "openssl is needed to make the test CA",
+        Duration::from_secs(30),
+    );
     assert_eq!(out.code, Some(0), "openssl {args:?}: {out:?}");
 }
 
@@ -155,7 +152,7 @@ pub(crate) struct Agent {
     child: Child,
     /// `tls://ADDR` or `unix:PATH`, from the start-up line.
     endpoint: String,
-    stderr: Arc<Mutex<String>>,
+    stderr: StderrLog,
 }
 
 impl Agent {
@@ -167,39 +164,23 @@ impl Agent {
         flags: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
-        let mut cmd = caliban(ws);
-        anthropic(&mut cmd, stub);
-        cmd.args(["agent", "serve"]).args(flags);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let mut cmd = caliban_stub(ws, stub, &["agent", "serve"]);
+        cmd.args(flags).envs(env.iter().copied());
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn caliban agent serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = channel();
-        let lines = BufReader::new(child.stderr.take().expect("stderr"));
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            for line in lines.lines().map_while(Result::ok) {
-                if let Some(at) = line.find("listening on ") {
-                    let _ = tx.send(line[at + "listening on ".len()..].to_owned());
-                }
-                let mut all = sink.lock().unwrap_or_else(|e| e.into_inner());
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
+        let stderr = StderrLog::start(
+            child.stderr.take().expect("stderr"),
+            Some(("listening on ", tx)),
+        );
         let endpoint = match rx.recv_timeout(RECV) {
             Ok(endpoint) => endpoint,
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!(
-                    "no start-up line within {RECV:?}:\n{}",
-                    stderr.lock().unwrap_or_else(|e| e.into_inner())
-                );
+                panic!("no start-up line within {RECV:?}:\n{}", stderr.text());
             }
         };
         Agent {
@@ -217,26 +198,19 @@ impl Agent {
     }
 
     pub(crate) fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.stderr.text()
     }
 
     /// Waits for the agent to exit on its own; its exit code.
     fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not exit within {within:?}:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_exit(&mut self.child, within)
+            .unwrap_or_else(|| {
+                panic!(
+                    "the agent did not exit within {within:?}:\n{}",
+                    self.stderr()
+                )
+            })
+            .code()
     }
 
     fn signal(&self, signal: &str) {
@@ -1020,17 +994,15 @@ fn acp_over_tls_with_the_official_sdk_prompts_permits_cancels_and_loads_after_a_
         "servername": "localhost", "token": TOKEN, "cwd": path_str(&ws.root),
         "answers": ["allow", "reject", "allow"],
     });
-    let child = Command::new("node")
-        .arg(dir.join("net.mjs"))
-        .arg(args.to_string())
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn node (node 20 is needed)");
-    let out = wait_output(child, SCENARIO_TIMEOUT);
+    let out = output_within(
+        Command::new("node")
+            .arg(dir.join("net.mjs"))
+            .arg(args.to_string())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default()),
+        "spawn node (node 20 is needed)",
+        SCENARIO_TIMEOUT,
+    );
     let report: Value = serde_json::from_str(out.stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("no report ({e}): {out:?}\n{}", agent.stderr()));
     assert_eq!(
@@ -1139,48 +1111,41 @@ fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permiss
         &["--socket", &socket],
         &[("CALIBAN_AGENT_SPEC", &spec)],
     );
-    let rpc = |id: u64, method: &str, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
     let cwd = path_str(&ws.root);
     let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
 
-    let mut a = Client::unix(Path::new(&socket));
-    a.send_json(&rpc(1, "initialize", init.clone()));
-    assert_eq!(a.recv_line()["id"], 1);
-    a.send_json(&rpc(
-        2,
-        "session/new",
-        json!({"cwd": cwd, "mcpServers": []}),
-    ));
-    let session = a.recv_line()["result"]["sessionId"].clone();
+    let mut a = Peer::unix(Path::new(&socket), RECV);
+    a.send_request(1, "initialize", init.clone());
+    assert_eq!(a.recv()["id"], 1);
+    a.send_request(2, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let session = a.recv()["result"]["sessionId"].clone();
     let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "go"}]});
-    a.send_json(&rpc(3, "session/prompt", prompt.clone()));
-    let asked = a.recv_until(|l| l["method"] == "session/request_permission");
-    let request = asked.last().unwrap();
+    a.send_request(3, "session/prompt", prompt.clone());
+    let (request, _) = a.recv_until(|l| l["method"] == "session/request_permission");
     assert_eq!(request["params"]["toolCall"]["toolCallId"], "toolu_wait");
     // The client goes away without answering.
     drop(a);
 
-    let mut b = Client::unix(Path::new(&socket));
-    b.send_json(&rpc(1, "initialize", init));
-    assert_eq!(b.recv_line()["id"], 1);
-    b.send_json(&rpc(
+    let mut b = Peer::unix(Path::new(&socket), RECV);
+    b.send_request(1, "initialize", init);
+    assert_eq!(b.recv()["id"], 1);
+    b.send_request(
         2,
         "session/load",
         json!({"sessionId": session, "cwd": cwd, "mcpServers": []}),
-    ));
-    let loaded = b.recv_until(|l| l["id"] == 2);
-    assert!(loaded.last().unwrap().get("result").is_some(), "{loaded:?}");
+    );
+    let (loaded, before) = b.recv_until(|l| l["id"] == 2);
+    assert!(loaded.get("result").is_some(), "{before:?} {loaded}");
     // The prompt that waited meanwhile is asked of the client that came back.
-    let again = b.recv_until(|l| l["method"] == "session/request_permission");
-    let again = again.last().unwrap();
+    let (again, _) = b.recv_until(|l| l["method"] == "session/request_permission");
     assert_eq!(again["params"]["toolCall"]["toolCallId"], "toolu_wait");
-    b.send_json(&json!({"jsonrpc": "2.0", "id": again["id"],
+    b.send(json!({"jsonrpc": "2.0", "id": again["id"],
         "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}));
-    let ran = b.recv_until(|l| {
+    let (ran, _) = b.recv_until(|l| {
         l["params"]["update"]["toolCallId"] == "toolu_wait"
             && l["params"]["update"]["status"] == "completed"
     });
-    let done = ran.last().unwrap().to_string();
+    let done = ran.to_string();
     assert!(done.contains("asked-again"), "{done}");
     // The first client's prompt is nobody's to answer; once the turn it started is over,
     // the session takes the next one (until then a prompt is refused as busy).
@@ -1188,9 +1153,8 @@ fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permiss
     next["prompt"][0]["text"] = json!("and now");
     let deadline = Instant::now() + RECV;
     for id in 3.. {
-        b.send_json(&rpc(id, "session/prompt", next.clone()));
-        let answer = b.recv_until(|l| l["id"] == id);
-        let answer = answer.last().unwrap();
+        b.send_request(id, "session/prompt", next.clone());
+        let (answer, _) = b.recv_until(|l| l["id"] == id);
         if answer["error"]["message"] == "the session is still busy with its last turn" {
             assert!(Instant::now() < deadline, "the turn never ended");
             std::thread::sleep(Duration::from_millis(50));

@@ -28,15 +28,13 @@ fn repo(rel: &str) -> PathBuf {
 
 /// Runs tests/k8s_check.py; panics with its output unless it says `ok:`.
 fn check(args: &[&str]) -> String {
-    let child = Command::new(python())
-        .arg(repo("tests/k8s_check.py"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run k8s_check.py");
-    let out = wait_output(child, Duration::from_secs(120));
+    let out = output_within(
+        Command::new(python())
+            .arg(repo("tests/k8s_check.py"))
+            .args(args),
+        "run k8s_check.py",
+        Duration::from_secs(120),
+    );
     assert!(
         out.code == Some(0) && out.stdout.starts_with("ok:"),
         "k8s_check.py {args:?}: {out:?}"

@@ -33,20 +33,6 @@ fn bash(id: &str, command: &str) -> Value {
     tool_turn(json!([{"id": id, "name": "Bash", "input": {"command": command}}]))
 }
 
-pub(crate) fn get(addr: SocketAddr, path: &str) -> Response {
-    request(addr, "GET", path, &[], b"")
-}
-
-pub(crate) fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
 /// Asserts a JSON response with this status and exactly this body.
 fn assert_json(resp: &Response, status: u16, body: Value) {
     assert_eq!(resp.status, status, "{resp:?}");
@@ -2072,12 +2058,8 @@ fn curl_drives_a_run_to_completion() {
                 "--max-time",
                 "30",
             ])
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let child = cmd.spawn().expect("spawn curl");
-        wait_output(child, Duration::from_secs(40))
+            .args(args);
+        output_within(&mut cmd, "spawn curl", Duration::from_secs(40))
     };
 
     let out = curl(&[

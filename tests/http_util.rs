@@ -7,11 +7,11 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -41,14 +41,10 @@ pub fn serve_command(
     extra_args: &[&str],
     extra_env: &[(&str, &str)],
 ) -> Command {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["http", "serve", "--addr", "127.0.0.1:0", "-C"])
-        .arg(&ws.root)
-        .args(extra_args);
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
+    let mut cmd = caliban_stub(ws, stub, &["http", "serve", "--addr", "127.0.0.1:0", "-C"]);
+    cmd.arg(&ws.root)
+        .args(extra_args)
+        .envs(extra_env.iter().copied());
     cmd
 }
 
@@ -58,7 +54,7 @@ pub struct Serve {
     pub addr: SocketAddr,
     /// `http` or `https`, as the listening line said.
     pub scheme: String,
-    stderr: Arc<Mutex<String>>,
+    stderr: StderrLog,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -86,25 +82,11 @@ impl Serve {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn caliban http serve");
-        let stderr = child.stderr.take().expect("server stderr");
-        let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
-        let log2 = Arc::clone(&log);
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stderr);
-            let mut line = String::new();
-            loop {
-                line.clear();
-                match reader.read_line(&mut line) {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-                log2.lock().expect("stderr log").push_str(&line);
-                if let Some(url) = line.trim().strip_prefix(BANNER) {
-                    let _ = tx.send(url.to_owned());
-                }
-            }
-        });
+        let log = StderrLog::start(
+            child.stderr.take().expect("server stderr"),
+            Some((BANNER, tx)),
+        );
         let url = match rx.recv_timeout(START_TIMEOUT) {
             Ok(url) => url,
             Err(e) => {
@@ -115,7 +97,7 @@ impl Serve {
                 panic!(
                     "caliban http serve did not print its listening line ({e:?}, {status:?}); \
                      stderr:\n{}",
-                    log.lock().expect("stderr log")
+                    log.text()
                 );
             }
         };
@@ -137,7 +119,7 @@ impl Serve {
 
     /// Everything the server wrote on stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr.lock().expect("stderr log").clone()
+        self.stderr.text()
     }
 
     pub fn pid(&self) -> u32 {
@@ -156,19 +138,15 @@ impl Serve {
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("run kill");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status.code();
-            }
-            if Instant::now() > deadline {
+        match wait_for_exit(&mut self.child, Duration::from_secs(10)) {
+            Some(status) => status.code(),
+            None => {
                 self.kill();
                 panic!(
                     "caliban http serve did not exit within 10 s of SIGTERM; stderr:\n{}",
                     self.stderr()
                 );
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -506,6 +484,22 @@ pub fn request(
     body: &[u8],
 ) -> Response {
     HttpConn::connect(addr).request(method, path, headers, body)
+}
+
+/// `GET path` on a fresh connection.
+pub fn get(addr: SocketAddr, path: &str) -> Response {
+    request(addr, "GET", path, &[], b"")
+}
+
+/// `POST path` with a JSON body on a fresh connection.
+pub fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
 }
 
 /// Incremental chunked-body decoder.

@@ -426,16 +426,14 @@ impl Drop for Container {
 }
 
 fn docker(args: &[&str]) -> Output {
-    let child = Command::new("docker")
-        .args(args)
-        // The classic builder: a daemon without BuildKit's client plugin builds with it.
-        .env("DOCKER_BUILDKIT", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run docker");
-    wait_output(child, Duration::from_secs(300))
+    output_within(
+        Command::new("docker")
+            .args(args)
+            // The classic builder: a daemon without BuildKit's client plugin builds with it.
+            .env("DOCKER_BUILDKIT", "0"),
+        "run docker",
+        Duration::from_secs(300),
+    )
 }
 
 /// A reason to skip, or nothing when a daemon answers.

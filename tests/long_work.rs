@@ -2,15 +2,14 @@
 //! background shells, WebFetch), TodoWrite plans and print-mode sessions that continue, each
 //! on every surface where it shows, against the real binary and `caliban stub-model`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Serve, request};
+use crate::http_util::{Serve, get, post_json};
+use crate::rpc::Peer;
 use crate::util::*;
 
 const RECV: Duration = Duration::from_secs(30);
@@ -57,142 +56,39 @@ pub(crate) fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
 }
 
 fn print_frames(ws: &Workspace, stub: &Stub, args: &[&str]) -> (Output, Vec<Value>) {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["-p", "--output-format", "stream-json"])
-        .args(args);
+    let mut cmd = caliban_stub(ws, stub, &["-p", "--output-format", "stream-json"]);
+    cmd.args(args);
     let out = run(cmd, "");
     let frames = out.frames();
     (out, frames)
 }
 
-/// A JSON-RPC peer on a child's stdin/stdout (`acp serve`, `mcp serve`), with a deadline on
-/// every receive.
-struct Rpc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    /// Notifications and requests from the server seen while waiting for a response.
-    seen: Vec<Value>,
+/// Polls an MCP run until it is done; its events.
+fn mcp_events(rpc: &mut Peer, first_id: u64, run: &str) -> Vec<Value> {
+    let mut id = first_id;
+    events_until_done(run, 50, |cursor| {
+        id += 1;
+        rpc.tool_body(
+            id - 1,
+            "caliban_poll",
+            json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
+        )
+    })
 }
 
-impl Rpc {
-    fn spawn(mut cmd: Command) -> Rpc {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn caliban");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Rpc {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, message: Value) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{message}").expect("write");
-        stdin.flush().expect("flush");
-    }
-
-    fn recv(&mut self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(RECV)
-            .expect("a message within the deadline");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-    }
-
-    /// Sends a request and waits for its response, keeping everything else in `seen`.
-    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        loop {
-            let message = self.recv();
-            if message["id"] == id && message.get("method").is_none() {
-                return message;
-            }
-            self.seen.push(message);
-        }
-    }
-
-    /// `tools/call` on an MCP server: the JSON body of its one text block.
-    fn tool_body(&mut self, id: u64, name: &str, arguments: Value) -> Value {
-        let reply = self.request(
-            id,
-            "tools/call",
-            json!({"name": name, "arguments": arguments}),
-        );
-        let result = &reply["result"];
-        assert_eq!(result["isError"], false, "{reply}");
-        serde_json::from_str(result["content"][0]["text"].as_str().expect("text")).expect("json")
-    }
-
-    /// Polls an MCP run until it is done; its events.
-    fn mcp_events(&mut self, first_id: u64, run: &str) -> Vec<Value> {
-        let (mut events, mut cursor) = (Vec::new(), 0);
-        for id in first_id..first_id + 50 {
-            let body = self.tool_body(
-                id,
-                "caliban_poll",
-                json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
-            );
-            events.extend(
-                body["events"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|e| e["event"].clone()),
-            );
-            cursor = body["next_cursor"].as_u64().expect("next_cursor");
-            if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
-                return events;
-            }
-        }
-        panic!("{run} never finished");
-    }
-}
-
-impl Drop for Rpc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn mcp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Rpc {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["mcp", "serve", "-C"]).arg(&ws.root).args(args);
-    let mut rpc = Rpc::spawn(cmd);
-    let init = rpc.request(
-        0,
-        "initialize",
-        json!({"protocolVersion": "2025-11-25", "capabilities": {},
-               "clientInfo": {"name": "long-work-test", "version": "1"}}),
-    );
+fn mcp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
+    let mut cmd = caliban_stub(ws, stub, &["mcp", "serve", "-C"]);
+    cmd.arg(&ws.root).args(args);
+    let mut rpc = Peer::spawn(cmd, RECV);
+    let init = rpc.mcp_initialize("2025-11-25", json!({}), "long-work-test");
     assert!(init.get("result").is_some(), "{init}");
-    rpc.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     rpc
 }
 
-fn acp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Rpc {
-    let mut cmd = caliban(ws);
-    anthropic(&mut cmd, stub);
-    cmd.args(["acp", "serve"]).args(args);
-    let mut rpc = Rpc::spawn(cmd);
+fn acp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
+    let mut cmd = caliban_stub(ws, stub, &["acp", "serve"]);
+    cmd.args(args);
+    let mut rpc = Peer::spawn(cmd, RECV);
     let init = rpc.request(
         0,
         "initialize",
@@ -203,7 +99,7 @@ fn acp_serve(ws: &Workspace, stub: &Stub, args: &[&str]) -> Rpc {
 }
 
 /// The `session/update`s of one session seen so far, as their `update` objects.
-fn acp_updates(rpc: &Rpc, kind: &str) -> Vec<Value> {
+fn acp_updates(rpc: &Peer, kind: &str) -> Vec<Value> {
     rpc.seen
         .iter()
         .filter(|m| m["method"] == "session/update")
@@ -213,43 +109,20 @@ fn acp_updates(rpc: &Rpc, kind: &str) -> Vec<Value> {
 }
 
 fn http_post(serve: &Serve, path: &str, body: &Value) -> Value {
-    let response = request(
-        serve.addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let response = post_json(serve.addr, path, body);
     assert_eq!(response.status, 200, "{response:?}");
     response.json()
 }
 
 /// Polls an HTTP run until it is done; its events.
 fn http_events(serve: &Serve, run: &str) -> Vec<Value> {
-    let (mut events, mut cursor) = (Vec::new(), 0);
-    for _ in 0..500 {
-        let response = request(
-            serve.addr,
-            "GET",
-            &format!("/runs/{run}/events?cursor={cursor}"),
-            &[],
-            b"",
-        );
-        let body = response.json();
-        events.extend(
-            body["events"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| e["event"].clone()),
-        );
-        cursor = body["next_cursor"].as_u64().expect("next_cursor");
-        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
-            return events;
+    let mut first = true;
+    events_until_done(run, 500, |cursor| {
+        if !std::mem::take(&mut first) {
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{run} never finished");
+        get(serve.addr, &format!("/runs/{run}/events?cursor={cursor}")).json()
+    })
 }
 
 // ---- 1. project instructions ---------------------------------------------------------------
@@ -367,7 +240,7 @@ fn http_mcp_and_acp_name_the_instructions_of_their_runs() {
     assert_eq!(files.len(), 2, "{body}");
     assert_eq!(files[1]["path"], path_str(&ws.path("AGENTS.md")));
     let run = body["run_id"].as_str().unwrap().to_owned();
-    mcp.mcp_events(2, &run);
+    mcp_events(&mut mcp, 2, &run);
     assert!(systems_sent(&stub)[1].contains("ROOT-RULE"));
     drop(mcp);
 
@@ -718,7 +591,7 @@ fn todo_write_plans_show_on_every_surface() {
     drop(serve);
     let mut mcp = mcp_serve(&ws, &stub, &[]);
     let body = mcp.tool_body(1, "caliban_run", json!({"prompt": "plan it"}));
-    assert_plan_event(&mcp.mcp_events(2, body["run_id"].as_str().unwrap()));
+    assert_plan_event(&mcp_events(&mut mcp, 2, body["run_id"].as_str().unwrap()));
     drop(mcp);
 
     // ACP: a `plan` update (cancelled items left out), live and on session/load.
@@ -784,10 +657,12 @@ fn print_runs_are_recorded_and_continue() {
             text_turn("Both lines seen."),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "remember 7"]);
-    let first = run(cmd, "");
+    let first = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "json", "remember 7"],
+        "",
+    );
     assert_eq!(first.code, Some(0), "{first:?}");
     let session = first.result()["session_id"].as_str().unwrap().to_owned();
     let file = ws.read("home/.state/caliban/sessions/run-1.jsonl");
@@ -802,16 +677,18 @@ fn print_runs_are_recorded_and_continue() {
     );
 
     // --continue: the latest print run in this workspace, keeping its session id.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "json",
-        "--continue",
-        "which number?",
-    ]);
-    let second = run(cmd, "");
+    let second = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "json",
+            "--continue",
+            "which number?",
+        ],
+        "",
+    );
     assert_eq!(second.code, Some(0), "{second:?}");
     assert_eq!(second.result()["session_id"], json!(session));
     assert_eq!(
@@ -824,10 +701,7 @@ fn print_runs_are_recorded_and_continue() {
     );
 
     // --resume SESSION: the newest run of that session, its whole chain.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--resume", &session, "and now?"]);
-    let third = run(cmd, "");
+    let third = run_stub(&ws, &stub, &["-p", "--resume", &session, "and now?"], "");
     assert_eq!(
         (third.code, third.stdout.as_str()),
         (Some(0), "Still 7.\n"),
@@ -836,9 +710,7 @@ fn print_runs_are_recorded_and_continue() {
     assert_eq!(conversation_sent(&stub, 2).len(), 5);
 
     // --resume run-1: that run's conversation only.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "-r", "run-1", "fork"]);
+    let cmd = caliban_stub(&ws, &stub, &["-p", "-r", "run-1", "fork"]);
     assert_eq!(run(cmd, "").code, Some(0));
     assert_eq!(
         conversation_sent(&stub, 3),
@@ -846,20 +718,20 @@ fn print_runs_are_recorded_and_continue() {
     );
 
     // stream-json input: every line is recorded, and continues.
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "stream-json",
-    ]);
-    let out = run(cmd, "{\"type\":\"user\",\"content\":\"line one\"}\n");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ],
+        "{\"type\":\"user\",\"content\":\"line one\"}\n",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "-c", "line two"]);
+    let cmd = caliban_stub(&ws, &stub, &["-p", "-c", "line two"]);
     assert_eq!(run(cmd, "").code, Some(0));
     assert_eq!(
         conversation_sent(&stub, 5),
@@ -880,18 +752,12 @@ fn print_runs_are_recorded_and_continue() {
         vec!["--resume", "no-such-session"],
         vec!["--resume", "run-99"],
     ] {
-        let mut cmd = caliban(&ws);
-        anthropic(&mut cmd, &stub);
-        cmd.args(["-p"]).args(&args).arg("hi");
-        let out = run(cmd, "");
+        let out = run_stub(&ws, &stub, &[&["-p"], &args[..], &["hi"]].concat(), "");
         assert_eq!(out.code, Some(78), "{out:?}");
         assert!(out.stderr.contains(args[1]), "{out:?}");
     }
     let empty = Workspace::new("continue-none");
-    let mut cmd = caliban(&empty);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--continue", "hi"]);
-    let out = run(cmd, "");
+    let out = run_stub(&empty, &stub, &["-p", "--continue", "hi"], "");
     assert_eq!(out.code, Some(78), "{out:?}");
     assert!(
         out.stderr.contains("no earlier print-mode session"),
@@ -928,10 +794,7 @@ fn compacted_print_runs_continue_from_the_summary_with_their_plan() {
     let compact = r#"{"type":"control","subtype":"compact"}"#;
     let user = |text: &str| format!("{{\"type\":\"user\",\"content\":\"{text}\"}}\n");
     let print = |args: &[&str], input: &str| {
-        let mut cmd = caliban(&ws);
-        anthropic(&mut cmd, &stub);
-        cmd.arg("-p").args(args);
-        let out = run(cmd, input);
+        let out = run_stub(&ws, &stub, &[&["-p"], args].concat(), input);
         assert_eq!(out.code, Some(0), "{out:?}");
         out
     };
@@ -1006,10 +869,8 @@ fn acp_multi_edit_goes_through_the_editors_buffer() {
             text_turn("edited"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["acp", "serve", "--allow", "MultiEdit"]);
-    let mut acp = Rpc::spawn(cmd);
+    let cmd = caliban_stub(&ws, &stub, &["acp", "serve", "--allow", "MultiEdit"]);
+    let mut acp = Peer::spawn(cmd, RECV);
     let init = acp.request(
         0,
         "initialize",
@@ -1028,19 +889,14 @@ fn acp_multi_edit_goes_through_the_editors_buffer() {
                     "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "edit"}]}}),
     );
     let mut written = None;
-    loop {
-        let message = acp.recv();
-        match message["method"].as_str() {
-            Some("fs/read_text_file") => acp.send(json!({"jsonrpc": "2.0", "id": message["id"],
-                "result": {"content": "one, two\n"}})),
-            Some("fs/write_text_file") => {
-                written = Some(message["params"]["content"].clone());
-                acp.send(json!({"jsonrpc": "2.0", "id": message["id"], "result": null}));
-            }
-            _ if message["id"] == 2 => break,
-            _ => {}
+    acp.response_answering(2, |message| match message["method"].as_str() {
+        Some("fs/read_text_file") => Some(json!({"content": "one, two\n"})),
+        Some("fs/write_text_file") => {
+            written = Some(message["params"]["content"].clone());
+            Some(Value::Null)
         }
-    }
+        _ => None,
+    });
     assert_eq!(written, Some(json!("uno, dos\n")));
     assert_eq!(
         ws.read("a.rs"),

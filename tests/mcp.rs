@@ -15,17 +15,16 @@
 //! registry with `npm ci` into `target/mcp-node` on first use, under a file lock, from the
 //! checked-in `tests/mcp/package-lock.json`.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::http_util::{Follow, HttpConn, Response, fixture, request};
+use crate::rpc::Peer;
 use crate::util::*;
 
 /// How long any one message may take to arrive.
@@ -186,20 +185,18 @@ fn sdk(name: &str, ws: &Workspace, stub: &Stub, serve_args: &[&str]) -> Value {
         "env": env,
         "args": serve_args,
     });
-    let child = Command::new(kit.node())
-        .arg(kit.script())
-        .arg(name)
-        .arg(config.to_string())
-        .current_dir(&kit.dir)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", ws.path("home"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn node");
-    let out = wait_output(child, SCENARIO_TIMEOUT);
+    let out = output_within(
+        Command::new(kit.node())
+            .arg(kit.script())
+            .arg(name)
+            .arg(config.to_string())
+            .current_dir(&kit.dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", ws.path("home")),
+        "spawn node",
+        SCENARIO_TIMEOUT,
+    );
     assert_eq!(out.code, Some(0), "scenario {name} failed: {out:?}");
     let line = out
         .stdout
@@ -325,180 +322,9 @@ fn mcp_sdk_streamable_http_sessions_share_the_core() {
 
 // ---- raw stdio ---------------------------------------------------------------------------
 
-/// `caliban mcp serve` with piped stdio, read line by line with a deadline on every read.
-struct Raw {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    stderr: Arc<Mutex<String>>,
-    /// Notifications and server requests seen while waiting for responses.
-    pub seen: Vec<Value>,
-}
-
-impl Raw {
-    fn start(ws: &Workspace, stub: &Stub, args: &[&str]) -> Raw {
-        Raw::spawn(serve_command(ws, stub, args))
-    }
-
-    fn spawn(mut cmd: Command) -> Raw {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn caliban mcp serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let log = Arc::new(Mutex::new(String::new()));
-        let log2 = Arc::clone(&log);
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stderr);
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                log2.lock().expect("log").push_str(&line);
-                line.clear();
-            }
-        });
-        Raw {
-            stdin: child.stdin.take(),
-            child,
-            lines: rx,
-            stderr: log,
-            seen: Vec::new(),
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().expect("log").clone()
-    }
-
-    fn send_line(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .expect("write stdin");
-        stdin.flush().expect("flush stdin");
-    }
-
-    fn send(&mut self, message: Value) {
-        self.send_line(&message.to_string());
-    }
-
-    /// The next line on stdout, which must be one JSON-RPC message.
-    fn recv_within(&mut self, timeout: Duration) -> Option<Value> {
-        let line = self.lines.recv_timeout(timeout).ok()?;
-        let value: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("stdout carried a non-JSON line ({e}): {line:?}"));
-        assert_eq!(value["jsonrpc"], "2.0", "{value}");
-        Some(value)
-    }
-
-    /// The next line on stdout as it was written.
-    fn recv_line(&mut self) -> String {
-        self.lines
-            .recv_timeout(RECV)
-            .unwrap_or_else(|_| panic!("no line within {RECV:?}; stderr:\n{}", self.stderr()))
-    }
-
-    fn recv(&mut self) -> Value {
-        self.recv_within(RECV)
-            .unwrap_or_else(|| panic!("no message within {RECV:?}; stderr:\n{}", self.stderr()))
-    }
-
-    /// Sends a request and returns its response, keeping anything else in `seen`.
-    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        self.response(id)
-    }
-
-    fn response(&mut self, id: u64) -> Value {
-        loop {
-            let message = self.recv();
-            if message["id"] == id && message.get("method").is_none() {
-                return message;
-            }
-            self.seen.push(message);
-        }
-    }
-
-    fn initialize(&mut self, version: &str, capabilities: Value) -> Value {
-        let reply = self.request(
-            0,
-            "initialize",
-            json!({"protocolVersion": version, "capabilities": capabilities,
-                   "clientInfo": {"name": "raw", "version": "0"}}),
-        );
-        self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        reply
-    }
-
-    fn tool(&mut self, id: u64, name: &str, arguments: Value) -> Value {
-        let reply = self.request(
-            id,
-            "tools/call",
-            json!({"name": name, "arguments": arguments}),
-        );
-        reply["result"].clone()
-    }
-
-    /// The JSON body of a successful tool result.
-    fn body(&mut self, id: u64, name: &str, arguments: Value) -> Value {
-        let result = self.tool(id, name, arguments);
-        assert_eq!(result["isError"], false, "{result}");
-        serde_json::from_str(result["content"][0]["text"].as_str().expect("text")).expect("json")
-    }
-
-    fn close_stdin(&mut self) {
-        self.stdin = None;
-    }
-
-    /// Waits for the process to exit; its exit code.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "caliban mcp serve did not exit within {timeout:?}; stderr:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// The `listening on` URL of a `--listen` server.
-    fn listen_addr(&self) -> SocketAddr {
-        let deadline = Instant::now() + RECV;
-        loop {
-            let log = self.stderr();
-            if let Some(rest) = log.split("caliban mcp serve listening on ").nth(1) {
-                let rest = rest.split_once("://").expect("a URL").1;
-                let hostport = rest.split('/').next().expect("host:port");
-                return hostport.parse().expect("socket address");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no listening line; stderr:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Raw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `caliban mcp serve` with piped stdio (`serve_command`), speaking raw JSON-RPC.
+fn start_raw(ws: &Workspace, stub: &Stub, args: &[&str]) -> Peer {
+    Peer::spawn(serve_command(ws, stub, args), RECV)
 }
 
 #[test]
@@ -511,8 +337,8 @@ fn mcp_stdio_negotiates_protocol_versions() {
         ("2025-03-26", "2025-03-26", false),
         ("1999-01-01", "2025-11-25", true),
     ] {
-        let mut raw = Raw::start(&ws, &stub, &[]);
-        let init = raw.initialize(asked, json!({}));
+        let mut raw = start_raw(&ws, &stub, &[]);
+        let init = raw.mcp_initialize(asked, json!({}), "raw");
         let result = &init["result"];
         assert_eq!(result["protocolVersion"], answered, "{init}");
         assert_eq!(result["serverInfo"]["name"], "caliban");
@@ -541,14 +367,14 @@ fn mcp_stdio_negotiates_protocol_versions() {
 fn mcp_stdio_protocol_errors_and_clean_stdout() {
     let ws = Workspace::new("mcp-errors");
     let stub = Stub::start(&ws, &script(vec![text("fine")]));
-    let mut raw = Raw::start(&ws, &stub, &[]);
+    let mut raw = start_raw(&ws, &stub, &[]);
     // Before initialize: ping works, an unknown method is refused at once.
     assert_eq!(raw.request(1, "ping", Value::Null)["result"], json!({}));
     assert_eq!(
         raw.request(2, "server/discover", json!({}))["error"]["code"],
         -32601
     );
-    raw.initialize("2025-11-25", json!({}));
+    raw.mcp_initialize("2025-11-25", json!({}), "raw");
     let again = raw.request(3, "initialize", json!({"protocolVersion": "2025-11-25"}));
     assert_eq!(again["error"]["code"], -32600, "{again}");
     let no_version = raw.request(4, "initialize", json!({}));
@@ -606,9 +432,9 @@ fn mcp_stdio_protocol_errors_and_clean_stdout() {
     assert_eq!(cursor["error"]["code"], -32602);
 
     // A run's tool output never reaches stdout: every line so far parsed as JSON-RPC.
-    let started = raw.body(11, "caliban_run", json!({"prompt": "hi"}));
+    let started = raw.tool_body(11, "caliban_run", json!({"prompt": "hi"}));
     let run = started["run_id"].as_str().expect("run id").to_owned();
-    let done = raw.body(
+    let done = raw.tool_body(
         12,
         "caliban_poll",
         json!({"run_id": run, "cursor": 0, "wait_ms": 10000}),
@@ -628,9 +454,9 @@ fn mcp_stdio_eof_cancels_runs_and_kills_children() {
     let ws = Workspace::new("mcp-eof");
     let marker = "sleep 49.31";
     let stub = Stub::start(&ws, &script(vec![bash("toolu_s", marker), text("never")]));
-    let mut raw = Raw::start(&ws, &stub, &["--allow", "Bash"]);
-    raw.initialize("2025-11-25", json!({}));
-    let run = raw.body(1, "caliban_run", json!({"prompt": "sleep"}))["run_id"]
+    let mut raw = start_raw(&ws, &stub, &["--allow", "Bash"]);
+    raw.mcp_initialize("2025-11-25", json!({}), "raw");
+    let run = raw.tool_body(1, "caliban_run", json!({"prompt": "sleep"}))["run_id"]
         .as_str()
         .expect("run id")
         .to_owned();
@@ -669,9 +495,9 @@ fn mcp_stdio_elicitation_timeout_denies_and_is_withdrawn() {
             text("gave up"),
         ]),
     );
-    let mut raw = Raw::start(&ws, &stub, &["--permission-timeout", "1"]);
-    raw.initialize("2025-06-18", json!({"elicitation": {}}));
-    let run = raw.body(1, "caliban_run", json!({"prompt": "try"}))["run_id"]
+    let mut raw = start_raw(&ws, &stub, &["--permission-timeout", "1"]);
+    raw.mcp_initialize("2025-06-18", json!({"elicitation": {}}), "raw");
+    let run = raw.tool_body(1, "caliban_run", json!({"prompt": "try"}))["run_id"]
         .as_str()
         .expect("run id")
         .to_owned();
@@ -699,7 +525,7 @@ fn mcp_stdio_elicitation_timeout_denies_and_is_withdrawn() {
         }
     };
     assert_eq!(withdrawn["params"]["requestId"], ask["id"]);
-    let done = raw.body(
+    let done = raw.tool_body(
         2,
         "caliban_poll",
         json!({"run_id": run, "cursor": 0, "wait_ms": 100}),
@@ -709,7 +535,7 @@ fn mcp_stdio_elicitation_timeout_denies_and_is_withdrawn() {
     let mut state = done["status"]["state"].clone();
     let mut id = 3;
     while state != "done" {
-        let more = raw.body(
+        let more = raw.tool_body(
             id,
             "caliban_poll",
             json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
@@ -736,26 +562,22 @@ fn mcp_stdio_elicitation_timeout_denies_and_is_withdrawn() {
 }
 
 /// Polls a run over raw stdio until it is terminal; every event.
-fn raw_events_until_done(raw: &mut Raw, run: &str, first_id: u64) -> Vec<Value> {
-    let mut events = Vec::new();
-    let mut cursor = 0;
-    for id in first_id..first_id + 40 {
-        let body = raw.body(
-            id,
+fn raw_events_until_done(raw: &mut Peer, run: &str, first_id: u64) -> Vec<Value> {
+    let mut id = first_id;
+    events_until_done(run, 40, |cursor| {
+        id += 1;
+        let body = raw.tool_body(
+            id - 1,
             "caliban_poll",
             json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
         );
-        events.extend(body["events"].as_array().cloned().unwrap_or_default());
-        cursor = body["next_cursor"].as_u64().expect("next_cursor");
-        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
-            return events.into_iter().map(|e| e["event"].clone()).collect();
-        }
-        if !body["permission_request"].is_null() {
+        let done = matches!(body["status"]["state"].as_str(), Some("done" | "failed"));
+        if !done && !body["permission_request"].is_null() {
             // Nothing here answers prompts: a prompt means the options did not narrow.
             panic!("unexpected permission prompt: {body}");
         }
-    }
-    panic!("{run} never finished");
+        body
+    })
 }
 
 #[test]
@@ -774,10 +596,10 @@ fn mcp_stdio_run_options_only_narrow() {
         ]),
     );
     // The server allows Bash outright; per-run options can take that away, never add.
-    let mut raw = Raw::start(&ws, &stub, &["--allow", "Bash"]);
-    raw.initialize("2025-11-25", json!({}));
+    let mut raw = start_raw(&ws, &stub, &["--allow", "Bash"]);
+    raw.mcp_initialize("2025-11-25", json!({}), "raw");
 
-    let run = raw.body(
+    let run = raw.tool_body(
         1,
         "caliban_run",
         json!({"prompt": "a", "deny": ["Bash"],
@@ -795,7 +617,7 @@ fn mcp_stdio_run_options_only_narrow() {
     assert!(!ws.path("denied.txt").exists());
     assert_eq!(stub.requests()[0]["body"]["model"], "claude-per-run");
 
-    let run = raw.body(
+    let run = raw.tool_body(
         2,
         "caliban_run",
         json!({"prompt": "b", "permission_mode": "plan"}),
@@ -811,7 +633,7 @@ fn mcp_stdio_run_options_only_narrow() {
     assert_eq!(end["is_error"], true, "{end}");
     assert!(!ws.path("planned.txt").exists());
 
-    let run = raw.body(
+    let run = raw.tool_body(
         3,
         "caliban_run",
         json!({"prompt": "c", "cwd": "sub",
@@ -910,8 +732,8 @@ fn mcp_http_transport_rules() {
             text("your turn"),
         ]),
     );
-    let mut raw = Raw::start(&ws, &stub, &["--listen", "127.0.0.1:0"]);
-    let addr = raw.listen_addr();
+    let mut raw = start_raw(&ws, &stub, &["--listen", "127.0.0.1:0"]);
+    let addr = raw.listen_addr("caliban mcp serve");
     let sid = open_session(addr);
     let with = |extra: &[(&'static str, &'static str)]| {
         let mut h = vec![JSON_BODY, ACCEPT_BOTH];
@@ -1131,8 +953,8 @@ fn mcp_http_transport_rules() {
     }
     assert_eq!(post(addr, &headers, &ping).status, 404);
     // The run outlives the session, visible to stdio.
-    raw.initialize("2025-11-25", json!({}));
-    let status = raw.body(1, "caliban_status", json!({"run_id": run}));
+    raw.mcp_initialize("2025-11-25", json!({}), "raw");
+    let status = raw.tool_body(1, "caliban_status", json!({"run_id": run}));
     assert_eq!(status, json!({"status": {"state": "done"}}));
 }
 
@@ -1144,8 +966,8 @@ fn mcp_http_auth_gate_and_listen_checks() {
     let mut cmd = serve_command(&ws, &stub, &["--listen", "127.0.0.1:0"]);
     cmd.env("CALIBAN_DRIVE_TOKEN", "s3cret")
         .env("CALIBAN_TEST_LOOPBACK_IS_REMOTE", "1");
-    let mut raw = Raw::spawn(cmd);
-    let addr = raw.listen_addr();
+    let mut raw = Peer::spawn(cmd, RECV);
+    let addr = raw.listen_addr("caliban mcp serve");
     let resp = request(
         addr,
         "POST",
@@ -1176,7 +998,7 @@ fn mcp_http_auth_gate_and_listen_checks() {
     // With --listen, stdin EOF ends only the stdio session: HTTP keeps serving.
     std::thread::sleep(Duration::from_millis(200));
     assert!(
-        raw.child.try_wait().expect("try_wait").is_none(),
+        raw.child().try_wait().expect("try_wait").is_none(),
         "exited on EOF"
     );
     let resp = request(
@@ -1201,8 +1023,8 @@ fn mcp_http_initialize_floods_never_evict_live_sessions() {
     const MAX_SESSIONS: usize = 1024;
     let ws = Workspace::new("mcp-http-sessions");
     let stub = Stub::start(&ws, &script(vec![]));
-    let raw = Raw::start(&ws, &stub, &["--listen", "127.0.0.1:0"]);
-    let addr = raw.listen_addr();
+    let raw = start_raw(&ws, &stub, &["--listen", "127.0.0.1:0"]);
+    let addr = raw.listen_addr("caliban mcp serve");
     let sid = open_session(addr);
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
     let in_session = [JSON_BODY, ACCEPT_BOTH, ("mcp-session-id", sid.as_str())];
@@ -1259,7 +1081,7 @@ fn mcp_http_over_tls() {
     let stub = Stub::start(&ws, &script(vec![]));
     let cert = path_str(&fixture("server.pem"));
     let key = path_str(&fixture("server-key.pem"));
-    let raw = Raw::start(
+    let raw = start_raw(
         &ws,
         &stub,
         &[
@@ -1271,7 +1093,7 @@ fn mcp_http_over_tls() {
             &key,
         ],
     );
-    let addr = raw.listen_addr();
+    let addr = raw.listen_addr("caliban mcp serve");
     assert!(
         raw.stderr().contains("listening on https://"),
         "{}",
@@ -1326,29 +1148,27 @@ fn mcp_conformance_suite_matches_baseline() {
     let kit = kit();
     let ws = Workspace::new("mcp-conformance");
     let stub = Stub::start(&ws, &script(vec![]));
-    let mut raw = Raw::start(&ws, &stub, &["--listen", "127.0.0.1:0"]);
-    let addr = raw.listen_addr();
+    let mut raw = start_raw(&ws, &stub, &["--listen", "127.0.0.1:0"]);
+    let addr = raw.listen_addr("caliban mcp serve");
     let url = format!("http://{addr}/mcp");
     let baseline_path = manifest_dir().join("tests/conformance/baseline.yml");
     let results = ws.path("conformance-results");
-    let child = Command::new(kit.node())
-        .arg(kit.conformance())
-        .args(["server", "--url", &url, "--suite", "all"])
-        .arg("--expected-failures")
-        .arg(&baseline_path)
-        .arg("-o")
-        .arg(&results)
-        .current_dir(&kit.dir)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", ws.path("home"))
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the conformance suite");
-    let out = wait_output(child, CONFORMANCE_TIMEOUT);
+    let out = output_within(
+        Command::new(kit.node())
+            .arg(kit.conformance())
+            .args(["server", "--url", &url, "--suite", "all"])
+            .arg("--expected-failures")
+            .arg(&baseline_path)
+            .arg("-o")
+            .arg(&results)
+            .current_dir(&kit.dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", ws.path("home"))
+            .env("NO_COLOR", "1"),
+        "spawn the conformance suite",
+        CONFORMANCE_TIMEOUT,
+    );
     // Per-scenario lines: `✓ ping: 1 passed, 0 failed` / `✗ tools-call-image: 0 passed, …`.
     let mut passed = Vec::new();
     let mut failed = Vec::new();
@@ -1416,9 +1236,9 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
             json!({"faults": [{"status": 400}]}),
         ]),
     );
-    let mut raw = Raw::start(&ws, &stub, &[]);
-    raw.initialize("2025-06-18", json!({}));
-    let run = raw.body(
+    let mut raw = start_raw(&ws, &stub, &[]);
+    raw.mcp_initialize("2025-06-18", json!({}), "raw");
+    let run = raw.tool_body(
         1,
         "caliban_run",
         json!({"prompt": "one", "interactive": true}),
@@ -1429,8 +1249,8 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
     let mut id = 2;
     let mut cursor = 0;
     let mut events = Vec::new();
-    let mut wait_until = |raw: &mut Raw, done: &dyn Fn(&Value, &[Value]) -> bool| loop {
-        let body = raw.body(
+    let mut wait_until = |raw: &mut Peer, done: &dyn Fn(&Value, &[Value]) -> bool| loop {
+        let body = raw.tool_body(
             id,
             "caliban_poll",
             json!({"run_id": run, "cursor": cursor, "wait_ms": 5000}),
@@ -1450,7 +1270,7 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
             .count()
     };
     wait_until(&mut raw, &|s, _| s["state"] == "awaiting_input");
-    let sent = raw.body(
+    let sent = raw.tool_body(
         100,
         "caliban_send_input",
         json!({"run_id": run, "compact": true}),
@@ -1467,7 +1287,7 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
     assert_eq!(compaction["event"]["trigger"], "manual");
     assert_eq!(compaction["event"]["summary"], "THE-SUMMARY");
     assert_eq!(compaction["event"]["messages_summarized"], 2);
-    raw.body(
+    raw.tool_body(
         101,
         "caliban_send_input",
         json!({"run_id": run, "compact": true}),
@@ -1485,8 +1305,8 @@ fn mcp_images_on_run_and_send_input() {
     use crate::print::{PNG, image_block};
     let ws = Workspace::new("mcp-images");
     let stub = Stub::start(&ws, &script(vec![text("a red dot"), text("another")]));
-    let mut raw = Raw::start(&ws, &stub, &[]);
-    raw.initialize("2025-06-18", json!({}));
+    let mut raw = start_raw(&ws, &stub, &[]);
+    raw.mcp_initialize("2025-06-18", json!({}), "raw");
     let bad = raw.request(
         1,
         "tools/call",
@@ -1498,7 +1318,7 @@ fn mcp_images_on_run_and_send_input() {
             .contains("unsupported image type `image/tiff`"),
         "{bad}"
     );
-    let run = raw.body(
+    let run = raw.tool_body(
         2,
         "caliban_run",
         json!({"prompt": "what is this?", "interactive": true,
@@ -1508,7 +1328,7 @@ fn mcp_images_on_run_and_send_input() {
         .expect("run_id")
         .to_owned();
     for id in 3..40 {
-        let body = raw.body(
+        let body = raw.tool_body(
             id,
             "caliban_poll",
             json!({"run_id": run, "cursor": 0, "wait_ms": 2000}),
@@ -1517,7 +1337,7 @@ fn mcp_images_on_run_and_send_input() {
             break;
         }
     }
-    let sent = raw.body(
+    let sent = raw.tool_body(
         50,
         "caliban_send_input",
         json!({"run_id": run, "text": "and this?", "images": [image_block("image/jpeg", "/9j/4AAQ")]}),
@@ -1562,9 +1382,9 @@ fn mcp_serve_runs_call_configured_mcp_servers() {
         &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
     );
     let cfg = path_str(&ws.path("mcp.json"));
-    let mut raw = Raw::start(&ws, &stub, &["--mcp-config", &cfg, "--allow", "mcp__py__*"]);
-    raw.initialize("2025-11-25", json!({}));
-    let run = raw.body(
+    let mut raw = start_raw(&ws, &stub, &["--mcp-config", &cfg, "--allow", "mcp__py__*"]);
+    raw.mcp_initialize("2025-11-25", json!({}), "raw");
+    let run = raw.tool_body(
         1,
         "caliban_run",
         json!({"prompt": "echo", "mcp_servers": ["py"]}),

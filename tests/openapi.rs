@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Follow, Serve, request};
+use crate::http_util::{Follow, Serve, get, post_json, request};
 use crate::util::*;
 
 /// The venv's python with the validators (`tests/requirements-openapi.txt`).
@@ -69,16 +69,6 @@ impl Captured {
     }
 }
 
-fn post_json(addr: std::net::SocketAddr, path: &str, body: &Value) -> crate::http_util::Response {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
 fn wait_for_prompt(addr: std::net::SocketAddr, run: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -119,7 +109,7 @@ fn real_responses_validate_against_the_served_document() {
     };
     std::fs::create_dir_all(&cap.dir).expect("capture dir");
 
-    let served = request(addr, "GET", "/openapi.json", &[], b"");
+    let served = get(addr, "/openapi.json");
     assert_eq!(served.status, 200);
     let on_disk = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -131,7 +121,7 @@ fn real_responses_validate_against_the_served_document() {
         "GET /openapi.json serves the checked-in document"
     );
     cap.validate("GET /openapi.json", 200, &served.body, &[]);
-    let health = request(addr, "GET", "/healthz", &[], b"");
+    let health = get(addr, "/healthz");
     cap.validate("GET /healthz", 200, &health.body, &[]);
 
     // Errors of POST /runs.
@@ -169,11 +159,11 @@ fn real_responses_validate_against_the_served_document() {
         b"",
     );
     cap.validate("GET /runs/{id}/events", r.status, &r.body, &[]);
-    let r = request(addr, "GET", "/runs/run-999/events", &[], b"");
+    let r = get(addr, "/runs/run-999/events");
     cap.validate("GET /runs/{id}/events", r.status, &r.body, &[]);
-    let r = request(addr, "GET", &format!("/runs/{run}/status"), &[], b"");
+    let r = get(addr, &format!("/runs/{run}/status"));
     cap.validate("GET /runs/{id}/status", r.status, &r.body, &[]);
-    let r = request(addr, "GET", "/runs/run-999/status", &[], b"");
+    let r = get(addr, "/runs/run-999/status");
     cap.validate("GET /runs/{id}/status", r.status, &r.body, &[]);
     let r = post_json(
         addr,
@@ -234,13 +224,13 @@ fn real_responses_validate_against_the_served_document() {
     cap.validate("POST /runs/{id}/cancel", r.status, &r.body, &[]);
     let r = post_json(addr, &format!("/runs/{run}/input"), &json!({"end": true}));
     cap.validate("POST /runs/{id}/input", r.status, &r.body, &[]);
-    let runs = request(addr, "GET", "/runs", &[], b"");
+    let runs = get(addr, "/runs");
     cap.validate("GET /runs", runs.status, &runs.body, &[]);
     let r = request(addr, "DELETE", &format!("/runs/{second}"), &[], b"");
     cap.validate("DELETE /runs/{id}", r.status, &r.body, &[]);
     let r = request(addr, "DELETE", &format!("/runs/{second}"), &[], b"");
     cap.validate("DELETE /runs/{id}", r.status, &r.body, &[]);
-    let metrics = request(addr, "GET", "/metrics", &[], b"");
+    let metrics = get(addr, "/metrics");
     cap.validate("GET /metrics", metrics.status, &metrics.body, &[]);
 
     // 401 from a remote peer (the test seam classifies loopback as remote).
@@ -288,7 +278,7 @@ fn generated_requests_agree_with_the_document() {
     let run = run["run_id"].as_str().expect("run_id").to_owned();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let status = request(addr, "GET", &format!("/runs/{run}/status"), &[], b"");
+        let status = get(addr, &format!("/runs/{run}/status"));
         let body: Value = serde_json::from_slice(&status.body).expect("status json");
         if body["status"]["state"] == "done" {
             break;
@@ -302,14 +292,8 @@ fn generated_requests_agree_with_the_document() {
         "/tests/openapi_props.py"
     ))
     .args(["--base", &format!("http://{addr}"), "--run", &run])
-    .args(["--seed", "20261201", "--cases", "20"])
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let out = wait_output(
-        cmd.spawn().expect("run openapi_props.py"),
-        Duration::from_secs(120),
-    );
+    .args(["--seed", "20261201", "--cases", "20"]);
+    let out = output_within(&mut cmd, "run openapi_props.py", Duration::from_secs(120));
     assert!(
         out.code == Some(0) && out.stdout.starts_with("ok:"),
         "the document and the server disagree:\n{}{}",

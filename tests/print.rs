@@ -55,10 +55,7 @@ fn text_only_turn_prints_the_answer() {
         &ws,
         &json!({"turns": [text_turn("Hello from the stub model.")]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "say hello"]);
-    let out = run(cmd, "");
+    let out = run_stub(&ws, &stub, &["-p", "say hello"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "Hello from the stub model.\n");
     let reqs = stub.requests();
@@ -73,10 +70,7 @@ fn text_only_turn_prints_the_answer() {
 fn json_output_is_one_result_object() {
     let ws = Workspace::new("json");
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("forty-two")]}));
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "answer"]);
-    let out = run(cmd, "");
+    let out = run_stub(&ws, &stub, &["-p", "--output-format", "json", "answer"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
     assert_eq!(frames.len(), 1, "{out:?}");
@@ -101,10 +95,12 @@ fn stream_json_frames_in_order() {
             text_turn("The file has two lines."),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "read notes.txt"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "stream-json", "read notes.txt"],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
     let kinds: Vec<String> = frames
@@ -162,16 +158,18 @@ fn partial_messages_stream_deltas() {
         &ws,
         &json!({"turns": [{"thinking": "Let me think.", "text": "one two three four five six"}]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--include-partial-messages",
-        "count",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--include-partial-messages",
+            "count",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
     let deltas: String = frames
@@ -204,19 +202,21 @@ fn read_edit_bash_tools_work_on_the_workspace() {
             text_turn("Fixed: the answer is now 42."),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--allow",
-        "Edit",
-        "--allow",
-        "Bash(cat:*)",
-        "--allow",
-        "Bash(echo:*)",
-        "fix the answer",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--allow",
+            "Edit",
+            "--allow",
+            "Bash(cat:*)",
+            "--allow",
+            "Bash(echo:*)",
+            "fix the answer",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "Fixed: the answer is now 42.\n");
     assert_eq!(ws.read("src/lib.txt"), "fn answer() -> u32 { 42 }\n");
@@ -248,17 +248,19 @@ fn parallel_tool_calls_are_answered_in_order() {
             text_turn("done"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--allow",
-        "Bash",
-        "go",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--allow",
+            "Bash",
+            "go",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let reqs = stub.requests();
     let last_user = reqs[1]["body"]["messages"]
@@ -303,10 +305,12 @@ fn ask_in_print_mode_is_denied_with_a_hint() {
             text_turn("I could not run it."),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "make a file"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "stream-json", "make a file"],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(!marker.exists(), "a denied command ran");
     let frames = out.frames();
@@ -332,10 +336,12 @@ fn deny_rule_beats_allow() {
             text_turn("ok"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--allow", "Bash", "--deny", "Bash(rm:*)", "clean"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--allow", "Bash", "--deny", "Bash(rm:*)", "clean"],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let results = tool_results_sent(&stub);
     assert_eq!(results[0]["is_error"], true, "{results:?}");
@@ -390,10 +396,12 @@ fn retries_after_529_with_retry_after() {
         &ws,
         &json!({"turns": [{"text": "made it", "faults": [{"status": 529, "retry_after": "1"}]}]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "try"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "stream-json", "try"],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
     let retry = frames
@@ -414,10 +422,7 @@ fn non_retryable_status_fails_clearly() {
         &ws,
         &json!({"turns": [{"text": "x", "faults": [{"status": 401}]}]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "hi"]);
-    let out = run(cmd, "");
+    let out = run_stub(&ws, &stub, &["-p", "--output-format", "json", "hi"], "");
     assert_eq!(out.code, Some(1), "{out:?}");
     let r = out.result();
     assert_eq!(r["subtype"], "error");
@@ -432,16 +437,18 @@ fn stream_dropped_mid_turn_fails_without_hanging() {
         &ws,
         &json!({"turns": [{"text": "this answer will be cut off somewhere in the middle", "faults": [{"drop_after_events": 5}]}]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--include-partial-messages",
-        "hi",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--include-partial-messages",
+            "hi",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(1), "{out:?}");
     let r = out.result();
     assert_eq!(r["subtype"], "error");
@@ -460,17 +467,19 @@ fn stalled_stream_hits_the_idle_timeout() {
         &ws,
         &json!({"turns": [{"text": "words words words words words", "faults": [{"stall_after_events": 5}]}]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "json",
-        "--idle-timeout",
-        "0.5",
-        "hi",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "json",
+            "--idle-timeout",
+            "0.5",
+            "hi",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(
         out.result()["error"].as_str().unwrap().contains("idle"),
@@ -487,10 +496,12 @@ fn max_turns_stops_the_run() {
         &ws,
         &json!({"turns": [tool_turn(read.clone()), tool_turn(read.clone()), tool_turn(read), text_turn("never")]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "--max-turns", "2", "loop"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "json", "--max-turns", "2", "loop"],
+        "",
+    );
     assert_eq!(out.code, Some(75), "{out:?}");
     let r = out.result();
     assert_eq!(r["subtype"], "max_turns");
@@ -505,15 +516,17 @@ fn stream_json_input_continues_the_conversation() {
         &ws,
         &json!({"turns": [text_turn("first answer"), text_turn("second answer")]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "stream-json",
-    ]);
+    let cmd = caliban_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ],
+    );
     let input = "{\"type\":\"user\",\"content\":\"one\"}\n{\"type\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"two\"}]}\n";
     let out = run(cmd, input);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -528,16 +541,18 @@ fn stream_json_input_continues_the_conversation() {
 fn malformed_stream_json_input_exits_64() {
     let ws = Workspace::new("badinput");
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "json",
-    ]);
-    let out = run(cmd, "{\"type\":\"user\",\"message\":{}}\n");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "json",
+        ],
+        "{\"type\":\"user\",\"message\":{}}\n",
+    );
     assert_eq!(out.code, Some(64), "{out:?}");
     assert_eq!(out.result()["subtype"], "error");
 }
@@ -553,10 +568,12 @@ fn sigterm_cancels_and_kills_the_bash_group() {
             text_turn("never"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "--allow", "Bash", "sleep"])
-        .stdin(std::process::Stdio::null())
+    let mut cmd = caliban_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "json", "--allow", "Bash", "sleep"],
+    );
+    cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().expect("spawn");
@@ -593,10 +610,7 @@ fn bash_timeout_kills_the_command() {
             text_turn("timed out"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--allow", "Bash", "wait"]);
-    let out = run(cmd, "");
+    let out = run_stub(&ws, &stub, &["-p", "--allow", "Bash", "wait"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let results = tool_results_sent(&stub);
     assert_eq!(results[0]["is_error"], true);
@@ -613,18 +627,20 @@ fn stream_json_input_from_a_regular_file() {
     let ws = Workspace::new("filestdin");
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("from a file")]}));
     ws.write("input.jsonl", "{\"type\":\"user\",\"content\":\"hi\"}\n");
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "json",
-    ])
-    .stdin(std::fs::File::open(ws.path("input.jsonl")).expect("open input"))
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
+    let mut cmd = caliban_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "json",
+        ],
+    );
+    cmd.stdin(std::fs::File::open(ws.path("input.jsonl")).expect("open input"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let out = wait_output(cmd.spawn().expect("spawn"), RUN_TIMEOUT);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.result()["result"], "from a file");
@@ -644,10 +660,7 @@ fn project_settings_rules_apply() {
             text_turn("ok"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "echo"]);
-    let out = run(cmd, "");
+    let out = run_stub(&ws, &stub, &["-p", "echo"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let results = tool_results_sent(&stub);
     assert!(
@@ -715,16 +728,18 @@ fn connection_refused_is_retried_then_fails_clearly() {
 fn stream_json_input_with_no_message_exits_66() {
     let ws = Workspace::new("nomsg");
     let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "json",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "json",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(66), "{out:?}");
     assert!(stub.requests().is_empty());
 }
@@ -741,20 +756,22 @@ fn a_stalled_stdout_reader_does_not_block_tools_or_sigterm() {
             text_turn("never"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--include-partial-messages",
-        "--allow",
-        "Bash",
-        "go",
-    ])
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::null());
+    let mut cmd = caliban_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--include-partial-messages",
+            "--allow",
+            "Bash",
+            "go",
+        ],
+    );
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
     // stdout is piped and never read: far more than a pipe buffer of deltas piles up.
     let mut child = cmd.spawn().expect("spawn");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -889,17 +906,18 @@ fn accept_edits_cannot_reach_git_config_or_caliban_settings() {
                 text_turn("done"),
             ]}),
         );
-        let mut cmd = caliban(&ws);
-        anthropic(&mut cmd, &stub);
-        cmd.args([
-            "-p",
-            "--output-format",
-            "json",
-            "--allow",
-            "Bash(git status:*)",
-        ])
-        .args(mode_args)
-        .arg("configure the repo");
+        let mut cmd = caliban_stub(
+            &ws,
+            &stub,
+            &[
+                "-p",
+                "--output-format",
+                "json",
+                "--allow",
+                "Bash(git status:*)",
+            ],
+        );
+        cmd.args(mode_args).arg("configure the repo");
         let out = run(cmd, "");
         assert_eq!(out.code, Some(0), "{mode_args:?}: {out:?}");
         assert_eq!(
@@ -944,10 +962,12 @@ fn a_setsid_child_does_not_outlive_its_call() {
             text_turn("done"),
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "--allow", "Bash", "go"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "json", "--allow", "Bash", "go"],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let results = tool_results_sent(&stub);
     assert!(
@@ -977,9 +997,11 @@ fn keep_alives_do_not_hold_a_stream_open() {
         &ws,
         &json!({"turns": [{"text": "words words words words words", "faults": [{"ping_after_events": 4}]}]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "json", "--idle-timeout", "1", "hi"]);
+    let cmd = caliban_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "json", "--idle-timeout", "1", "hi"],
+    );
     let out = run_within(cmd, deadline);
     assert_eq!(out.code, Some(1), "{out:?}");
     let error = out.result()["error"].as_str().unwrap().to_owned();
@@ -1083,15 +1105,17 @@ fn stream_json_compacts_twice_in_one_run_and_finishes() {
             {"text": "done"},
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--output-format",
-        "stream-json",
-        "read the four files",
-    ]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--output-format",
+            "stream-json",
+            "read the four files",
+        ],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.result()["result"], "done");
     let boundaries: Vec<Value> = out
@@ -1142,15 +1166,17 @@ fn stream_json_control_compact_and_its_failure() {
             {"faults": [{"status": 400}]},
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args([
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "stream-json",
-    ]);
+    let cmd = caliban_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+        ],
+    );
     let compact = r#"{"type":"control","subtype":"compact"}"#;
     let input = format!(
         "{{\"type\":\"user\",\"content\":\"one\"}}\n{compact}\n{{\"type\":\"user\",\"content\":\"two\"}}\n{{\"type\":\"user\",\"content\":\"three\"}}\n{compact}\n"
@@ -1280,15 +1306,17 @@ fn stream_json_refuses_images_it_cannot_send() {
             "image too large",
         ),
     ] {
-        let mut cmd = caliban(&ws);
-        anthropic(&mut cmd, &stub);
-        cmd.args([
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "stream-json",
-        ]);
+        let cmd = caliban_stub(
+            &ws,
+            &stub,
+            &[
+                "-p",
+                "--input-format",
+                "stream-json",
+                "--output-format",
+                "stream-json",
+            ],
+        );
         let line = json!({"type": "user", "content": [block]});
         let out = run(cmd, &format!("{line}\n"));
         assert_eq!(out.code, Some(64), "{out:?}");
@@ -1316,10 +1344,12 @@ fn prompt_too_long_compacts_and_sends_again() {
             {"text": "done"},
         ]}),
     );
-    let mut cmd = caliban(&ws);
-    anthropic(&mut cmd, &stub);
-    cmd.args(["-p", "--output-format", "stream-json", "read a.txt"]);
-    let out = run(cmd, "");
+    let out = run_stub(
+        &ws,
+        &stub,
+        &["-p", "--output-format", "stream-json", "read a.txt"],
+        "",
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.result()["result"], "done");
     let boundary = out

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::http_serve::{
-    all_events, post_json, session_file, start_run, tool_end, wait_prompt, wait_terminal,
+    all_events, session_file, start_run, tool_end, wait_prompt, wait_terminal,
 };
 use crate::http_util::*;
 use crate::util::*;

@@ -15,6 +15,7 @@ mod mcp;
 mod mcp_client;
 mod openapi;
 mod print;
+mod rpc;
 mod sandbox;
 mod tls;
 mod tool_results;

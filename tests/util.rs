@@ -7,9 +7,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -215,6 +215,19 @@ pub fn openai(cmd: &mut Command, stub: &Stub) {
     cmd.env("OPENAI_BASE_URL", format!("{}/v1", stub.url));
 }
 
+/// `caliban ARGS` in the sanitised environment of `caliban`, on the stub's Anthropic wire.
+pub fn caliban_stub(ws: &Workspace, stub: &Stub, args: &[&str]) -> Command {
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, stub);
+    cmd.args(args);
+    cmd
+}
+
+/// Runs `caliban ARGS` on the stub's Anthropic wire to completion, with `stdin` as input.
+pub fn run_stub(ws: &Workspace, stub: &Stub, args: &[&str], stdin: &str) -> Output {
+    run(caliban_stub(ws, stub, args), stdin)
+}
+
 /// Runs to completion with `stdin` as input, killing the child at the deadline.
 pub fn run(mut cmd: Command, stdin: &str) -> Output {
     cmd.stdin(Stdio::piped())
@@ -227,6 +240,18 @@ pub fn run(mut cmd: Command, stdin: &str) -> Output {
         let _ = input.write_all(data.as_bytes());
     });
     wait_output(child, RUN_TIMEOUT)
+}
+
+/// Runs `cmd` with no stdin to completion, output captured, killed at `timeout`; `what`
+/// says what is missing when it cannot start.
+pub fn output_within(cmd: &mut Command, what: &str, timeout: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    wait_output(child, timeout)
 }
 
 pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
@@ -266,6 +291,84 @@ pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
         "caliban did not finish within {timeout:?}: {out:?}"
     );
     out
+}
+
+/// A child's stderr, collected line by line on a thread, so a failing test can show it.
+#[derive(Clone, Default)]
+pub struct StderrLog(Arc<Mutex<String>>);
+
+impl StderrLog {
+    /// Starts the reader. With a `banner`, the rest of each line that holds the banner's text
+    /// (trimmed) is also sent on its channel: how a server's start-up line is awaited.
+    pub fn start(
+        stderr: ChildStderr,
+        banner: Option<(&'static str, mpsc::Sender<String>)>,
+    ) -> StderrLog {
+        let log = StderrLog::default();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if let Some((text, tx)) = &banner
+                    && let Some(at) = line.find(text)
+                {
+                    let _ = tx.send(line[at + text.len()..].trim().to_owned());
+                }
+                sink.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_str(&line);
+                line.clear();
+            }
+        });
+        log
+    }
+
+    /// Everything read so far.
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Waits at most `timeout` for `child` to exit: its status, or None if it still runs.
+pub fn wait_for_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls a run's event pages until the run is done or failed: `page(cursor)` fetches one
+/// page (`{events: [{event}], next_cursor, status}`, as HTTP and MCP's `caliban_poll` give
+/// it); at most `polls` pages. Every event, unwrapped from its envelope.
+pub fn events_until_done(
+    run: &str,
+    polls: usize,
+    mut page: impl FnMut(u64) -> Value,
+) -> Vec<Value> {
+    let (mut events, mut cursor) = (Vec::new(), 0);
+    for _ in 0..polls {
+        let body = page(cursor);
+        events.extend(
+            body["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| e["event"].clone()),
+        );
+        cursor = body["next_cursor"].as_u64().expect("next_cursor");
+        if matches!(body["status"]["state"].as_str(), Some("done" | "failed")) {
+            return events;
+        }
+    }
+    panic!("{run} never finished");
 }
 
 /// Whether any process on the machine has `marker` in its command line.
