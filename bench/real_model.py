@@ -343,6 +343,31 @@ def check_overflow(ctx, wire):
     return code == 1 and r.get("subtype") == "error" and "context" in error, detail
 
 
+def check_compact(ctx, wire):
+    """Compaction through the real server: with `context_window` set small in the user's
+    settings, a conversation of short exchanges (stream-json input) outgrows it, the run asks
+    llama-server for a summary, and carries on from it to a success result."""
+    ws = ctx.workspace(f"compact-{wire}")
+    settings = ws / ".home" / ".config" / "caliban"
+    settings.mkdir(parents=True)
+    (settings / "settings.json").write_text('{"context_window": 300}')
+    c = Caliban(ctx.binary, print_args(wire, "smollm2", 128, ["--input-format", "stream-json"]),
+                wire_env(ctx.smol, wire), ws, stdin=subprocess.PIPE)
+    for _ in range(6):
+        line = {"type": "user", "content": "Say hello in one short sentence."}
+        c.proc.stdin.write((json.dumps(line) + "\n").encode())
+    c.proc.stdin.close()
+    code, wall = c.finish(RUN_TIMEOUT)
+    r = c.result()
+    boundaries = [f.get("compact_metadata", {}) for f in c.frames("system")
+                  if f.get("subtype") == "compact_boundary"]
+    detail = (f"exit {code} after {wall:.1f} s, {r.get('subtype')}, {r.get('num_turns')} turns, "
+              f"{len(boundaries)} compaction(s), first {json.dumps(boundaries[:1])}")
+    if code != 0:
+        detail += f"; result {json.dumps(r)[:300]}"
+    return code == 0 and r.get("subtype") == "success" and boundaries, detail
+
+
 def check_tool(ctx, wire):
     """A real streamed tool call: Qwen asks for Read, caliban runs it and sends the result
     back in a second request."""
@@ -474,6 +499,7 @@ CHECKS = [
     ("text", check_text, "smol"),
     ("cancel", check_cancel, "smol"),
     ("overflow", check_overflow, "smol"),
+    ("compact", check_compact, "smol"),
     ("http-serve", check_http_serve, "smol"),
     ("acp-serve", check_acp, "smol"),
     ("tool", check_tool, "qwen"),
