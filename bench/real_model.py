@@ -346,12 +346,15 @@ def check_overflow(ctx, wire):
 def check_compact(ctx, wire):
     """Compaction through the real server: with `context_window` set small in the user's
     settings, a conversation of short exchanges (stream-json input) outgrows it, the run asks
-    llama-server for a summary, and carries on from it to a success result."""
+    llama-server for a summary, and carries on from it."""
     ws = ctx.workspace(f"compact-{wire}")
     settings = ws / ".home" / ".config" / "caliban"
     settings.mkdir(parents=True)
     (settings / "settings.json").write_text('{"context_window": 300}')
-    c = Caliban(ctx.binary, print_args(wire, "smollm2", 128, ["--input-format", "stream-json"]),
+    # A max_tokens stop ends a stream-json session, and sampled SmolLM2 now and then rambles
+    # past 128 tokens even here; 400 leaves it room (the compaction room stays a quarter of
+    # the window either way).
+    c = Caliban(ctx.binary, print_args(wire, "smollm2", 400, ["--input-format", "stream-json"]),
                 wire_env(ctx.smol, wire), ws, stdin=subprocess.PIPE)
     for _ in range(6):
         line = {"type": "user", "content": "Say hello in one short sentence."}
@@ -365,7 +368,13 @@ def check_compact(ctx, wire):
               f"{len(boundaries)} compaction(s), first {json.dumps(boundaries[:1])}")
     if code != 0:
         detail += f"; result {json.dumps(r)[:300]}"
-    return code == 0 and r.get("subtype") == "success" and boundaries, detail
+    # Protocol facts only: a summary came back and a model turn streamed after it. Whether
+    # SmolLM2 then ends its answer before max_tokens (exit 2, which ends the session) is
+    # the model's business.
+    frames = c.frames()
+    first_boundary = next((i for i, f in enumerate(frames) if f.get("subtype") == "compact_boundary"), None)
+    answered_after = first_boundary is not None and any(is_text_delta(f) for f in frames[first_boundary:])
+    return (answered_after and (code, r.get("subtype")) in ((0, "success"), (2, "max_tokens"))), detail
 
 
 def check_tool(ctx, wire):
