@@ -23,7 +23,9 @@ facts (a streamed answer, usage, exit codes, a Read round trip), never the model
                                 [--only CHECK[,CHECK…]] [--wires openai,anthropic]
                                 [--keep-logs]
 
---binary defaults to target/release/caliban when it exists, else target/debug/caliban.
+--binary defaults to the first that exists of the static release build
+(target/x86_64-unknown-linux-gnu/release/caliban), target/release/caliban and
+target/debug/caliban.
 Exit status 0 when every check passed.
 """
 
@@ -155,7 +157,6 @@ class LlamaServer:
         else:
             raise RuntimeError("llama-server not healthy after 120 s")
         self.ready_s = time.monotonic() - start
-        self.gguf = Path(gguf)
 
     @property
     def base(self):
@@ -256,8 +257,8 @@ def wire_env(server, wire):
 
 
 def is_text_delta(frame):
-    return isinstance(frame, dict) and frame.get("type") in ("text", "stream_event", "partial") and (
-        frame.get("text") or frame.get("delta"))
+    """Print mode's `--include-partial-messages` text frame: `{"type":"text","delta":…}`."""
+    return isinstance(frame, dict) and frame.get("type") == "text" and bool(frame.get("delta"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -527,7 +528,9 @@ def main():
                     help="llama-server threads (1 is faster when other jobs load the cores)")
     args = ap.parse_args()
     binary = args.binary or next(
-        (p for p in (REPO / "target/release/caliban", REPO / "target/debug/caliban") if p.exists()), None)
+        (p for p in (REPO / "target/x86_64-unknown-linux-gnu/release/caliban",
+                   REPO / "target/release/caliban", REPO / "target/debug/caliban")
+         if p.exists()), None)
     if binary is None:
         sys.exit("no caliban binary: cargo build first, or pass --binary")
     only = set(args.only.split(",")) if args.only else {n for n, _, _ in CHECKS}
