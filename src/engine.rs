@@ -1495,6 +1495,16 @@ impl<K: HostKey> Engine<K> {
                 return;
             }
         }
+        if err.is_image_refusal()
+            && let Some(slot) = self.runs.get_mut(&run)
+            && slot.run.drop_images()
+        {
+            // A text-only model: the pictures become lines and the turn goes again at once.
+            let message = format!("{message}; sending it again without its images");
+            let category = retry::category_for(status, Some(err.kind.as_str()));
+            self.schedule_retry(run, Duration::ZERO, Some(status), category, message);
+            return;
+        }
         let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
         match decision {
             RetryDecision::Retry(delay) if can_retry => {

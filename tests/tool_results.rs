@@ -279,3 +279,39 @@ fn tool_results_acp_cards_show_the_picture_read_here_not_in_the_editor() {
         anthropic_image("image/png", "iVBORw0KGgowMTIz")
     );
 }
+
+#[test]
+fn tool_results_a_text_only_server_gets_the_turn_again_without_its_images() {
+    let ws = Workspace::new("results-text-only");
+    std::fs::write(ws.path("shot.png"), b"\x89PNG\r\n\x1a\n0123").unwrap();
+    // llama.cpp's `llama-server` with a model that has no vision part answers so (a 500).
+    let refusal = json!({"error": {"code": 500, "type": "server_error",
+        "message": "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"}});
+    let mut answer = done();
+    answer["faults"] = json!([{"status": 500, "body": refusal.to_string()}]);
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            calls(json!([{"id": "r1", "name": "Read", "input": {"path": "shot.png"}}])),
+            answer,
+        ]}),
+    );
+    print_run(&ws, &stub, "openai", &[]);
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    let has_image = |request: &Value| request["body"].to_string().contains("image_url");
+    assert!(has_image(&requests[1]), "the picture was offered first");
+    assert!(!has_image(&requests[2]), "{}", requests[2]["body"]);
+    let messages = last_messages(&stub);
+    let tool = messages
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool message");
+    assert!(
+        tool["content"]
+            .as_str()
+            .unwrap()
+            .contains("[an image (image/png) was left out: the model server does not take images]"),
+        "{tool}"
+    );
+}

@@ -981,6 +981,30 @@ impl Run {
             .unwrap_or_default()
     }
 
+    /// The model server takes no images: every picture in the conversation becomes a line
+    /// saying so, and the turn may be sent again. False when there was none to leave out (so
+    /// a server that keeps refusing is not asked again for that reason), or when the turn
+    /// has shown output.
+    pub fn drop_images(&mut self) -> bool {
+        if !self.can_retry_turn() {
+            return false;
+        }
+        let mut dropped = 0;
+        for message in &mut self.messages {
+            message.content = swap_images(&message.content, &mut |block| {
+                dropped += 1;
+                let kind = match block {
+                    ContentBlock::Image { media_type, .. } => media_type.as_str(),
+                    _ => "",
+                };
+                ContentBlock::text(format!(
+                    "[an image ({kind}) was left out: the model server does not take images]"
+                ))
+            });
+        }
+        dropped > 0
+    }
+
     /// The model request failed for good (retries exhausted, or output already shown).
     pub fn on_model_failed(&mut self, condition: StopCondition) -> Vec<Effect> {
         if self.is_done() {

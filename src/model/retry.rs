@@ -56,6 +56,32 @@ impl ProviderError {
     }
 }
 
+impl ProviderError {
+    /// The server takes no images (a text-only model behind an OpenAI-compatible server:
+    /// llama.cpp's "image input is not supported", OpenAI's "image_url is only supported by
+    /// certain models", vLLM's "not a multimodal model"): the run may send its conversation
+    /// again with the pictures left out (`Run::drop_images`). Some servers say it with a 500.
+    pub fn is_image_refusal(&self) -> bool {
+        if !matches!(self.status, 400 | 415 | 422 | 500) {
+            return false;
+        }
+        let message = self.message.to_ascii_lowercase();
+        let names_images = ["image", "multimodal", "vision"]
+            .iter()
+            .any(|needle| message.contains(needle));
+        let refuses = [
+            "not supported",
+            "unsupported",
+            "only supported",
+            "does not support",
+            "not a multimodal",
+        ]
+        .iter()
+        .any(|needle| message.contains(needle));
+        names_images && refuses
+    }
+}
+
 /// Largest slice of a non-JSON error body we keep. Proxies answer with whole HTML pages, and
 /// the message ends up in a terminal line and in session logs.
 pub const MAX_RAW_ERROR_BODY: usize = 2048;
@@ -228,6 +254,31 @@ fn server_delay(header: &dyn Fn(&str) -> Option<String>) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn image_refusals_are_recognised_by_wording() {
+        let err = |status, message: &str| ProviderError {
+            status,
+            kind: String::new(),
+            message: message.into(),
+        };
+        for (status, message) in [
+            (
+                500,
+                "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj",
+            ),
+            (
+                400,
+                "Invalid content type. image_url is only supported by certain models.",
+            ),
+            (400, "Qwen2ForCausalLM is not a multimodal model"),
+        ] {
+            assert!(err(status, message).is_image_refusal(), "{message}");
+        }
+        assert!(!err(500, "internal error").is_image_refusal());
+        assert!(!err(429, "image input is not supported").is_image_refusal());
+        assert!(!err(400, "prompt is too long").is_image_refusal());
+    }
 
     #[test]
     fn context_overflow_is_recognised_by_status_and_wording() {
