@@ -1149,6 +1149,37 @@ mod tests {
     }
 
     #[test]
+    fn images_are_dropped_once_and_only_before_output() {
+        let mut r = run();
+        let now = Instant::now();
+        let png = ContentBlock::image("image/png", "iVBORw0KGgo=").unwrap();
+        r.send_user(vec![ContentBlock::text("look"), png], now);
+        assert!(r.drop_images());
+        assert_eq!(
+            r.model_request().messages[0].content[1],
+            ContentBlock::text(
+                "[an image (image/png) was left out: the model server does not take images]"
+            )
+        );
+        // Nothing left to leave out: a server that still refuses fails the run as before.
+        assert!(!r.drop_images());
+        let mut shown = run();
+        let png = ContentBlock::image("image/png", "iVBORw0KGgo=").unwrap();
+        shown.send_user(vec![png], now);
+        shown.on_model_event(
+            ModelEvent::TextDelta {
+                index: 0,
+                text: "seen".into(),
+            },
+            now,
+        );
+        assert!(
+            !shown.drop_images(),
+            "a turn that showed output is not sent again"
+        );
+    }
+
+    #[test]
     fn turn_start_waits_for_content_so_retries_are_invisible() {
         let mut r = run();
         let now = Instant::now();
