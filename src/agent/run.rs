@@ -991,15 +991,14 @@ impl Run {
         }
         let mut dropped = 0;
         for message in &mut self.messages {
-            message.content = swap_images(&message.content, &mut |block| {
-                dropped += 1;
-                let kind = match block {
-                    ContentBlock::Image { media_type, .. } => media_type.as_str(),
-                    _ => "",
-                };
-                ContentBlock::text(format!(
-                    "[an image ({kind}) was left out: the model server does not take images]"
-                ))
+            message.content = swap_images(&message.content, &mut |block| match block {
+                ContentBlock::Image { media_type, .. } => {
+                    dropped += 1;
+                    ContentBlock::text(format!(
+                        "[an image ({media_type}) was left out: the model server does not take images]"
+                    ))
+                }
+                other => other.clone(),
             });
         }
         dropped > 0
