@@ -413,8 +413,17 @@ impl Connection {
     }
 
     /// Queues one chunk of a streamed response (nothing for empty `data`, whose chunk would
-    /// end the body). Always queues: pace with `wants_more_stream` and `Writable`.
+    /// end the body) and offers it to the socket. Always queues: pace with
+    /// `wants_more_stream` and `Writable`.
     pub fn stream_chunk(&mut self, data: &[u8]) {
+        self.hold_stream_chunk(data);
+        self.flush_stream();
+    }
+
+    /// `stream_chunk` without the write: an owner with several chunks for one connection
+    /// holds them and sends them with one `flush_stream` (or `end_stream`), one `send`
+    /// instead of one per chunk.
+    pub fn hold_stream_chunk(&mut self, data: &[u8]) {
         let Phase::Streaming { exchange, chunked } = self.phase else {
             return;
         };
@@ -428,7 +437,13 @@ impl Connection {
         } else {
             self.outbuf.extend_from_slice(data);
         }
-        self.flush_after_queue();
+    }
+
+    /// Offers held stream chunks to the socket.
+    pub fn flush_stream(&mut self) {
+        if self.is_streaming() {
+            self.flush_after_queue();
+        }
     }
 
     /// Ends a streamed response; the next request may then proceed (see `next_request`).
