@@ -1,8 +1,18 @@
 //! Words for what a client sent: capping text to a number of characters without splitting
-//! one, and naming the kind of a JSON value in an error message.
+//! one, naming the kind of a JSON value in an error message, and reading bytes as text.
 //!
 //! Caps counted in bytes need no helper: `str::floor_char_boundary` (keep the head) and
 //! `str::ceil_char_boundary` (keep the tail) give the cut.
+
+/// `bytes` as text with invalid sequences replaced, as `String::from_utf8_lossy` gives it;
+/// valid bytes (nearly all a stream carries) are checked by `str::from_utf8`, whose ASCII
+/// path reads a word at a time where the lossy scan reads a byte.
+pub(crate) fn lossy(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.into(),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
+}
 
 /// `text` split after its first `max_chars` characters into what is kept and what is
 /// dropped, or `None` when it has no more than `max_chars`.
@@ -38,6 +48,13 @@ mod tests {
 
     /// One character of each UTF-8 width, twice.
     const MIXED: &str = "aé€😀aé€😀";
+
+    #[test]
+    fn lossy_is_from_utf8_lossy() {
+        for bytes in [&b"plain"[..], "é🦀".as_bytes(), b"a\xffb\xe2\x82", b""] {
+            assert_eq!(lossy(bytes), String::from_utf8_lossy(bytes));
+        }
+    }
 
     #[test]
     fn cut_chars_at_every_split_point() {

@@ -2,6 +2,7 @@
 //! (`reference/upstream-caliban.md` §6.1): internally tagged by PascalCase `type`, snake_case
 //! fields, `Duration` as `{"secs","nanos"}`, `StopCondition` externally tagged.
 
+use std::io::{self, Write};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -143,6 +144,56 @@ impl TurnEvent {
         }
     }
 
+    /// A streamed delta (text, thinking, tool input): nearly every event of a stream, and
+    /// flat (its JSON nests one level).
+    pub fn is_delta(&self) -> bool {
+        matches!(
+            self,
+            TurnEvent::AssistantTextDelta { .. }
+                | TurnEvent::AssistantThinkingDelta { .. }
+                | TurnEvent::ToolCallInputDelta { .. }
+        )
+    }
+
+    /// Writes `to_json`'s JSON into `out`, byte for byte (keys in the same sorted order).
+    /// Deltas are written field by field: building a `Value` tree for each was most of the
+    /// cost of recording a stream.
+    pub fn write_json(&self, out: &mut Vec<u8>) -> io::Result<()> {
+        let ty = self.type_name();
+        match self {
+            TurnEvent::AssistantTextDelta {
+                turn_index,
+                content_block_index,
+                text,
+            }
+            | TurnEvent::AssistantThinkingDelta {
+                turn_index,
+                content_block_index,
+                text,
+            } => {
+                write!(
+                    out,
+                    "{{\"content_block_index\":{content_block_index},\"text\":"
+                )?;
+                serde_json::to_writer(&mut *out, text)?;
+                write!(out, ",\"turn_index\":{turn_index},\"type\":\"{ty}\"}}")?;
+            }
+            TurnEvent::ToolCallInputDelta {
+                turn_index,
+                tool_use_id,
+                partial_json,
+            } => {
+                out.extend_from_slice(b"{\"partial_json\":");
+                serde_json::to_writer(&mut *out, partial_json)?;
+                out.extend_from_slice(b",\"tool_use_id\":");
+                serde_json::to_writer(&mut *out, tool_use_id)?;
+                write!(out, ",\"turn_index\":{turn_index},\"type\":\"{ty}\"}}")?;
+            }
+            _ => serde_json::to_writer(&mut *out, &self.to_json())?,
+        }
+        Ok(())
+    }
+
     pub fn to_json(&self) -> Value {
         let ty = self.type_name();
         match self {
@@ -260,6 +311,47 @@ pub fn result_text(content: &[ContentBlock]) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deltas_are_written_as_to_json_serialises_them() {
+        let awkward = "quote \" backslash \\ newline \n tab \t nul \u{0} é 🦀 \u{2028}";
+        let events = [
+            TurnEvent::AssistantTextDelta {
+                turn_index: 3,
+                content_block_index: 1,
+                text: awkward.into(),
+            },
+            TurnEvent::AssistantThinkingDelta {
+                turn_index: u32::MAX,
+                content_block_index: 0,
+                text: String::new(),
+            },
+            TurnEvent::ToolCallInputDelta {
+                turn_index: 0,
+                tool_use_id: "toolu_\"x".into(),
+                partial_json: "{\"path\": \"a\\nb\"".into(),
+            },
+        ];
+        for event in &events {
+            assert!(event.is_delta());
+            let mut fast = Vec::new();
+            event.write_json(&mut fast).unwrap();
+            let slow = serde_json::to_vec(&event.to_json()).unwrap();
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                String::from_utf8(slow).unwrap()
+            );
+        }
+        let start = TurnEvent::TurnStart {
+            turn_index: 0,
+            message_id: "m".into(),
+            model: "x".into(),
+        };
+        assert!(!start.is_delta());
+        let mut out = Vec::new();
+        start.write_json(&mut out).unwrap();
+        assert_eq!(out, serde_json::to_vec(&start.to_json()).unwrap());
+    }
 
     #[test]
     fn upstream_fixtures() {

@@ -678,13 +678,26 @@ impl EventLog {
     /// log shows it once it is written. On error the event, and every one staged before it,
     /// is not appended.
     pub fn stage_event(&mut self, event: &Value) -> io::Result<u64> {
+        if nested_deeper_than(event, MAX_EVENT_DEPTH) {
+            let marker = json!({"type": "Oversized", "max_depth": MAX_EVENT_DEPTH});
+            return self.stage_written(|out| Ok(serde_json::to_writer(out, &marker)?));
+        }
+        self.stage_written(|out| Ok(serde_json::to_writer(out, event)?))
+    }
+
+    /// `stage_event` for an event its owner writes itself (`write` appends one JSON value
+    /// nesting at most `MAX_EVENT_DEPTH` deep), with no `Value` built on the way.
+    pub fn stage_written(
+        &mut self,
+        write: impl FnOnce(&mut Vec<u8>) -> io::Result<()>,
+    ) -> io::Result<u64> {
         if let Access::Detached = self.access {
             // Opening a loaded run's file reads what was written since: cursors follow it.
             self.writer()?;
         }
         let cursor = self.events + self.staged_events.len() as u64;
         let start = self.staged.len();
-        match write_event_line(&mut self.staged, cursor, event) {
+        match write_event_line(&mut self.staged, cursor, write) {
             Ok(body) => self.staged_events.push((start, body)),
             Err(e) => {
                 self.staged.truncate(start);
@@ -719,7 +732,7 @@ impl EventLog {
                     self.index.push(offset + start as u64);
                 }
                 self.events += 1;
-                let text = String::from_utf8_lossy(staged.get(body).unwrap_or_default());
+                let text = crate::text::lossy(staged.get(body).unwrap_or_default());
                 if self.tail.admits(text.len()) {
                     self.tail.push(Arc::from(text.as_ref()));
                 } else {
@@ -1348,19 +1361,12 @@ fn canonical_event_head(line: &[u8]) -> Option<(u64, usize)> {
 fn write_event_line(
     out: &mut Vec<u8>,
     cursor: u64,
-    event: &Value,
+    event: impl FnOnce(&mut Vec<u8>) -> io::Result<()>,
 ) -> io::Result<std::ops::Range<usize>> {
-    let marker;
-    let event = if nested_deeper_than(event, MAX_EVENT_DEPTH) {
-        marker = json!({"type": "Oversized", "max_depth": MAX_EVENT_DEPTH});
-        &marker
-    } else {
-        event
-    };
     let line_start = out.len();
     write!(out, "{EVENT_LINE_PREFIX}{cursor},\"event\":")?;
     let body_start = out.len();
-    serde_json::to_writer(&mut *out, event)?;
+    event(out)?;
     if out.len() - line_start + "}\n".len() > MAX_LINE_BYTES {
         let bytes = out.len() - body_start;
         out.truncate(body_start);
@@ -2105,7 +2111,10 @@ mod tests {
         let mut log = store.create(header("p")).unwrap();
         // An event whose line is exactly the cap is stored as is; one byte more is not.
         let mut line = Vec::new();
-        write_event_line(&mut line, 1, &delta(1, "")).unwrap();
+        write_event_line(&mut line, 1, |out| {
+            Ok(serde_json::to_writer(out, &delta(1, ""))?)
+        })
+        .unwrap();
         let overhead = line.len();
         let fits = delta(1, &"a".repeat(MAX_LINE_BYTES - overhead));
         let huge = delta(2, &"a".repeat(MAX_LINE_BYTES - overhead + 1));

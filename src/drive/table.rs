@@ -1184,7 +1184,13 @@ impl DriveCore {
         let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
-        match rec.log.stage_event(&event.to_json()) {
+        // A delta nests one level: only the others need `stage_event`'s depth check.
+        let staged = if event.is_delta() {
+            rec.log.stage_written(|out| event.write_json(out))
+        } else {
+            rec.log.stage_event(&event.to_json())
+        };
+        match staged {
             Ok(_) => self.events_total += 1,
             Err(e) => self.write_failed(run, &e, matches!(event, TurnEvent::RunEnd { .. })),
         }

@@ -117,14 +117,23 @@ impl SseDecoder {
                 break;
             };
             let (text, tail) = rest.split_at_checked(at).unwrap_or((rest, &[]));
-            self.push_line_bytes(text)?;
             let Some((&terminator, tail)) = tail.split_first() else {
+                self.push_line_bytes(text)?;
                 break;
             };
             // A lone CR ends a line by itself, so the line is processed now; if an LF turns
             // out to follow (maybe in the next feed) it is skipped as the second half.
             self.after_cr = terminator == b'\r';
             rest = tail;
+            if self.line.is_empty() {
+                // The whole line is in this read: no copy.
+                if text.len() > MAX_SSE_LINE {
+                    return Err(SseError::LineTooLong);
+                }
+                self.process_line(text, out)?;
+                continue;
+            }
+            self.push_line_bytes(text)?;
             let line = std::mem::take(&mut self.line);
             let res = self.process_line(&line, out);
             self.line = line;
@@ -170,7 +179,7 @@ impl SseDecoder {
         }
         // Line ends are ASCII and never inside a UTF-8 sequence, so decoding line by line
         // gives what decoding the whole stream would.
-        let text = String::from_utf8_lossy(line);
+        let text = crate::text::lossy(line);
         if text.starts_with(':') {
             // A comment: keep-alives from llama.cpp and proxies.
             return Ok(());
