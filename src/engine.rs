@@ -441,10 +441,9 @@ pub trait Host {
     /// Called once the engine has no queued work left after a round of wake-ups (everything
     /// one `epoll_wait` reported): a good moment to push buffered stream data to clients.
     fn after_batch(&mut self, _ctx: &mut Ctx<Self::Key>) {}
-    /// Bytes the host wants on stdout; the engine writes them without blocking the loop.
-    fn take_output(&mut self) -> Vec<u8> {
-        Vec::new()
-    }
+    /// Appends the bytes the host wants on stdout to `out` (the stdout queue itself); the
+    /// engine writes them without blocking the loop.
+    fn write_output(&mut self, _out: &mut Vec<u8>) {}
     /// An allowed tool call is about to run. A host that can run it elsewhere (an editor's
     /// own file system or terminal) answers `Delegated` and later reports the result with
     /// `HostAction::ToolResult`. A `confined` call is a command in the run's sandbox: only
@@ -972,9 +971,8 @@ impl<K: HostKey> Engine<K> {
                 break;
             }
         }
-        let output = host.take_output();
         if let Some(stdout) = self.stdout.as_mut() {
-            stdout.push(&output);
+            stdout.push_with(|out| host.write_output(out));
             // A protocol peer that stopped reading (or hung up) can no longer be answered:
             // tell the host as if its input had ended, so it winds down instead of working
             // for nobody.

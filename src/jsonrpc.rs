@@ -240,6 +240,12 @@ fn response_head(id: &Id) -> String {
 /// `Id::Other` goes out as the peer wrote it.
 pub fn to_line(message: &Message) -> Vec<u8> {
     let mut line = Vec::new();
+    write_line(&mut line, message);
+    line
+}
+
+/// `to_line`, appended to `line`: a batch of messages is one buffer, one write.
+pub fn write_line(line: &mut Vec<u8>, message: &Message) {
     let params = |line: &mut Vec<u8>, params: &Value| {
         if !params.is_null() {
             line.extend_from_slice(b",\"params\":");
@@ -259,21 +265,21 @@ pub fn to_line(message: &Message) -> Vec<u8> {
             line.extend_from_slice(
                 format!("{{\"id\":{},\"jsonrpc\":\"2.0\",", id.to_text()).as_bytes(),
             );
-            method(&mut line, name);
-            params(&mut line, p);
+            method(line, name);
+            params(line, p);
         }
         Message::Notification {
             method: name,
             params: p,
         } => {
             line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
-            method(&mut line, name);
-            params(&mut line, p);
+            method(line, name);
+            params(line, p);
         }
         Message::Response { id, result } => match result {
             Ok(result) => {
                 line.extend_from_slice(response_head(id).as_bytes());
-                let _ = serde_json::to_writer(&mut line, result);
+                let _ = serde_json::to_writer(&mut *line, result);
             }
             Err(error) => line.extend_from_slice(
                 format!(
@@ -286,7 +292,19 @@ pub fn to_line(message: &Message) -> Vec<u8> {
         },
     }
     line.extend_from_slice(b"}\n");
-    line
+}
+
+/// A `session/update`-like notification whose params are `{"sessionId":…,"update":…}`,
+/// appended to `line` as `write_line` writes it (params keys in sorted order), without
+/// building the params object: ACP sends one per streamed event.
+pub fn write_session_notification(line: &mut Vec<u8>, method: &str, session: &str, update: &Value) {
+    line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    let _ = serde_json::to_writer(&mut *line, method);
+    line.extend_from_slice(b",\"params\":{\"sessionId\":");
+    let _ = serde_json::to_writer(&mut *line, session);
+    line.extend_from_slice(b",\"update\":");
+    let _ = serde_json::to_writer(&mut *line, update);
+    line.extend_from_slice(b"}}\n");
 }
 
 pub fn response(id: Id, result: Value) -> Message {
@@ -313,6 +331,22 @@ pub fn notification(method: &str, params: Value) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_notification_is_written_as_to_line_writes_it() {
+        let update = json!({"sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": "a \"b\"\n"}});
+        let mut line = b"before\n".to_vec();
+        write_session_notification(&mut line, "session/update", "sess \"1\"", &update);
+        let want = to_line(&notification(
+            "session/update",
+            json!({"sessionId": "sess \"1\"", "update": update}),
+        ));
+        assert_eq!(
+            line.strip_prefix(b"before\n".as_slice()),
+            Some(want.as_slice())
+        );
+    }
 
     #[test]
     fn requests_notifications_responses() {

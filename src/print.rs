@@ -445,8 +445,8 @@ impl Host for Printer {
     /// Print mode registers no sources of its own.
     type Key = ();
 
-    fn take_output(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.out)
+    fn write_output(&mut self, out: &mut Vec<u8>) {
+        out.append(&mut self.out);
     }
 
     fn on_event(&mut self, _ctx: &mut Ctx<()>, _run: RunId, event: &TurnEvent) {
@@ -666,7 +666,8 @@ mod tests {
     use crate::agent::tool_input::MAX_TOOL_INPUT_BYTES;
 
     fn frames(printer: &mut Printer) -> Vec<Value> {
-        let out = printer.take_output();
+        let mut out = Vec::new();
+        printer.write_output(&mut out);
         out.split(|b| *b == b'\n')
             .filter(|line| !line.is_empty())
             .map(|line| serde_json::from_slice(line).expect("a JSON frame"))

@@ -215,10 +215,19 @@ enum OutMode {
 /// must not freeze signals, timeouts or tool kills.
 pub struct Stdout {
     mode: OutMode,
+    /// Output not yet written: `queue[sent..]`. What was written is cut off the front only
+    /// when that is at least half the queue, so a reader that takes a pipe's worth at a time
+    /// does not cost a move of everything behind it per write.
     queue: Vec<u8>,
+    sent: usize,
+    /// The last write found the pipe full: nothing is tried until WRITABLE says it has room.
+    blocked: bool,
     /// The reader went away (EPIPE) or fell hopelessly behind; output is dropped.
     gone: bool,
 }
+
+/// Room the queue keeps between bursts; a larger one (a reader that fell behind) is freed.
+const KEEP_QUEUE_BYTES: usize = 64 << 10;
 
 impl Stdout {
     pub fn attach(registry: &Registry, token: Token) -> Stdout {
@@ -240,43 +249,75 @@ impl Stdout {
         Stdout {
             mode,
             queue: Vec::new(),
+            sent: 0,
+            blocked: false,
             gone: false,
         }
     }
 
-    pub fn push(&mut self, bytes: &[u8]) {
-        if self.gone || bytes.is_empty() {
+    /// `push` of what `write` appends, written straight into the queue: a batch of
+    /// protocol frames is built where it waits, with no copy.
+    pub fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        if self.gone {
+            // Still taken, so the writer's buffer does not grow for nobody.
+            write(&mut Vec::new());
             return;
         }
-        if self.queue.len() + bytes.len() > MAX_STDOUT_QUEUE {
-            crate::log::error(&format!(
-                "stdout reader fell {MAX_STDOUT_QUEUE} bytes behind; dropping further output"
-            ));
-            self.gone = true;
-            self.queue = Vec::new();
+        self.compact();
+        let before = self.queue.len();
+        write(&mut self.queue);
+        if self.queue.len() == before {
             return;
         }
-        self.queue.extend_from_slice(bytes);
-        self.flush();
+        if self.queue.len() - self.sent > MAX_STDOUT_QUEUE {
+            self.fell_behind();
+            return;
+        }
+        if !self.blocked {
+            self.flush();
+        }
+    }
+
+    /// Cuts what was written off the front once that is at least half the queue.
+    fn compact(&mut self) {
+        if self.sent > 0 && self.sent >= self.queue.len() / 2 {
+            self.queue.drain(..self.sent);
+            self.sent = 0;
+        }
+    }
+
+    fn fell_behind(&mut self) {
+        crate::log::error(&format!(
+            "stdout reader fell {MAX_STDOUT_QUEUE} bytes behind; dropping further output"
+        ));
+        self.gone = true;
+        self.queue = Vec::new();
+        self.sent = 0;
     }
 
     /// Writes until the queue is empty or the pipe is full. Call on WRITABLE too.
     pub fn flush(&mut self) {
-        let mut written = 0;
-        while written < self.queue.len() && !self.gone {
-            match sys::write_fd(STDOUT_FD, &self.queue[written..]) {
+        self.blocked = false;
+        while self.sent < self.queue.len() && !self.gone {
+            match sys::write_fd(STDOUT_FD, self.queue.get(self.sent..).unwrap_or_default()) {
                 Ok(0) => self.gone = true,
-                Ok(n) => written += n,
+                Ok(n) => self.sent += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.blocked = true;
+                    break;
+                }
                 // EPIPE and friends: the reader is gone.
                 Err(_) => self.gone = true,
             }
         }
-        if self.gone {
+        if self.gone || (self.sent == self.queue.len() && self.queue.capacity() > KEEP_QUEUE_BYTES)
+        {
             self.queue = Vec::new();
-        } else {
-            self.queue.drain(..written);
+            self.sent = 0;
+        } else if self.sent == self.queue.len() {
+            self.queue.clear();
+            self.sent = 0;
         }
     }
 
@@ -290,7 +331,7 @@ impl Stdout {
     pub fn finish(&mut self, mut deadline: Option<std::time::Instant>, grace: std::time::Duration) {
         loop {
             self.flush();
-            if self.queue.is_empty() || self.gone {
+            if self.sent == self.queue.len() || self.gone {
                 return;
             }
             if deadline.is_none() && sys::termination_requested() {

@@ -136,10 +136,8 @@ pub trait Surface {
     /// The engine's queues ran dry; `changed` are the runs whose events, status or prompt
     /// changed since the last call.
     fn after_batch(&mut self, _cx: &mut Cx<Self::Key>, _changed: &BTreeSet<RunId>) {}
-    /// Bytes for stdout (the stdio surfaces' protocol channel).
-    fn take_output(&mut self) -> Vec<u8> {
-        Vec::new()
-    }
+    /// Appends the bytes for stdout (the stdio surfaces' protocol channel) to `out`.
+    fn write_output(&mut self, _out: &mut Vec<u8>) {}
 }
 
 pub struct DriveHost<S> {
@@ -253,7 +251,7 @@ impl<S: Surface> Host for DriveHost<S> {
         self.core.end_round();
     }
 
-    fn take_output(&mut self) -> Vec<u8> {
-        self.surface.take_output()
+    fn write_output(&mut self, out: &mut Vec<u8>) {
+        self.surface.write_output(out);
     }
 }

@@ -1,6 +1,6 @@
 //! `caliban acp serve`: caliban as an Agent Client Protocol agent on stdio, for editors;
 //! the networked agent (`surface::agent`) serves the same surface over its connection,
-//! handing it lines through `on_stdin` and writing what `take_output` gives.
+//! handing it lines through `on_stdin` and writing what `write_output` gives.
 //!
 //! Newline-delimited JSON-RPC 2.0, protocol version 1 (`reference/acp.md`). It translates
 //! ACP to drive-core calls and drive-core state to ACP and holds no agent logic: a session is
@@ -459,7 +459,7 @@ impl Surface for AcpServe {
         self.sync_permissions(ctx, changed);
     }
 
-    fn take_output(&mut self) -> Vec<u8> {
-        self.outbox.take_bytes()
+    fn write_output(&mut self, out: &mut Vec<u8>) {
+        self.outbox.write_to(out);
     }
 }

@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
-use crate::jsonrpc::{self, Message, notification};
+use crate::jsonrpc::{self, Message};
 
 /// One frame waiting to be written.
 enum Out {
@@ -63,26 +63,24 @@ impl Outbox {
         true
     }
 
-    pub(super) fn take_bytes(&mut self) -> Vec<u8> {
+    /// Appends every frame, in order, to `bytes`.
+    pub(super) fn write_to(&mut self, bytes: &mut Vec<u8>) {
         self.open.clear();
-        let mut bytes = Vec::new();
         for item in self.items.drain(..) {
-            let message = match item {
-                Out::Frame(message) => message,
-                Out::Update { session, update } => notification(
-                    "session/update",
-                    json!({"sessionId": session, "update": update}),
-                ),
-            };
-            bytes.extend_from_slice(&jsonrpc::to_line(&message));
+            match item {
+                Out::Frame(message) => jsonrpc::write_line(bytes, &message),
+                Out::Update { session, update } => {
+                    jsonrpc::write_session_notification(bytes, "session/update", &session, &update)
+                }
+            }
         }
-        bytes
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn an_open_card_takes_its_input_until_written() {
@@ -95,7 +93,8 @@ mod tests {
         let mut fields = Map::new();
         fields.insert("rawInput".into(), json!({"a": 1}));
         assert!(out.join_open_card("s", "t", &fields));
-        let bytes = out.take_bytes();
+        let mut bytes = Vec::new();
+        out.write_to(&mut bytes);
         let frame: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(frame["params"]["update"]["rawInput"], json!({"a": 1}));
         assert!(!out.join_open_card("s", "t", &fields));

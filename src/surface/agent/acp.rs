@@ -1,5 +1,5 @@
 //! ACP over the network: the very `AcpServe` of `caliban acp serve`, fed the client's lines
-//! through its `on_stdin` and writing what `take_output` gives to the connection instead of
+//! through its `on_stdin` and writing what `write_output` gives to the connection instead of
 //! stdout. Nothing here speaks ACP. The ACP-level auth gate is off: the peer proved itself
 //! one layer down (TLS and the preamble, or the Unix socket's mode).
 //!
@@ -145,7 +145,8 @@ impl Surface for NetAcp {
         self.acp.ask_pending(cx);
         // The engine calls this last before it would write stdout: the ordered outbox goes
         // to the client instead, whole.
-        let out = self.acp.take_output();
+        let mut out = Vec::new();
+        self.acp.write_output(&mut out);
         self.link.send(&out);
         self.serve(cx);
         self.link.watch_idle(cx);

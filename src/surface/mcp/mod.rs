@@ -1033,8 +1033,12 @@ impl Surface for McpHost {
         self.http_serve(ctx);
     }
 
-    fn take_output(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.stdout)
+    fn write_output(&mut self, out: &mut Vec<u8>) {
+        out.append(&mut self.stdout);
+        if self.stdout.capacity() > 64 << 10 {
+            // A burst's worth of answers is not kept for an idle server.
+            self.stdout = Vec::new();
+        }
     }
 }
 
