@@ -6,8 +6,10 @@
 //! deviations observed on llama-server's `/v1/messages` route (§4.5), which this decoder must
 //! tolerate because it is our offline test server.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::http::sse::SseEvent;
@@ -311,6 +313,10 @@ impl StreamDecoder {
         if self.done || ev.data.trim().is_empty() {
             return Ok(());
         }
+        if let Some(event) = fast_block_delta(&ev.data) {
+            out.extend(event);
+            return Ok(());
+        }
         let value: Value = serde_json::from_str(&ev.data).map_err(|e| DecodeError::Json {
             error: e.to_string(),
             data: quote(&ev.data),
@@ -479,6 +485,45 @@ fn on_block_delta(value: &Value, out: &mut Vec<ModelEvent>) -> Result<(), Decode
     Ok(())
 }
 
+/// A `content_block_delta` as `on_block_delta` reads it (`Some(None)` for one it ignores),
+/// decoded without building a `Value` tree: its fields are borrowed as raw JSON and only the
+/// delta's text is copied out. Nearly every event of a stream is one. `None` for anything
+/// else, or anything this path does not read the ordinary way (escaped keys or type names,
+/// a bad index): the `Value` path decodes those, and reports their errors.
+fn fast_block_delta(data: &str) -> Option<Option<ModelEvent>> {
+    type Fields<'a> = BTreeMap<&'a str, &'a RawValue>;
+    let event: Fields = serde_json::from_str(data).ok()?;
+    if event.get("type")?.get() != "\"content_block_delta\"" {
+        return None;
+    }
+    let index = serde_json::from_str::<u32>(event.get("index")?.get()).ok()?;
+    let delta: Fields = serde_json::from_str(event.get("delta")?.get()).ok()?;
+    let field = match delta.get("type").map(|t| t.get()) {
+        Some("\"text_delta\"") => "text",
+        Some("\"thinking_delta\"") => "thinking",
+        Some("\"signature_delta\"") => "signature",
+        Some("\"input_json_delta\"") => "partial_json",
+        _ => return None,
+    };
+    // A field that is not a string is ignored, as `on_block_delta` ignores it.
+    let text = delta
+        .get(field)
+        .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        .filter(|text| !text.is_empty());
+    Some(text.map(|text| match field {
+        "text" => ModelEvent::TextDelta { index, text },
+        "thinking" => ModelEvent::ThinkingDelta { index, text },
+        "signature" => ModelEvent::ThinkingSignature {
+            index,
+            signature: text,
+        },
+        _ => ModelEvent::ToolCallInputDelta {
+            index,
+            partial_json: text,
+        },
+    }))
+}
+
 fn block_index(value: &Value, event: &'static str) -> Result<u32, DecodeError> {
     value
         .get("index")
@@ -558,6 +603,61 @@ pub fn parse_error_body(status: u16, body: &[u8]) -> ProviderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_delta_path_reads_what_the_value_path_reads() {
+        let samples = [
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \"there\"\n\u00e9"}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"thinking_delta","thinking":"hmm"}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"signature_delta","signature":"c2ln"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
+            r#"{"delta":{"text":"late type","type":"text_delta"},"index":3,"type":"content_block_delta"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":null}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","text":"b"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{}}}"#,
+            r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":4294967296,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":1.0,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":"text"}"#,
+            r#"{"type":"content_block_delta","index":0}"#,
+            r#"{"typ\u0065":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"[1,2]"#,
+        ];
+        let mut fast_taken = 0;
+        for data in samples {
+            let slow = serde_json::from_str::<Value>(data).ok().and_then(|value| {
+                (value["type"] == "content_block_delta").then(|| {
+                    let mut out = Vec::new();
+                    on_block_delta(&value, &mut out).map(|()| out)
+                })
+            });
+            let Some(fast) = fast_block_delta(data) else {
+                continue;
+            };
+            fast_taken += 1;
+            let slow = slow
+                .expect("the fast path took a delta")
+                .expect("and read it");
+            assert_eq!(fast.into_iter().collect::<Vec<_>>(), slow, "{data}");
+        }
+        assert_eq!(fast_taken, 8, "the well-formed deltas go the fast way");
+        // And through the decoder, the same events either way.
+        let mut decoder = StreamDecoder::default();
+        let mut out = Vec::new();
+        decoder
+            .on_event(&sse("content_block_delta", samples[0]), &mut out)
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![ModelEvent::TextDelta {
+                index: 0,
+                text: "Hi \"there\"\n\u{e9}".into()
+            }]
+        );
+    }
 
     fn sse(event: &str, data: &str) -> SseEvent {
         SseEvent {
