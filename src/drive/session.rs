@@ -217,7 +217,7 @@ impl SessionStore {
             next_run,
             writer: None,
             writer_tried: false,
-            syncer: Syncer(Pool::new("caliban-sync", SYNC_WORKERS, SYNC_QUEUE_CAP)),
+            syncer: Syncer(Pool::new("caliban-sync", SYNC_WORKERS, SYNC_QUEUE_CAP).background()),
         })
     }
 
@@ -226,7 +226,7 @@ impl SessionStore {
     pub fn expect_working_runs(&mut self, runs: usize) {
         let cap = runs.max(SYNC_QUEUE_CAP);
         if cap != self.syncer.0.queue_cap() {
-            self.syncer = Syncer(Pool::new("caliban-sync", SYNC_WORKERS, cap));
+            self.syncer = Syncer(Pool::new("caliban-sync", SYNC_WORKERS, cap).background());
         }
     }
 
@@ -719,12 +719,23 @@ impl EventLog {
     /// fails the staged events are dropped (the file is cut back as for any failed append) and
     /// the log stays as it was.
     pub fn flush(&mut self) -> io::Result<()> {
+        self.write_staged(&[])
+    }
+
+    /// `flush`, with `record` (a record line, or nothing) written after the staged events in
+    /// the same `write`: a run's last events and its terminal status are one write, not two.
+    fn write_staged(&mut self, record: &[u8]) -> io::Result<()> {
         if self.staged_events.is_empty() {
-            return Ok(());
+            return if record.is_empty() {
+                Ok(())
+            } else {
+                self.write_line(record)
+            };
         }
-        let staged = mem::take(&mut self.staged);
+        let mut staged = mem::take(&mut self.staged);
         let events = mem::take(&mut self.staged_events);
         let offset = self.end;
+        staged.extend_from_slice(record);
         let written = self.write_line(&staged);
         if written.is_ok() {
             for (start, body) in events {
@@ -756,11 +767,15 @@ impl EventLog {
     /// (`last_status` here) only once the line is written, so the log never claims more than
     /// the file holds.
     pub fn append_status(&mut self, status: &Value) -> io::Result<()> {
-        self.flush()?;
-        let line = record_line("status", self.events, "status", status)?;
-        self.write_line(line.as_bytes())?;
+        let line = record_line("status", self.record_cursor(), "status", status)?;
+        self.write_staged(line.as_bytes())?;
         self.record_status(status.clone());
         Ok(())
+    }
+
+    /// Where a record line written now stands: after the staged events, written with it.
+    fn record_cursor(&self) -> u64 {
+        self.events + self.staged_events.len() as u64
     }
 
     fn record_status(&mut self, status: Value) {
@@ -773,14 +788,13 @@ impl EventLog {
 
     /// Records the surfaced permission request, or `None` once it is answered.
     pub fn append_permission(&mut self, request: Option<&Value>) -> io::Result<()> {
-        self.flush()?;
         let line = record_line(
             "permission",
-            self.events,
+            self.record_cursor(),
             "request",
             request.unwrap_or(&NULL),
         )?;
-        self.write_line(line.as_bytes())?;
+        self.write_staged(line.as_bytes())?;
         self.permission = request.filter(|r| !r.is_null()).cloned();
         Ok(())
     }
@@ -788,9 +802,8 @@ impl EventLog {
     /// Records a client input (`{"type":"user_message","text":…}` or `{"type":"end_input"}`),
     /// which `messages` replays.
     pub fn append_input(&mut self, input: &Value) -> io::Result<()> {
-        self.flush()?;
-        let line = record_line("input", self.events, "input", input)?;
-        self.write_line(line.as_bytes())
+        let line = record_line("input", self.record_cursor(), "input", input)?;
+        self.write_staged(line.as_bytes())
     }
 
     /// Events from `cursor` on, as their TurnEvent JSON text paired with their cursor: at most
@@ -2493,6 +2506,41 @@ mod tests {
         assert!(other.flush().is_err());
         assert_eq!(other.len(), shown);
         assert!(!other.has_staged());
+    }
+
+    #[test]
+    fn a_record_goes_out_with_the_staged_events_in_one_write() {
+        let tmp = TempDir::new("record-after-staged");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        log.stage_event(&delta(0, "a")).unwrap();
+        log.stage_event(&delta(1, "b")).unwrap();
+        let before = log.end;
+        log.append_status(&json!({"state": "done"})).unwrap();
+        assert!(!log.has_staged());
+        assert_eq!(log.len(), 2);
+        // The status stands after both events, in the file as in memory.
+        assert_eq!(log.status_at(2), Some(&json!({"state": "done"})));
+        let written = fs::read_to_string(&log.path).unwrap();
+        let lines: Vec<&str> = written[before as usize..].lines().collect();
+        assert_eq!(lines.len(), 3, "{written}");
+        assert!(
+            lines[2].starts_with(r#"{"kind":"status","cursor":2,"#),
+            "{}",
+            lines[2]
+        );
+        let loaded = store.load(&log.run_id).unwrap();
+        assert_eq!(all_events(&loaded), all_events(&log));
+        assert_eq!(loaded.last_status(), Some(&json!({"state": "done"})));
+        // A write that fails takes neither: the events stay unshown, the status unrecorded.
+        let Ok(full) = OpenOptions::new().read(true).append(true).open("/dev/full") else {
+            return;
+        };
+        log.access = Access::Append(full);
+        log.stage_event(&delta(2, "lost")).unwrap();
+        assert!(log.append_status(&json!({"state": "failed"})).is_err());
+        assert_eq!(log.len(), 2);
+        assert_eq!(log.last_status(), Some(&json!({"state": "done"})));
     }
 
     /// Parks `store`'s syncer thread until the returned sender is dropped, so syncs handed

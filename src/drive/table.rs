@@ -1255,9 +1255,6 @@ impl DriveCore {
     }
 
     pub fn on_finished(&mut self, run: RunId, why: &StopCondition) {
-        // Every event goes to the file before the terminal status, and a failure to write
-        // them is what the status reports.
-        self.flush_log(run);
         let Some(rec) = self.runs.get_mut(&run) else {
             return;
         };
@@ -1268,13 +1265,23 @@ impl DriveCore {
             let _ = rec.log.append_permission(None);
             rec.abandoned_prompt = Some(prompt.tool_use_id);
         }
-        rec.status = match why {
-            _ if rec.write_error.is_some() => {
-                DriveStatus::Failed(rec.write_error.clone().unwrap_or_default())
-            }
-            _ => DriveStatus::ended(why),
+        let ended = |rec: &RunRecord| match &rec.write_error {
+            Some(error) => DriveStatus::Failed(error.clone()),
+            None => DriveStatus::ended(why),
         };
-        let _ = rec.log.append_status(&rec.status.to_json());
+        // The run's last events and its terminal status go to the file in one write, events
+        // first. If that fails neither is there, and the status says why.
+        let status = ended(rec);
+        if let Err(e) = rec.log.append_status(&status.to_json()) {
+            self.write_failed(run, &e, true);
+        }
+        let Some(rec) = self.runs.get_mut(&run) else {
+            return;
+        };
+        rec.status = ended(rec);
+        if rec.status != status {
+            let _ = rec.log.append_status(&rec.status.to_json());
+        }
         // A finished run is served from its file: no descriptor, lock or tail stays open.
         // The sync runs on the store's syncer, off the loop; the tail goes once the run's
         // followers read its last events from it, at the end of the round (`end_round`).
