@@ -37,6 +37,8 @@ struct Shared {
     /// Jobs waiting for a thread (not counting those running).
     queue_cap: usize,
     idle_exit: Duration,
+    /// Threads run at a lower priority (`background`).
+    background: bool,
     state: Mutex<State>,
     /// Signalled when a job is queued or the pool is dropped.
     work: Condvar,
@@ -125,11 +127,21 @@ impl Pool {
                 max_threads,
                 queue_cap,
                 idle_exit,
+                background: false,
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
                 idle: Condvar::new(),
             }),
         }
+    }
+
+    /// A pool for housekeeping that may wait while anything else wants the CPU: its
+    /// threads run at `sys::BACKGROUND_NICE`. They still run whenever a CPU has a moment.
+    pub(crate) fn background(mut self) -> Pool {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.background = true;
+        }
+        self
     }
 
     /// How many jobs may wait.
@@ -224,6 +236,9 @@ impl Shared {
     /// A thread's life: run queued jobs; exit once the pool is dropped and the queue is empty,
     /// or after `idle_exit` without work.
     fn work(&self) {
+        if self.background {
+            crate::sys::lower_thread_priority();
+        }
         let mut state = self.lock();
         loop {
             if let Some(job) = state.queue.pop_front() {
@@ -263,6 +278,30 @@ mod tests {
     use std::sync::mpsc::{Receiver, Sender, channel};
 
     const LONG: Duration = Duration::from_secs(10);
+
+    /// The calling thread's niceness, field 19 of its `stat` (after the command in parens).
+    fn nice() -> i64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let after = stat.rsplit_once(") ").unwrap().1;
+        after.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn background_threads_run_at_a_lower_priority() {
+        let base = nice();
+        for (pool, want) in [
+            (Pool::new("test-normal", 1, 4), base),
+            (
+                Pool::new("test-background", 1, 4).background(),
+                i64::from(crate::sys::BACKGROUND_NICE).max(base),
+            ),
+        ] {
+            let (tx, rx) = channel();
+            pool.submit(move || tx.send(nice()).unwrap()).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap(), want);
+        }
+        assert_eq!(nice(), base, "the caller's own priority is untouched");
+    }
 
     /// A job that reports it started, then blocks until `release` is sent to (or dropped).
     fn blocker(started: &Sender<()>) -> (impl FnOnce() + Send + 'static, Sender<()>) {
