@@ -220,12 +220,12 @@ fn from_object(mut obj: Map<String, Value>, line: &[u8]) -> Result<Message, Inva
     }
 }
 
-/// A response's text (no newline) around `result`, JSON text the caller vouches for: an
-/// answer built as text (an MCP poll body) is not parsed into a value only to be written out
-/// again.
-pub fn response_text(id: &Id, result: &str) -> String {
+/// A response's text (no newline) around the result `write` appends, JSON text the caller
+/// vouches for: an answer built as text (an MCP poll body) is not parsed into a value only to
+/// be written out again, and is built in the one buffer it is sent from.
+pub fn response_text(id: &Id, write: impl FnOnce(&mut String)) -> String {
     let mut text = response_head(id);
-    text.push_str(result);
+    write(&mut text);
     text.push('}');
     text
 }
@@ -297,13 +297,18 @@ pub fn write_line(line: &mut Vec<u8>, message: &Message) {
 /// A `session/update`-like notification whose params are `{"sessionId":…,"update":…}`,
 /// appended to `line` as `write_line` writes it (params keys in sorted order), without
 /// building the params object: ACP sends one per streamed event.
-pub fn write_session_notification(line: &mut Vec<u8>, method: &str, session: &str, update: &Value) {
+pub fn write_session_notification(
+    line: &mut Vec<u8>,
+    method: &str,
+    session: &str,
+    update: impl FnOnce(&mut Vec<u8>),
+) {
     line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
     let _ = serde_json::to_writer(&mut *line, method);
     line.extend_from_slice(b",\"params\":{\"sessionId\":");
     let _ = serde_json::to_writer(&mut *line, session);
     line.extend_from_slice(b",\"update\":");
-    let _ = serde_json::to_writer(&mut *line, update);
+    update(line);
     line.extend_from_slice(b"}}\n");
 }
 
@@ -337,7 +342,9 @@ mod tests {
         let update = json!({"sessionUpdate": "agent_message_chunk",
                             "content": {"type": "text", "text": "a \"b\"\n"}});
         let mut line = b"before\n".to_vec();
-        write_session_notification(&mut line, "session/update", "sess \"1\"", &update);
+        write_session_notification(&mut line, "session/update", "sess \"1\"", |line| {
+            serde_json::to_writer(line, &update).unwrap()
+        });
         let want = to_line(&notification(
             "session/update",
             json!({"sessionId": "sess \"1\"", "update": update}),

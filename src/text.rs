@@ -14,6 +14,41 @@ pub(crate) fn lossy(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Appends `text` to `out` as a JSON string, quotes included, escaped exactly as
+/// `serde_json` escapes it (so output does not depend on which of the two wrote it). For
+/// text embedded in text, like a poll body inside an MCP tool result, without a detour
+/// through a second buffer.
+pub(crate) fn push_json_string(out: &mut String, text: &str) {
+    out.reserve(text.len() + 2);
+    out.push('"');
+    let mut run = 0;
+    for (i, byte) in text.bytes().enumerate() {
+        let short = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..0x20 => "",
+            _ => continue,
+        };
+        out.push_str(text.get(run..i).unwrap_or_default());
+        run = i + 1;
+        if short.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        } else {
+            out.push_str(short);
+        }
+    }
+    out.push_str(text.get(run..).unwrap_or_default());
+    out.push('"');
+}
+
 /// `text` split after its first `max_chars` characters into what is kept and what is
 /// dropped, or `None` when it has no more than `max_chars`.
 pub(crate) fn cut_chars(text: &str, max_chars: usize) -> Option<(&str, &str)> {
@@ -48,6 +83,22 @@ mod tests {
 
     /// One character of each UTF-8 width, twice.
     const MIXED: &str = "aé€😀aé€😀";
+
+    #[test]
+    fn json_strings_are_escaped_as_serde_json_escapes_them() {
+        let every_ascii: String = (0u8..=0x7f).map(char::from).collect();
+        for text in [
+            &every_ascii[..],
+            "",
+            "plain",
+            "é🦀\u{2028}\u{fffd}",
+            "\"\\\"\n\u{1}end",
+        ] {
+            let mut out = String::from("[");
+            push_json_string(&mut out, text);
+            assert_eq!(out, format!("[{}", serde_json::to_string(text).unwrap()));
+        }
+    }
 
     #[test]
     fn lossy_is_from_utf8_lossy() {

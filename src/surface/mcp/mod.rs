@@ -224,18 +224,16 @@ fn tool_ok(modern: bool, text: String) -> Value {
 /// `tool_ok` as JSON text, for a body that is JSON text already (a poll's): the
 /// `structuredContent` is the body itself, not the body parsed into a value and written out
 /// again (a long-poll answer per event was mostly that).
-fn tool_ok_text(modern: bool, body: &str) -> String {
-    let escaped = serde_json::to_string(body).unwrap_or_default();
-    let mut out = String::with_capacity(escaped.len() + body.len() + 96);
+fn push_tool_ok_text(out: &mut String, modern: bool, body: &str) {
+    out.reserve(2 * body.len() + 96);
     out.push_str("{\"content\":[{\"text\":");
-    out.push_str(&escaped);
+    crate::text::push_json_string(out, body);
     out.push_str(",\"type\":\"text\"}],\"isError\":false");
     if modern {
         out.push_str(",\"structuredContent\":");
         out.push_str(body);
     }
     out.push('}');
-    out
 }
 
 fn tool_error(message: impl Into<String>) -> Value {
@@ -734,14 +732,13 @@ impl McpHost {
             return;
         };
         let modern = self.modern(wait.session);
-        let result = match ctx
+        let poll = ctx
             .core
-            .poll(wait.run, wait.cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES)
-        {
-            Ok(view) => tool_ok_text(modern, &tools::poll_text(&view)),
-            Err(e) => tool_error(e.to_string()).to_string(),
-        };
-        let text = jsonrpc::response_text(&wait.request, &result);
+            .poll(wait.run, wait.cursor, POLL_MAX_EVENTS, POLL_MAX_BYTES);
+        let text = jsonrpc::response_text(&wait.request, |out| match poll {
+            Ok(view) => push_tool_ok_text(out, modern, &tools::poll_text(&view)),
+            Err(e) => out.push_str(&tool_error(e.to_string()).to_string()),
+        });
         self.deliver_text(
             wait.session,
             Route::Reply(&wait.request),
@@ -1034,7 +1031,13 @@ impl Surface for McpHost {
     }
 
     fn write_output(&mut self, out: &mut Vec<u8>) {
-        out.append(&mut self.stdout);
+        if out.is_empty() {
+            // Nothing waits on stdout: the answers become the queue, with no copy, and the
+            // queue's old buffer is the next batch's.
+            std::mem::swap(out, &mut self.stdout);
+        } else {
+            out.append(&mut self.stdout);
+        }
         if self.stdout.capacity() > 64 << 10 {
             // A burst's worth of answers is not kept for an idle server.
             self.stdout = Vec::new();
@@ -1053,7 +1056,7 @@ mod tests {
             for modern in [true, false] {
                 let from_values =
                     jsonrpc::to_line(&jsonrpc::response(id.clone(), tool_ok(modern, body.into())));
-                let text = jsonrpc::response_text(&id, &tool_ok_text(modern, body));
+                let text = jsonrpc::response_text(&id, |out| push_tool_ok_text(out, modern, body));
                 assert_eq!(format!("{text}\n").as_bytes(), from_values.as_slice());
             }
         }
