@@ -12,7 +12,17 @@ use crate::jsonrpc::{self, Message};
 /// One frame waiting to be written.
 enum Out {
     Frame(Message),
-    Update { session: String, update: Value },
+    Update {
+        session: String,
+        update: Value,
+    },
+    /// A streamed text chunk (`agent_message_chunk`, `agent_thought_chunk`): nearly every
+    /// update of a prompt, written from its parts with no `Value` built for it.
+    Chunk {
+        session: String,
+        kind: &'static str,
+        text: String,
+    },
 }
 
 /// Frames in the order they must reach the client.
@@ -33,6 +43,15 @@ impl Outbox {
         self.items.push(Out::Update {
             session: session.to_owned(),
             update,
+        });
+    }
+
+    /// A `{"sessionUpdate": kind, "content": {"type": "text", "text": text}}` update.
+    pub(super) fn chunk(&mut self, session: &str, kind: &'static str, text: &str) {
+        self.items.push(Out::Chunk {
+            session: session.to_owned(),
+            kind,
+            text: text.to_owned(),
         });
     }
 
@@ -70,7 +89,23 @@ impl Outbox {
             match item {
                 Out::Frame(message) => jsonrpc::write_line(bytes, &message),
                 Out::Update { session, update } => {
-                    jsonrpc::write_session_notification(bytes, "session/update", &session, &update)
+                    jsonrpc::write_session_notification(bytes, "session/update", &session, |line| {
+                        let _ = serde_json::to_writer(line, &update);
+                    })
+                }
+                Out::Chunk {
+                    session,
+                    kind,
+                    text,
+                } => {
+                    jsonrpc::write_session_notification(bytes, "session/update", &session, |line| {
+                        // Keys in the order serde_json's sorted maps give them.
+                        line.extend_from_slice(b"{\"content\":{\"text\":");
+                        let _ = serde_json::to_writer(&mut *line, &text);
+                        line.extend_from_slice(b",\"type\":\"text\"},\"sessionUpdate\":");
+                        let _ = serde_json::to_writer(&mut *line, kind);
+                        line.push(b'}');
+                    })
                 }
             }
         }
@@ -81,6 +116,24 @@ impl Outbox {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_chunk_is_written_as_its_update_value_would_be() {
+        let text = "a \"quoted\" line\n\u{1} é";
+        let mut out = Outbox::default();
+        out.chunk("sess-1", "agent_thought_chunk", text);
+        let mut bytes = Vec::new();
+        out.write_to(&mut bytes);
+        let want = jsonrpc::to_line(&jsonrpc::notification(
+            "session/update",
+            json!({"sessionId": "sess-1", "update": {"sessionUpdate": "agent_thought_chunk",
+                   "content": {"type": "text", "text": text}}}),
+        ));
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            String::from_utf8(want).unwrap()
+        );
+    }
 
     #[test]
     fn an_open_card_takes_its_input_until_written() {

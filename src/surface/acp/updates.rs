@@ -61,16 +61,12 @@ impl AcpServe {
             return;
         };
         match event {
-            TurnEvent::AssistantTextDelta { text, .. } => self.outbox.update(
-                sid,
-                json!({"sessionUpdate": "agent_message_chunk",
-                       "content": {"type": "text", "text": text}}),
-            ),
-            TurnEvent::AssistantThinkingDelta { text, .. } => self.outbox.update(
-                sid,
-                json!({"sessionUpdate": "agent_thought_chunk",
-                       "content": {"type": "text", "text": text}}),
-            ),
+            TurnEvent::AssistantTextDelta { text, .. } => {
+                self.outbox.chunk(sid, "agent_message_chunk", text);
+            }
+            TurnEvent::AssistantThinkingDelta { text, .. } => {
+                self.outbox.chunk(sid, "agent_thought_chunk", text);
+            }
             TurnEvent::ToolCallStart {
                 tool_use_id, name, ..
             } => {
