@@ -21,7 +21,8 @@ use serde_json::Value;
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Effect, Run, ToolCall};
-use crate::http::client::{ClientEvent, Exchange};
+use crate::http::client::{self as http_client, ClientEvent, Exchange};
+use crate::http::pool as conn_pool;
 use crate::http::sse::SseDecoder;
 use crate::log;
 use crate::mcp_client::{self, Alarm, Hub, HubEvent, Selection, ServerId, Source};
@@ -36,6 +37,7 @@ use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, SHELL_BUFFER_CAP, ShellOp, Stream};
 use crate::tools::table::{self, Runs};
 use crate::tools::web::{FetchRequest, MAX_FETCH_BODY};
+use crate::transport::Conn;
 use crate::workers::Pool;
 
 /// Error bodies are read for their message and retry hints, never kept whole.
@@ -493,6 +495,8 @@ enum TimerOwner<K> {
     Mcp(ServerId, Alarm),
     /// How long a run's model request waits for its MCP servers' tool lists.
     McpWait(RunId),
+    /// The oldest idle model connection is due to close.
+    PoolIdle,
     Host(K),
 }
 
@@ -714,6 +718,12 @@ pub struct Engine<K: HostKey> {
     quit: bool,
     /// Every MCP server of the process; runs name theirs in `RunSlot::mcp`.
     mcp: Hub,
+    /// Idle model connections (keep-alive), deregistered, for the next model request; one
+    /// timer (`pool_timer`) closes the ones idle too long.
+    pool: conn_pool::Pool<Conn>,
+    /// What makes a model connection reusable: the provider's target, proxy and TLS config.
+    model_key: conn_pool::Key,
+    pool_timer: Option<TimerId>,
 }
 
 impl<K: HostKey> Engine<K> {
@@ -729,6 +739,12 @@ impl<K: HostKey> Engine<K> {
         mcp.await_approval(
             config.mcp.unapproved.clone(),
             config.mcp.approvals_file.clone(),
+        );
+        let provider = &config.provider;
+        let model_key = conn_pool::Key::new(
+            provider.target.clone(),
+            provider.proxy.clone(),
+            provider.tls.clone(),
         );
         Ok(Engine {
             reactor,
@@ -753,6 +769,9 @@ impl<K: HostKey> Engine<K> {
             stats: Stats::default(),
             quit: false,
             mcp,
+            pool: conn_pool::Pool::default(),
+            model_key,
+            pool_timer: None,
         })
     }
 
@@ -1283,6 +1302,12 @@ impl<K: HostKey> Engine<K> {
         let deadline = self.reactor.add_timer(self.config.request_timeout);
         self.timers.insert(deadline, TimerOwner::ModelDeadline(run));
         self.owners.insert(token, Owner::Model(run));
+        // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
+        let mut exchange = exchange;
+        let reused = match self.pool.take(&self.model_key, http_client::idle_alive) {
+            Some(parked) => exchange.reuse(self.reactor.registry(), parked).is_ok(),
+            None => false,
+        };
         slot.model = ModelState::InFlight(Box::new(ModelCall {
             exchange,
             sse: SseDecoder::new(),
@@ -1296,9 +1321,38 @@ impl<K: HostKey> Engine<K> {
             output_started: false,
             deadline,
         }));
+        if reused {
+            return;
+        }
         let done = move |result| Completion::Resolved { run, token, result };
         if let Some(now) = self.look_up(host, port, done) {
             self.on_resolved(run, token, now);
+        }
+    }
+
+    /// A model response ended cleanly: its connection waits in the pool for the next
+    /// request, if both sides keep it open.
+    fn park_model(&mut self, call: &mut ModelCall) {
+        let Some(parked) = call.exchange.park(self.reactor.registry()) else {
+            return;
+        };
+        self.pool
+            .put(self.model_key.clone(), parked, Instant::now());
+        if self.pool_timer.is_none() {
+            let timer = self.reactor.add_timer(conn_pool::IDLE_TIMEOUT);
+            self.timers.insert(timer, TimerOwner::PoolIdle);
+            self.pool_timer = Some(timer);
+        }
+    }
+
+    /// The pool's timer: close what idled too long, and wake again for the next.
+    fn on_pool_timer(&mut self) {
+        self.pool_timer = None;
+        let now = Instant::now();
+        if let Some(due) = self.pool.expire(now) {
+            let timer = self.reactor.add_timer(due.saturating_duration_since(now));
+            self.timers.insert(timer, TimerOwner::PoolIdle);
+            self.pool_timer = Some(timer);
         }
     }
 
@@ -1441,6 +1495,7 @@ impl<K: HostKey> Engine<K> {
         let Some(mut call) = slot.model.take_call() else {
             return;
         };
+        self.park_model(&mut call);
         self.release_model(&mut call);
         self.finish_model(run, *call);
     }
@@ -1604,6 +1659,7 @@ impl<K: HostKey> Engine<K> {
                 self.on_hub_events(events);
             }
             TimerOwner::McpWait(run) => self.end_mcp_wait(run, true),
+            TimerOwner::PoolIdle => self.on_pool_timer(),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
@@ -2427,6 +2483,8 @@ impl<K: HostKey> Engine<K> {
         hub.stop_all(&mut io);
         // Nothing is left to answer: the hub's last events are dropped.
         self.mcp.take_early();
+        // Idle connections are simply closed: no request is on them, nothing waits.
+        self.pool.clear();
     }
 }
 
