@@ -124,6 +124,9 @@ pub struct EngineConfig {
     pub request_timeout: Duration,
     /// The configured MCP servers and how long one of their calls may go quiet.
     pub mcp: McpConfig,
+    /// Idle model connections kept for the next request (`http::pool`): at least
+    /// `MAX_IDLE_PER_KEY`, and the drive surfaces' `--max-working-runs` when larger.
+    pub idle_connections: usize,
 }
 
 /// What the engine's MCP hub starts from (`mcp_client`).
@@ -740,6 +743,7 @@ impl<K: HostKey> Engine<K> {
             config.mcp.unapproved.clone(),
             config.mcp.approvals_file.clone(),
         );
+        let idle_connections = config.idle_connections;
         let provider = &config.provider;
         let model_key = conn_pool::Key::new(
             provider.target.clone(),
@@ -769,7 +773,11 @@ impl<K: HostKey> Engine<K> {
             stats: Stats::default(),
             quit: false,
             mcp,
-            pool: conn_pool::Pool::default(),
+            pool: conn_pool::Pool::new(conn_pool::Limits {
+                per_key: idle_connections,
+                total: idle_connections.max(conn_pool::MAX_IDLE),
+                idle: conn_pool::IDLE_TIMEOUT,
+            }),
             model_key,
             pool_timer: None,
         })

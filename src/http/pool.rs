@@ -14,6 +14,7 @@
 //! at worst, when the request on it fails before any response byte, which the exchange
 //! retries once on a fresh connection.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,11 +23,13 @@ use rustls::ClientConfig;
 
 use crate::http::client::{Proxy, Target};
 
-/// Idle connections kept per key. A working run holds its model connection only while it
-/// streams; between turns (a tool running) the connection waits here for the run's next
-/// turn, so this is how many runs of one server can be between turns at once and still find
-/// a warm connection. Beyond it a turn pays one handshake, which is cheap next to a model
-/// turn; each idle connection costs a file descriptor.
+/// Idle connections kept per key, at least. A working run holds its model connection only
+/// while it streams; between turns (a tool running) the connection waits here for the run's
+/// next turn, so this is how many runs of one server can be between turns at once and still
+/// find a warm connection. Beyond it a turn pays one handshake, which is cheap next to a model
+/// turn; each idle connection costs a file descriptor. The drive surfaces raise it to their
+/// `--max-working-runs` (`EngineConfig::idle_connections`): as many runs may stream at once,
+/// so the process is already provisioned for that many model connections.
 pub const MAX_IDLE_PER_KEY: usize = 128;
 /// Idle connections kept in all: the pool's file descriptors, whatever the number of
 /// endpoints (model, MCP servers, fetched sites).
@@ -70,10 +73,10 @@ pub struct Parked<C> {
     pub addrs: Vec<SocketAddr>,
 }
 
-struct Entry<C> {
+/// The idle connections of one key, oldest first.
+struct Group<C> {
     key: Key,
-    parked: Parked<C>,
-    since: Instant,
+    idle: VecDeque<(Parked<C>, Instant)>,
 }
 
 /// Limits of a pool; `Limits::default()` is the constants above.
@@ -94,10 +97,12 @@ impl Default for Limits {
     }
 }
 
-/// The idle connections, oldest first. A few hundred at most, so a list scanned in order is
-/// simpler than a map and as fast.
+/// The idle connections by key. Keys are few (the model's endpoint, in practice one), so
+/// finding a key's group is a short scan; within a group, parking, taking and expiring are
+/// at its ends.
 pub struct Pool<C> {
-    entries: Vec<Entry<C>>,
+    groups: Vec<Group<C>>,
+    total: usize,
     limits: Limits,
 }
 
@@ -110,19 +115,20 @@ impl<C> Default for Pool<C> {
 impl<C> Pool<C> {
     pub fn new(limits: Limits) -> Pool<C> {
         Pool {
-            entries: Vec::new(),
+            groups: Vec::new(),
+            total: 0,
             limits,
         }
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.total
     }
 
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.total == 0
     }
 
     /// Keeps `parked` for `key`, closing (dropping) the oldest idle connection of the key, or
@@ -131,28 +137,55 @@ impl<C> Pool<C> {
         if self.limits.per_key == 0 || self.limits.total == 0 {
             return;
         }
-        let same = self.entries.iter().filter(|e| e.key.matches(&key)).count();
-        if same >= self.limits.per_key
-            && let Some(oldest) = self.entries.iter().position(|e| e.key.matches(&key))
+        let at = match self.groups.iter().position(|g| g.key.matches(&key)) {
+            Some(at) => at,
+            None => {
+                self.groups.push(Group {
+                    key,
+                    idle: VecDeque::new(),
+                });
+                self.groups.len() - 1
+            }
+        };
+        if self
+            .groups
+            .get(at)
+            .is_some_and(|g| g.idle.len() >= self.limits.per_key)
         {
-            self.entries.remove(oldest);
-        } else if self.entries.len() >= self.limits.total {
-            self.entries.remove(0);
+            self.pop_oldest(Some(at));
+        } else if self.total >= self.limits.total {
+            self.pop_oldest(None);
         }
-        self.entries.push(Entry {
-            key,
-            parked,
-            since: now,
+        if let Some(group) = self.groups.get_mut(at) {
+            group.idle.push_back((parked, now));
+            self.total += 1;
+        }
+    }
+
+    /// Closes the oldest idle connection of group `at`, or of all.
+    fn pop_oldest(&mut self, at: Option<usize>) {
+        let at = at.or_else(|| {
+            let fronts = self.groups.iter().enumerate();
+            fronts
+                .filter_map(|(i, g)| g.idle.front().map(|(_, since)| (i, *since)))
+                .min_by_key(|(_, since)| *since)
+                .map(|(i, _)| i)
         });
+        if let Some(group) = at.and_then(|at| self.groups.get_mut(at))
+            && group.idle.pop_front().is_some()
+        {
+            self.total -= 1;
+        }
     }
 
     /// The most recently parked connection for `key` that `alive` accepts (the likeliest to
     /// still be open); the ones it refuses are closed on the way.
     pub fn take(&mut self, key: &Key, mut alive: impl FnMut(&mut C) -> bool) -> Option<Parked<C>> {
-        while let Some(at) = self.entries.iter().rposition(|e| e.key.matches(key)) {
-            let mut entry = self.entries.remove(at);
-            if alive(&mut entry.parked.conn) {
-                return Some(entry.parked);
+        let group = self.groups.iter_mut().find(|g| g.key.matches(key))?;
+        while let Some((mut parked, _)) = group.idle.pop_back() {
+            self.total -= 1;
+            if alive(&mut parked.conn) {
+                return Some(parked);
             }
         }
         None
@@ -162,19 +195,34 @@ impl<C> Pool<C> {
     /// will be due, if any is left.
     pub fn expire(&mut self, now: Instant) -> Option<Instant> {
         let idle = self.limits.idle;
-        self.entries
-            .retain(|e| now.saturating_duration_since(e.since) < idle);
+        for group in &mut self.groups {
+            while group
+                .idle
+                .front()
+                .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= idle)
+            {
+                group.idle.pop_front();
+                self.total -= 1;
+            }
+        }
+        self.groups.retain(|g| !g.idle.is_empty());
         self.next_expiry()
     }
 
     /// When the oldest idle connection is due to close.
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.entries.first().map(|e| e.since + self.limits.idle)
+        let oldest = self
+            .groups
+            .iter()
+            .filter_map(|g| g.idle.front())
+            .map(|(_, since)| *since);
+        oldest.min().map(|since| since + self.limits.idle)
     }
 
     /// Closes every idle connection (exit: nothing waits on them).
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.groups.clear();
+        self.total = 0;
     }
 }
 
@@ -289,14 +337,15 @@ mod tests {
         let a = Key::new(target("a", 80, false), None, None);
         let b = Key::new(target("b", 80, false), None, None);
         let mut pool = Pool::new(limits);
-        let now = Instant::now();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         for n in 1..=3 {
-            pool.put(a.clone(), parked(n), now);
+            pool.put(a.clone(), parked(n), at(n.into()));
         }
         // The key's oldest (1) made room.
         assert_eq!(pool.len(), 2);
-        pool.put(b.clone(), parked(10), now);
-        pool.put(b.clone(), parked(11), now);
+        pool.put(b.clone(), parked(10), at(10));
+        pool.put(b.clone(), parked(11), at(11));
         // Over the total: the oldest of all (2) went.
         assert_eq!(pool.len(), 3);
         let mut left_a = Vec::new();
@@ -309,7 +358,7 @@ mod tests {
             per_key: 0,
             ..limits
         });
-        none.put(a, parked(1), now);
+        none.put(a, parked(1), t0);
         assert!(none.is_empty());
     }
 
