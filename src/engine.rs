@@ -1292,7 +1292,7 @@ impl<K: HostKey> Engine<K> {
         let provider = &self.config.provider;
         let request = provider.build_request(&slot.run.model_request());
         let token = self.reactor.token();
-        let exchange = Exchange::new(
+        let mut exchange = Exchange::new(
             token,
             provider.target.clone(),
             provider.proxy.clone(),
@@ -1311,7 +1311,6 @@ impl<K: HostKey> Engine<K> {
         self.timers.insert(deadline, TimerOwner::ModelDeadline(run));
         self.owners.insert(token, Owner::Model(run));
         // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
-        let mut exchange = exchange;
         let reused = match self.pool.take(&self.model_key, http_client::idle_alive) {
             Some(parked) => exchange.reuse(self.reactor.registry(), parked).is_ok(),
             None => false,
