@@ -725,7 +725,8 @@ pub struct Engine<K: HostKey> {
     /// timer (`pool_timer`) closes the ones idle too long.
     pool: conn_pool::Pool<Conn>,
     /// What makes a model connection reusable: the provider's target, proxy and TLS config.
-    model_key: conn_pool::Key,
+    /// Built at the first model request, not at start-up (an idle server runs none of it).
+    model_key: Option<conn_pool::Key>,
     pool_timer: Option<TimerId>,
 }
 
@@ -744,12 +745,6 @@ impl<K: HostKey> Engine<K> {
             config.mcp.approvals_file.clone(),
         );
         let idle_connections = config.idle_connections;
-        let provider = &config.provider;
-        let model_key = conn_pool::Key::new(
-            provider.target.clone(),
-            provider.proxy.clone(),
-            provider.tls.clone(),
-        );
         Ok(Engine {
             reactor,
             config,
@@ -778,7 +773,7 @@ impl<K: HostKey> Engine<K> {
                 total: idle_connections.max(conn_pool::MAX_IDLE),
                 idle: conn_pool::IDLE_TIMEOUT,
             }),
-            model_key,
+            model_key: None,
             pool_timer: None,
         })
     }
@@ -1311,7 +1306,14 @@ impl<K: HostKey> Engine<K> {
         self.timers.insert(deadline, TimerOwner::ModelDeadline(run));
         self.owners.insert(token, Owner::Model(run));
         // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
-        let reused = match self.pool.take(&self.model_key, http_client::idle_alive) {
+        let key = self.model_key.get_or_insert_with(|| {
+            conn_pool::Key::new(
+                provider.target.clone(),
+                provider.proxy.clone(),
+                provider.tls.clone(),
+            )
+        });
+        let reused = match self.pool.take(key, http_client::idle_alive) {
             Some(parked) => exchange.reuse(self.reactor.registry(), parked).is_ok(),
             None => false,
         };
@@ -1343,8 +1345,10 @@ impl<K: HostKey> Engine<K> {
         let Some(parked) = call.exchange.park(self.reactor.registry()) else {
             return;
         };
-        self.pool
-            .put(self.model_key.clone(), parked, Instant::now());
+        let Some(key) = self.model_key.clone() else {
+            return;
+        };
+        self.pool.put(key, parked, Instant::now());
         if self.pool_timer.is_none() {
             let timer = self.reactor.add_timer(conn_pool::IDLE_TIMEOUT);
             self.timers.insert(timer, TimerOwner::PoolIdle);
