@@ -93,3 +93,47 @@ fn a_request_on_a_connection_the_server_just_closed_is_sent_again_unseen() {
     run_quietly(&ws, &stub);
     assert_eq!(connections(&stub), [1, 1, 2]);
 }
+
+/// `http serve`: the next run takes the connection the last one left; a run cancelled in the
+/// middle of its model stream closes its connection, and the next run does not get it.
+#[test]
+fn runs_of_a_server_share_connections_but_not_a_cancelled_one() {
+    use crate::http_serve::{start_run, wait_for, wait_terminal};
+    use crate::http_util::{Serve, request};
+
+    let ws = Workspace::new("keepalive-serve");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"text": "first"},
+            {"text": "second"},
+            // Two events, then the stream goes quiet with the connection open.
+            {"text": "never finished", "faults": [{"stall_after_events": 2}]},
+            {"text": "after the cancel"},
+        ]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    for n in 1..=2 {
+        let run = start_run(addr, json!({"prompt": format!("run {n}")}));
+        assert_eq!(wait_terminal(addr, &run), json!({"state": "done"}));
+    }
+    assert_eq!(connections(&stub), [1, 1]);
+    let stalled = start_run(addr, json!({"prompt": "run 3"}));
+    wait_for("the third request to reach the model", || {
+        (stub.requests().len() == 3).then_some(())
+    });
+    let cancel = request(addr, "POST", &format!("/runs/{stalled}/cancel"), &[], b"");
+    assert_eq!(cancel.status, 200, "{cancel:?}");
+    assert_eq!(wait_terminal(addr, &stalled), json!({"state": "done"}));
+    let run = start_run(addr, json!({"prompt": "run 4"}));
+    assert_eq!(wait_terminal(addr, &run), json!({"state": "done"}));
+    // (The stub numbers this test's own `/_stub/requests` connections too.)
+    let conns = connections(&stub);
+    assert_eq!(conns.len(), 4, "{conns:?}");
+    assert!(conns[..3].iter().all(|c| *c == conns[0]), "{conns:?}");
+    assert_ne!(
+        conns[3], conns[2],
+        "the cancelled run's connection was reused"
+    );
+}
