@@ -244,6 +244,7 @@ fn agent_setup(
             .request_timeout
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
         mcp: mcp_setup(args, &settings, &workspace)?,
+        idle_connections: crate::http::pool::MAX_IDLE_PER_KEY,
     };
     let mut models = vec![provider.model.clone()];
     for model in settings.models.iter().flatten() {
@@ -599,6 +600,12 @@ fn drive_core(
     let mut setup = agent_setup(&args.agent, false, no_provider, &key_files)?;
     setup.run_config.sandbox_retry = true;
     let store = session_store().map_err(|e| config_error(&e))?;
+    let max_working_runs = args
+        .max_working_runs
+        .unwrap_or(drive::table::MAX_WORKING_RUNS);
+    // As many runs may stream at once: keep as many warm model connections between turns.
+    let idle = &mut setup.engine_config.idle_connections;
+    *idle = (*idle).max(max_working_runs);
     let drive_config = drive::table::DriveConfig {
         run: setup.run_config,
         policy: setup.policy,
@@ -610,9 +617,7 @@ fn drive_core(
             .unwrap_or(drive::table::DEFAULT_PERMISSION_TIMEOUT),
         system_prompt: args.agent.system_prompt.clone(),
         instructions: setup.instructions,
-        max_working_runs: args
-            .max_working_runs
-            .unwrap_or(drive::table::MAX_WORKING_RUNS),
+        max_working_runs,
         max_live_runs: args.max_live_runs.unwrap_or(drive::table::MAX_LIVE_RUNS),
         context_windows: setup.context_windows,
         models: setup.models,

@@ -21,7 +21,8 @@ use serde_json::Value;
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Effect, Run, ToolCall};
-use crate::http::client::{ClientEvent, Exchange};
+use crate::http::client::{self as http_client, ClientEvent, Exchange};
+use crate::http::pool as conn_pool;
 use crate::http::sse::SseDecoder;
 use crate::log;
 use crate::mcp_client::{self, Alarm, Hub, HubEvent, Selection, ServerId, Source};
@@ -36,6 +37,7 @@ use crate::tools::ToolOutput;
 use crate::tools::bash::{BashJob, SHELL_BUFFER_CAP, ShellOp, Stream};
 use crate::tools::table::{self, Runs};
 use crate::tools::web::{FetchRequest, MAX_FETCH_BODY};
+use crate::transport::Conn;
 use crate::workers::Pool;
 
 /// Error bodies are read for their message and retry hints, never kept whole.
@@ -122,6 +124,9 @@ pub struct EngineConfig {
     pub request_timeout: Duration,
     /// The configured MCP servers and how long one of their calls may go quiet.
     pub mcp: McpConfig,
+    /// Idle model connections kept for the next request (`http::pool`): at least
+    /// `MAX_IDLE_PER_KEY`, and the drive surfaces' `--max-working-runs` when larger.
+    pub idle_connections: usize,
 }
 
 /// What the engine's MCP hub starts from (`mcp_client`).
@@ -492,6 +497,8 @@ enum TimerOwner<K> {
     Mcp(ServerId, Alarm),
     /// How long a run's model request waits for its MCP servers' tool lists.
     McpWait(RunId),
+    /// The oldest idle model connection is due to close.
+    PoolIdle,
     Host(K),
 }
 
@@ -713,6 +720,13 @@ pub struct Engine<K: HostKey> {
     quit: bool,
     /// Every MCP server of the process; runs name theirs in `RunSlot::mcp`.
     mcp: Hub,
+    /// Idle model connections (keep-alive), deregistered, for the next model request; one
+    /// timer (`pool_timer`) closes the ones idle too long.
+    pool: conn_pool::Pool<Conn>,
+    /// What makes a model connection reusable: the provider's target, proxy and TLS config.
+    /// Built at the first model request, not at start-up (an idle server runs none of it).
+    model_key: Option<conn_pool::Key>,
+    pool_timer: Option<TimerId>,
 }
 
 impl<K: HostKey> Engine<K> {
@@ -729,6 +743,7 @@ impl<K: HostKey> Engine<K> {
             config.mcp.unapproved.clone(),
             config.mcp.approvals_file.clone(),
         );
+        let idle_connections = config.idle_connections;
         Ok(Engine {
             reactor,
             config,
@@ -752,6 +767,13 @@ impl<K: HostKey> Engine<K> {
             stats: Stats::default(),
             quit: false,
             mcp,
+            pool: conn_pool::Pool::new(conn_pool::Limits {
+                per_key: idle_connections,
+                total: idle_connections.max(conn_pool::MAX_IDLE),
+                idle: conn_pool::IDLE_TIMEOUT,
+            }),
+            model_key: None,
+            pool_timer: None,
         })
     }
 
@@ -1263,7 +1285,7 @@ impl<K: HostKey> Engine<K> {
         let provider = &self.config.provider;
         let request = provider.build_request(&slot.run.model_request());
         let token = self.reactor.token();
-        let exchange = Exchange::new(
+        let mut exchange = Exchange::new(
             token,
             provider.target.clone(),
             provider.proxy.clone(),
@@ -1281,6 +1303,18 @@ impl<K: HostKey> Engine<K> {
         let deadline = self.reactor.add_timer(self.config.request_timeout);
         self.timers.insert(deadline, TimerOwner::ModelDeadline(run));
         self.owners.insert(token, Owner::Model(run));
+        // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
+        let key = self.model_key.get_or_insert_with(|| {
+            conn_pool::Key::new(
+                provider.target.clone(),
+                provider.proxy.clone(),
+                provider.tls.clone(),
+            )
+        });
+        let reused = match self.pool.take(key, http_client::idle_alive) {
+            Some(parked) => exchange.reuse(self.reactor.registry(), parked).is_ok(),
+            None => false,
+        };
         slot.model = ModelState::InFlight(Box::new(ModelCall {
             exchange,
             sse: SseDecoder::new(),
@@ -1294,9 +1328,40 @@ impl<K: HostKey> Engine<K> {
             output_started: false,
             deadline,
         }));
+        if reused {
+            return;
+        }
         let done = move |result| Completion::Resolved { run, token, result };
         if let Some(now) = self.look_up(host, port, done) {
             self.on_resolved(run, token, now);
+        }
+    }
+
+    /// A model response ended cleanly: its connection waits in the pool for the next
+    /// request, if both sides keep it open.
+    fn park_model(&mut self, call: &mut ModelCall) {
+        let Some(parked) = call.exchange.park(self.reactor.registry()) else {
+            return;
+        };
+        let Some(key) = self.model_key.clone() else {
+            return;
+        };
+        self.pool.put(key, parked, Instant::now());
+        if self.pool_timer.is_none() {
+            let timer = self.reactor.add_timer(conn_pool::IDLE_TIMEOUT);
+            self.timers.insert(timer, TimerOwner::PoolIdle);
+            self.pool_timer = Some(timer);
+        }
+    }
+
+    /// The pool's timer: close what idled too long, and wake again for the next.
+    fn on_pool_timer(&mut self) {
+        self.pool_timer = None;
+        let now = Instant::now();
+        if let Some(due) = self.pool.expire(now) {
+            let timer = self.reactor.add_timer(due.saturating_duration_since(now));
+            self.timers.insert(timer, TimerOwner::PoolIdle);
+            self.pool_timer = Some(timer);
         }
     }
 
@@ -1439,6 +1504,7 @@ impl<K: HostKey> Engine<K> {
         let Some(mut call) = slot.model.take_call() else {
             return;
         };
+        self.park_model(&mut call);
         self.release_model(&mut call);
         self.finish_model(run, *call);
     }
@@ -1602,6 +1668,7 @@ impl<K: HostKey> Engine<K> {
                 self.on_hub_events(events);
             }
             TimerOwner::McpWait(run) => self.end_mcp_wait(run, true),
+            TimerOwner::PoolIdle => self.on_pool_timer(),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
@@ -2425,6 +2492,8 @@ impl<K: HostKey> Engine<K> {
         hub.stop_all(&mut io);
         // Nothing is left to answer: the hub's last events are dropped.
         self.mcp.take_early();
+        // Idle connections are simply closed: no request is on them, nothing waits.
+        self.pool.clear();
     }
 }
 

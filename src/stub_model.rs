@@ -63,8 +63,8 @@
 //! Message ids are `msg_stub_<R>` and `chatcmpl-stub<R>`.
 //!
 //! Faults apply to the first requests that reach their turn, one fault per request, in order.
-//! A status fault does not consume the turn, so the client's retry meets the next fault or
-//! finally the real turn; every other fault consumes it.
+//! A status fault (and a `hang_up`) does not consume the turn, so the client's retry meets
+//! the next fault or finally the real turn; every other fault consumes it.
 //!
 //! ```text
 //! FAULT = {"status": 529, "retry_after": "1"?, "body": "…"?}
@@ -72,6 +72,8 @@
 //!             overloaded_error, 429 rate_limit_error, 500 api_error, …; OpenAI
 //!             {"error":{"message","type","param","code"}}), Content-Length framed, with a
 //!             retry-after header when given; "body" replaces the envelope verbatim
+//!       | {"hang_up": true}          close the connection without a byte of response, as a
+//!                                    server does to a keep-alive connection it just timed out
 //!       | {"delay_ms": N}            wait N ms before the first response byte, then serve the turn
 //!       | {"drip_ms": N}             serve the turn with N ms between SSE events
 //!       | {"start_at_ms": N}         hold the first response byte until N ms after the Unix
@@ -86,10 +88,12 @@
 //!       | {"repeat_after_events": N} send N SSE events (N ≥ 1), then send the last of them
 //!                                    again every 100 ms until the client closes the socket:
 //!                                    a text delta repeated is real output that never ends
+//!       | {"close_after": true}      serve the whole turn (its head says keep-alive), then
+//!                                    close the connection: a server whose idle timeout is 0
 //! ```
 //!
-//! `start_at_ms`, `delay_ms`, `drip_ms` and one of the four `…_after_events` may be combined in one fault;
-//! `status` stands alone. Events are counted as SSE events, `data: [DONE]`
+//! `start_at_ms`, `delay_ms`, `drip_ms`, `close_after` and one of the four `…_after_events` may
+//! be combined in one fault; `status` and `hang_up` stand alone. Events are counted as SSE events, `data: [DONE]`
 //! included; a count past the end sends the whole stream but never its terminating chunk.
 //!
 //! # Routes
@@ -102,8 +106,10 @@
 //!   Both require `"stream": true`; a bad request gets 400 with the provider's envelope and
 //!   does not touch the script.
 //! - `GET /_stub/requests`: JSON array of every request received so far (the `/_stub/` routes
-//!   excepted), each `{"method","path","headers":{lowercased name: value},"body"}`, where
-//!   `body` is the parsed JSON, or a string when it is not JSON, or null when empty.
+//!   excepted), each `{"method","path","headers":{lowercased name: value},"body","connection"}`,
+//!   where `body` is the parsed JSON, or a string when it is not JSON, or null when empty, and
+//!   `connection` numbers the connection it came on (accepted connections count from 1), so
+//!   a test can tell which requests shared one.
 //! - `GET /_stub/health`: 200 `ok`. Anything else: 404.
 //!
 //! Responses are chunked `text/event-stream` on keep-alive connections; pipelined requests are
@@ -245,6 +251,7 @@ fn exit_on_stdin_eof() {
 /// listener itself fails.
 pub fn serve(listener: TcpListener, script: Script) -> io::Result<()> {
     let shared = Arc::new(Shared::new(script));
+    let mut accepted = 0u64;
     loop {
         let stream = match listener.accept() {
             Ok((stream, _peer)) => stream,
@@ -257,10 +264,12 @@ pub fn serve(listener: TcpListener, script: Script) -> io::Result<()> {
             Err(e) => return Err(e),
         };
         let conn_shared = Arc::clone(&shared);
+        accepted += 1;
+        let number = accepted;
         let spawned = thread::Builder::new()
             .name("stub-conn".to_string())
             .stack_size(CONN_STACK_BYTES)
-            .spawn(move || on_connection(stream, &conn_shared));
+            .spawn(move || on_connection(stream, &conn_shared, number));
         if let Err(e) = spawned {
             eprintln!("stub-model: cannot spawn a connection thread: {e}");
         }
@@ -386,6 +395,8 @@ impl StopReason {
 #[derive(Clone, Debug)]
 enum Fault {
     Status(StatusFault),
+    /// Close the connection before any response byte.
+    HangUp,
     Stream(StreamFault),
 }
 
@@ -403,6 +414,8 @@ struct StreamFault {
     delay_ms: u64,
     drip_ms: u64,
     cut: Option<Cut>,
+    /// Close the connection after the whole response, whatever its head said.
+    close_after: bool,
 }
 
 /// How a faulted stream ends early: after this many SSE events.
@@ -604,10 +617,20 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
             "stall_after_events",
             "ping_after_events",
             "repeat_after_events",
+            "hang_up",
+            "close_after",
         ],
     )?;
+    if opt_bool(obj, "hang_up", at)? {
+        if let Some(other) = obj.keys().find(|k| k.as_str() != "hang_up") {
+            return Err(format!(
+                "{at}: \"hang_up\" cannot be combined with \"{other}\" (use two faults)"
+            ));
+        }
+        return Ok(Fault::HangUp);
+    }
     if let Some(status) = opt_u64(obj, "status", at)? {
-        if let Some(other) = ["delay_ms", "drip_ms", "start_at_ms"]
+        if let Some(other) = ["delay_ms", "drip_ms", "start_at_ms", "close_after"]
             .iter()
             .chain(CUTS.iter())
             .find(|k| obj.contains_key(**k))
@@ -667,11 +690,17 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
     let delay_ms = opt_u64(obj, "delay_ms", at)?;
     let drip_ms = opt_u64(obj, "drip_ms", at)?;
     let start_at_ms = opt_u64(obj, "start_at_ms", at)?;
-    if cut.is_none() && delay_ms.is_none() && drip_ms.is_none() && start_at_ms.is_none() {
+    let close_after = opt_bool(obj, "close_after", at)?;
+    if cut.is_none()
+        && delay_ms.is_none()
+        && drip_ms.is_none()
+        && start_at_ms.is_none()
+        && !close_after
+    {
         return Err(format!(
-            "{at}: a fault needs one of \"status\", \"delay_ms\", \"drip_ms\", \"start_at_ms\", \
-             \"drop_after_events\", \"stall_after_events\", \"ping_after_events\", \
-             \"repeat_after_events\""
+            "{at}: a fault needs one of \"status\", \"hang_up\", \"delay_ms\", \"drip_ms\", \
+             \"start_at_ms\", \"drop_after_events\", \"stall_after_events\", \
+             \"ping_after_events\", \"repeat_after_events\", \"close_after\""
         ));
     }
     Ok(Fault::Stream(StreamFault {
@@ -679,6 +708,7 @@ fn parse_fault(value: &Value, at: &str) -> Result<Fault, String> {
         delay_ms: delay_ms.unwrap_or(0),
         drip_ms: drip_ms.unwrap_or(0),
         cut,
+        close_after,
     }))
 }
 
@@ -703,6 +733,15 @@ fn opt_string(obj: &Map<String, Value>, key: &str, at: &str) -> Result<Option<St
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(format!("{at}: \"{key}\" must be a string")),
+    }
+}
+
+/// A flag: absent or null is false; only `true` and `false` are accepted.
+fn opt_bool(obj: &Map<String, Value>, key: &str, at: &str) -> Result<bool, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(format!("{at}: \"{key}\" must be true or false")),
     }
 }
 
@@ -745,6 +784,7 @@ struct State {
 /// What to do with a valid model request.
 enum Plan {
     Status(StatusFault),
+    HangUp,
     Stream {
         turn_idx: usize,
         fault: StreamFault,
@@ -801,6 +841,7 @@ impl Shared {
                 st.faults_used[turn_idx] += 1;
                 match fault {
                     Fault::Status(status) => return Plan::Status(status.clone()),
+                    Fault::HangUp => return Plan::HangUp,
                     Fault::Stream(stream) => *stream,
                 }
             }
@@ -838,6 +879,7 @@ impl Shared {
         entry.insert("path".to_string(), Value::String(req.target.clone()));
         entry.insert("headers".to_string(), Value::Object(headers));
         entry.insert("body".to_string(), body);
+        entry.insert("connection".to_string(), Value::from(req.connection));
         let size = req.body.len();
         let mut st = self.lock();
         st.log.push_back((Value::Object(entry), size));
@@ -870,6 +912,8 @@ struct Request {
     keep_alive: bool,
     /// HTTP/1.0 cannot take a chunked response: the stream is delimited by close instead.
     http10: bool,
+    /// Which accepted connection it came on, counting from 1.
+    connection: u64,
 }
 
 impl Request {
@@ -925,18 +969,23 @@ fn route(path: &str) -> Route {
     }
 }
 
-fn on_connection(mut stream: TcpStream, shared: &Shared) {
+fn on_connection(mut stream: TcpStream, shared: &Shared, number: u64) {
     // Each SSE event goes out as its own write; without NODELAY Nagle would batch them and
     // clients would not see real streaming.
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::new();
     // Any I/O error just ends this connection; the peer sees a close.
-    while let Ok(Next::KeepAlive) = serve_one(&mut stream, &mut buf, shared) {}
+    while let Ok(Next::KeepAlive) = serve_one(&mut stream, &mut buf, shared, number) {}
     let _ = stream.shutdown(Shutdown::Both);
 }
 
 /// Reads one request from `stream` (bytes already buffered first) and answers it.
-fn serve_one(stream: &mut TcpStream, buf: &mut Vec<u8>, shared: &Shared) -> io::Result<Next> {
+fn serve_one(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    shared: &Shared,
+    connection: u64,
+) -> io::Result<Next> {
     let head = loop {
         match head::parse_request_head(buf) {
             Ok(Parsed::Complete(head, used)) => {
@@ -1019,7 +1068,7 @@ fn serve_one(stream: &mut TcpStream, buf: &mut Vec<u8>, shared: &Shared) -> io::
         }
         BodyRead::Eof => return Ok(Next::Close),
     };
-    let req = into_request(&head, body);
+    let req = into_request(&head, body, connection);
     let next = if req.keep_alive {
         Next::KeepAlive
     } else {
@@ -1039,7 +1088,7 @@ fn serve_one(stream: &mut TcpStream, buf: &mut Vec<u8>, shared: &Shared) -> io::
     }
 }
 
-fn into_request(head: &RequestHead, body: Vec<u8>) -> Request {
+fn into_request(head: &RequestHead, body: Vec<u8>, connection: u64) -> Request {
     Request {
         method: head.method.to_string(),
         target: head.target.to_string(),
@@ -1051,6 +1100,7 @@ fn into_request(head: &RequestHead, body: Vec<u8>) -> Request {
         body,
         keep_alive: head.keep_alive(),
         http10: head.minor_version == 0,
+        connection,
     }
 }
 
@@ -1257,6 +1307,15 @@ fn serve_model(
             }
             log_line(req, Some(&body), fault.status, "status fault");
             write_json(stream, fault.status, &headers, &text, next)
+        }
+        Plan::HangUp => {
+            log_line(
+                req,
+                Some(&body),
+                0,
+                "hang-up fault: closed without a response",
+            );
+            Ok(Next::Close)
         }
         Plan::Exhausted { used_up } => {
             let message = format!(
@@ -1891,7 +1950,7 @@ fn write_stream(
     if !req.http10 {
         stream.write_all(LAST_CHUNK)?;
     }
-    Ok(next)
+    Ok(if fault.close_after { Next::Close } else { next })
 }
 
 /// Ends the stream without its terminating chunk, as a crashed upstream would.
@@ -2853,6 +2912,46 @@ mod tests {
         assert!(second.text().contains("\"second\""));
         assert!(third.text().contains("\"third\""));
         assert!(third.text().ends_with("data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn hang_up_and_close_after_and_connection_numbers() {
+        let addr = start(
+            r#"{"turns":[{"text":"one","faults":[{"close_after":true}]},
+                         {"text":"two","faults":[{"hang_up":true}]}]}"#,
+        );
+        let mut first = Client::connect(addr);
+        let res = first.call(&anthropic(ANTHROPIC_BODY));
+        // The head promised keep-alive; the server closes anyway.
+        assert_eq!(res.header("connection"), Some("keep-alive"));
+        assert!(res.text().contains("\"one\""));
+        assert!(matches!(first.more(), Err(End::Eof)));
+        // No byte of response, and the turn is still there for the next request.
+        let mut second = Client::connect(addr);
+        second.send(&anthropic(ANTHROPIC_BODY));
+        assert!(matches!(second.more(), Err(End::Eof)));
+        assert!(second.buf.is_empty());
+        let mut third = Client::connect(addr);
+        assert!(
+            third
+                .call(&anthropic(ANTHROPIC_BODY))
+                .text()
+                .contains("\"two\"")
+        );
+        let log = third.call(&get("/_stub/requests")).json();
+        let conns: Vec<u64> = log
+            .as_array()
+            .expect("log")
+            .iter()
+            .map(|r| r["connection"].as_u64().expect("connection"))
+            .collect();
+        assert_eq!(conns, [1, 2, 3]);
+        assert!(
+            Script::parse(r#"{"turns":[{"faults":[{"hang_up":true,"delay_ms":1}]}]}"#).is_err()
+        );
+        assert!(
+            Script::parse(r#"{"turns":[{"faults":[{"status":500,"close_after":true}]}]}"#).is_err()
+        );
     }
 
     #[test]

@@ -268,23 +268,27 @@ impl Conn {
         }
     }
 
-    /// Reads until `WouldBlock`, EOF or `READ_BUDGET`, appending plaintext to `out`.
-    pub fn drain_read(&mut self, out: &mut Vec<u8>) -> io::Result<ReadStatus> {
-        self.drain_read_upto(out, READ_BUDGET)
-    }
-
     /// Reads until `WouldBlock`, EOF or about `budget` bytes, appending plaintext to `out`.
     /// Plain TCP stops at exactly `budget`; TLS may overshoot by what rustls has already
     /// decrypted (bounded by its buffer limit), because plaintext left inside rustls would
     /// get no readiness event of its own.
     pub fn drain_read_upto(&mut self, out: &mut Vec<u8>, budget: usize) -> io::Result<ReadStatus> {
+        let mut sink = Append {
+            out,
+            buf: [0u8; 16 * 1024],
+        };
+        self.read_into(&mut sink, budget)
+    }
+
+    /// `drain_read_upto` into any `Sink` (a `ReadBuf` takes the bytes without a copy).
+    pub fn read_into(&mut self, out: &mut impl Sink, budget: usize) -> io::Result<ReadStatus> {
         let mut status = ReadStatus {
             n_bytes: 0,
             eof: false,
             more: false,
         };
         match self {
-            Conn::Plain(tcp) => return drain_read_plain(tcp, out, budget),
+            Conn::Plain(tcp) => return read_plain_into(tcp, out, budget),
             Conn::Tls { tcp, tls } => drain_read_tls(tcp, tls, out, budget, &mut status)?,
             Conn::TlsServer { tcp, tls } => drain_read_tls(tcp, tls, out, budget, &mut status)?,
         }
@@ -309,6 +313,106 @@ pub(crate) fn flush_plain(stream: &mut impl Write, pending: &mut Vec<u8>) -> io:
     Ok(())
 }
 
+/// Where a read puts its bytes: a `Vec` it appends to (through a stack buffer) or a
+/// `ReadBuf` read into directly.
+pub trait Sink {
+    /// Room for the next read; not empty.
+    fn room(&mut self) -> &mut [u8];
+    /// The first `n` bytes of the last `room` were filled.
+    fn filled(&mut self, n: usize);
+}
+
+/// Appends to a `Vec` through one stack buffer per call: the `Vec` grows only by what
+/// arrived, which keeps many idle connections' buffers small.
+struct Append<'a> {
+    out: &'a mut Vec<u8>,
+    buf: [u8; 16 * 1024],
+}
+
+impl Sink for Append<'_> {
+    fn room(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+
+    fn filled(&mut self, n: usize) {
+        self.out
+            .extend_from_slice(self.buf.get(..n).unwrap_or_default());
+    }
+}
+
+/// First size of a `ReadBuf`: one allocation holds a typical read of a model stream (SSE
+/// events of a few hundred bytes each), so a stream's first reads do not walk a chain of
+/// reallocations; a thousand streams at once hold 8 MiB. Larger reads double it.
+const READ_BUF_FIRST: usize = 8 * 1024;
+/// A read is offered at least this much room; less, and the unread bytes move to the front
+/// (or the buffer doubles) first.
+const READ_BUF_MIN_ROOM: usize = 2 * 1024;
+
+/// An input buffer sockets read into directly: the bytes not yet used are `buf[start..end]`.
+/// Room past `end` is zeroed once, when the buffer grows, never per read; using bytes moves
+/// `start`, not the bytes, and only the unused tail ever moves (when room runs out). Nothing
+/// is allocated until the first read.
+#[derive(Default)]
+pub struct ReadBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ReadBuf {
+    pub fn new() -> ReadBuf {
+        ReadBuf::default()
+    }
+
+    /// The bytes read and not yet consumed.
+    pub fn data(&self) -> &[u8] {
+        self.buf.get(self.start..self.end).unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start >= self.end
+    }
+
+    /// Marks the first `n` bytes of `data` used.
+    pub fn consume(&mut self, n: usize) {
+        self.start = self.start.saturating_add(n).min(self.end);
+        if self.start == self.end {
+            // Everything used: the next read starts at the front, nothing moves.
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Forgets every byte, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.start = 0;
+        self.end = 0;
+    }
+}
+
+impl Sink for ReadBuf {
+    fn room(&mut self) -> &mut [u8] {
+        if self.buf.len().saturating_sub(self.end) < READ_BUF_MIN_ROOM {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            if self.buf.len().saturating_sub(self.end) < READ_BUF_MIN_ROOM {
+                let grown = (self.buf.len() * 2)
+                    .max(READ_BUF_FIRST)
+                    .max(self.end + READ_BUF_MIN_ROOM);
+                self.buf.resize(grown, 0);
+            }
+        }
+        self.buf.get_mut(self.end..).unwrap_or_default()
+    }
+
+    fn filled(&mut self, n: usize) {
+        self.end = self.end.saturating_add(n).min(self.buf.len());
+    }
+}
+
 /// Reads a non-blocking plain stream (TCP, or a Unix socket) until `WouldBlock`, EOF or
 /// exactly `budget` bytes, appending to `out`.
 pub(crate) fn drain_read_plain(
@@ -316,26 +420,40 @@ pub(crate) fn drain_read_plain(
     out: &mut Vec<u8>,
     budget: usize,
 ) -> io::Result<ReadStatus> {
+    let mut sink = Append {
+        out,
+        buf: [0u8; 16 * 1024],
+    };
+    read_plain_into(stream, &mut sink, budget)
+}
+
+/// `drain_read_plain` into any `Sink`.
+pub(crate) fn read_plain_into(
+    stream: &mut impl Read,
+    sink: &mut impl Sink,
+    budget: usize,
+) -> io::Result<ReadStatus> {
     let mut status = ReadStatus {
         n_bytes: 0,
         eof: false,
         more: false,
     };
-    let mut buf = [0u8; 16 * 1024];
     loop {
-        let room = budget.saturating_sub(status.n_bytes).min(buf.len());
-        if room == 0 {
+        let left = budget.saturating_sub(status.n_bytes);
+        if left == 0 {
             status.more = true;
             return Ok(status);
         }
-        let window = buf.get_mut(..room).unwrap_or(&mut []);
+        let room = sink.room();
+        let end = left.min(room.len());
+        let window = room.get_mut(..end).unwrap_or_default();
         match stream.read(window) {
             Ok(0) => {
                 status.eof = true;
                 return Ok(status);
             }
             Ok(n) => {
-                out.extend_from_slice(window.get(..n).unwrap_or_default());
+                sink.filled(n);
                 status.n_bytes += n;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(status),
@@ -384,7 +502,7 @@ fn flush_tls<D>(
 fn drain_read_tls<D>(
     tcp: &mut TcpStream,
     tls: &mut ConnectionCommon<D>,
-    out: &mut Vec<u8>,
+    out: &mut impl Sink,
     budget: usize,
     status: &mut ReadStatus,
 ) -> io::Result<()> {
@@ -430,18 +548,17 @@ fn drain_read_tls<D>(
 
 fn drain_plaintext<D>(
     tls: &mut ConnectionCommon<D>,
-    out: &mut Vec<u8>,
+    out: &mut impl Sink,
     status: &mut ReadStatus,
 ) -> io::Result<()> {
-    let mut buf = [0u8; 16 * 1024];
     loop {
-        match tls.reader().read(&mut buf) {
+        match tls.reader().read(out.room()) {
             Ok(0) => {
                 status.eof = true;
                 return Ok(());
             }
             Ok(n) => {
-                out.extend_from_slice(buf.get(..n).unwrap_or_default());
+                out.filled(n);
                 status.n_bytes += n;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -453,5 +570,49 @@ fn drain_plaintext<D>(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_buf_reads_in_place_and_moves_only_what_is_unread() {
+        let mut buf = ReadBuf::new();
+        assert!(buf.is_empty());
+        let mut src: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nbody";
+        let status = read_plain_into(&mut src, &mut buf, 1024).expect("read");
+        assert_eq!(status.n_bytes, 23);
+        assert!(status.eof);
+        assert_eq!(buf.data(), b"HTTP/1.1 200 OK\r\n\r\nbody");
+        buf.consume(19);
+        assert_eq!(buf.data(), b"body");
+        // Using everything rewinds to the front: nothing moves, nothing grows.
+        buf.consume(4);
+        assert!(buf.is_empty());
+        let first = buf.buf.len();
+        assert_eq!(first, READ_BUF_FIRST);
+        // Fill to leave less than the minimum room with one byte unread: the byte moves to
+        // the front instead of the buffer growing.
+        let big = vec![7u8; first - READ_BUF_MIN_ROOM + 1];
+        let mut src: &[u8] = &big;
+        read_plain_into(&mut src, &mut buf, big.len()).expect("read");
+        buf.consume(big.len() - 1);
+        assert_eq!(buf.room().len(), first - 1);
+        assert_eq!(buf.data(), [7]);
+        // More than fits unread: it doubles, keeping every byte.
+        let more = vec![9u8; 3 * first];
+        let mut src: &[u8] = &more;
+        let status = read_plain_into(&mut src, &mut buf, usize::MAX).expect("read");
+        assert_eq!(status.n_bytes, more.len());
+        assert_eq!(buf.data().len(), 1 + more.len());
+        assert!(buf.data()[1..].iter().all(|b| *b == 9));
+        // The budget stops a read exactly.
+        let mut buf = ReadBuf::new();
+        let mut src: &[u8] = b"0123456789";
+        let status = read_plain_into(&mut src, &mut buf, 4).expect("read");
+        assert_eq!((status.n_bytes, status.more), (4, true));
+        assert_eq!(buf.data(), b"0123");
     }
 }

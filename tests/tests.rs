@@ -10,6 +10,7 @@ mod deploy;
 mod http_serve;
 mod http_util;
 mod image;
+mod keepalive;
 mod long_work;
 mod mcp;
 mod mcp_client;

@@ -687,3 +687,39 @@ fn web_fetch_over_https_verifies_the_site() {
         }
     }
 }
+
+/// The turns of a run reuse one TLS connection (one handshake at the relay), and through a
+/// proxy one tunnel (one CONNECT).
+#[test]
+fn https_turns_share_one_connection_and_one_tunnel() {
+    let read = json!({"tool_calls": [{"id": "t1", "name": "Read", "input": {"path": "a.txt"}}]});
+    for via_proxy in [false, true] {
+        let ws = Workspace::new("tls-keepalive");
+        ws.write("a.txt", "alpha\n");
+        let stub = Stub::start(&ws, &json!({"turns": [read.clone(), text_turn("done")]}));
+        let relay = tls_relay(stub_addr(&stub));
+        let proxy = connect_proxy(ProxyMode::Tunnel);
+        let base = format!("https://localhost:{}", relay.port());
+        let mut cmd = https_cmd(&ws, &base, "ca.pem");
+        if via_proxy {
+            cmd.env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port()));
+        }
+        cmd.args(["--max-retries", "0", "-p", "read a.txt"]);
+        let out = run(cmd, "");
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert_eq!(out.stdout, "done\n");
+        assert_eq!(relay.seen(), ["accepted"], "one TLS connection");
+        let tunnels = if via_proxy {
+            vec![format!("CONNECT localhost:{} HTTP/1.1", relay.port())]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(proxy.seen(), tunnels);
+        let conns: Vec<Value> = stub
+            .requests()
+            .iter()
+            .map(|r| r["connection"].clone())
+            .collect();
+        assert_eq!(conns, [json!(1), json!(1)]);
+    }
+}

@@ -104,7 +104,6 @@ impl ResponseHead {
     /// Besides the Connection field, a response framed by both Transfer-Encoding and
     /// Content-Length (or Transfer-Encoding on HTTP/1.0) is a smuggling shape, and
     /// RFC 9112 §6.1 says not to reuse the connection after it.
-    #[cfg(test)]
     pub fn keep_alive(&self) -> bool {
         let has_te = find_header(&self.headers, "transfer-encoding").is_some();
         let ambiguous = has_te

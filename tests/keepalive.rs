@@ -1,0 +1,139 @@
+//! Model connections are kept alive between requests: the turns of a run share one
+//! connection, and a server that closed an idle connection costs nothing the client can see
+//! (no retry, no error). The stub numbers the connection each request came on. (The TLS and
+//! proxy cases are in `tls.rs`, next to their relay and proxy.)
+
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+fn read(id: &str, path: &str) -> Value {
+    json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]})
+}
+
+/// The connection number of every model request the stub saw, in order.
+fn connections(stub: &Stub) -> Vec<u64> {
+    stub.requests()
+        .iter()
+        .map(|r| r["connection"].as_u64().expect("connection number"))
+        .collect()
+}
+
+/// Runs `-p` in stream-json with no retries allowed, so any failure the client could see
+/// fails the run; returns the output after checking it succeeded without a retry frame.
+fn run_quietly(ws: &Workspace, stub: &Stub) -> Output {
+    let out = run_stub(
+        ws,
+        stub,
+        &[
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--max-retries",
+            "0",
+            "read the files",
+        ],
+        "",
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "done", "{out:?}");
+    let retries: Vec<Value> = out
+        .frames()
+        .into_iter()
+        .filter(|f| f["subtype"] == "api_retry")
+        .collect();
+    assert!(retries.is_empty(), "a retry was shown: {retries:?}");
+    out
+}
+
+#[test]
+fn the_turns_of_a_run_share_one_model_connection() {
+    let ws = Workspace::new("keepalive-turns");
+    ws.write("a.txt", "alpha\n");
+    ws.write("b.txt", "beta\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [read("t1", "a.txt"), read("t2", "b.txt"), {"text": "done"}]}),
+    );
+    run_quietly(&ws, &stub);
+    assert_eq!(connections(&stub), [1, 1, 1]);
+}
+
+#[test]
+fn a_server_that_closes_after_each_response_costs_no_retry() {
+    let ws = Workspace::new("keepalive-close-after");
+    ws.write("a.txt", "alpha\n");
+    ws.write("b.txt", "beta\n");
+    // Every response says keep-alive, then the server closes: the next turn finds the
+    // idle connection dead (or its request fails before any byte) and takes a fresh one.
+    let closes = json!([{"close_after": true}]);
+    let mut first = read("t1", "a.txt");
+    first["faults"] = closes.clone();
+    let mut second = read("t2", "b.txt");
+    second["faults"] = closes;
+    let stub = Stub::start(&ws, &json!({"turns": [first, second, {"text": "done"}]}));
+    run_quietly(&ws, &stub);
+    assert_eq!(connections(&stub), [1, 2, 3]);
+}
+
+#[test]
+fn a_request_on_a_connection_the_server_just_closed_is_sent_again_unseen() {
+    let ws = Workspace::new("keepalive-hang-up");
+    ws.write("a.txt", "alpha\n");
+    // The second request goes on the first turn's connection, and the server hangs up on
+    // it without a byte (an idle timeout racing the request): the client sends it again on
+    // a new connection, without a retry of the run's policy (there are none to spend).
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            read("t1", "a.txt"),
+            {"text": "done", "faults": [{"hang_up": true}]},
+        ]}),
+    );
+    run_quietly(&ws, &stub);
+    assert_eq!(connections(&stub), [1, 1, 2]);
+}
+
+/// `http serve`: the next run takes the connection the last one left; a run cancelled in the
+/// middle of its model stream closes its connection, and the next run does not get it.
+#[test]
+fn runs_of_a_server_share_connections_but_not_a_cancelled_one() {
+    use crate::http_serve::{start_run, wait_for, wait_terminal};
+    use crate::http_util::{Serve, request};
+
+    let ws = Workspace::new("keepalive-serve");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [
+            {"text": "first"},
+            {"text": "second"},
+            // Two events, then the stream goes quiet with the connection open.
+            {"text": "never finished", "faults": [{"stall_after_events": 2}]},
+            {"text": "after the cancel"},
+        ]}),
+    );
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    let addr = server.addr;
+    for n in 1..=2 {
+        let run = start_run(addr, json!({"prompt": format!("run {n}")}));
+        assert_eq!(wait_terminal(addr, &run), json!({"state": "done"}));
+    }
+    assert_eq!(connections(&stub), [1, 1]);
+    let stalled = start_run(addr, json!({"prompt": "run 3"}));
+    wait_for("the third request to reach the model", || {
+        (stub.requests().len() == 3).then_some(())
+    });
+    let cancel = request(addr, "POST", &format!("/runs/{stalled}/cancel"), &[], b"");
+    assert_eq!(cancel.status, 200, "{cancel:?}");
+    assert_eq!(wait_terminal(addr, &stalled), json!({"state": "done"}));
+    let run = start_run(addr, json!({"prompt": "run 4"}));
+    assert_eq!(wait_terminal(addr, &run), json!({"state": "done"}));
+    // (The stub numbers this test's own `/_stub/requests` connections too.)
+    let conns = connections(&stub);
+    assert_eq!(conns.len(), 4, "{conns:?}");
+    assert!(conns[..3].iter().all(|c| *c == conns[0]), "{conns:?}");
+    assert_ne!(
+        conns[3], conns[2],
+        "the cancelled run's connection was reused"
+    );
+}
