@@ -735,19 +735,20 @@ impl EventLog {
         let mut staged = mem::take(&mut self.staged);
         let events = mem::take(&mut self.staged_events);
         let offset = self.end;
+        let lines = staged.len();
         staged.extend_from_slice(record);
         let written = self.write_line(&staged);
         if written.is_ok() {
+            // One shared copy of the round's lines serves every event of it from the tail.
+            let batch: Arc<str> = Arc::from(crate::text::lossy(&staged[..lines]).as_ref());
             for (start, body) in events {
                 if self.events.is_multiple_of(INDEX_STRIDE) {
                     self.index.push(offset + start as u64);
                 }
                 self.events += 1;
-                let text = crate::text::lossy(staged.get(body).unwrap_or_default());
-                if self.tail.admits(text.len()) {
-                    self.tail.push(Arc::from(text.as_ref()));
-                } else {
-                    self.tail.skip();
+                match EventText::slice(&batch, body) {
+                    Some(text) if self.tail.admits(text.len()) => self.tail.push(text),
+                    _ => self.tail.skip(),
                 }
             }
         }
@@ -816,7 +817,7 @@ impl EventLog {
         cursor: u64,
         max_events: usize,
         max_bytes: usize,
-    ) -> io::Result<Vec<(u64, Arc<str>)>> {
+    ) -> io::Result<Vec<(u64, EventText)>> {
         let mut batch = Batch {
             events: Vec::new(),
             bytes: 0,
@@ -1094,7 +1095,7 @@ impl EventLog {
                     return Err(self.changed_underneath());
                 }
                 expected += 1;
-                if seen >= cursor && !batch.push(seen, &Arc::from(text.as_ref())) {
+                if seen >= cursor && !batch.push(seen, &EventText::new(&text)) {
                     break;
                 }
             }
@@ -1170,7 +1171,7 @@ impl EventLog {
                 }
                 self.events += 1;
                 if self.tail.admits(text.len()) {
-                    self.tail.push(Arc::from(text.as_ref()));
+                    self.tail.push(EventText::new(&text));
                 } else {
                     self.tail.skip();
                 }
@@ -1192,9 +1193,70 @@ impl Drop for EventLog {
 
 static NULL: Value = Value::Null;
 
+/// One event's JSON text, shared: a slice of the lines of the round it was written in (one
+/// allocation per write, not one per event), or text of its own when read back from a file.
+#[derive(Clone)]
+pub struct EventText {
+    text: Arc<str>,
+    range: std::ops::Range<usize>,
+}
+
+impl EventText {
+    fn new(text: &str) -> EventText {
+        EventText {
+            text: Arc::from(text),
+            range: 0..text.len(),
+        }
+    }
+
+    /// `range` of `text`; `None` if it does not fall on character boundaries inside it.
+    fn slice(text: &Arc<str>, range: std::ops::Range<usize>) -> Option<EventText> {
+        text.get(range.clone())?;
+        Some(EventText {
+            text: Arc::clone(text),
+            range,
+        })
+    }
+}
+
+impl std::ops::Deref for EventText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.text.get(self.range.clone()).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for EventText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl From<&str> for EventText {
+    fn from(text: &str) -> EventText {
+        EventText::new(text)
+    }
+}
+
+/// Equal when the texts are, wherever each is kept.
+impl PartialEq for EventText {
+    fn eq(&self, other: &EventText) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for EventText {}
+
+impl fmt::Debug for EventText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
 /// The newest events of a log, contiguous and ending at its last event.
 struct Tail {
-    events: VecDeque<Arc<str>>,
+    events: VecDeque<EventText>,
     /// The cursor of `events[0]`; with an empty tail, the log's length.
     start: u64,
     bytes: usize,
@@ -1226,7 +1288,7 @@ impl Tail {
         self.max_events > 0 && len <= self.max_bytes
     }
 
-    fn push(&mut self, text: Arc<str>) {
+    fn push(&mut self, text: EventText) {
         self.bytes += text.len();
         self.events.push_back(text);
         while self.events.len() > self.max_events || self.bytes > self.max_bytes {
@@ -1251,7 +1313,7 @@ impl Tail {
         self.start = next;
     }
 
-    fn get(&self, cursor: u64) -> Option<&Arc<str>> {
+    fn get(&self, cursor: u64) -> Option<&EventText> {
         let i = usize::try_from(cursor.checked_sub(self.start)?).ok()?;
         self.events.get(i)
     }
@@ -1259,7 +1321,7 @@ impl Tail {
 
 /// The events a `read` gathers, within its limits.
 struct Batch {
-    events: Vec<(u64, Arc<str>)>,
+    events: Vec<(u64, EventText)>,
     bytes: usize,
     max_events: usize,
     max_bytes: usize,
@@ -1267,14 +1329,14 @@ struct Batch {
 
 impl Batch {
     /// Adds the event if it fits; the first one always does.
-    fn push(&mut self, cursor: u64, text: &Arc<str>) -> bool {
+    fn push(&mut self, cursor: u64, text: &EventText) -> bool {
         let fits = self.events.len() < self.max_events
             && self.bytes.saturating_add(text.len()) <= self.max_bytes;
         if !fits && !self.events.is_empty() {
             return false;
         }
         self.bytes = self.bytes.saturating_add(text.len());
-        self.events.push((cursor, Arc::clone(text)));
+        self.events.push((cursor, text.clone()));
         true
     }
 }
@@ -1767,7 +1829,7 @@ mod tests {
         out
     }
 
-    fn owned(batch: Vec<(u64, Arc<str>)>) -> Vec<(u64, String)> {
+    fn owned(batch: Vec<(u64, EventText)>) -> Vec<(u64, String)> {
         batch.into_iter().map(|(c, t)| (c, t.to_string())).collect()
     }
 

@@ -320,7 +320,7 @@ pub struct RunSummary {
 
 /// A batch for a poll: events as `(cursor, TurnEvent JSON text)`.
 pub struct PollView {
-    pub events: Vec<(u64, std::sync::Arc<str>)>,
+    pub events: Vec<(u64, crate::drive::session::EventText)>,
     pub next_cursor: u64,
     pub status: DriveStatus,
     pub permission_request: Option<Prompt>,

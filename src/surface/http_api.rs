@@ -159,6 +159,9 @@ struct Pump {
     queue: VecDeque<ConnId>,
     queued: HashSet<ConnId>,
     timer: Option<TimerId>,
+    /// Where a step's event lines are put together before they are held on the connection:
+    /// kept between steps (a thousand followers take a step each per round of events).
+    lines: String,
 }
 
 fn json_reply(status: u16, body: &Value) -> Reply {
@@ -545,7 +548,9 @@ impl HttpServe {
                 // flat-out stream is many small events per step, and two strings each were
                 // most of the pump's own time.
                 let text: usize = view.events.iter().map(|(_, raw)| raw.len()).sum();
-                let mut chunk = String::with_capacity(text + 64 * view.events.len());
+                let chunk = &mut self.pump.lines;
+                chunk.clear();
+                chunk.reserve(text + 64 * view.events.len());
                 for (cursor, raw) in &view.events {
                     let next = cursor + 1;
                     if follow.sse {
@@ -557,6 +562,10 @@ impl HttpServe {
                 follow.next_cursor = view.next_cursor;
                 slot.conn.hold_stream_chunk(chunk.as_bytes());
                 *budget = budget.saturating_sub(chunk.len());
+                if chunk.capacity() > 2 * STREAM_STEP_BYTES {
+                    // A step of large events is not kept for the small ones after it.
+                    *chunk = String::new();
+                }
                 continue;
             }
             // Caught up with the log.

@@ -429,7 +429,7 @@ pub fn elicitation_params(run_id: &str, prompt: &Prompt, with_mode: bool) -> Val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use crate::drive::session::EventText;
 
     /// What rmcp 1.7 lists for upstream's argument structs, byte for byte (generated with
     /// rmcp 1.7.0 + schemars 1 from upstream's `caliban/src/serve/mcp.rs`). Our schemas
@@ -478,7 +478,7 @@ mod tests {
     #[test]
     fn bodies_have_upstreams_sorted_keys() {
         let view = PollView {
-            events: vec![(0, Arc::from(r#"{"type":"TurnStart","turn_index":0}"#))],
+            events: vec![(0, EventText::from(r#"{"type":"TurnStart","turn_index":0}"#))],
             next_cursor: 1,
             status: DriveStatus::Failed("boom \"x\"".into()),
             permission_request: Some(Prompt {
@@ -514,7 +514,7 @@ mod tests {
                                          "data": "iVBORw0KGgo="}},
         ]});
         let view = PollView {
-            events: vec![(0, Arc::from(event.to_string()))],
+            events: vec![(0, EventText::from(event.to_string().as_str()))],
             next_cursor: 1,
             status: DriveStatus::Running,
             permission_request: None,
