@@ -223,11 +223,18 @@ fn from_object(mut obj: Map<String, Value>, line: &[u8]) -> Result<Message, Inva
 /// A response's text (no newline) around the result `write` appends, JSON text the caller
 /// vouches for: an answer built as text (an MCP poll body) is not parsed into a value only to
 /// be written out again, and is built in the one buffer it is sent from.
-pub fn response_text(id: &Id, write: impl FnOnce(&mut String)) -> String {
-    let mut text = response_head(id);
-    write(&mut text);
-    text.push('}');
-    text
+pub fn response_text(id: &Id, write: impl FnOnce(&mut Vec<u8>)) -> String {
+    let mut text = Vec::new();
+    write_response(&mut text, id, write);
+    // Only JSON text is written here; a bad byte would be the writer's bug, not lost output.
+    String::from_utf8(text).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into())
+}
+
+/// `response_text` appended to `out` (no newline): an answer written where it is sent from.
+pub fn write_response(out: &mut Vec<u8>, id: &Id, write: impl FnOnce(&mut Vec<u8>)) {
+    out.extend_from_slice(response_head(id).as_bytes());
+    write(out);
+    out.push(b'}');
 }
 
 fn response_head(id: &Id) -> String {

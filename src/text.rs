@@ -16,37 +16,38 @@ pub(crate) fn lossy(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
 
 /// Appends `text` to `out` as a JSON string, quotes included, escaped exactly as
 /// `serde_json` escapes it (so output does not depend on which of the two wrote it). For
-/// text embedded in text, like a poll body inside an MCP tool result, without a detour
-/// through a second buffer.
-pub(crate) fn push_json_string(out: &mut String, text: &str) {
+/// text embedded in text, like a poll body inside an MCP tool result, written where the
+/// message is built.
+pub(crate) fn push_json_string(out: &mut Vec<u8>, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(text.len() + 2);
-    out.push('"');
+    out.push(b'"');
+    let bytes = text.as_bytes();
     let mut run = 0;
-    for (i, byte) in text.bytes().enumerate() {
-        let short = match byte {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            0..0x20 => "",
+    for (i, &byte) in bytes.iter().enumerate() {
+        let short: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..0x20 => b"",
             _ => continue,
         };
-        out.push_str(text.get(run..i).unwrap_or_default());
+        out.extend_from_slice(bytes.get(run..i).unwrap_or_default());
         run = i + 1;
         if short.is_empty() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0xf)]);
         } else {
-            out.push_str(short);
+            out.extend_from_slice(short);
         }
     }
-    out.push_str(text.get(run..).unwrap_or_default());
-    out.push('"');
+    out.extend_from_slice(bytes.get(run..).unwrap_or_default());
+    out.push(b'"');
 }
 
 /// `text` split after its first `max_chars` characters into what is kept and what is
@@ -94,9 +95,10 @@ mod tests {
             "é🦀\u{2028}\u{fffd}",
             "\"\\\"\n\u{1}end",
         ] {
-            let mut out = String::from("[");
+            let mut out = b"[".to_vec();
             push_json_string(&mut out, text);
-            assert_eq!(out, format!("[{}", serde_json::to_string(text).unwrap()));
+            let want = format!("[{}", serde_json::to_string(text).unwrap());
+            assert_eq!(String::from_utf8(out).unwrap(), want);
         }
     }
 
