@@ -255,8 +255,8 @@ impl Stdout {
         }
     }
 
-    /// `push` of what `write` appends, written straight into the queue: a batch of
-    /// protocol frames is built where it waits, with no copy.
+    /// Queues what `write` appends and writes what the pipe takes. `write` appends to the
+    /// queue itself: a batch of protocol frames is built where it waits, with no copy.
     pub fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
         if self.gone {
             // Still taken, so the writer's buffer does not grow for nobody.
