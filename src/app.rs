@@ -589,7 +589,7 @@ fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> 
 fn drive_core(
     args: &ServeArgs,
 ) -> Result<(drive::table::DriveCore, EngineConfig, Option<String>), u8> {
-    sys::raise_fd_limit();
+    let fd_limit = sys::raise_fd_limit();
     let no_provider = match args.surface {
         Surface::Acp => NoProvider::Report,
         // A supervisor starts the networked agent: a missing provider is a configuration
@@ -603,9 +603,14 @@ fn drive_core(
     let max_working_runs = args
         .max_working_runs
         .unwrap_or(drive::table::MAX_WORKING_RUNS);
-    // As many runs may stream at once: keep as many warm model connections between turns.
+    // As many runs may stream at once: keep as many warm model connections between turns,
+    // but never more than a quarter of the descriptors the process may open, which the runs'
+    // session files, their model connections and the clients' sockets need first.
     let idle = &mut setup.engine_config.idle_connections;
     *idle = (*idle).max(max_working_runs);
+    if let Some(limit) = fd_limit {
+        *idle = (*idle).min(usize::try_from(limit / 4).unwrap_or(usize::MAX));
+    }
     let drive_config = drive::table::DriveConfig {
         run: setup.run_config,
         policy: setup.policy,

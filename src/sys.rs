@@ -415,23 +415,28 @@ pub fn umask(mask: u32) -> u32 {
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }
 
-/// Raises the soft open-file limit to the hard limit. Every open run holds its session file
-/// and every client a socket; a default soft limit of 256 or 1024 would cap a server well
-/// below what the machine allows.
-pub fn raise_fd_limit() {
+/// Raises the soft open-file limit to the hard limit, and returns the limit now in force
+/// (`None` if it cannot be read). Every open run holds its session file and every client a
+/// socket; a default soft limit of 256 or 1024 would cap a server well below what the
+/// machine allows.
+pub fn raise_fd_limit() -> Option<u64> {
     // SAFETY: a zeroed rlimit is a valid out-parameter that getrlimit fills in.
     let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: valid resource id and a writable rlimit.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return;
+        return None;
     }
     if limit.rlim_cur < limit.rlim_max {
-        limit.rlim_cur = limit.rlim_max;
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
         // SAFETY: valid resource id and an initialised rlimit; failure leaves the old limit.
-        unsafe {
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
         }
     }
+    Some(limit.rlim_cur)
 }
 
 // ---- The sandbox's kernel calls: Landlock, seccomp, a private mount namespace ------------

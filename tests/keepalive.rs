@@ -137,3 +137,70 @@ fn runs_of_a_server_share_connections_but_not_a_cancelled_one() {
         "the cancelled run's connection was reused"
     );
 }
+
+/// Idle model connections keep to a quarter of the server's open-file limit, which the runs'
+/// session files, model connections and clients need first: under a limit of 200, the 60
+/// connections of runs that streamed at once leave at most 50 idle, so the next 60 runs open
+/// at least 10 new ones (with no cap all 60 would be reused).
+#[test]
+fn idle_connections_keep_to_a_quarter_of_the_open_file_limit() {
+    use crate::http_serve::{start_run, wait_terminal};
+    use crate::http_util::{Serve, serve_command};
+    use std::collections::HashSet;
+
+    const RUNS: usize = 60;
+    let ws = Workspace::new("keepalive-fd-cap");
+    // Every request of both rounds waits before its answer (a fault serves one request), so
+    // a round's requests are all open at once.
+    let faults = vec![json!({"delay_ms": 600}); 2 * RUNS];
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"text": "slow", "reuse": true, "faults": faults}]}),
+    );
+    let cmd = serve_command(&ws, &stub, &[], &[]);
+    // The limit is set by a shell that then becomes the server (the tests use no unsafe
+    // `pre_exec`); hard and soft, so the server cannot raise it.
+    let mut limited = std::process::Command::new("sh");
+    limited
+        .arg("-c")
+        .arg(r#"ulimit -n 200 && exec "$0" "$@""#)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => limited.env(key, value),
+            None => limited.env_remove(key),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        limited.current_dir(dir);
+    }
+    let server = Serve::spawn(limited);
+    let addr = server.addr;
+    let round = || {
+        let runs: Vec<String> = (0..RUNS)
+            .map(|i| start_run(addr, json!({"prompt": format!("run {i}")})))
+            .collect();
+        for run in &runs {
+            assert_eq!(wait_terminal(addr, run), json!({"state": "done"}));
+        }
+    };
+    round();
+    let first: HashSet<u64> = connections(&stub).into_iter().collect();
+    assert_eq!(
+        first.len(),
+        RUNS,
+        "the first round's requests were all open at once"
+    );
+    round();
+    let second = connections(&stub);
+    let fresh: HashSet<&u64> = second[RUNS..]
+        .iter()
+        .filter(|c| !first.contains(c))
+        .collect();
+    assert!(
+        fresh.len() >= RUNS - 50,
+        "{} of the second round's connections were new: more than 50 were kept idle",
+        fresh.len()
+    );
+}
