@@ -49,6 +49,20 @@ impl Workspace {
         std::fs::write(path, contents).expect("write file");
     }
 
+    /// Hands the whole workspace (its `home/` included) to `user`, for a caliban run as that
+    /// user (`as_user`).
+    pub fn give_to(&self, (uid, gid): (u32, u32)) {
+        fn walk(path: &Path, uid: u32, gid: u32) {
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid)).expect("chown");
+            if path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                for entry in std::fs::read_dir(path).expect("read dir").flatten() {
+                    walk(&entry.path(), uid, gid);
+                }
+            }
+        }
+        walk(&self.root, uid, gid);
+    }
+
     pub fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path(rel)).expect("read file")
     }
@@ -203,6 +217,21 @@ pub fn caliban(ws: &Workspace) -> Command {
         .env("XDG_STATE_HOME", ws.path("home/.state"))
         .current_dir(&ws.root);
     cmd
+}
+
+/// The user tests run caliban as to try it "as an ordinary user" when the suite itself runs
+/// as root (as CI and many containers do): `nobody`, with no supplementary groups. `None`
+/// when the suite already runs unprivileged, where every test is already that case.
+pub fn ordinary_user() -> Option<(u32, u32)> {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    (unsafe { libc::geteuid() } == 0).then_some((65534, 65534))
+}
+
+/// Makes `cmd` run as `user` (`ordinary_user`); std drops the supplementary groups when root
+/// sets a uid. The workspace must be the user's too (`Workspace::give_to`).
+pub fn as_user(cmd: &mut Command, (uid, gid): (u32, u32)) {
+    use std::os::unix::process::CommandExt;
+    cmd.uid(uid).gid(gid);
 }
 
 /// Points a command at the stub with the Anthropic wire.
