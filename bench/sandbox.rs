@@ -10,7 +10,9 @@
 //! `.netrc`, so the mount plan has something to do, as on a real machine.
 //! Besides wall time it reports CPU time (caliban's and its reaped children's, user and
 //! system), which the load of other processes on the machine hardly moves.
-//! `BENCH_ROUNDS` sets the rounds (default 30).
+//! `BENCH_ROUNDS` sets the rounds (default 30). `BENCH_VS=PATH` names a second caliban
+//! binary (an earlier build) whose rows are measured in the same rounds, each of its runs
+//! beside this build's run of the same mode, so a change's cost is read side by side.
 
 use std::process::Command;
 use std::time::Duration;
@@ -64,13 +66,23 @@ fn main() {
             Some(("CALIBAN_SANDBOX_NO_MOUNTNS", "1")),
         ),
     ];
-    let mut wall: Vec<Vec<Duration>> = vec![Vec::new(); modes.len()];
-    let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); modes.len()];
+    let vs = std::env::var("BENCH_VS")
+        .ok()
+        .filter(|path| !path.is_empty());
+    let bins: Vec<&str> = std::iter::once(BIN).chain(vs.as_deref()).collect();
+    // Rows: each mode under each binary, this build's first.
+    let rows: Vec<(usize, usize)> = (0..modes.len())
+        .flat_map(|mode| (0..bins.len()).map(move |bin| (mode, bin)))
+        .collect();
+    let mut wall: Vec<Vec<Duration>> = vec![Vec::new(); rows.len()];
+    let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); rows.len()];
     for _ in 0..rounds {
-        for (at, (_, mode, env)) in modes.iter().enumerate() {
+        for (at, &(mode_at, bin_at)) in rows.iter().enumerate() {
+            let (_, mode, env) = modes[mode_at];
+            let bin = bins[bin_at];
             // A fresh stub per run so every run sees the whole script.
             let (mut stub, url) = common::start_stub(BIN, &script);
-            let mut cmd = Command::new(BIN);
+            let mut cmd = Command::new(bin);
             cmd.env_clear()
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
                 .env("ANTHROPIC_BASE_URL", &url)
@@ -81,7 +93,7 @@ fn main() {
                 cmd.env(key, value);
             }
             let run = common::timed(&mut cmd);
-            assert!(run.success, "{mode} failed");
+            assert!(run.success, "{mode} failed ({bin})");
             wall[at].push(run.wall);
             cpu[at].push(run.cpu);
             let _ = stub.kill();
@@ -91,6 +103,9 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!("binary: {BIN}");
+    if let Some(vs) = &vs {
+        println!("vs: {vs} (rows marked \"vs\")");
+    }
     println!("rounds: {rounds}, {CALLS} Bash calls per run; medians, per call = run / {CALLS}");
     println!(
         "{:<46} {:>10} {:>10} {:>10} {:>10}",
@@ -105,14 +120,20 @@ fn main() {
         .into_iter()
         .map(|s| per_call(common::median(s)))
         .collect();
-    for (at, (label, ..)) in modes.iter().enumerate() {
+    for (at, &(mode_at, bin_at)) in rows.iter().enumerate() {
+        // "added" is against `off` under the same binary.
+        let base = bin_at;
+        let label = match bin_at {
+            0 => modes[mode_at].0.to_owned(),
+            _ => format!("vs {}", modes[mode_at].0),
+        };
         println!(
             "{:<46} {:>8.3}ms {:>+8.3}ms {:>8.3}ms {:>+8.3}ms",
             label,
             wall[at],
-            wall[at] - wall[0],
+            wall[at] - wall[base],
             cpu[at],
-            cpu[at] - cpu[0]
+            cpu[at] - cpu[base]
         );
     }
 }
