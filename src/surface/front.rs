@@ -50,6 +50,7 @@
 //! waits, the peer's key, the TCP socket) and learns of an admission from the type's half
 //! (`admitted`).
 
+pub(crate) mod kin;
 pub(crate) mod line;
 mod wire;
 
@@ -386,6 +387,9 @@ pub(crate) struct Slot<P, C = Connection> {
     admitted: bool,
     /// The per-peer key of a capped peer (`Wire::peer_key`), `None` for an uncapped one.
     remote: Option<IpAddr>,
+    /// The peer is a process one of our runs started (`kin`): its type's half answers it
+    /// with the refusal and closes, and serves it nothing.
+    from_a_run: bool,
 }
 
 /// See the module docs. `P` is a surface's per-connection state, `P::default()` when a
@@ -529,8 +533,18 @@ impl<P: Default, C: Wire> Front<P, C> {
     /// of unadmitted connections is closed; otherwise it takes the place of the oldest
     /// unadmitted connection when every slot is taken (`full`), or when it has yet to prove
     /// itself and `max_unadmitted` have not either.
-    fn take_in<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, conn: C, full: bool) {
-        let unadmitted = conn.needs_admission();
+    fn take_in<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, mut conn: C, full: bool) {
+        let from_a_run = Self::from_a_run(&mut conn);
+        if let Some(why) = from_a_run {
+            log::warn(&format!(
+                "refused the connection from {}: {why}; {}",
+                conn.peer_name(),
+                kin::RULE
+            ));
+        }
+        // A refused peer is answered and closed by its type's half; until then it holds
+        // a slot only as an unadmitted connection does, so it can be displaced.
+        let unadmitted = conn.needs_admission() || from_a_run.is_some();
         let remote = if unadmitted {
             conn.peer_key(&self.setup)
         } else {
@@ -564,7 +578,23 @@ impl<P: Default, C: Wire> Front<P, C> {
             }
             Door::In => {}
         }
-        self.add(cx, conn, unadmitted, remote);
+        self.add(cx, conn, unadmitted, remote, from_a_run.is_some());
+    }
+
+    /// Whether the peer is a process one of our runs started (`kin`), and how we know: such
+    /// a peer is never served.
+    fn from_a_run(conn: &mut C) -> Option<&'static str> {
+        let kin = if let Some(fd) = conn.unix_fd() {
+            kin::of_unix_peer(fd)
+        } else if let Some(tcp) = conn.tcp() {
+            match (tcp.local_addr(), tcp.peer_addr()) {
+                (Ok(local), Ok(peer)) => kin::of_tcp_peer(local, peer),
+                _ => kin::Kin::Unknown("the connection's addresses cannot be read"),
+            }
+        } else {
+            kin::Kin::Stranger
+        };
+        kin.refused()
     }
 
     /// Registers an accepted connection: socket options for a TCP one (of any kind: TCP
@@ -577,6 +607,7 @@ impl<P: Default, C: Wire> Front<P, C> {
         mut conn: C,
         unadmitted: bool,
         remote: Option<IpAddr>,
+        from_a_run: bool,
     ) {
         if let Some(tcp) = conn.tcp() {
             let _ = crate::sys::set_keepalive(crate::sys::raw_fd(tcp), TCP_KEEPALIVE_IDLE);
@@ -607,6 +638,7 @@ impl<P: Default, C: Wire> Front<P, C> {
                 told_hung_up: false,
                 admitted: !unadmitted,
                 remote,
+                from_a_run,
             },
         );
         if unadmitted {
@@ -933,6 +965,20 @@ impl<P: Default> Front<P> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
+        if slot.from_a_run {
+            let mut response = (self.setup.policy.forbidden)(kin::RULE);
+            if !response
+                .headers
+                .iter()
+                .any(|(name, _)| *name == "connection")
+            {
+                response = response.header("connection", "close");
+            }
+            slot.conn
+                .respond(response.status, &response.header_refs(), &response.body);
+            self.look_again(id);
+            return;
+        }
         let gate = &self.setup.config.gate;
         let peer = gate.classify(&slot.conn.peer().ip());
         if let Err(reason) =

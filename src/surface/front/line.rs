@@ -310,6 +310,16 @@ impl Refusal {
     }
 }
 
+/// The line a refused run's process reads (`front::kin`), in the vocabulary of the agent's
+/// lines: the NDJSON plane's `Error`, which an ACP client takes for a line it does not know.
+fn refusal_line() -> Vec<u8> {
+    let mut line = serde_json::json!({"type": "Error", "error": super::kin::RULE})
+        .to_string()
+        .into_bytes();
+    line.push(b'\n');
+    line
+}
+
 /// Checks a preamble line: exactly `{"bearer": "<token>"}` with the right token.
 pub(crate) fn check_preamble(line: &[u8], token: &Token) -> Result<(), Refusal> {
     let value: Value = serde_json::from_slice(line).map_err(|_| Refusal::NotJson)?;
@@ -350,6 +360,8 @@ pub(crate) struct LineConn {
     peer_eof: bool,
     /// A peer that needed no preamble is yet to be reported `Attached`.
     unannounced: bool,
+    /// Answered with the refusal of a run's process (`turn_away`).
+    turned_away: bool,
 }
 
 impl LineConn {
@@ -376,6 +388,7 @@ impl LineConn {
             writable_due: false,
             peer_eof: false,
             unannounced: !preamble,
+            turned_away: false,
         }
     }
 
@@ -427,6 +440,20 @@ impl LineConn {
             self.item_bytes = 0;
             self.pump();
         }
+    }
+
+    /// Answers a peer that may not be served (`front::kin`) with `line` and ends the
+    /// connection; it is never announced, and nothing it sends is handed out.
+    fn turn_away(&mut self, line: &[u8]) {
+        self.unannounced = false;
+        self.turned_away = true;
+        if self.phase == Phase::Preamble {
+            self.phase = Phase::Open;
+        }
+        self.items.clear();
+        self.item_bytes = 0;
+        self.send(line);
+        self.finish();
     }
 
     fn authenticate(&mut self) {
@@ -629,6 +656,13 @@ impl Wire for LineConn {
         self.io.source()
     }
 
+    fn unix_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.io {
+            Io::Unix(stream) => Some(crate::sys::raw_fd(stream)),
+            Io::Tls(_) => None,
+        }
+    }
+
     fn tcp(&mut self) -> Option<&mut TcpStream> {
         self.io.tcp()
     }
@@ -776,6 +810,14 @@ impl<P: Default> Front<P, LineConn> {
             };
             if slot.conn.items.is_empty() {
                 slot.conn.pump();
+            }
+            // A run's process is told why, once it can read a line: at once on the Unix
+            // socket, after its preamble over TLS (whose handshake must finish first).
+            if slot.from_a_run
+                && !slot.conn.turned_away
+                && (!slot.conn.in_preamble() || !slot.conn.items.is_empty())
+            {
+                slot.conn.turn_away(&refusal_line());
             }
             if std::mem::take(&mut slot.conn.unannounced) {
                 return Some(LineEvent::Attached(id));

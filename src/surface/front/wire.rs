@@ -33,6 +33,11 @@ pub(crate) trait Wire: Sized {
     /// gets and for the kernel's view of its output (the write-stall deadline); `None` for
     /// a Unix socket.
     fn tcp(&mut self) -> Option<&mut TcpStream>;
+    /// The Unix socket under the connection, whose peer's process the kernel knows
+    /// (`front::kin`); `None` for TCP.
+    fn unix_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Who is at the other end, for logs.
     fn peer_name(&self) -> String;
     /// Whether, as accepted, the peer has yet to prove itself (see ADMISSION). A connection
