@@ -497,3 +497,64 @@ fn selfclient_mcp_listen_refuses_a_runs_command() {
         mcp_case(user);
     }
 }
+
+// ---- a newer client never takes the client role silently --------------------------------------
+
+fn start_socket_agent(ws: &Workspace, stub: &Stub, socket: &str, spec: &Value) -> Agent {
+    let mut cmd = caliban_stub(ws, stub, &["agent", "serve", "--socket", socket]);
+    cmd.env("CALIBAN_AGENT_SPEC", spec.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn agent serve");
+    let (tx, rx) = channel();
+    let stderr = StderrLog::start(
+        child.stderr.take().expect("stderr"),
+        Some(("listening on ", tx)),
+    );
+    if rx.recv_timeout(RECV).is_err() {
+        let _ = child.kill();
+        panic!("no start-up line:\n{}", stderr.text());
+    }
+    Agent { child, stderr }
+}
+
+#[test]
+fn selfclient_a_replaced_client_is_told_before_its_connection_closes() {
+    // The NDJSON plane: the supervisor waits on a prompt when a newer client comes.
+    let ws = Workspace::new("selfclient-replaced");
+    let socket = path_str(&ws.path("agent.sock"));
+    let stub = Stub::start(&ws, &json!({"turns": [escape_turn(), text_turn("done")]}));
+    let spec = json!({"initial_prompt": "go", "permission_posture": "supervised"});
+    let agent = start_socket_agent(&ws, &stub, &socket, &spec);
+    let mut first = Lines::connect(Path::new(&socket));
+    first.recv_until(prompt_for("toolu_esc"));
+    let mut second = Lines::connect(Path::new(&socket));
+    let told = first.recv().expect("the replaced client was told nothing");
+    assert_eq!(told["type"], "Error", "{told}");
+    assert!(
+        told["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("replaced:"),
+        "{told}"
+    );
+    assert!(first.recv().is_none(), "the replaced connection stays open");
+    second.recv_until(prompt_for("toolu_esc"));
+    drop(agent);
+
+    // ACP over the socket: a JSON-RPC notification of caliban's own.
+    let ws = Workspace::new("selfclient-replaced-acp");
+    let socket = path_str(&ws.path("acp.sock"));
+    let stub = Stub::start(&ws, &json!({"turns": []}));
+    let spec = json!({"drive_protocol": "acp"});
+    let _agent = start_socket_agent(&ws, &stub, &socket, &spec);
+    let mut first = Lines::connect(Path::new(&socket));
+    // The first is the client once the agent has read its connection.
+    first.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "nonsense"}));
+    first.recv().expect("an answer");
+    let _second = Lines::connect(Path::new(&socket));
+    let told = first.recv().expect("the replaced client was told nothing");
+    assert_eq!(told["method"], "_caliban/replaced", "{told}");
+    assert!(first.recv().is_none(), "the replaced connection stays open");
+}

@@ -24,7 +24,7 @@
 //!   permission timeout, as on every surface.
 //! - `{"type":"Error","error":"…"}`: a line that was not understood or was refused (bad JSON,
 //!   an unknown `type`, input to a run that takes none, a permit for no prompt). The
-//!   connection goes on. Neither name is a `TurnEvent` type, and neither is sent to a client
+//!   connection goes on, except after `replaced: …` (a newer client took this one's place). Neither name is a `TurnEvent` type, and neither is sent to a client
 //!   that sends only good lines under `unattended`, so an upstream client sees only events.
 //!
 //! When the run has ended and its `RunEnd` is out, the connection is closed (TLS
@@ -85,6 +85,15 @@ fn line(value: &Value) -> Vec<u8> {
 fn error_line(message: &str) -> Vec<u8> {
     line(&json!({"type": "Error", "error": message}))
 }
+
+/// What a client reads when a newer one takes its place (then its connection closes).
+pub(super) fn replaced_line() -> Vec<u8> {
+    error_line(REPLACED)
+}
+
+/// The `Error` text of a replaced client.
+pub(crate) const REPLACED: &str =
+    "replaced: a newer client connected to this agent; this connection is closed";
 
 impl Plane {
     pub(super) fn new(link: Link, spec: &Spec) -> Plane {
