@@ -558,3 +558,38 @@ fn selfclient_a_replaced_client_is_told_before_its_connection_closes() {
     assert_eq!(told["method"], "_caliban/replaced", "{told}");
     assert!(first.recv().is_none(), "the replaced connection stays open");
 }
+
+#[test]
+fn selfclient_the_agents_socket_is_hidden_from_a_sandboxed_command() {
+    let ws = Workspace::new("selfclient-hidden");
+    let socket = path_str(&ws.path("agent.sock"));
+    let probe =
+        format!("if [ -S {socket} ]; then echo SOCKET-VISIBLE; else echo SOCKET-HIDDEN; fi");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [{"tool_calls": [{"id": "toolu_probe", "name": "Bash",
+                                           "input": {"command": probe}}],
+                           "usage": {"input_tokens": 1, "output_tokens": 1}},
+                          text_turn("done")]}),
+    );
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
+    let agent = start_socket_agent(&ws, &stub, &socket, &spec);
+    let mut client = Lines::connect(Path::new(&socket));
+    let lines = client.recv_until(|l| l["type"] == "ToolCallEnd");
+    let result = lines.last().unwrap()["result_text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // As root the mount namespace fences commands; so it does elsewhere where user
+    // namespaces are allowed. Landlock alone (before ABI 9) cannot hide a socket: there the
+    // front's refusal is the gate.
+    if ordinary_user().is_some() {
+        assert!(
+            result.contains("SOCKET-HIDDEN"),
+            "{result}\n{}",
+            agent.stderr.text()
+        );
+    } else {
+        eprintln!("not root: the probe said {result}");
+    }
+}
