@@ -593,3 +593,24 @@ fn selfclient_the_agents_socket_is_hidden_from_a_sandboxed_command() {
         eprintln!("not root: the probe said {result}");
     }
 }
+
+// ---- finding 15: the preamble's keys, a socket client's Resume --------------------------------
+
+#[test]
+fn selfclient_a_socket_client_may_send_resume_a_moment_after_connecting() {
+    let ws = Workspace::new("selfclient-resume");
+    let socket = path_str(&ws.path("agent.sock"));
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("one two three")]}));
+    let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
+    let agent = start_socket_agent(&ws, &stub, &socket, &spec);
+    // The whole run, to know its events.
+    let mut first = Lines::connect(Path::new(&socket));
+    let all: Vec<Value> = std::iter::from_fn(|| first.recv()).collect();
+    assert_eq!(all.last().unwrap()["type"], "RunEnd", "{all:?}");
+    // Connect, wait a little (no preamble to send it with), then resume from cursor 2.
+    let mut client = Lines::connect(Path::new(&socket));
+    std::thread::sleep(Duration::from_millis(100));
+    client.send(&json!({"type": "Resume", "cursor": 2}));
+    let rest: Vec<Value> = std::iter::from_fn(|| client.recv()).collect();
+    assert_eq!(rest, all[2..], "{}", agent.stderr.text());
+}

@@ -132,7 +132,7 @@ impl Surface for NetAcp {
                 self.link.on_io(cx, key);
                 self.serve(cx);
             }
-            AcpKey::Net(NetKey::Idle) => {}
+            AcpKey::Net(NetKey::Idle | NetKey::Replay) => {}
             other => self.acp.on_io(cx, other),
         }
     }
@@ -150,6 +150,7 @@ impl Surface for NetAcp {
                     self.acp.shutdown(cx);
                 }
             }
+            AcpKey::Net(NetKey::Replay) => {}
             other => self.acp.on_timer(cx, other),
         }
     }

@@ -245,6 +245,8 @@ fn remove_socket(path: &Path, created: Option<(u64, u64)>) {
 pub enum NetKey {
     Front(FrontKey),
     Idle,
+    /// The NDJSON plane's wait for a `Resume` is over (`ndjson::RESUME_GRACE`).
+    Replay,
 }
 
 impl From<FrontKey> for NetKey {

@@ -297,6 +297,8 @@ pub(crate) enum Refusal {
     WrongShape,
     BadToken,
     Oversized,
+    /// A key twice (JSON parsers disagree on which one counts).
+    DuplicateKey,
 }
 
 impl Refusal {
@@ -306,6 +308,7 @@ impl Refusal {
             Refusal::WrongShape => "the preamble is not {\"bearer\":\"<token>\"}",
             Refusal::BadToken => "invalid bearer token",
             Refusal::Oversized => "the preamble is over 4 KiB",
+            Refusal::DuplicateKey => "the preamble repeats a key",
         }
     }
 }
@@ -323,6 +326,11 @@ fn refusal_line() -> Vec<u8> {
 /// Checks a preamble line: exactly `{"bearer": "<token>"}` with the right token.
 pub(crate) fn check_preamble(line: &[u8], token: &Token) -> Result<(), Refusal> {
     let value: Value = serde_json::from_slice(line).map_err(|_| Refusal::NotJson)?;
+    if let Some(map) = value.as_object()
+        && top_level_members(line) != map.len()
+    {
+        return Err(Refusal::DuplicateKey);
+    }
     let presented = match value.as_object() {
         Some(map) if map.len() == 1 => map.get("bearer").and_then(Value::as_str),
         _ => None,
@@ -333,6 +341,32 @@ pub(crate) fn check_preamble(line: &[u8], token: &Token) -> Result<(), Refusal> 
     } else {
         Err(Refusal::BadToken)
     }
+}
+
+/// How many members the top-level object of `json` (valid JSON) spells out, repeated keys
+/// counted each time: serde_json keeps the last of a repeated key, so only the text tells.
+/// Each member has exactly one `:` at depth 1 outside strings.
+fn top_level_members(json: &[u8]) -> usize {
+    let (mut depth, mut in_string, mut escaped, mut members) = (0usize, false, false, 0);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b':' if depth == 1 => members += 1,
+            _ => {}
+        }
+    }
+    members
 }
 
 /// One agent connection. See the module docs.
@@ -995,6 +1029,15 @@ mod tests {
     }
 
     #[test]
+    fn selfclient_members_are_counted_in_the_text_and_strings_are_opaque() {
+        assert_eq!(top_level_members(br#"{"bearer":"a"}"#), 1);
+        assert_eq!(top_level_members(br#"{"bearer":"a:b","x":{"y":1}}"#), 2);
+        assert_eq!(top_level_members(br#"{"a\":\"":"x","a":[{"b":2}]}"#), 2);
+        assert_eq!(top_level_members(br#"{"a":1,"a":2}"#), 2);
+        assert_eq!(top_level_members(br#"{}"#), 0);
+    }
+
+    #[test]
     fn only_the_exact_preamble_with_the_right_token_passes() {
         let token = Token::new(b"s3cret");
         assert_eq!(check_preamble(br#"{"bearer":"s3cret"}"#, &token), Ok(()));
@@ -1007,6 +1050,15 @@ mod tests {
             (br#"{"bearer":"s3cret "}"#, Refusal::BadToken),
             (br#"{"bearer":""}"#, Refusal::BadToken),
             (br#"{"bearer":"s3cret","x":1}"#, Refusal::WrongShape),
+            // serde_json would keep the last; another parser in front of us the first.
+            (
+                br#"{"bearer":"wrong","bearer":"s3cret"}"#,
+                Refusal::DuplicateKey,
+            ),
+            (
+                br#"{"bearer":"s3cret","bearer":"s3cret"}"#,
+                Refusal::DuplicateKey,
+            ),
             (br#"{"token":"s3cret"}"#, Refusal::WrongShape),
             (br#"{"bearer":7}"#, Refusal::WrongShape),
             (br#"["s3cret"]"#, Refusal::WrongShape),
