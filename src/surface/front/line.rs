@@ -68,6 +68,13 @@ pub(crate) const MAX_PENDING: usize = 16;
 /// peers (a port-forward speaks for everyone from there) are not capped.
 pub(crate) const MAX_PENDING_PER_PEER: usize = MAX_PENDING / 2;
 
+/// How long a connection whose TLS handshake is done may not be displaced by a newcomer
+/// (see the front's ADMISSION): a real client sends its preamble right after its
+/// handshake, so without this a flood of connections arriving in that gap pushes it out.
+/// A few seconds covers a slow client on a loaded machine; a flood's own handshaked
+/// connections are displaceable again soon after, the address holding the most first.
+pub(crate) const HANDSHAKED_GRACE: Duration = Duration::from_secs(3);
+
 /// Open connections. The agent serves one client at a time; the rest is room for
 /// `MAX_PENDING` peers proving themselves and for connections winding down.
 pub(crate) const MAX_CONNECTIONS: usize = 32;
@@ -98,6 +105,7 @@ const _: () = assert!(
         && MAX_PENDING < MAX_CONNECTIONS
         && MAX_OUT_BUFFER < MAX_QUEUED_OUT
         && super::HEAD_DEADLINE.as_secs() < IDLE_CHECK.as_secs()
+        && HANDSHAKED_GRACE.as_secs() < super::HEAD_DEADLINE.as_secs()
 );
 
 /// The agent's listener. A TCP listener always carries its TLS configuration and token, so
@@ -184,6 +192,13 @@ impl Io {
     fn wants_write(&self) -> bool {
         match self {
             Io::Tls(conn) => conn.wants_write(),
+            Io::Unix(_) => false,
+        }
+    }
+
+    fn is_handshaking(&self) -> bool {
+        match self {
+            Io::Tls(conn) => conn.is_handshaking(),
             Io::Unix(_) => false,
         }
     }
@@ -396,6 +411,8 @@ pub(crate) struct LineConn {
     unannounced: bool,
     /// Answered with the refusal of a run's process (`turn_away`).
     turned_away: bool,
+    /// When its TLS handshake was seen done (at once on the Unix socket).
+    handshaked: Option<Instant>,
 }
 
 impl LineConn {
@@ -423,6 +440,7 @@ impl LineConn {
             peer_eof: false,
             unannounced: !preamble,
             turned_away: false,
+            handshaked: None,
         }
     }
 
@@ -563,6 +581,9 @@ impl LineConn {
         loop {
             self.flush_out();
             self.after_flush();
+            if self.handshaked.is_none() && !self.io.is_handshaking() {
+                self.handshaked = Some(Instant::now());
+            }
             if !self.read_some() {
                 return;
             }
@@ -714,6 +735,16 @@ impl Wire for LineConn {
         self.peer_ip
             .filter(|ip| !crate::auth::is_loopback(ip))
             .map(peer_key)
+    }
+
+    fn peer_group(&self) -> Option<IpAddr> {
+        self.peer_ip.map(peer_key)
+    }
+
+    fn grace_until(&self) -> Option<Instant> {
+        self.handshaked
+            .filter(|_| self.in_preamble())
+            .map(|at| at + HANDSHAKED_GRACE)
     }
 
     fn last_activity(&self) -> Instant {
