@@ -584,6 +584,19 @@ fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> 
     })
 }
 
+/// Where `--socket PATH` will be, absolute and with its directory's symlinks resolved (the
+/// socket itself is made later): the spelling the sandbox's deny list needs.
+fn control_socket_path(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(dir), Some(name)) => dir
+            .canonicalize()
+            .map(|dir| dir.join(name))
+            .unwrap_or(absolute),
+        _ => absolute,
+    }
+}
+
 /// The drive core every serve command shares, with earlier runs loaded from disk, and why
 /// no model can be reached if that is so and the surface reports it (`acp serve`).
 fn drive_core(
@@ -596,7 +609,11 @@ fn drive_core(
         // error it should see at once, as for the other servers.
         Surface::Http | Surface::Mcp | Surface::Agent => NoProvider::Exit,
     };
-    let key_files: Vec<PathBuf> = args.tls_key.iter().cloned().collect();
+    let mut key_files: Vec<PathBuf> = args.tls_key.iter().cloned().collect();
+    // The agent's control socket is hidden from commands like a key: a run's process is
+    // never a client (the front refuses one that connects anyway, `front::kin`), and where a
+    // mount namespace confines commands they cannot even find it.
+    key_files.extend(args.socket.as_deref().map(control_socket_path));
     let mut setup = agent_setup(&args.agent, false, no_provider, &key_files)?;
     setup.run_config.sandbox_retry = true;
     let store = session_store().map_err(|e| config_error(&e))?;

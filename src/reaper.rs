@@ -236,6 +236,64 @@ pub fn kill_all() {
     }
 }
 
+/// Most generations between a peer's process and caliban that `descends_from_us` climbs: a
+/// shell, its pipeline, a build and its compilers nest a dozen deep; a chain longer than
+/// this is read as unknown, and the caller refuses it.
+const MAX_ANCESTRY: usize = 256;
+
+/// Every live descendant of caliban (capped at `MAX_TREE`); `None` when the kernel cannot
+/// list children or the walk met its cap (then nobody can say a process is not one of
+/// them). Empty in the common case, at the cost of reading caliban's own child lists.
+pub fn descendants() -> Option<Vec<u32>> {
+    let me = std::process::id();
+    fs::metadata(format!("/proc/{me}/task/{me}/children")).ok()?;
+    let mut tree = children_of(me);
+    let mut next = 0;
+    while next < tree.len() {
+        if tree.len() >= MAX_TREE {
+            return None;
+        }
+        let parent = tree[next];
+        next += 1;
+        tree.extend(children_of(parent));
+    }
+    Some(tree)
+}
+
+/// Whether caliban started a child that its owner has not reaped yet: what tells, on a
+/// kernel without child lists, whether any descendant may be alive.
+pub fn has_children() -> bool {
+    !registry().owned.is_empty()
+}
+
+/// Whether `pid`'s chain of parents reaches caliban; `None` when it cannot be read to its
+/// end (a process gone on the way, or longer than `MAX_ANCESTRY`).
+pub fn descends_from_us(pid: u32) -> Option<bool> {
+    let me = std::process::id();
+    let mut at = pid;
+    for _ in 0..MAX_ANCESTRY {
+        if at == me {
+            return Some(true);
+        }
+        if at <= 1 {
+            return Some(false);
+        }
+        at = parent_of(at)?;
+    }
+    None
+}
+
+/// Whether `pid` is alive and not a zombie.
+pub fn is_running(pid: u32) -> bool {
+    parent_of(pid).is_some()
+}
+
+/// Whether `pid` carries the tag of one of caliban's tool calls (`CallTag`), whose value
+/// starts with caliban's pid.
+pub fn tagged_ours(pid: u32) -> bool {
+    tag_of(pid).is_some_and(|(owner, _)| owner == std::process::id())
+}
+
 /// Walks the tree under `root` (capped), then SIGKILLs it from the top, so no parent is left
 /// to start more. A process is signalled only while its parent is still the one the walk
 /// saw (or caliban, once that parent died): a pid the walk read that has since been reaped

@@ -408,6 +408,126 @@ pub fn tcp_send_state(fd: RawFd) -> Option<TcpSendState> {
     })
 }
 
+/// The pid of the process that connected a Unix socket (`SO_PEERCRED`, recorded by the
+/// kernel at `connect`), in our pid namespace; `None` when the kernel has none for it (0: a
+/// peer in a pid namespace we cannot see).
+pub fn unix_peer_pid(fd: RawFd) -> io::Result<Option<u32>> {
+    // SAFETY: ucred is plain integers, for which all-zero bytes are a valid value.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a live ucred and `len` holds its size; the kernel writes at most
+    // `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u32::try_from(cred.pid).ok().filter(|&pid| pid > 0))
+}
+
+/// `SOCK_DIAG_BY_FAMILY`, the sock_diag request type (linux/sock_diag.h).
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// The inode of the TCP socket on this host whose local address is `local` and remote one
+/// `remote`, asked of the kernel by its 4-tuple (sock_diag's exact lookup, microseconds
+/// however many sockets there are, where `/proc/net/tcp` walks the whole table);
+/// `Ok(None)` when there is none. An IPv4 (or IPv4-mapped) pair is looked for among IPv4
+/// sockets, then as mapped among IPv6 ones. An error: sock_diag cannot be used here.
+pub fn tcp_socket_inode(
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+) -> io::Result<Option<u64>> {
+    use std::net::IpAddr;
+    let (l, r) = (local.ip().to_canonical(), remote.ip().to_canonical());
+    let mut tries: Vec<(u8, [u8; 16], [u8; 16])> = Vec::new();
+    match (l, r) {
+        (IpAddr::V4(l4), IpAddr::V4(r4)) => {
+            let mut a = [0u8; 16];
+            let mut b = [0u8; 16];
+            a[..4].copy_from_slice(&l4.octets());
+            b[..4].copy_from_slice(&r4.octets());
+            tries.push((libc::AF_INET as u8, a, b));
+            tries.push((
+                libc::AF_INET6 as u8,
+                l4.to_ipv6_mapped().octets(),
+                r4.to_ipv6_mapped().octets(),
+            ));
+        }
+        (IpAddr::V6(l6), IpAddr::V6(r6)) => {
+            tries.push((libc::AF_INET6 as u8, l6.octets(), r6.octets()))
+        }
+        _ => return Ok(None),
+    }
+    // SAFETY: socket(2) takes integers only; the descriptor is owned at once below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just opened by us and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    for (family, src, dst) in tries {
+        // nlmsghdr (16) + inet_diag_req_v2 (56): family, protocol, ext, pad, states, then
+        // the socket id: sport, dport (big-endian), src[16], dst[16], if, cookie[2].
+        let mut req = [0u8; 72];
+        req[0..4].copy_from_slice(&72u32.to_ne_bytes());
+        req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        req[16] = family;
+        req[17] = libc::IPPROTO_TCP as u8;
+        req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+        req[24..26].copy_from_slice(&local.port().to_be_bytes());
+        req[26..28].copy_from_slice(&remote.port().to_be_bytes());
+        req[28..44].copy_from_slice(&src);
+        req[44..60].copy_from_slice(&dst);
+        // INET_DIAG_NOCOOKIE: any socket of that 4-tuple.
+        req[64..72].copy_from_slice(&[0xff; 8]);
+        // SAFETY: `req` is readable for its length; the netlink socket is ours.
+        let sent = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut reply = [0u8; 512];
+        // SAFETY: `reply` is writable for its length; the kernel answers an exact lookup
+        // at once with one message.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), reply.as_mut_ptr().cast(), reply.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let reply = &reply[..n as usize];
+        if reply.len() < 20 {
+            return Err(io::Error::from(io::ErrorKind::InvalidData));
+        }
+        let kind = u16::from_ne_bytes([reply[4], reply[5]]);
+        if kind == libc::NLMSG_ERROR as u16 {
+            let errno = i32::from_ne_bytes([reply[16], reply[17], reply[18], reply[19]]);
+            if -errno == libc::ENOENT {
+                continue;
+            }
+            return Err(io::Error::from_raw_os_error(-errno));
+        }
+        // nlmsghdr (16) + inet_diag_msg: 4 bytes, the id (48), expires, rqueue, wqueue,
+        // uid, inode.
+        if kind != SOCK_DIAG_BY_FAMILY || reply.len() < 16 + 72 {
+            return Err(io::Error::from(io::ErrorKind::InvalidData));
+        }
+        let inode = u32::from_ne_bytes([reply[84], reply[85], reply[86], reply[87]]);
+        return Ok((inode != 0).then_some(u64::from(inode)));
+    }
+    Ok(None)
+}
+
 /// Sets the process's file-creation mask and returns the previous one. Process-wide: call
 /// it only while no other thread creates files (at start-up).
 pub fn umask(mask: u32) -> u32 {

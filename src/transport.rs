@@ -233,6 +233,15 @@ impl Conn {
         })
     }
 
+    /// Whether a TLS handshake is still under way (never for plain TCP).
+    pub fn is_handshaking(&self) -> bool {
+        match self {
+            Conn::Plain(_) => false,
+            Conn::Tls { tls, .. } => tls.is_handshaking(),
+            Conn::TlsServer { tls, .. } => tls.is_handshaking(),
+        }
+    }
+
     /// Whether bytes are queued inside the connection (TLS records not yet on the socket).
     pub fn wants_write(&self) -> bool {
         match self {

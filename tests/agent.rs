@@ -1307,3 +1307,103 @@ fn tool_allowlist_limits_mcp_tools_too() {
     client.recv_to_end();
     assert_eq!(offered(&stub), ["Read"]);
 }
+
+/// A TLS client of the agent from the loopback address `from` (127.0.0.0/8 are all this
+/// host): the handshake done, nothing sent.
+fn tls_connect_from(
+    from: std::net::Ipv4Addr,
+    addr: SocketAddr,
+    config: &Arc<ClientConfig>,
+) -> Result<StreamOwned<ClientConnection, TcpStream>, String> {
+    let tcp = crate::http_util::connect_from(from, addr);
+    tcp.set_read_timeout(Some(RECV)).expect("timeout");
+    let server = ServerName::try_from("localhost".to_owned()).expect("server name");
+    let conn = ClientConnection::new(Arc::clone(config), server).expect("client");
+    let mut stream = StreamOwned::new(conn, tcp);
+    while stream.conn.is_handshaking() {
+        stream
+            .conn
+            .complete_io(&mut stream.sock)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(stream)
+}
+
+/// Finding 12: a flood of handshaked connections that never send a preamble, from one
+/// address, no longer pushes out a real client from another during its handshake-to-preamble
+/// gap: the address holding the most waiting connections gives up its own first.
+#[test]
+fn selfclient_a_preamble_flood_from_one_address_does_not_displace_a_client_from_another() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ws = Workspace::new("agent-flood");
+    let pki = pki(&ws);
+    let stub = Stub::start(&ws, &json!({"turns": [text_turn("hello")]}));
+    let spec = json!({"initial_prompt": "hi", "interactive": true});
+    let agent = start_tls(&ws, &stub, &pki, &spec, &[]);
+    let addr = agent.addr();
+    let config = client_config(&pki.ca);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Two flooders that finish their handshakes and one that only connects (the cheapest
+    // way to keep the door busy), all from 127.0.0.2.
+    let flooders: Vec<_> = (0..3)
+        .map(|n| {
+            let (stop, config) = (Arc::clone(&stop), Arc::clone(&config));
+            std::thread::spawn(move || {
+                let mut handshaked = std::collections::VecDeque::new();
+                let mut connected = std::collections::VecDeque::new();
+                let mut made = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    if n < 2 {
+                        if let Ok(s) = tls_connect_from([127, 0, 0, 2].into(), addr, &config) {
+                            handshaked.push_back(s);
+                        }
+                    } else {
+                        connected
+                            .push_back(crate::http_util::connect_from([127, 0, 0, 2].into(), addr));
+                    }
+                    made += 1;
+                    while handshaked.len() > 24 {
+                        handshaked.pop_front();
+                    }
+                    while connected.len() > 64 {
+                        connected.pop_front();
+                    }
+                }
+                made
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut served = 0;
+    for _ in 0..10 {
+        let Ok(mut stream) = tls_connect_from([127, 0, 0, 1].into(), addr, &config) else {
+            continue;
+        };
+        // A client on a slow link, or one that reads its token only now: a gap the flood
+        // has ample time to fill.
+        std::thread::sleep(Duration::from_millis(200));
+        if stream
+            .write_all(format!("{{\"bearer\":\"{TOKEN}\"}}\n").as_bytes())
+            .is_err()
+        {
+            continue;
+        }
+        let mut client = Client {
+            stream: Box::new(stream),
+            buf: Vec::new(),
+        };
+        if client.recv().is_some_and(|l| l["type"] == "TurnStart") {
+            served += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made: u32 = flooders
+        .into_iter()
+        .map(|f| f.join().expect("flooder"))
+        .sum();
+    assert!(
+        made > 100,
+        "the flood was too thin to tell: {made} connections"
+    );
+    assert_eq!(served, 10, "served {served}/10 through a flood of {made}");
+}

@@ -18,5 +18,6 @@ mod openapi;
 mod print;
 mod rpc;
 mod sandbox;
+mod selfclient;
 mod tls;
 mod tool_results;

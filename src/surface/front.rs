@@ -24,9 +24,11 @@
 //! hold, so, the same way for every connection type (`Caps`): a remote address (an IPv6 /64,
 //! `peer_key`) may hold at most `max_unadmitted_per_peer` of them (more are closed as soon as
 //! they are accepted; loopback peers are not capped, since they share one address that may
-//! be a proxy speaking for everyone), and a new connection takes the place of the oldest
-//! unadmitted one when every slot is taken or when `max_unadmitted` are unadmitted already
-//! (`at_the_door`; HTTP: only the slots bound them, 16 per peer; the agent: at most 16 of
+//! be a proxy speaking for everyone), and a new connection takes the place of an unadmitted
+//! one when every slot is taken or when `max_unadmitted` are unadmitted already
+//! (`at_the_door`): the oldest of the address holding the most of them, passing over those
+//! within their grace (`Wire::grace_until`: the agent's handshaked connections, for
+//! `line::HANDSHAKED_GRACE`), the newcomer refused when all are (`displaced`; HTTP: only the slots bound them, 16 per peer; the agent: at most 16 of
 //! its 32 slots, 8 per peer, see `line`). Admitted connections are never displaced, so an
 //! authorised client is served however many connections others hold open, as long as
 //! authorised ones do not fill every slot themselves.
@@ -50,6 +52,7 @@
 //! waits, the peer's key, the TCP socket) and learns of an admission from the type's half
 //! (`admitted`).
 
+pub(crate) mod kin;
 pub(crate) mod line;
 mod wire;
 
@@ -261,6 +264,48 @@ pub(crate) fn at_the_door(
     }
 }
 
+/// An unadmitted connection as the door sees it when a newcomer needs its place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pending {
+    pub id: ConnId,
+    /// Its address's share (`Wire::peer_group`).
+    pub group: Option<IpAddr>,
+    /// Within its grace (`Wire::grace_until`): not to be displaced now.
+    pub protected: bool,
+}
+
+/// Which unadmitted connection a newcomer of address `newcomer` displaces, given them oldest
+/// first and counting the newcomer in its address's share: the oldest unprotected one of the
+/// address that holds the most (the earliest such oldest on a tie), so a flood from one
+/// address displaces itself before another's client. A grace protects only within an
+/// address's `share` (a flood that holds more keeps none). `None` (the newcomer is then
+/// refused) when every one is protected, or when the one to go belongs to an address
+/// holding fewer than the newcomer's: a newcomer never pushes out a smaller share.
+pub(crate) fn displaced(
+    pending: &[Pending],
+    newcomer: Option<IpAddr>,
+    share: usize,
+) -> Option<ConnId> {
+    let mut held: HashMap<Option<IpAddr>, usize> = HashMap::new();
+    for group in pending.iter().map(|p| p.group).chain([newcomer]) {
+        *held.entry(group).or_insert(0) += 1;
+    }
+    let mut best: Option<(usize, usize)> = None;
+    for (i, p) in pending.iter().enumerate() {
+        let n = held[&p.group];
+        if p.protected && n <= share {
+            continue;
+        }
+        // Oldest first: a later one of the same address never wins, a later one of a
+        // larger share does.
+        if best.is_none_or(|(_, most)| n > most) {
+            best = Some((i, n));
+        }
+    }
+    let (i, n) = best?;
+    (n >= held[&newcomer]).then_some(pending[i].id)
+}
+
 /// What connections count against the per-peer cap of unadmitted ones under: the address,
 /// with an IPv4-mapped IPv6 one as its IPv4 self, and an IPv6 one as its /64 (one host's
 /// share).
@@ -386,6 +431,9 @@ pub(crate) struct Slot<P, C = Connection> {
     admitted: bool,
     /// The per-peer key of a capped peer (`Wire::peer_key`), `None` for an uncapped one.
     remote: Option<IpAddr>,
+    /// The peer is a process one of our runs started (`kin`): its type's half answers it
+    /// with the refusal and closes, and serves it nothing.
+    from_a_run: bool,
 }
 
 /// See the module docs. `P` is a surface's per-connection state, `P::default()` when a
@@ -529,8 +577,18 @@ impl<P: Default, C: Wire> Front<P, C> {
     /// of unadmitted connections is closed; otherwise it takes the place of the oldest
     /// unadmitted connection when every slot is taken (`full`), or when it has yet to prove
     /// itself and `max_unadmitted` have not either.
-    fn take_in<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, conn: C, full: bool) {
-        let unadmitted = conn.needs_admission();
+    fn take_in<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, mut conn: C, full: bool) {
+        let from_a_run = Self::from_a_run(&mut conn);
+        if let Some(why) = from_a_run {
+            log::warn(&format!(
+                "refused the connection from {}: {why}; {}",
+                conn.peer_name(),
+                kin::RULE
+            ));
+        }
+        // A refused peer is answered and closed by its type's half; until then it holds
+        // a slot only as an unadmitted connection does, so it can be displaced.
+        let unadmitted = conn.needs_admission() || from_a_run.is_some();
         let remote = if unadmitted {
             conn.peer_key(&self.setup)
         } else {
@@ -553,18 +611,57 @@ impl<P: Default, C: Wire> Front<P, C> {
                 return;
             }
             Door::TakeOldest => {
-                if let Some(&oldest) = self.unadmitted.first() {
+                let now = Instant::now();
+                let pending: Vec<Pending> = self
+                    .unadmitted
+                    .iter()
+                    .filter_map(|&id| {
+                        let slot = self.slots.get(&id)?;
+                        Some(Pending {
+                            id,
+                            group: slot.conn.peer_group(),
+                            protected: !slot.from_a_run
+                                && slot.conn.grace_until().is_some_and(|until| until > now),
+                        })
+                    })
+                    .collect();
+                let share = self.caps.max_unadmitted_per_peer;
+                let Some(victim) = displaced(&pending, conn.peer_group(), share) else {
                     log::debug(&format!(
-                        "{} connections open, {} not admitted yet: closing the oldest of those",
-                        self.slots.len(),
-                        self.unadmitted.len()
+                        "refused a connection from {}: none of the {} not admitted yet may \
+                         give it their place",
+                        conn.peer_name(),
+                        pending.len()
                     ));
-                    self.close(cx, oldest);
-                }
+                    return;
+                };
+                log::debug(&format!(
+                    "{} connections open, {} not admitted yet: closing the oldest of the \
+                     address holding the most",
+                    self.slots.len(),
+                    self.unadmitted.len()
+                ));
+                self.close(cx, victim);
             }
             Door::In => {}
         }
-        self.add(cx, conn, unadmitted, remote);
+        self.add(cx, conn, unadmitted, remote, from_a_run.is_some());
+    }
+
+    /// Whether the peer is a process one of our runs started (`kin`), and how we know: such
+    /// a peer is never served.
+    fn from_a_run(conn: &mut C) -> Option<&'static str> {
+        let kin = if let Some(fd) = conn.unix_fd() {
+            kin::of_unix_peer(fd)
+        } else if let Some(tcp) = conn.tcp() {
+            match (tcp.local_addr(), tcp.peer_addr()) {
+                (Ok(local), Ok(peer)) => kin::of_tcp_peer(local, peer),
+                _ => kin::Kin::Unknown("the connection's addresses cannot be read"),
+            }
+        } else {
+            kin::Kin::Stranger
+        };
+        kin.refused()
     }
 
     /// Registers an accepted connection: socket options for a TCP one (of any kind: TCP
@@ -577,6 +674,7 @@ impl<P: Default, C: Wire> Front<P, C> {
         mut conn: C,
         unadmitted: bool,
         remote: Option<IpAddr>,
+        from_a_run: bool,
     ) {
         if let Some(tcp) = conn.tcp() {
             let _ = crate::sys::set_keepalive(crate::sys::raw_fd(tcp), TCP_KEEPALIVE_IDLE);
@@ -607,6 +705,7 @@ impl<P: Default, C: Wire> Front<P, C> {
                 told_hung_up: false,
                 admitted: !unadmitted,
                 remote,
+                from_a_run,
             },
         );
         if unadmitted {
@@ -933,6 +1032,20 @@ impl<P: Default> Front<P> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
+        if slot.from_a_run {
+            let mut response = (self.setup.policy.forbidden)(kin::RULE);
+            if !response
+                .headers
+                .iter()
+                .any(|(name, _)| *name == "connection")
+            {
+                response = response.header("connection", "close");
+            }
+            slot.conn
+                .respond(response.status, &response.header_refs(), &response.body);
+            self.look_again(id);
+            return;
+        }
         let gate = &self.setup.config.gate;
         let peer = gate.classify(&slot.conn.peer().ip());
         if let Err(reason) =
@@ -1135,6 +1248,65 @@ mod tests {
         // others are still proving themselves, and the oldest of them only when none is free.
         assert_eq!(at_the_door(&agent, false, false, 16, None), Door::In);
         assert_eq!(at_the_door(&agent, true, false, 16, None), Door::TakeOldest);
+    }
+
+    #[test]
+    fn selfclient_the_address_holding_the_most_is_displaced_first_and_a_grace_is_kept() {
+        let ip = |text: &str| Some(text.parse::<IpAddr>().expect("address"));
+        let p = |id: u64, group: Option<IpAddr>, protected: bool| Pending {
+            id: ConnId(id),
+            group,
+            protected,
+        };
+        let (flood, client, other) = (ip("127.0.0.2"), ip("127.0.0.1"), ip("203.0.113.9"));
+        let share = 8;
+        // The client's connection is the oldest, the flood's hold the most: the oldest of
+        // those goes, whoever comes.
+        let pending = [
+            p(1, client, false),
+            p(2, flood, false),
+            p(3, flood, false),
+            p(4, flood, false),
+        ];
+        assert_eq!(displaced(&pending, flood, share), Some(ConnId(2)));
+        assert_eq!(displaced(&pending, client, share), Some(ConnId(2)));
+        // Within its share, a connection in its grace is passed over.
+        let pending = [
+            p(1, client, false),
+            p(2, flood, true),
+            p(3, flood, false),
+            p(4, flood, true),
+        ];
+        assert_eq!(displaced(&pending, other, share), Some(ConnId(3)));
+        // A newcomer never pushes out a smaller share: with the flood all in its grace, the
+        // client mid-handshake stays and the flood's newcomer is refused...
+        let pending = [p(1, client, false), p(2, flood, true), p(3, flood, true)];
+        assert_eq!(displaced(&pending, flood, share), None);
+        // ...while one of the client's own address may take its place.
+        assert_eq!(displaced(&pending, client, share), Some(ConnId(1)));
+        // A flood past its share keeps no grace.
+        let mut pending = vec![p(1, client, true)];
+        pending.extend((2..=10).map(|id| p(id, flood, true)));
+        assert_eq!(displaced(&pending, flood, share), Some(ConnId(2)));
+        assert_eq!(displaced(&pending, other, share), Some(ConnId(2)));
+        // Everyone within the grace and their shares: nobody; the newcomer is refused.
+        let pending = [p(1, client, true), p(2, flood, true)];
+        assert_eq!(displaced(&pending, other, share), None);
+        assert_eq!(displaced(&[], other, share), None);
+        // A tie: the oldest of the tied shares.
+        let pending = [
+            p(1, client, false),
+            p(2, other, false),
+            p(3, client, false),
+            p(4, other, false),
+        ];
+        assert_eq!(displaced(&pending, flood, share), Some(ConnId(1)));
+        // HTTP keeps no grace: the oldest of the largest share, as before for one address.
+        let pending = [p(1, None, false), p(2, None, false)];
+        assert_eq!(
+            displaced(&pending, None, MAX_UNADMITTED_PER_PEER),
+            Some(ConnId(1))
+        );
     }
 
     #[test]

@@ -31,6 +31,21 @@ impl From<FrontKey> for AcpKey {
     }
 }
 
+/// What an ACP client reads when a newer one takes its place (then its connection closes):
+/// a JSON-RPC notification of an extension method (ACP's `_` prefix), which a client that
+/// does not know it ignores.
+pub(super) fn replaced_line() -> Vec<u8> {
+    let mut line = serde_json::json!({
+        "jsonrpc": "2.0",
+        "method": "_caliban/replaced",
+        "params": {"reason": super::ndjson::REPLACED},
+    })
+    .to_string()
+    .into_bytes();
+    line.push(b'\n');
+    line
+}
+
 pub(crate) struct NetAcp {
     acp: AcpServe,
     link: Link,
@@ -117,7 +132,7 @@ impl Surface for NetAcp {
                 self.link.on_io(cx, key);
                 self.serve(cx);
             }
-            AcpKey::Net(NetKey::Idle) => {}
+            AcpKey::Net(NetKey::Idle | NetKey::Replay) => {}
             other => self.acp.on_io(cx, other),
         }
     }
@@ -135,6 +150,7 @@ impl Surface for NetAcp {
                     self.acp.shutdown(cx);
                 }
             }
+            AcpKey::Net(NetKey::Replay) => {}
             other => self.acp.on_timer(cx, other),
         }
     }

@@ -5,8 +5,8 @@
 //! (`acp`). Network mode is fail-closed: no token, an empty token, no TLS material, or TLS
 //! material that does not load refuses to start (exit 78).
 //!
-//! One client at a time: the newest connection to prove itself is the client and an older
-//! one is closed. Runs and sessions live in the process, so a client that reconnects picks
+//! One client at a time: the newest connection to prove itself is the client; an older
+//! one is told it was replaced (`Link`'s `replaced` line) and closed. Runs and sessions live in the process, so a client that reconnects picks
 //! up where it left off (`session/load` in ACP, a `Resume` cursor on the NDJSON plane).
 //! With no client and no run working for `CALIBAN_AGENT_IDLE_TIMEOUT_SECS` the agent exits;
 //! SIGTERM cancels its runs (killing their tools) and exits.
@@ -245,6 +245,8 @@ fn remove_socket(path: &Path, created: Option<(u64, u64)>) {
 pub enum NetKey {
     Front(FrontKey),
     Idle,
+    /// The NDJSON plane's wait for a `Resume` is over (`ndjson::RESUME_GRACE`).
+    Replay,
 }
 
 impl From<FrontKey> for NetKey {
@@ -280,10 +282,17 @@ pub(crate) struct Link {
     idle_timer: Option<TimerId>,
     /// The Unix socket's identity, to remove only our own file at exit.
     socket: Option<(PathBuf, Option<(u64, u64)>)>,
+    /// The line a client replaced by a newer one reads before its connection closes, in
+    /// its protocol's vocabulary: a supervisor must never lose the client role silently.
+    replaced: Vec<u8>,
 }
 
 impl Link {
-    pub(crate) fn new(listener: AgentListener, idle_after: Option<Duration>) -> Link {
+    pub(crate) fn new(
+        listener: AgentListener,
+        idle_after: Option<Duration>,
+        replaced: Vec<u8>,
+    ) -> Link {
         let front = Front::for_agent(listener);
         let socket = front.socket_path().map(|p| {
             let id = std::fs::symlink_metadata(p)
@@ -298,6 +307,7 @@ impl Link {
             idle_after,
             idle_timer: None,
             socket,
+            replaced,
         }
     }
 
@@ -337,8 +347,12 @@ impl Link {
             match self.front.next_event(cx)? {
                 LineEvent::Attached(conn) => {
                     if let Some(old) = self.client.replace(conn) {
-                        log::info("a newer client connected; closing the older connection");
-                        self.front.close(cx, old);
+                        log::warn(
+                            "a newer client connected; the older one is told and its \
+                             connection closed",
+                        );
+                        self.front.send(old, &self.replaced);
+                        self.front.finish(old);
                         self.queued.push_back(LinkEvent::Detached(old));
                     }
                     self.queued.push_back(LinkEvent::Attached(conn));
@@ -475,10 +489,15 @@ pub(crate) fn serve(
     idle_timeout: Option<Duration>,
     listener: AgentListener,
 ) -> u8 {
-    let link = Link::new(listener, idle_timeout);
     match spec.protocol {
-        Protocol::Ndjson => run_served(engine_config, core, ndjson::Plane::new(link, spec)),
-        Protocol::Acp => run_served(engine_config, core, acp::NetAcp::new(link)),
+        Protocol::Ndjson => {
+            let link = Link::new(listener, idle_timeout, ndjson::replaced_line());
+            run_served(engine_config, core, ndjson::Plane::new(link, spec))
+        }
+        Protocol::Acp => {
+            let link = Link::new(listener, idle_timeout, acp::replaced_line());
+            run_served(engine_config, core, acp::NetAcp::new(link))
+        }
     }
 }
 

@@ -7,9 +7,10 @@
 //! Lines in (one JSON object each; blank lines are skipped):
 //!
 //! - `{"type":"Resume","cursor":N}`: continue from cursor `N` with nothing lost or
-//!   duplicated. Only as the first line after the preamble, sent in the same write: the
-//!   replay starts once the read that finished the preamble is handled, so a later `Resume`
-//!   is answered with an `Error` line and the connection is closed.
+//!   duplicated. Only as the first line after the preamble (on the Unix socket: the first
+//!   line): the replay waits for a client's first line, or `RESUME_GRACE` after it became
+//!   the client, and a `Resume` after that is answered with an `Error` line and the
+//!   connection is closed.
 //! - `{"type":"UserMessage","text":"…","images":[…]?}`, `{"type":"EndInput"}`: input for an
 //!   interactive run (upstream's `AttachInbound`; `images` are image blocks, caliban's own).
 //! - `{"type":"Compact"}`: compact the run's conversation now (a `Compaction` event follows).
@@ -24,7 +25,7 @@
 //!   permission timeout, as on every surface.
 //! - `{"type":"Error","error":"…"}`: a line that was not understood or was refused (bad JSON,
 //!   an unknown `type`, input to a run that takes none, a permit for no prompt). The
-//!   connection goes on. Neither name is a `TurnEvent` type, and neither is sent to a client
+//!   connection goes on, except after `replaced: …` (a newer client took this one's place). Neither name is a `TurnEvent` type, and neither is sent to a client
 //!   that sends only good lines under `unattended`, so an upstream client sees only events.
 //!
 //! When the run has ended and its `RunEnd` is out, the connection is closed (TLS
@@ -32,6 +33,7 @@
 //! idle exit.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
@@ -48,6 +50,12 @@ use crate::surface::host::{Cx, Surface};
 /// The most events replayed to a client that connects without a `Resume` (upstream's
 /// 1,024 lines): enough to see what the run is doing, bounded for a run that has done a lot.
 pub(crate) const REPLAY_CAP: u64 = 1024;
+
+/// How long the replay waits for a new client's first line, which may be a `Resume`: a
+/// socket client sends it right after connecting (there is no preamble to send it with),
+/// a moment later than the accept. Long enough for a loaded machine's scheduling, short
+/// enough that a client that sends nothing barely notices the wait for its replay.
+pub(crate) const RESUME_GRACE: Duration = Duration::from_millis(500);
 
 /// A client is fed this much from the log per step, so one catching up cannot hog the loop;
 /// it waits for `Writable` whenever its connection's queue is full.
@@ -66,6 +74,22 @@ struct Follow {
     shown: Option<String>,
     /// The run's end went out; the connection is being closed.
     done: bool,
+    /// When it became the client: the replay waits `RESUME_GRACE` from here for a first
+    /// line.
+    attached: Instant,
+}
+
+impl Follow {
+    /// How much longer the replay waits for a first line that may be a `Resume`; `None`
+    /// once it need not wait (a line came, the replay began, or the grace is over).
+    fn holding(&self) -> Option<Duration> {
+        if self.next.is_some() || self.lines > 0 {
+            return None;
+        }
+        RESUME_GRACE
+            .checked_sub(self.attached.elapsed())
+            .filter(|left| !left.is_zero())
+    }
 }
 
 pub(crate) struct Plane {
@@ -74,6 +98,8 @@ pub(crate) struct Plane {
     spec: Option<Spec>,
     run: Option<RunId>,
     follow: Option<Follow>,
+    /// Armed while the replay waits for a first line (`Follow::holding`).
+    replay_timer: Option<crate::reactor::TimerId>,
 }
 
 fn line(value: &Value) -> Vec<u8> {
@@ -86,6 +112,15 @@ fn error_line(message: &str) -> Vec<u8> {
     line(&json!({"type": "Error", "error": message}))
 }
 
+/// What a client reads when a newer one takes its place (then its connection closes).
+pub(super) fn replaced_line() -> Vec<u8> {
+    error_line(REPLACED)
+}
+
+/// The `Error` text of a replaced client.
+pub(crate) const REPLACED: &str =
+    "replaced: a newer client connected to this agent; this connection is closed";
+
 impl Plane {
     pub(super) fn new(link: Link, spec: &Spec) -> Plane {
         Plane {
@@ -93,6 +128,7 @@ impl Plane {
             spec: Some(spec.clone()),
             run: None,
             follow: None,
+            replay_timer: None,
         }
     }
 }
@@ -152,6 +188,7 @@ impl Plane {
                         lines: 0,
                         shown: None,
                         done: false,
+                        attached: Instant::now(),
                     });
                 }
                 LinkEvent::Detached(conn) => {
@@ -246,7 +283,7 @@ impl Plane {
         let (Some(run), Some(follow)) = (self.run, self.follow.as_mut()) else {
             return;
         };
-        if follow.done {
+        if follow.done || follow.holding().is_some() {
             return;
         }
         let next = match follow.next {
@@ -318,6 +355,10 @@ impl Surface for Plane {
                 self.link.on_timer(cx, key);
                 self.serve(cx);
             }
+            NetKey::Replay => {
+                self.replay_timer = None;
+                self.feed(cx);
+            }
             NetKey::Idle => {
                 if self.link.idle_expired(cx.core) {
                     cancel_live_runs(cx.core);
@@ -329,8 +370,23 @@ impl Surface for Plane {
 
     fn after_batch(&mut self, cx: &mut Cx<NetKey>, _changed: &BTreeSet<RunId>) {
         self.serve(cx);
-        self.pump(cx.core);
+        self.feed(cx);
         self.serve(cx);
         self.link.watch_idle(cx);
+    }
+}
+
+impl Plane {
+    /// Writes what the client is owed (`pump`), or, while its replay waits for a first
+    /// line, has the wait's end looked at.
+    fn feed(&mut self, cx: &mut Cx<NetKey>) {
+        match self.follow.as_ref().and_then(Follow::holding) {
+            Some(left) => {
+                if self.replay_timer.is_none() {
+                    self.replay_timer = Some(cx.add_timer(left, NetKey::Replay));
+                }
+            }
+            None => self.pump(cx.core),
+        }
     }
 }

@@ -68,6 +68,13 @@ pub(crate) const MAX_PENDING: usize = 16;
 /// peers (a port-forward speaks for everyone from there) are not capped.
 pub(crate) const MAX_PENDING_PER_PEER: usize = MAX_PENDING / 2;
 
+/// How long a connection whose TLS handshake is done may not be displaced by a newcomer
+/// (see the front's ADMISSION): a real client sends its preamble right after its
+/// handshake, so without this a flood of connections arriving in that gap pushes it out.
+/// A few seconds covers a slow client on a loaded machine; a flood's own handshaked
+/// connections are displaceable again soon after, the address holding the most first.
+pub(crate) const HANDSHAKED_GRACE: Duration = Duration::from_secs(3);
+
 /// Open connections. The agent serves one client at a time; the rest is room for
 /// `MAX_PENDING` peers proving themselves and for connections winding down.
 pub(crate) const MAX_CONNECTIONS: usize = 32;
@@ -98,6 +105,7 @@ const _: () = assert!(
         && MAX_PENDING < MAX_CONNECTIONS
         && MAX_OUT_BUFFER < MAX_QUEUED_OUT
         && super::HEAD_DEADLINE.as_secs() < IDLE_CHECK.as_secs()
+        && HANDSHAKED_GRACE.as_secs() < super::HEAD_DEADLINE.as_secs()
 );
 
 /// The agent's listener. A TCP listener always carries its TLS configuration and token, so
@@ -184,6 +192,13 @@ impl Io {
     fn wants_write(&self) -> bool {
         match self {
             Io::Tls(conn) => conn.wants_write(),
+            Io::Unix(_) => false,
+        }
+    }
+
+    fn is_handshaking(&self) -> bool {
+        match self {
+            Io::Tls(conn) => conn.is_handshaking(),
             Io::Unix(_) => false,
         }
     }
@@ -297,6 +312,8 @@ pub(crate) enum Refusal {
     WrongShape,
     BadToken,
     Oversized,
+    /// A key twice (JSON parsers disagree on which one counts).
+    DuplicateKey,
 }
 
 impl Refusal {
@@ -306,13 +323,29 @@ impl Refusal {
             Refusal::WrongShape => "the preamble is not {\"bearer\":\"<token>\"}",
             Refusal::BadToken => "invalid bearer token",
             Refusal::Oversized => "the preamble is over 4 KiB",
+            Refusal::DuplicateKey => "the preamble repeats a key",
         }
     }
+}
+
+/// The line a refused run's process reads (`front::kin`), in the vocabulary of the agent's
+/// lines: the NDJSON plane's `Error`, which an ACP client takes for a line it does not know.
+fn refusal_line() -> Vec<u8> {
+    let mut line = serde_json::json!({"type": "Error", "error": super::kin::RULE})
+        .to_string()
+        .into_bytes();
+    line.push(b'\n');
+    line
 }
 
 /// Checks a preamble line: exactly `{"bearer": "<token>"}` with the right token.
 pub(crate) fn check_preamble(line: &[u8], token: &Token) -> Result<(), Refusal> {
     let value: Value = serde_json::from_slice(line).map_err(|_| Refusal::NotJson)?;
+    if let Some(map) = value.as_object()
+        && top_level_members(line) != map.len()
+    {
+        return Err(Refusal::DuplicateKey);
+    }
     let presented = match value.as_object() {
         Some(map) if map.len() == 1 => map.get("bearer").and_then(Value::as_str),
         _ => None,
@@ -323,6 +356,32 @@ pub(crate) fn check_preamble(line: &[u8], token: &Token) -> Result<(), Refusal> 
     } else {
         Err(Refusal::BadToken)
     }
+}
+
+/// How many members the top-level object of `json` (valid JSON) spells out, repeated keys
+/// counted each time: serde_json keeps the last of a repeated key, so only the text tells.
+/// Each member has exactly one `:` at depth 1 outside strings.
+fn top_level_members(json: &[u8]) -> usize {
+    let (mut depth, mut in_string, mut escaped, mut members) = (0usize, false, false, 0);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b':' if depth == 1 => members += 1,
+            _ => {}
+        }
+    }
+    members
 }
 
 /// One agent connection. See the module docs.
@@ -350,6 +409,10 @@ pub(crate) struct LineConn {
     peer_eof: bool,
     /// A peer that needed no preamble is yet to be reported `Attached`.
     unannounced: bool,
+    /// Answered with the refusal of a run's process (`turn_away`).
+    turned_away: bool,
+    /// When its TLS handshake was seen done (at once on the Unix socket).
+    handshaked: Option<Instant>,
 }
 
 impl LineConn {
@@ -376,6 +439,8 @@ impl LineConn {
             writable_due: false,
             peer_eof: false,
             unannounced: !preamble,
+            turned_away: false,
+            handshaked: None,
         }
     }
 
@@ -427,6 +492,20 @@ impl LineConn {
             self.item_bytes = 0;
             self.pump();
         }
+    }
+
+    /// Answers a peer that may not be served (`front::kin`) with `line` and ends the
+    /// connection; it is never announced, and nothing it sends is handed out.
+    fn turn_away(&mut self, line: &[u8]) {
+        self.unannounced = false;
+        self.turned_away = true;
+        if self.phase == Phase::Preamble {
+            self.phase = Phase::Open;
+        }
+        self.items.clear();
+        self.item_bytes = 0;
+        self.send(line);
+        self.finish();
     }
 
     fn authenticate(&mut self) {
@@ -502,6 +581,9 @@ impl LineConn {
         loop {
             self.flush_out();
             self.after_flush();
+            if self.handshaked.is_none() && !self.io.is_handshaking() {
+                self.handshaked = Some(Instant::now());
+            }
             if !self.read_some() {
                 return;
             }
@@ -629,6 +711,13 @@ impl Wire for LineConn {
         self.io.source()
     }
 
+    fn unix_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.io {
+            Io::Unix(stream) => Some(crate::sys::raw_fd(stream)),
+            Io::Tls(_) => None,
+        }
+    }
+
     fn tcp(&mut self) -> Option<&mut TcpStream> {
         self.io.tcp()
     }
@@ -646,6 +735,16 @@ impl Wire for LineConn {
         self.peer_ip
             .filter(|ip| !crate::auth::is_loopback(ip))
             .map(peer_key)
+    }
+
+    fn peer_group(&self) -> Option<IpAddr> {
+        self.peer_ip.map(peer_key)
+    }
+
+    fn grace_until(&self) -> Option<Instant> {
+        self.handshaked
+            .filter(|_| self.in_preamble())
+            .map(|at| at + HANDSHAKED_GRACE)
     }
 
     fn last_activity(&self) -> Instant {
@@ -776,6 +875,14 @@ impl<P: Default> Front<P, LineConn> {
             };
             if slot.conn.items.is_empty() {
                 slot.conn.pump();
+            }
+            // A run's process is told why, once it can read a line: at once on the Unix
+            // socket, after its preamble over TLS (whose handshake must finish first).
+            if slot.from_a_run
+                && !slot.conn.turned_away
+                && (!slot.conn.in_preamble() || !slot.conn.items.is_empty())
+            {
+                slot.conn.turn_away(&refusal_line());
             }
             if std::mem::take(&mut slot.conn.unannounced) {
                 return Some(LineEvent::Attached(id));
@@ -953,6 +1060,15 @@ mod tests {
     }
 
     #[test]
+    fn selfclient_members_are_counted_in_the_text_and_strings_are_opaque() {
+        assert_eq!(top_level_members(br#"{"bearer":"a"}"#), 1);
+        assert_eq!(top_level_members(br#"{"bearer":"a:b","x":{"y":1}}"#), 2);
+        assert_eq!(top_level_members(br#"{"a\":\"":"x","a":[{"b":2}]}"#), 2);
+        assert_eq!(top_level_members(br#"{"a":1,"a":2}"#), 2);
+        assert_eq!(top_level_members(br#"{}"#), 0);
+    }
+
+    #[test]
     fn only_the_exact_preamble_with_the_right_token_passes() {
         let token = Token::new(b"s3cret");
         assert_eq!(check_preamble(br#"{"bearer":"s3cret"}"#, &token), Ok(()));
@@ -965,6 +1081,15 @@ mod tests {
             (br#"{"bearer":"s3cret "}"#, Refusal::BadToken),
             (br#"{"bearer":""}"#, Refusal::BadToken),
             (br#"{"bearer":"s3cret","x":1}"#, Refusal::WrongShape),
+            // serde_json would keep the last; another parser in front of us the first.
+            (
+                br#"{"bearer":"wrong","bearer":"s3cret"}"#,
+                Refusal::DuplicateKey,
+            ),
+            (
+                br#"{"bearer":"s3cret","bearer":"s3cret"}"#,
+                Refusal::DuplicateKey,
+            ),
             (br#"{"token":"s3cret"}"#, Refusal::WrongShape),
             (br#"{"bearer":7}"#, Refusal::WrongShape),
             (br#"["s3cret"]"#, Refusal::WrongShape),

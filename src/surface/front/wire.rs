@@ -33,6 +33,11 @@ pub(crate) trait Wire: Sized {
     /// gets and for the kernel's view of its output (the write-stall deadline); `None` for
     /// a Unix socket.
     fn tcp(&mut self) -> Option<&mut TcpStream>;
+    /// The Unix socket under the connection, whose peer's process the kernel knows
+    /// (`front::kin`); `None` for TCP.
+    fn unix_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Who is at the other end, for logs.
     fn peer_name(&self) -> String;
     /// Whether, as accepted, the peer has yet to prove itself (see ADMISSION). A connection
@@ -43,6 +48,17 @@ pub(crate) trait Wire: Sized {
     /// connections (`front::peer_key` of a remote address); `None` for a peer that is not
     /// capped (loopback, a Unix socket).
     fn peer_key(&self, setup: &Self::Setup) -> Option<IpAddr>;
+    /// Which address's share of the unadmitted connections this one counts in when one must
+    /// be displaced (`front::displaced`): `peer_key` of any TCP peer, loopback included, so
+    /// one address flooding the door is displaced before another's client; `None` for a
+    /// Unix socket.
+    fn peer_group(&self) -> Option<IpAddr>;
+    /// Until when an unadmitted connection may not be displaced: one that has done its
+    /// part so far (the agent's: a finished TLS handshake) gets a moment to send its
+    /// preamble. `None`: no grace.
+    fn grace_until(&self) -> Option<Instant> {
+        None
+    }
     /// When a byte last moved in either direction (or the connection was made).
     fn last_activity(&self) -> Instant;
     /// When the opening now under way (a request head, the agent's preamble) began; the head
@@ -110,6 +126,10 @@ impl Wire for Connection {
     fn peer_key(&self, setup: &HttpSetup) -> Option<IpAddr> {
         let ip = self.peer().ip();
         (setup.config.gate.classify(&ip) == Peer::Remote).then(|| peer_key(ip))
+    }
+
+    fn peer_group(&self) -> Option<IpAddr> {
+        Some(peer_key(self.peer().ip()))
     }
 
     fn last_activity(&self) -> Instant {
