@@ -19,7 +19,8 @@
 //!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
 //!  "sandbox": {"mode": "workspace-write", "network_ports": [443], "deny_read": ["~/x"],
 //!              "allow_read": ["~/.npmrc"], "writable": ["~/.cache"],
-//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off"},
+//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off",
+//!              "env_passthrough": ["GITHUB_TOKEN"]},
 //!  "mcpServers": {"name": {"command": "…", "args": ["…"]}},
 //!  "mcp_timeout": 300,
 //!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false}
@@ -234,6 +235,7 @@ fn merge_sandbox(into: &mut sandbox::Settings, file: sandbox::Settings, source: 
     into.protected_writable.extend(file.protected_writable);
     into.unavailable = into.unavailable.or(file.unavailable);
     into.mcp_servers = into.mcp_servers.or(file.mcp_servers);
+    into.env_passthrough.extend(file.env_passthrough);
 }
 
 /// Rules from `--allow`, `--deny` and `--ask`: deny first, then ask, then allow, so a pattern
@@ -580,6 +582,7 @@ impl FileParser<'_> {
                     })?);
                 }
                 "mcp_servers" => self.out.sandbox.mcp_servers = Some(mode(value)?),
+                "env_passthrough" => self.out.sandbox.env_passthrough = self.strings(&at, value)?,
                 _ => self.warn(format!("unknown key '{at}' ignored")),
             }
         }

@@ -531,7 +531,8 @@ fn denied_for(tool: &str) -> String {
 
 /// The mode post-pass. Modes only turn Ask into Allow (a static allow or deny wins), except
 /// `plan`, which also denies what would be allowed for a mutating tool, and
-/// `bypassPermissions`, which allows everything.
+/// `bypassPermissions`, which allows every call no deny rule names: a deny rule (`--deny`,
+/// settings) is what the user says must never run, so no mode lifts it (Claude Code's rule).
 fn apply_mode(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
     let allow = |reason: String| Decision {
         action: Action::Allow,
@@ -541,8 +542,8 @@ fn apply_mode(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
     match mode {
         Mode::Default => decision,
         Mode::BypassPermissions => match decision.action {
-            Action::Allow => decision,
-            Action::Ask | Action::Deny => allow("allowed: bypassPermissions mode".to_owned()),
+            Action::Allow | Action::Deny => decision,
+            Action::Ask => allow("allowed: bypassPermissions mode".to_owned()),
         },
         Mode::AcceptEdits => {
             // Like Claude Code, only edits inside the workspace are accepted automatically.
@@ -1225,15 +1226,27 @@ mod tests {
     }
 
     #[test]
-    fn mode_bypass_allows_everything() {
-        let mut policy = policy(vec![rule("Bash(rm *)", Action::Deny)], Mode::Default);
+    fn mode_bypass_allows_everything_but_what_a_deny_rule_names() {
+        let mut policy = policy(
+            vec![
+                rule("Bash(rm *)", Action::Deny),
+                rule("WebFetch", Action::Deny),
+            ],
+            Mode::Default,
+        );
         assert_eq!(policy.mode(), Mode::Default);
         policy.set_mode(Mode::BypassPermissions);
         assert_eq!(policy.mode(), Mode::BypassPermissions);
         let decision = policy.decide("Bash", &bash("rm x"));
-        assert_eq!(decision.action, Action::Allow);
+        assert_eq!(decision.action, Action::Deny);
         assert_eq!(decision.matched.as_deref(), Some("Bash(rm *)"));
+        let fetch = json!({"url": "https://example.com/"});
+        assert_eq!(action(&policy, "WebFetch", &fetch), Action::Deny);
+        assert_eq!(action(&policy, "Bash", &bash("ls")), Action::Allow);
         assert_eq!(action(&policy, "Write", &file("/etc/x")), Action::Allow);
+        // A deny in a narrowing profile holds in bypass too.
+        let narrowed = policy.narrowed(vec![rule("Bash", Action::Deny)], None);
+        assert_eq!(action(&narrowed, "Bash", &bash("ls")), Action::Deny);
     }
 
     #[test]

@@ -1,0 +1,217 @@
+//! Issue 21's policy findings, end to end: caliban's secrets kept from every process a tool
+//! starts, deny rules that hold in `bypassPermissions`, MCP approvals that cover what runs,
+//! `WebFetch` rules on canonical addresses, the per-run cap on process tools, and prompt
+//! images checked against their claimed type. The model's side is the stub's scripted
+//! `tool_use` blocks; nothing here reaches beyond loopback.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+fn bash_call(id: &str, command: &str) -> Value {
+    json!({"id": id, "name": "Bash", "input": {"command": command}})
+}
+
+/// One model turn calling `calls` at once, then a closing answer.
+fn script(calls: Vec<Value>) -> Value {
+    json!({"turns": [
+        {"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}},
+        {"text": "done", "usage": {"input_tokens": 12, "output_tokens": 5}},
+    ]})
+}
+
+/// Each tool result's (text, is_error) by id, from print mode's stream-json frames.
+fn results(out: &Output) -> HashMap<String, (String, bool)> {
+    out.frames()
+        .into_iter()
+        .filter(|f| f["type"] == "tool_result")
+        .map(|f| {
+            let text = f["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let id = f["tool_use_id"].as_str().unwrap_or_default().to_owned();
+            (id, (text, f["is_error"] == json!(true)))
+        })
+        .collect()
+}
+
+/// Print mode running `script` with `args` and extra `env`, the user maybe `user`.
+fn print_with(
+    ws: &Workspace,
+    script: &Value,
+    args: &[&str],
+    env: &[(&str, &str)],
+    user: Option<(u32, u32)>,
+) -> Output {
+    let stub = Stub::start(ws, script);
+    let mut cmd = caliban(ws);
+    anthropic(&mut cmd, &stub);
+    cmd.args(["-p", "go", "--output-format", "stream-json"])
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(user) = user {
+        ws.give_to(user);
+        as_user(&mut cmd, user);
+    }
+    run(cmd, "")
+}
+
+fn user_settings(ws: &Workspace, settings: Value) {
+    ws.write("home/.config/caliban/settings.json", &settings.to_string());
+}
+
+// ---- finding 7: secrets stay with caliban ---------------------------------------------------
+
+const SECRETS: &[(&str, &str)] = &[
+    ("ANTHROPIC_API_KEY", "sk-ant-test-secret"),
+    ("OPENAI_API_KEY", "sk-openai-test-secret"),
+    ("MY_SECRET_TOKEN", "tok-1"),
+    ("db_password", "hunter2"),
+    ("GITHUB_TOKEN", "ghp-kept"),
+    ("PROJECT_TOKEN", "proj-not-kept"),
+    ("PLAIN_VARIABLE", "plain"),
+];
+
+/// Which of `SECRETS` a dump of an environment shows.
+fn seen(dump: &str) -> Vec<&'static str> {
+    SECRETS
+        .iter()
+        .filter(|(name, value)| dump.contains(&format!("{name}={value}")))
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+fn passthrough_settings(ws: &Workspace) {
+    user_settings(
+        ws,
+        json!({"sandbox": {"env_passthrough": ["GITHUB_TOKEN"]}}),
+    );
+    // A workspace must not pass a secret through: this is ignored with a warning.
+    ws.write(
+        ".caliban/settings.json",
+        &json!({"sandbox": {"env_passthrough": ["PROJECT_TOKEN"]}}).to_string(),
+    );
+}
+
+#[test]
+fn commands_do_not_see_caliban_s_keys_nor_secret_looking_variables() {
+    let users = std::iter::once(None).chain(ordinary_user().map(Some));
+    for user in users {
+        for mode in ["workspace-write", "off"] {
+            let ws = Workspace::new("pol-env");
+            passthrough_settings(&ws);
+            let calls = vec![
+                bash_call("fg", "env"),
+                json!({"id": "bg", "name": "Bash",
+                       "input": {"command": "env > bg-env.txt", "background": true}}),
+            ];
+            let script = json!({"turns": [
+                {"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}},
+                {"tool_calls": [bash_call("wait",
+                    "for i in $(seq 100); do [ -s bg-env.txt ] && break; sleep 0.1; done")],
+                 "usage": {"input_tokens": 20, "output_tokens": 8}},
+                {"text": "done", "usage": {"input_tokens": 12, "output_tokens": 5}},
+            ]});
+            let out = print_with(
+                &ws,
+                &script,
+                &["--allow", "Bash", "--sandbox", mode],
+                SECRETS,
+                user,
+            );
+            let results = results(&out);
+            let fg = &results.get("fg").unwrap_or_else(|| panic!("{out:?}")).0;
+            assert!(fg.contains("PLAIN_VARIABLE=plain"), "{fg}");
+            assert_eq!(
+                seen(fg),
+                ["GITHUB_TOKEN", "PLAIN_VARIABLE"],
+                "{mode} {user:?}: {fg}"
+            );
+            let bg = ws.read("bg-env.txt");
+            assert_eq!(
+                seen(&bg),
+                ["GITHUB_TOKEN", "PLAIN_VARIABLE"],
+                "{mode} {user:?}: {bg}"
+            );
+            assert!(
+                out.stderr.contains("sandbox.env_passthrough"),
+                "the workspace's passthrough is refused aloud: {out:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_mcp_server_gets_its_own_configured_env_but_not_caliban_s_secrets() {
+    let ws = Workspace::new("pol-mcp-env");
+    passthrough_settings(&ws);
+    let dump = ws.path("mcp-env.txt");
+    let config = json!({"mcpServers": {"dump": {
+        "command": "/bin/sh",
+        "args": ["-c", format!("env > {}", path_str(&dump))],
+        "env": {"SERVER_API_KEY": "configured-for-the-server"},
+    }}});
+    ws.write("mcp.json", &config.to_string());
+    let config = path_str(&ws.path("mcp.json"));
+    let script =
+        json!({"turns": [{"text": "done", "usage": {"input_tokens": 1, "output_tokens": 1}}]});
+    let out = print_with(&ws, &script, &["--mcp-config", &config], SECRETS, None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dump.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let env = std::fs::read_to_string(&dump).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(seen(&env), ["GITHUB_TOKEN", "PLAIN_VARIABLE"], "{env}");
+    assert!(
+        env.contains("SERVER_API_KEY=configured-for-the-server"),
+        "{env}"
+    );
+}
+
+// ---- finding 10: deny beats bypass ----------------------------------------------------------
+
+#[test]
+fn deny_rules_hold_in_bypass_permissions() {
+    let ws = Workspace::new("pol-bypass");
+    user_settings(&ws, json!({"permissions": {"deny": ["Bash(touch:*)"]}}));
+    let calls = vec![
+        bash_call("cli", "echo ran > cli.txt"),
+        bash_call("settings", "touch settings.txt"),
+        json!({"id": "fetch", "name": "WebFetch", "input": {"url": "http://127.0.0.1:9/"}}),
+        json!({"id": "write", "name": "Write",
+               "input": {"path": "written.txt", "content": "x"}}),
+    ];
+    let out = print_with(
+        &ws,
+        &script(calls),
+        &[
+            "--permission-mode",
+            "bypassPermissions",
+            "--deny",
+            "Bash(echo:*)",
+            "--deny",
+            "WebFetch",
+        ],
+        &[],
+        None,
+    );
+    let results = results(&out);
+    for id in ["cli", "settings", "fetch"] {
+        let (text, error) = results.get(id).unwrap_or_else(|| panic!("{id}: {out:?}"));
+        assert!(*error && text.contains("denied"), "{id}: {text}");
+    }
+    assert!(!ws.path("cli.txt").exists() && !ws.path("settings.txt").exists());
+    // What no deny rule names still runs without asking.
+    assert!(!results["write"].1, "{:?}", results["write"]);
+    assert_eq!(ws.read("written.txt"), "x");
+}
