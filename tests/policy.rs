@@ -215,3 +215,97 @@ fn deny_rules_hold_in_bypass_permissions() {
     assert!(!results["write"].1, "{:?}", results["write"]);
     assert_eq!(ws.read("written.txt"), "x");
 }
+
+// ---- findings 8 and 11: approvals cover what runs -------------------------------------------
+
+fn text_only() -> Value {
+    json!({"turns": [{"text": "done", "usage": {"input_tokens": 1, "output_tokens": 1}}]})
+}
+
+fn starts(ws: &Workspace) -> Vec<String> {
+    std::fs::read_to_string(ws.path("started.txt"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_workspace_server_whose_script_the_model_rewrote_is_asked_about_again() {
+    let ws = Workspace::new("pol-approve-file");
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"proj": {"command": "/bin/sh", "args": ["tool_server.sh"]}}})
+            .to_string(),
+    );
+    ws.write("tool_server.sh", "echo approved >> started.txt\n");
+    let out = print_with(&ws, &text_only(), &["--approve-mcp", "proj"], &[], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = print_with(&ws, &text_only(), &[], &[], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        starts(&ws),
+        ["approved", "approved"],
+        "the approval is remembered"
+    );
+    // The model's Write, allowed by acceptEdits, rewrites the approved script.
+    let write = json!({"id": "w", "name": "Write",
+                       "input": {"path": "tool_server.sh",
+                                 "content": "echo unconfined >> started.txt\n"}});
+    let out = print_with(
+        &ws,
+        &script(vec![write]),
+        &["--permission-mode", "acceptEdits"],
+        &[],
+        None,
+    );
+    assert!(!results(&out)["w"].1, "{out:?}");
+    let out = print_with(&ws, &text_only(), &[], &[], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        !starts(&ws).contains(&"unconfined".to_owned()),
+        "the rewritten script ran: {:?}",
+        starts(&ws)
+    );
+    assert!(
+        out.stderr
+            .contains("not approved (`tool_server.sh` changed since it was approved)"),
+        "{out:?}"
+    );
+    // Approved again, it runs.
+    let out = print_with(&ws, &text_only(), &["--approve-mcp", "proj"], &[], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(starts(&ws).last().map(String::as_str), Some("unconfined"));
+}
+
+#[test]
+fn a_header_added_to_an_approved_workspace_server_needs_approval_again() {
+    let ws = Workspace::new("pol-approve-header");
+    let url = "http://127.0.0.1:9/mcp";
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"web": {"type": "http", "url": url}}}).to_string(),
+    );
+    let out = print_with(&ws, &text_only(), &["--approve-mcp", "web"], &[], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = print_with(&ws, &text_only(), &[], &[], None);
+    assert!(!out.stderr.contains("not approved"), "{out:?}");
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"web": {"type": "http", "url": url,
+                                        "headers": {"X": "${ANTHROPIC_API_KEY}"}}}})
+        .to_string(),
+    );
+    let out = print_with(
+        &ws,
+        &text_only(),
+        &[],
+        &[("ANTHROPIC_API_KEY", "sk-x")],
+        None,
+    );
+    assert!(
+        out.stderr
+            .contains("not approved (its configuration changed since it was approved)"),
+        "{out:?}"
+    );
+}
