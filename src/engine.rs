@@ -127,6 +127,9 @@ pub struct EngineConfig {
     /// Idle model connections kept for the next request (`http::pool`): at least
     /// `MAX_IDLE_PER_KEY`, and the drive surfaces' `--max-working-runs` when larger.
     pub idle_connections: usize,
+    /// `webfetch.block_private`: `WebFetch` refuses the addresses `netaddr::class` names,
+    /// judged on the URL's host and on every address it resolves to.
+    pub webfetch_block_private: bool,
 }
 
 /// What the engine's MCP hub starts from (`mcp_client`).
@@ -531,10 +534,28 @@ enum Completion {
 struct FetchTask {
     request: FetchRequest,
     exchange: Exchange,
+    /// Whether the addresses the host resolves to are judged (`webfetch.block_private`,
+    /// dialled directly: through a proxy, only the proxy knows them).
+    guard_addresses: bool,
     deadline: TimerId,
     status: Option<u16>,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+}
+
+/// Why `webfetch.block_private` refuses a URL's host before any lookup: it names this
+/// machine (`localhost`) or spells an address of a refused class in any form.
+fn blocked_host(host: &str) -> Option<String> {
+    if crate::netaddr::is_localhost_name(host) {
+        return Some(format!(
+            "`{host}` is this machine, which webfetch.block_private refuses"
+        ));
+    }
+    let ip = crate::netaddr::parse_ip(host)?;
+    let class = crate::netaddr::class(ip)?;
+    Some(format!(
+        "`{host}` is {ip}, a {class} address, which webfetch.block_private refuses"
+    ))
 }
 
 impl FetchTask {
@@ -2109,6 +2130,11 @@ impl<K: HostKey> Engine<K> {
 
     /// Starts (or, after a same-site redirect, restarts) a `WebFetch` call's GET.
     fn start_fetch(&mut self, run: RunId, tool_use_id: String, request: FetchRequest) {
+        let block_private = self.config.webfetch_block_private;
+        if block_private && let Some(why) = blocked_host(&request.target.host) {
+            let output = ToolOutput::error(format!("WebFetch: {why}"));
+            return self.tool_done(run, &tool_use_id, output);
+        }
         let proxy =
             match crate::http::client::proxy_for(&request.target, &|name| std::env::var(name).ok())
             {
@@ -2136,6 +2162,7 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         let token = self.reactor.token();
+        let proxy_used = proxy.clone();
         let exchange = Exchange::new(
             token,
             request.target.clone(),
@@ -2154,6 +2181,7 @@ impl<K: HostKey> Engine<K> {
             FetchTask {
                 request,
                 exchange,
+                guard_addresses: block_private && proxy_used.is_none(),
                 deadline,
                 status: None,
                 headers: Vec::new(),
@@ -2197,6 +2225,24 @@ impl<K: HostKey> Engine<K> {
             .filter(|t| t.exchange.token() == token)
         else {
             return;
+        };
+        // Judged on what is dialled, so a name that resolves (or rebinds) to 127.0.0.1 is
+        // refused like the address itself.
+        let result = match result {
+            Ok(addrs) if task.guard_addresses => {
+                let blocked = addrs
+                    .iter()
+                    .find_map(|a| crate::netaddr::class(a.ip()).map(|class| (a.ip(), class)));
+                match blocked {
+                    Some((ip, class)) => Err(format!(
+                        "`{}` resolves to {ip}, a {class} address, which \
+                         webfetch.block_private refuses",
+                        task.request.target.host
+                    )),
+                    None => Ok(addrs),
+                }
+            }
+            other => other,
         };
         let mut events = Vec::new();
         task.exchange

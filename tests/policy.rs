@@ -309,3 +309,141 @@ fn a_header_added_to_an_approved_workspace_server_needs_approval_again() {
         "{out:?}"
     );
 }
+
+// ---- finding 13: WebFetch compares canonical addresses --------------------------------------
+
+/// A loopback HTTP server answering every request with `PAGE`; serves until the test ends.
+fn page_server() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut stream = stream;
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf);
+                let body = PAGE;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+const PAGE: &str = "the loopback page";
+
+/// Spellings of this machine's loopback address that the resolver dials as such.
+const LOOPBACK_SPELLINGS: &[&str] = &[
+    "127.0.0.1",
+    "127.1",
+    "0x7f000001",
+    "2130706433",
+    "0177.0.0.1",
+    "127.0.0.2",
+    "0.0.0.0",
+    "[::ffff:127.0.0.1]",
+    "localhost",
+    "localhost.",
+];
+
+fn fetch_call(id: &str, url: &str) -> Value {
+    json!({"id": id, "name": "WebFetch", "input": {"url": url}})
+}
+
+fn fetch_all(ws: &Workspace, port: u16, args: &[&str]) -> HashMap<String, (String, bool)> {
+    let calls = LOOPBACK_SPELLINGS
+        .iter()
+        .map(|host| fetch_call(host, &format!("http://{host}:{port}/")))
+        .collect();
+    let out = print_with(ws, &script(calls), args, &[], None);
+    let results = results(&out);
+    assert_eq!(results.len(), LOOPBACK_SPELLINGS.len(), "{out:?}");
+    results
+}
+
+#[test]
+fn web_fetch_deny_rules_catch_every_spelling_of_loopback() {
+    let port = page_server();
+    let ws = Workspace::new("pol-fetch");
+    // Without a deny rule these spellings reach the page: the test is of real addresses.
+    let open = fetch_all(&ws, port, &["--allow", "WebFetch"]);
+    // (127.0.0.2 is loopback too, but the page listens on 127.0.0.1 only; not every
+    // resolver reads `localhost.`.)
+    for host in [
+        "127.1",
+        "0x7f000001",
+        "2130706433",
+        "0177.0.0.1",
+        "localhost",
+    ] {
+        assert!(open[host].0.contains(PAGE), "{host}: {:?}", open[host]);
+    }
+    for rule in [
+        "WebFetch(domain:127.0.0.1)",
+        "WebFetch(domain:localhost)",
+        "WebFetch(domain:::1)",
+    ] {
+        let denied = fetch_all(&ws, port, &["--deny", rule, "--allow", "WebFetch"]);
+        for host in LOOPBACK_SPELLINGS {
+            let (text, error) = &denied[*host];
+            assert!(
+                *error && !text.contains(PAGE) && text.contains("denied"),
+                "{rule} let {host} through: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn web_fetch_block_private_refuses_names_that_resolve_to_loopback() {
+    use std::net::ToSocketAddrs;
+    let port = page_server();
+    let ws = Workspace::new("pol-fetch-private");
+    user_settings(&ws, json!({"webfetch": {"block_private": true}}));
+    // A name other than localhost that resolves to loopback, when the machine has one (its
+    // own host name often does), exercises the check on the resolved address.
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let resolves_local = !hostname.is_empty()
+        && (hostname.as_str(), port)
+            .to_socket_addrs()
+            .is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback()));
+    let mut calls: Vec<Value> = LOOPBACK_SPELLINGS
+        .iter()
+        .map(|host| fetch_call(host, &format!("http://{host}:{port}/")))
+        .collect();
+    calls.push(fetch_call(
+        "metadata",
+        "http://169.254.169.254/latest/meta-data/",
+    ));
+    calls.push(fetch_call("private", "http://10.0.0.1:9/"));
+    if resolves_local {
+        calls.push(fetch_call("name", &format!("http://{hostname}:{port}/")));
+    } else {
+        eprintln!("no name but localhost resolves to loopback here; the lookup case is skipped");
+    }
+    let out = print_with(&ws, &script(calls), &["--allow", "WebFetch"], &[], None);
+    let results = results(&out);
+    for (id, (text, error)) in &results {
+        assert!(
+            *error && !text.contains(PAGE) && text.contains("webfetch.block_private"),
+            "{id}: {text}"
+        );
+    }
+    if resolves_local {
+        assert!(
+            results["name"].0.contains("resolves to 127."),
+            "{:?}",
+            results["name"]
+        );
+    }
+}
