@@ -447,3 +447,72 @@ fn web_fetch_block_private_refuses_names_that_resolve_to_loopback() {
         );
     }
 }
+
+// ---- finding 15: prompt images must be what they claim --------------------------------------
+
+/// Mislabelled images: a PNG claimed as JPEG, and bytes that are no image claimed as PNG.
+fn mislabelled() -> [(Value, &'static str); 2] {
+    use crate::print::{PNG, image_block};
+    [
+        (
+            image_block("image/jpeg", PNG),
+            "image 1: claimed to be image/jpeg, but its bytes are image/png",
+        ),
+        (
+            // "hello, world" in base64.
+            image_block("image/png", "aGVsbG8sIHdvcmxk"),
+            "image 1: claimed to be image/png, but its bytes are not PNG, JPEG, GIF or WebP",
+        ),
+    ]
+}
+
+#[test]
+fn http_serve_refuses_a_prompt_image_that_is_not_what_it_claims() {
+    use crate::http_util::{Serve, post_json};
+    let ws = Workspace::new("pol-img-http");
+    let stub = Stub::start(&ws, &text_only());
+    let server = Serve::start(&ws, &stub, &[], &[]);
+    for (block, why) in mislabelled() {
+        let resp = post_json(
+            server.addr,
+            "/runs",
+            &json!({"prompt": "x", "images": [block]}),
+        );
+        assert_eq!(resp.status, 400, "{resp:?}");
+        assert_eq!(
+            resp.json(),
+            json!({"error": format!("`images`: {why}")}),
+            "{resp:?}"
+        );
+    }
+    assert!(stub.requests().is_empty(), "nothing reached the model");
+}
+
+#[test]
+fn print_mode_refuses_a_prompt_image_that_is_not_what_it_claims() {
+    let ws = Workspace::new("pol-img-print");
+    let stub = Stub::start(&ws, &text_only());
+    for (block, why) in mislabelled() {
+        let cmd = caliban_stub(
+            &ws,
+            &stub,
+            &[
+                "-p",
+                "--input-format",
+                "stream-json",
+                "--output-format",
+                "stream-json",
+            ],
+        );
+        let line = json!({"type": "user", "content": [{"type": "text", "text": "what?"}, block]});
+        let out = run(cmd, &format!("{line}\n"));
+        assert_eq!(out.code, Some(64), "{out:?}");
+        let error = out.result()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let why = why.trim_start_matches("image 1: ");
+        assert!(error.contains(why), "{error}");
+    }
+    assert!(stub.requests().is_empty(), "nothing reached the model");
+}
