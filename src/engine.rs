@@ -67,6 +67,15 @@ const DNS_QUEUE_CAP: usize = 128;
 /// new one (the oldest goes first); when all are running, a new one is refused until the
 /// model stops one, so a loop of `background: true` calls cannot fill the machine.
 const MAX_SHELLS_PER_RUN: usize = 16;
+/// A run's process tools alive at once: its foreground commands plus its background shells
+/// still running. A turn of 200 `Bash` calls once started 200 process trees together; past
+/// this the rest wait, in order, and start as earlier ones end. It is above
+/// `MAX_SHELLS_PER_RUN`, so shells left running can never keep every foreground call
+/// waiting.
+const MAX_LIVE_PROCESSES_PER_RUN: usize = 24;
+
+/// How a process tool's child is started (`tools::table::Runs::Process`).
+type Spawn = fn(&Value, &Path, sandbox::Mode) -> Result<BashJob, ToolOutput>;
 
 /// A run's id, the one spelling of it everywhere in the process; `run-N` on the wire and in
 /// session file names (`Display`/`parse`), so a string is parsed once, at a surface's edge.
@@ -667,6 +676,8 @@ struct RunSlot {
     model: ModelState,
     attempt: u32,
     bash: HashMap<String, BashTask>,
+    /// Process tool calls waiting for a place (`MAX_LIVE_PROCESSES_PER_RUN`), in call order.
+    waiting: VecDeque<(ToolCall, Spawn)>,
     shells: BTreeMap<String, ShellTask>,
     /// Numbers the run's shells: `shell_1`, `shell_2`, …
     shells_started: u64,
@@ -695,6 +706,11 @@ enum McpWait {
 }
 
 impl RunSlot {
+    /// The run's process tools alive now: foreground commands and running shells.
+    fn live_processes(&self) -> usize {
+        self.bash.len() + self.shells.values().filter(|s| !s.job.exited()).count()
+    }
+
     fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>, mcp_all: bool) -> RunSlot {
         RunSlot {
             run,
@@ -702,6 +718,7 @@ impl RunSlot {
             model: ModelState::Idle,
             attempt: 0,
             bash: HashMap::new(),
+            waiting: VecDeque::new(),
             shells: BTreeMap::new(),
             shells_started: 0,
             fetches: HashMap::new(),
@@ -1812,7 +1829,11 @@ impl<K: HostKey> Engine<K> {
         let work = match runs {
             Runs::Worker(work) => work,
             Runs::Process(spawn) => {
-                self.start_process(run, call, spawn, &workspace);
+                if slot.live_processes() >= MAX_LIVE_PROCESSES_PER_RUN || !slot.waiting.is_empty() {
+                    slot.waiting.push_back((call, spawn));
+                } else {
+                    self.start_process(run, call, spawn, &workspace);
+                }
                 return;
             }
             Runs::Fetch(parse) => {
@@ -1846,6 +1867,8 @@ impl<K: HostKey> Engine<K> {
                     Err(refused) => refused,
                 };
                 self.tool_done(run, &call.id, output);
+                // A shell killed gives its place to a waiting call.
+                self.admit_waiting(run);
                 return;
             }
             Runs::Mcp => {
@@ -1876,14 +1899,25 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
+    /// Starts waiting process tool calls of `run`, oldest first, while it has places.
+    fn admit_waiting(&mut self, run: RunId) {
+        loop {
+            let Some(slot) = self.runs.get_mut(&run) else {
+                return;
+            };
+            if slot.live_processes() >= MAX_LIVE_PROCESSES_PER_RUN {
+                return;
+            }
+            let Some((call, spawn)) = slot.waiting.pop_front() else {
+                return;
+            };
+            let workspace = slot.workspace.clone();
+            self.start_process(run, call, spawn, &workspace);
+        }
+    }
+
     /// Spawns a process tool's child and watches its pipes and its deadline on the reactor.
-    fn start_process(
-        &mut self,
-        run: RunId,
-        call: ToolCall,
-        spawn: fn(&Value, &Path, sandbox::Mode) -> Result<BashJob, ToolOutput>,
-        workspace: &Path,
-    ) {
+    fn start_process(&mut self, run: RunId, call: ToolCall, spawn: Spawn, workspace: &Path) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
@@ -2032,8 +2066,12 @@ impl<K: HostKey> Engine<K> {
                 shell.job.drain(registry, Stream::Stderr);
             }
         }
+        let exited = shell.job.exited();
         if shell.job.is_complete() {
             release_shell(&mut self.owners, registry, shell);
+        }
+        if exited {
+            self.admit_waiting(run);
         }
     }
 
@@ -2415,6 +2453,7 @@ impl<K: HostKey> Engine<K> {
         };
         let (output, sandboxed) = task.job.result();
         self.forget_bash(&task);
+        self.admit_waiting(run);
         if let Some(slot) = self.runs.get_mut(&run) {
             let effects = match sandboxed {
                 Some(why) => slot
@@ -2445,6 +2484,8 @@ impl<K: HostKey> Engine<K> {
         };
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
+        // Calls still waiting for a place never start.
+        slot.waiting.clear();
         let shells = std::mem::take(&mut slot.shells);
         let fetches: Vec<String> = slot.fetches.keys().cloned().collect();
         if let McpWait::Waiting(timer) = slot.mcp_wait {

@@ -516,3 +516,92 @@ fn print_mode_refuses_a_prompt_image_that_is_not_what_it_claims() {
     }
     assert!(stub.requests().is_empty(), "nothing reached the model");
 }
+
+// ---- finding 14: a per-run cap on process tools ---------------------------------------------
+
+/// `MAX_LIVE_PROCESSES_PER_RUN` in `src/engine.rs`.
+const PROCESS_CAP: usize = 24;
+
+#[test]
+fn a_turn_of_many_bash_calls_never_runs_more_than_the_cap_at_once() {
+    let ws = Workspace::new("pol-cap");
+    std::fs::create_dir_all(ws.path("live")).expect("mkdir");
+    let n = 40;
+    // Each call marks itself live, records how many are live, holds its place, and leaves.
+    let calls: Vec<Value> = (0..n)
+        .map(|i| {
+            bash_call(
+                &format!("c{i}"),
+                &format!(
+                    "touch live/{i}; ls live | wc -l >> counts.txt; sleep 1.5; rm live/{i}; \
+                     echo done-{i}"
+                ),
+            )
+        })
+        .collect();
+    let out = print_with(&ws, &script(calls), &["--allow", "Bash"], &[], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let results = results(&out);
+    for i in 0..n {
+        let (text, error) = &results[&format!("c{i}")];
+        assert!(
+            !error && text.contains(&format!("done-{i}")),
+            "c{i}: {text}"
+        );
+    }
+    let counts: Vec<usize> = ws
+        .read("counts.txt")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(counts.len(), n, "{counts:?}");
+    let most = counts.iter().copied().max().unwrap_or(0);
+    assert!(
+        most <= PROCESS_CAP,
+        "{most} calls were alive at once: {counts:?}"
+    );
+    assert!(most > 1, "the calls still run side by side: {counts:?}");
+}
+
+#[test]
+fn cancel_ends_a_run_whose_calls_wait_for_a_place_and_they_never_start() {
+    use crate::http_serve::{start_run, status_of, wait_for, wait_terminal};
+    use crate::http_util::{Serve, request};
+    let ws = Workspace::new("pol-cap-cancel");
+    std::fs::create_dir_all(ws.path("started")).expect("mkdir");
+    let n = PROCESS_CAP + 6;
+    let calls: Vec<Value> = (0..n)
+        .map(|i| bash_call(&format!("c{i}"), &format!("touch started/{i}; sleep 60")))
+        .collect();
+    let stub = Stub::start(&ws, &script(calls));
+    let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
+    let started = || std::fs::read_dir(ws.path("started")).map_or(0, |d| d.count());
+    let run = start_run(server.addr, json!({"prompt": "many"}));
+    wait_for("the first calls to start", || {
+        (started() >= PROCESS_CAP).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(started(), PROCESS_CAP, "only the cap's worth start");
+    assert_eq!(status_of(server.addr, &run), json!({"state": "running"}));
+    let cancelled = Instant::now();
+    let resp = request(
+        server.addr,
+        "POST",
+        &format!("/runs/{run}/cancel"),
+        &[],
+        b"",
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(wait_terminal(server.addr, &run), json!({"state": "done"}));
+    assert!(
+        cancelled.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        cancelled.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        started(),
+        PROCESS_CAP,
+        "a waiting call started after the cancel"
+    );
+}
