@@ -605,3 +605,28 @@ fn cancel_ends_a_run_whose_calls_wait_for_a_place_and_they_never_start() {
         "a waiting call started after the cancel"
     );
 }
+
+#[test]
+fn a_workspace_allow_rule_does_not_lift_the_user_s_deny() {
+    let ws = Workspace::new("pol-deny-order");
+    user_settings(&ws, json!({"permissions": {"deny": ["Bash(touch:*)"]}}));
+    ws.write(
+        ".caliban/settings.json",
+        &json!({"permissions": {"allow": ["Bash"]}}).to_string(),
+    );
+    let calls = vec![
+        bash_call("touch", "touch t.txt"),
+        bash_call("echo", "echo hi"),
+    ];
+    let out = print_with(&ws, &script(calls), &[], &[], None);
+    let results = results(&out);
+    assert!(
+        results["touch"].1 && results["touch"].0.contains("denied"),
+        "{out:?}"
+    );
+    assert!(!ws.path("t.txt").exists());
+    assert!(
+        !results["echo"].1,
+        "the workspace's allow still allows the rest: {out:?}"
+    );
+}

@@ -454,9 +454,24 @@ fn shell_quote(text: &str) -> String {
     }
 }
 
-/// Static rules (first match wins; no match denies), then the mode post-pass.
+/// Static rules (first match wins, but a matching deny rule from anywhere in the
+/// configuration beats an allow or ask before it; no match denies), then the mode post-pass.
+/// A deny is what the user said must never run: a workspace's allow rules, which come
+/// before the user's own, must not lift a deny in the user's settings.
 fn decide_with(rules: &[Rule], mode: Mode, call: &Call<'_>) -> Decision {
-    let decision = match rules.iter().find(|rule| rule_matches(rule, call, rules)) {
+    let first = rules.iter().find(|rule| rule_matches(rule, call, rules));
+    let first = match first {
+        Some(rule) if rule.action != Action::Deny => rules
+            .iter()
+            .find(|r| {
+                r.action == Action::Deny
+                    && r.source != RuleSource::Builtin
+                    && rule_matches(r, call, rules)
+            })
+            .or(Some(rule)),
+        other => other,
+    };
+    let decision = match first {
         Some(rule) => {
             let reason = match rule.action {
                 Action::Allow => format!("allowed by rule '{}'", rule.pattern),
@@ -865,6 +880,27 @@ mod tests {
                 matched: None,
             }
         );
+    }
+
+    #[test]
+    fn a_deny_rule_anywhere_beats_an_earlier_allow() {
+        let project = |p: &str, a| Rule::new(p, a, None, RuleSource::Project).unwrap();
+        let user = |p: &str, a| Rule::new(p, a, None, RuleSource::User).unwrap();
+        let policy = Policy::new(
+            vec![
+                project("Bash", Action::Allow),
+                project("WebFetch", Action::Ask),
+                user("Bash(rm:*)", Action::Deny),
+                user("WebFetch(domain:localhost)", Action::Deny),
+            ],
+            Mode::Default,
+            PathBuf::from(WS),
+        );
+        assert_eq!(action(&policy, "Bash", &bash("ls")), Action::Allow);
+        assert_eq!(action(&policy, "Bash", &bash("rm -rf x")), Action::Deny);
+        assert_eq!(action(&policy, "Bash", &bash("ls && rm x")), Action::Deny);
+        let fetch = json!({"url": "http://127.1/"});
+        assert_eq!(action(&policy, "WebFetch", &fetch), Action::Deny);
     }
 
     #[test]
