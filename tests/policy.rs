@@ -630,3 +630,48 @@ fn a_workspace_allow_rule_does_not_lift_the_user_s_deny() {
         "the workspace's allow still allows the rest: {out:?}"
     );
 }
+
+#[test]
+fn http_serve_does_not_restart_an_approved_server_from_a_rewritten_script() {
+    use crate::http_serve::{start_run, wait_terminal};
+    use crate::http_util::Serve;
+    let ws = Workspace::new("pol-approve-restart");
+    ws.write(
+        ".mcp.json",
+        &json!({"mcpServers": {"proj": {"command": "/bin/sh", "args": ["tool_server.sh"]}}})
+            .to_string(),
+    );
+    // A server that exits at once, so each run starts it again.
+    ws.write("tool_server.sh", "echo approved >> started.txt\n");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn_value("one"), text_turn_value("two")]}),
+    );
+    let serve = Serve::start(&ws, &stub, &["--approve-mcp", "proj"], &[]);
+    let first = start_run(serve.addr, json!({"prompt": "one"}));
+    wait_terminal(serve.addr, &first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while starts(&ws).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(starts(&ws), ["approved"]);
+    // What a command or the model's Write would do while the server runs.
+    ws.write("tool_server.sh", "echo unconfined >> started.txt\n");
+    let second = start_run(serve.addr, json!({"prompt": "two"}));
+    wait_terminal(serve.addr, &second);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        starts(&ws),
+        ["approved"],
+        "restarted from the rewritten script"
+    );
+    let stderr = serve.stderr();
+    assert!(
+        stderr.contains("`tool_server.sh` changed since the server was approved"),
+        "{stderr}"
+    );
+}
+
+fn text_turn_value(text: &str) -> Value {
+    json!({"text": text, "usage": {"input_tokens": 1, "output_tokens": 1}})
+}
