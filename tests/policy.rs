@@ -308,6 +308,10 @@ fn a_header_added_to_an_approved_workspace_server_needs_approval_again() {
             .contains("not approved (its configuration changed since it was approved)"),
         "{out:?}"
     );
+    assert!(
+        out.stderr.contains("it is given ${ANTHROPIC_API_KEY}") && !out.stderr.contains("sk-x"),
+        "the warning names the variable, never its value: {out:?}"
+    );
 }
 
 // ---- finding 13: WebFetch compares canonical addresses --------------------------------------

@@ -210,14 +210,38 @@ impl ServerConfig {
             .or_else(|| now.keys().find(|name| !pinned.contains_key(*name)).cloned())
     }
 
-    /// A human description for logs and the approval message.
+    /// A human description for logs and the approval message: what runs or is reached,
+    /// and the environment variables its entry expands (by name, never their values), so
+    /// one approving it sees that a header or `env` would carry `${ANTHROPIC_API_KEY}`.
     pub fn describe(&self) -> String {
-        match &self.transport {
+        let what = match &self.transport {
             Transport::Stdio { command, args, .. } if args.is_empty() => command.clone(),
             Transport::Stdio { command, args, .. } => format!("{command} {}", args.join(" ")),
             Transport::Http { url, .. } => format!("{url} (Streamable HTTP)"),
             Transport::Sse { url, .. } => format!("{url} (HTTP+SSE)"),
+        };
+        let names = self.variables();
+        if names.is_empty() {
+            what
+        } else {
+            format!("{what}; it is given ${{{}}}", names.join("}, ${"))
         }
+    }
+
+    /// The variables the entry as written names (`${VAR}`, `${VAR:-default}`), in order.
+    fn variables(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        let mut rest = self.written.as_str();
+        while let Some(at) = rest.find("${") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find('}') else { break };
+            let name = after[..end].split(":-").next().unwrap_or_default();
+            if !name.is_empty() && !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+            rest = &after[end + 1..];
+        }
+        names
     }
 }
 
@@ -774,9 +798,14 @@ mod tests {
             fp(json!({"command": "/bin/x"})).config,
             fp(json!({"command": "/bin/x", "env": {"K": "${TOKEN}"}})).config
         );
-        // The secret a variable expands to is not what is hashed.
-        let with = parse(json!({"url": url, "headers": {"X": "${TOKEN}"}}));
+        // The secret a variable expands to is not what is hashed, and the approval message
+        // names the variable, not its value.
+        let with = parse(json!({"url": url, "headers": {"X": "${TOKEN}", "Y": "${HOME:-/}"}}));
         assert!(!with.written.contains("s3cret") && with.written.contains("${TOKEN}"));
+        assert_eq!(
+            with.describe(),
+            format!("{url} (Streamable HTTP); it is given ${{TOKEN}}, ${{HOME}}")
+        );
 
         std::fs::write(ws.join("tool_server.py"), "print(1)").unwrap();
         std::fs::write(ws.join("sub/run.sh"), "exit 0").unwrap();
