@@ -245,6 +245,7 @@ fn agent_setup(
             .map_or(engine::DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64),
         mcp: mcp_setup(args, &settings, &workspace)?,
         idle_connections: crate::http::pool::MAX_IDLE_PER_KEY,
+        webfetch_block_private: settings.webfetch_block_private,
     };
     let mut models = vec![provider.model.clone()];
     for model in settings.models.iter().flatten() {

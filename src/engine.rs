@@ -67,6 +67,15 @@ const DNS_QUEUE_CAP: usize = 128;
 /// new one (the oldest goes first); when all are running, a new one is refused until the
 /// model stops one, so a loop of `background: true` calls cannot fill the machine.
 const MAX_SHELLS_PER_RUN: usize = 16;
+/// A run's process tools alive at once: its foreground commands plus its background shells
+/// still running. A turn of 200 `Bash` calls once started 200 process trees together; past
+/// this the rest wait, in order, and start as earlier ones end. It is above
+/// `MAX_SHELLS_PER_RUN`, so shells left running can never keep every foreground call
+/// waiting.
+const MAX_LIVE_PROCESSES_PER_RUN: usize = 24;
+
+/// How a process tool's child is started (`tools::table::Runs::Process`).
+type Spawn = fn(&Value, &Path, sandbox::Mode) -> Result<BashJob, ToolOutput>;
 
 /// A run's id, the one spelling of it everywhere in the process; `run-N` on the wire and in
 /// session file names (`Display`/`parse`), so a string is parsed once, at a surface's edge.
@@ -127,6 +136,9 @@ pub struct EngineConfig {
     /// Idle model connections kept for the next request (`http::pool`): at least
     /// `MAX_IDLE_PER_KEY`, and the drive surfaces' `--max-working-runs` when larger.
     pub idle_connections: usize,
+    /// `webfetch.block_private`: `WebFetch` refuses the addresses `netaddr::class` names,
+    /// judged on the URL's host and on every address it resolves to.
+    pub webfetch_block_private: bool,
 }
 
 /// What the engine's MCP hub starts from (`mcp_client`).
@@ -531,10 +543,28 @@ enum Completion {
 struct FetchTask {
     request: FetchRequest,
     exchange: Exchange,
+    /// Whether the addresses the host resolves to are judged (`webfetch.block_private`,
+    /// dialled directly: through a proxy, only the proxy knows them).
+    guard_addresses: bool,
     deadline: TimerId,
     status: Option<u16>,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+}
+
+/// Why `webfetch.block_private` refuses a URL's host before any lookup: it names this
+/// machine (`localhost`) or spells an address of a refused class in any form.
+fn blocked_host(host: &str) -> Option<String> {
+    if crate::netaddr::is_localhost_name(host) {
+        return Some(format!(
+            "`{host}` is this machine, which webfetch.block_private refuses"
+        ));
+    }
+    let ip = crate::netaddr::parse_ip(host)?;
+    let class = crate::netaddr::class(ip)?;
+    Some(format!(
+        "`{host}` is {ip}, a {class} address, which webfetch.block_private refuses"
+    ))
 }
 
 impl FetchTask {
@@ -646,6 +676,8 @@ struct RunSlot {
     model: ModelState,
     attempt: u32,
     bash: HashMap<String, BashTask>,
+    /// Process tool calls waiting for a place (`MAX_LIVE_PROCESSES_PER_RUN`), in call order.
+    waiting: VecDeque<(ToolCall, Spawn)>,
     shells: BTreeMap<String, ShellTask>,
     /// Numbers the run's shells: `shell_1`, `shell_2`, …
     shells_started: u64,
@@ -674,6 +706,11 @@ enum McpWait {
 }
 
 impl RunSlot {
+    /// The run's process tools alive now: foreground commands and running shells.
+    fn live_processes(&self) -> usize {
+        self.bash.len() + self.shells.values().filter(|s| !s.job.exited()).count()
+    }
+
     fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>, mcp_all: bool) -> RunSlot {
         RunSlot {
             run,
@@ -681,6 +718,7 @@ impl RunSlot {
             model: ModelState::Idle,
             attempt: 0,
             bash: HashMap::new(),
+            waiting: VecDeque::new(),
             shells: BTreeMap::new(),
             shells_started: 0,
             fetches: HashMap::new(),
@@ -1791,7 +1829,11 @@ impl<K: HostKey> Engine<K> {
         let work = match runs {
             Runs::Worker(work) => work,
             Runs::Process(spawn) => {
-                self.start_process(run, call, spawn, &workspace);
+                if slot.live_processes() >= MAX_LIVE_PROCESSES_PER_RUN || !slot.waiting.is_empty() {
+                    slot.waiting.push_back((call, spawn));
+                } else {
+                    self.start_process(run, call, spawn, &workspace);
+                }
                 return;
             }
             Runs::Fetch(parse) => {
@@ -1825,6 +1867,8 @@ impl<K: HostKey> Engine<K> {
                     Err(refused) => refused,
                 };
                 self.tool_done(run, &call.id, output);
+                // A shell killed gives its place to a waiting call.
+                self.admit_waiting(run);
                 return;
             }
             Runs::Mcp => {
@@ -1855,14 +1899,25 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
+    /// Starts waiting process tool calls of `run`, oldest first, while it has places.
+    fn admit_waiting(&mut self, run: RunId) {
+        loop {
+            let Some(slot) = self.runs.get_mut(&run) else {
+                return;
+            };
+            if slot.live_processes() >= MAX_LIVE_PROCESSES_PER_RUN {
+                return;
+            }
+            let Some((call, spawn)) = slot.waiting.pop_front() else {
+                return;
+            };
+            let workspace = slot.workspace.clone();
+            self.start_process(run, call, spawn, &workspace);
+        }
+    }
+
     /// Spawns a process tool's child and watches its pipes and its deadline on the reactor.
-    fn start_process(
-        &mut self,
-        run: RunId,
-        call: ToolCall,
-        spawn: fn(&Value, &Path, sandbox::Mode) -> Result<BashJob, ToolOutput>,
-        workspace: &Path,
-    ) {
+    fn start_process(&mut self, run: RunId, call: ToolCall, spawn: Spawn, workspace: &Path) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
@@ -2011,8 +2066,12 @@ impl<K: HostKey> Engine<K> {
                 shell.job.drain(registry, Stream::Stderr);
             }
         }
+        let exited = shell.job.exited();
         if shell.job.is_complete() {
             release_shell(&mut self.owners, registry, shell);
+        }
+        if exited {
+            self.admit_waiting(run);
         }
     }
 
@@ -2109,6 +2168,11 @@ impl<K: HostKey> Engine<K> {
 
     /// Starts (or, after a same-site redirect, restarts) a `WebFetch` call's GET.
     fn start_fetch(&mut self, run: RunId, tool_use_id: String, request: FetchRequest) {
+        let block_private = self.config.webfetch_block_private;
+        if block_private && let Some(why) = blocked_host(&request.target.host) {
+            let output = ToolOutput::error(format!("WebFetch: {why}"));
+            return self.tool_done(run, &tool_use_id, output);
+        }
         let proxy =
             match crate::http::client::proxy_for(&request.target, &|name| std::env::var(name).ok())
             {
@@ -2136,6 +2200,7 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         let token = self.reactor.token();
+        let proxy_used = proxy.clone();
         let exchange = Exchange::new(
             token,
             request.target.clone(),
@@ -2154,6 +2219,7 @@ impl<K: HostKey> Engine<K> {
             FetchTask {
                 request,
                 exchange,
+                guard_addresses: block_private && proxy_used.is_none(),
                 deadline,
                 status: None,
                 headers: Vec::new(),
@@ -2197,6 +2263,24 @@ impl<K: HostKey> Engine<K> {
             .filter(|t| t.exchange.token() == token)
         else {
             return;
+        };
+        // Judged on what is dialled, so a name that resolves (or rebinds) to 127.0.0.1 is
+        // refused like the address itself.
+        let result = match result {
+            Ok(addrs) if task.guard_addresses => {
+                let blocked = addrs
+                    .iter()
+                    .find_map(|a| crate::netaddr::class(a.ip()).map(|class| (a.ip(), class)));
+                match blocked {
+                    Some((ip, class)) => Err(format!(
+                        "`{}` resolves to {ip}, a {class} address, which \
+                         webfetch.block_private refuses",
+                        task.request.target.host
+                    )),
+                    None => Ok(addrs),
+                }
+            }
+            other => other,
         };
         let mut events = Vec::new();
         task.exchange
@@ -2369,6 +2453,7 @@ impl<K: HostKey> Engine<K> {
         };
         let (output, sandboxed) = task.job.result();
         self.forget_bash(&task);
+        self.admit_waiting(run);
         if let Some(slot) = self.runs.get_mut(&run) {
             let effects = match sandboxed {
                 Some(why) => slot
@@ -2399,6 +2484,8 @@ impl<K: HostKey> Engine<K> {
         };
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let tasks: Vec<BashTask> = slot.bash.drain().map(|(_, t)| t).collect();
+        // Calls still waiting for a place never start.
+        slot.waiting.clear();
         let shells = std::mem::take(&mut slot.shells);
         let fetches: Vec<String> = slot.fetches.keys().cloned().collect();
         if let McpWait::Waiting(timer) = slot.mcp_wait {

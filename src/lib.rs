@@ -38,6 +38,7 @@ mod jsonrpc;
 mod log;
 mod mcp_client;
 mod model;
+mod netaddr;
 mod permissions;
 mod print;
 mod reactor;

@@ -387,10 +387,11 @@ impl Printer {
                         blocks
                             .iter()
                             .map(|b| match ContentBlock::from_json(b) {
-                                Ok(
-                                    block @ (ContentBlock::Text { .. }
-                                    | ContentBlock::Image { .. }),
-                                ) => Ok(block),
+                                Ok(block @ ContentBlock::Text { .. }) => Ok(block),
+                                Ok(block @ ContentBlock::Image { .. }) => block
+                                    .check_prompt_image()
+                                    .map(|()| block)
+                                    .map_err(|e| format!("stream-json input: an image {e}")),
                                 Ok(_) => Err("stream-json input: only text and image blocks \
                                               are accepted"
                                     .to_owned()),

@@ -144,6 +144,8 @@ pub struct Settings {
     pub protected_writable: Vec<String>,
     pub unavailable: Option<Fallback>,
     pub mcp_servers: Option<Mode>,
+    /// Secret-looking variables kept in commands' environment (user settings only).
+    pub env_passthrough: Vec<String>,
 }
 
 /// Paths under `$HOME` that commands may not read: keys and the credentials of cloud
@@ -167,9 +169,52 @@ const HOME_DENY: &[&str] = &[
     ".vault-token",
 ];
 
-/// caliban's own secrets, kept out of every confined command's environment: the drive API
-/// token and the networked agent's bearer token.
-pub const SCRUBBED_ENV: &[&str] = &["CALIBAN_DRIVE_TOKEN", "CALIBAN_AGENT_TOKEN"];
+/// The variables caliban itself reads a secret from: the provider keys, the drive API token
+/// and the networked agent's bearer token. Most already match `SECRET_ENV_PARTS`; naming
+/// them keeps them out even if a pattern is ever narrowed.
+pub const SCRUBBED_ENV: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "CALIBAN_DRIVE_TOKEN",
+    "CALIBAN_AGENT_TOKEN",
+];
+
+/// Parts of a variable's name (compared case-insensitively) that mark it a secret to keep
+/// from every process a tool starts. `KEY`, `SECRET` and `TOKEN` are Codex's defaults
+/// (`AWS_SECRET_ACCESS_KEY`, `GITHUB_TOKEN`, `NPM_TOKEN`, `STRIPE_KEY`); `PASSWORD` and
+/// `PASSWD` catch database clients' (`PGPASSWORD`, `MYSQL_PASSWORD`); `CREDENTIAL` catches
+/// the names that point tools at credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
+/// `AWS_SHARED_CREDENTIALS_FILE`), which are harmless to drop for a command that does not
+/// need them and a key away for one that does. Over-matching (`KEYTIMEOUT`) costs a
+/// command a variable it can be given back with `sandbox.env_passthrough`; under-matching
+/// leaks a key to code the model wrote.
+const SECRET_ENV_PARTS: &[&str] = &["KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL"];
+
+/// Whether `name` is a variable kept from tools' processes unless passed through.
+pub fn is_secret_env(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SCRUBBED_ENV.contains(&upper.as_str())
+        || SECRET_ENV_PARTS.iter().any(|part| upper.contains(part))
+}
+
+/// Takes the secrets (`is_secret_env`) of caliban's own environment out of `cmd`'s, but for
+/// those `sandbox.env_passthrough` names and those set on `cmd` itself (an MCP server's
+/// configured `env`, which its user wrote for it). Every spawner calls it through
+/// `reaper::spawn`, sandboxed or not: an unconfined command still need not hold the
+/// provider key, and a process a run started must not be able to act as caliban.
+pub fn scrub_env(cmd: &mut std::process::Command) {
+    let explicit: Vec<std::ffi::OsString> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
+    let passthrough = &config().env_passthrough;
+    for (name, _) in std::env::vars_os() {
+        let Some(text) = name.to_str() else { continue };
+        if is_secret_env(text)
+            && !passthrough.iter().any(|kept| kept == text)
+            && !explicit.contains(&name)
+        {
+            cmd.env_remove(&name);
+        }
+    }
+}
 
 /// Device files every mode may open for writing (and /dev/pts for terminals).
 const DEVICES: &[&str] = &[
@@ -208,6 +253,8 @@ pub struct Config {
     pub protected_writable: Vec<String>,
     /// The mode of MCP stdio servers an editor asks caliban to start.
     pub mcp_servers: Mode,
+    /// Secret-looking variables commands keep (`sandbox.env_passthrough`).
+    pub env_passthrough: Vec<String>,
     /// `$HOME`, for showing paths as `~/…`.
     home: Option<PathBuf>,
     /// Test hooks from the environment: behave as if the kernel had no Landlock
@@ -278,6 +325,7 @@ impl Config {
                 .map(|name| name.trim_end_matches('/').to_owned())
                 .collect(),
             mcp_servers: settings.mcp_servers.unwrap_or(Mode::Off),
+            env_passthrough: settings.env_passthrough.clone(),
             home,
             no_landlock: flag("CALIBAN_SANDBOX_NO_LANDLOCK"),
             no_mount_ns: flag("CALIBAN_SANDBOX_NO_MOUNTNS"),
@@ -1078,6 +1126,32 @@ fn self_test() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_looking_names_are_scrubbed_whatever_their_case() {
+        for name in [
+            "ANTHROPIC_API_KEY",
+            "OPENAI_API_KEY",
+            "CALIBAN_DRIVE_TOKEN",
+            "CALIBAN_AGENT_TOKEN",
+            "AWS_SECRET_ACCESS_KEY",
+            "github_token",
+            "PGPASSWORD",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "my_passwd",
+        ] {
+            assert!(is_secret_env(name), "{name}");
+        }
+        for name in [
+            "PATH",
+            "HOME",
+            "CALIBAN_TOOL_CALL",
+            "ANTHROPIC_BASE_URL",
+            "LANG",
+        ] {
+            assert!(!is_secret_env(name), "{name}");
+        }
+    }
 
     #[test]
     fn modes_narrow_and_never_widen() {

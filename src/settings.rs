@@ -19,10 +19,12 @@
 //!                  "allow": ["…"], "ask": ["…"], "deny": ["…"]},
 //!  "sandbox": {"mode": "workspace-write", "network_ports": [443], "deny_read": ["~/x"],
 //!              "allow_read": ["~/.npmrc"], "writable": ["~/.cache"],
-//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off"},
+//!              "protected_writable": [".git/"], "unavailable": "refuse", "mcp_servers": "off",
+//!              "env_passthrough": ["GITHUB_TOKEN"]},
 //!  "mcpServers": {"name": {"command": "…", "args": ["…"]}},
 //!  "mcp_timeout": 300,
-//!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false}
+//!  "enabledMcpjsonServers": ["name"], "enableAllProjectMcpServers": false,
+//!  "webfetch": {"block_private": true}}
 //! ```
 //!
 //! A workspace's files may only narrow the sandbox (`mode` no wider than the user's, more
@@ -97,6 +99,10 @@ pub struct Settings {
     /// Approvals of project MCP servers, from the user's file only.
     pub enabled_mcpjson_servers: Vec<String>,
     pub enable_all_project_mcp_servers: bool,
+    /// `"webfetch": {"block_private": true}` in any file: `WebFetch` refuses loopback,
+    /// private, link-local, CGNAT and unspecified addresses. Any file may turn it on (it
+    /// only narrows); none can turn off what another turned on.
+    pub webfetch_block_private: bool,
 }
 
 #[derive(Debug)]
@@ -197,6 +203,7 @@ pub fn load(
         settings.rules.extend(file.rules);
         settings.warnings.extend(file.warnings);
         merge_sandbox(&mut settings.sandbox, file.sandbox, source);
+        settings.webfetch_block_private |= file.webfetch_block_private;
         settings.mcp_timeout = settings.mcp_timeout.or(file.mcp_timeout);
         if let Some(servers) = file.mcp_servers {
             settings.mcp_servers.push((source, servers));
@@ -234,6 +241,7 @@ fn merge_sandbox(into: &mut sandbox::Settings, file: sandbox::Settings, source: 
     into.protected_writable.extend(file.protected_writable);
     into.unavailable = into.unavailable.or(file.unavailable);
     into.mcp_servers = into.mcp_servers.or(file.mcp_servers);
+    into.env_passthrough.extend(file.env_passthrough);
 }
 
 /// Rules from `--allow`, `--deny` and `--ask`: deny first, then ask, then allow, so a pattern
@@ -310,6 +318,7 @@ struct FileSettings {
     mcp_timeout: Option<u32>,
     enabled_mcpjson_servers: Vec<String>,
     enable_all_project_mcp_servers: bool,
+    webfetch_block_private: bool,
 }
 
 /// Validates one file. Structural mistakes in known keys are errors, since guessing could
@@ -369,6 +378,21 @@ fn parse_file(path: &Path, text: &str, source: RuleSource) -> Result<FileSetting
                 );
             }
             "sandbox" => parser.sandbox(value)?,
+            "webfetch" => {
+                let block = value
+                    .as_object()
+                    .filter(|fields| fields.keys().all(|k| k == "block_private"))
+                    .map(|fields| fields.get("block_private").map(Value::as_bool));
+                match block {
+                    Some(None) => {}
+                    Some(Some(Some(on))) => parser.out.webfetch_block_private = on,
+                    _ => {
+                        return Err(parser.invalid(
+                            "'webfetch' must be {\"block_private\": true or false}".to_owned(),
+                        ));
+                    }
+                }
+            }
             "project_instructions" => match value {
                 Value::Bool(on) => parser.out.project_instructions = Some(*on),
                 _ => {
@@ -580,6 +604,7 @@ impl FileParser<'_> {
                     })?);
                 }
                 "mcp_servers" => self.out.sandbox.mcp_servers = Some(mode(value)?),
+                "env_passthrough" => self.out.sandbox.env_passthrough = self.strings(&at, value)?,
                 _ => self.warn(format!("unknown key '{at}' ignored")),
             }
         }

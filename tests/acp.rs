@@ -2201,7 +2201,9 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
     );
     assert!(offered(&stub, 0).is_empty(), "{:?}", offered(&stub, 0));
     let recorded = std::fs::read_to_string(&approvals).expect("the rejection was recorded");
-    assert!(recorded.contains("\"zother\": \"!"), "{recorded}");
+    let file: Value = serde_json::from_str(&recorded).expect("the approvals file is JSON");
+    let key = ws.root.display().to_string();
+    assert_eq!(file[&key]["zother"]["rejected"], true, "{recorded}");
     assert!(
         !recorded.contains("\"proj\""),
         "a plain rejection records nothing: {recorded}"

@@ -15,6 +15,7 @@ mod long_work;
 mod mcp;
 mod mcp_client;
 mod openapi;
+mod policy;
 mod print;
 mod rpc;
 mod sandbox;

@@ -7,11 +7,14 @@
 //!   command: approves for this start and records the approval in the approvals file, so
 //!   later starts need no flag;
 //! - the approvals file, `$XDG_STATE_HOME/caliban/mcp-approvals.json`
-//!   (`{"<workspace>": {"<server>": "<fingerprint>"}}`): an approval holds while the
-//!   server's command, arguments, environment or URL stay what they were
-//!   (`ServerConfig::fingerprint`); an editor's "always reject" is kept there too, as
-//!   `"!<fingerprint>"`, so that server is not asked about again (`--approve-mcp` still
-//!   approves it);
+//!   (`{"<workspace>": {"<server>": {"config": "<digest>", "files": {"<name>": "<digest>"}}}}`):
+//!   an approval holds while the server's entry as written (command, arguments, `env`,
+//!   URL, `headers`, before `${VAR}` expansion) and the workspace files its command and
+//!   arguments name stay what they were (`ServerConfig::fingerprint`); an editor's
+//!   "always reject" is kept there too (`"rejected": true`), so that server is not asked
+//!   about again (`--approve-mcp` still approves it). An approval recorded by an older
+//!   caliban (a bare string, which covered neither headers nor files) matches nothing: the
+//!   server is asked about once more;
 //! - Claude Code's user-settings keys `enabledMcpjsonServers` (names) and
 //!   `enableAllProjectMcpServers`, read only from the user's own settings file.
 //!
@@ -25,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use super::config::ServerConfig;
+use super::config::{Fingerprint, ServerConfig};
 
 /// Largest approvals file read; it holds a line per approved server.
 const MAX_APPROVALS_BYTES: u64 = 1 << 20;
@@ -40,8 +43,60 @@ pub struct Approvals {
     pub user_all: bool,
     /// The approvals file, if a state directory is known.
     pub file: Option<PathBuf>,
-    /// What the file said: workspace → server → fingerprint.
-    recorded: BTreeMap<String, BTreeMap<String, String>>,
+    /// What the file said: workspace → server → what was approved or rejected.
+    recorded: BTreeMap<String, BTreeMap<String, Recorded>>,
+}
+
+/// One server's entry in the approvals file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Recorded {
+    /// Approved (or, `rejected`, refused for good) as it was then.
+    Judged {
+        fingerprint: Fingerprint,
+        rejected: bool,
+    },
+    /// An entry in the format of an older caliban (whose fingerprint covered neither
+    /// headers nor files), or one not understood: it matches nothing, so it is re-asked.
+    Old(Value),
+}
+
+impl Recorded {
+    fn parse(value: &Value) -> Recorded {
+        let judged = || {
+            let fields = value.as_object()?;
+            let config = fields.get("config")?.as_str()?.to_owned();
+            let files = match fields.get("files") {
+                None => BTreeMap::new(),
+                Some(files) => files
+                    .as_object()?
+                    .iter()
+                    .map(|(name, digest)| Some((name.clone(), digest.as_str()?.to_owned())))
+                    .collect::<Option<_>>()?,
+            };
+            let rejected = fields.get("rejected").is_some_and(|r| *r == json!(true));
+            Some(Recorded::Judged {
+                fingerprint: Fingerprint { config, files },
+                rejected,
+            })
+        };
+        judged().unwrap_or_else(|| Recorded::Old(value.clone()))
+    }
+
+    fn to_json(&self) -> Value {
+        match self {
+            Recorded::Judged {
+                fingerprint,
+                rejected,
+            } => {
+                let mut out = json!({"config": fingerprint.config, "files": fingerprint.files});
+                if *rejected {
+                    out["rejected"] = json!(true);
+                }
+                out
+            }
+            Recorded::Old(value) => value.clone(),
+        }
+    }
 }
 
 /// Where approvals are recorded: next to the session files.
@@ -90,7 +145,7 @@ impl Approvals {
                 };
                 let servers = servers
                     .iter()
-                    .filter_map(|(name, fp)| Some((name.clone(), fp.as_str()?.to_owned())))
+                    .map(|(name, entry)| (name.clone(), Recorded::parse(entry)))
                     .collect();
                 self.recorded.insert(workspace, servers);
             }
@@ -102,24 +157,62 @@ impl Approvals {
         self.cli.iter().any(|n| n == name || n == "all")
     }
 
+    fn recorded(&self, workspace: &Path, server: &ServerConfig) -> Option<&Recorded> {
+        self.recorded
+            .get(&workspace.display().to_string())
+            .and_then(|servers| servers.get(&server.name))
+    }
+
+    /// Whether the file records `server` as judged (`rejected` or not) exactly as it is now.
+    fn judged(&self, workspace: &Path, server: &ServerConfig, as_rejected: bool) -> bool {
+        matches!(
+            self.recorded(workspace, server),
+            Some(Recorded::Judged { fingerprint, rejected })
+                if *rejected == as_rejected && *fingerprint == server.fingerprint(workspace)
+        )
+    }
+
     pub fn approves(&self, workspace: &Path, server: &ServerConfig) -> bool {
         self.by_cli(&server.name)
             || self.user_all
             || self.user_enabled.contains(&server.name)
-            || self
-                .recorded
-                .get(&workspace.display().to_string())
-                .and_then(|servers| servers.get(&server.name))
-                .is_some_and(|fp| *fp == server.fingerprint())
+            || self.judged(workspace, server, false)
     }
 
     /// Whether the user rejected `server` of `workspace` for good (an editor's "always
     /// reject"), as it is now.
     pub fn rejects(&self, workspace: &Path, server: &ServerConfig) -> bool {
-        self.recorded
-            .get(&workspace.display().to_string())
-            .and_then(|servers| servers.get(&server.name))
-            .is_some_and(|fp| fp.strip_prefix('!') == Some(&server.fingerprint()))
+        self.judged(workspace, server, true)
+    }
+
+    /// Why a server the file records as approved is not approved as it is now: which file
+    /// changed, or that its configuration did, or that the approval is of an older format.
+    pub fn stale(&self, workspace: &Path, server: &ServerConfig) -> Option<String> {
+        match self.recorded(workspace, server)? {
+            Recorded::Old(_) => Some(
+                "its approval was recorded by an older caliban, whose approvals did not cover \
+                 headers or the files a server runs; approve it once more"
+                    .to_owned(),
+            ),
+            Recorded::Judged { rejected: true, .. } => None,
+            Recorded::Judged { fingerprint, .. } => {
+                let now = server.fingerprint(workspace);
+                if now.config != fingerprint.config {
+                    return Some("its configuration changed since it was approved".to_owned());
+                }
+                let changed = fingerprint
+                    .files
+                    .iter()
+                    .find(|(name, digest)| now.files.get(*name) != Some(digest))
+                    .map(|(name, _)| name)
+                    .or_else(|| {
+                        now.files
+                            .keys()
+                            .find(|n| !fingerprint.files.contains_key(*n))
+                    });
+                changed.map(|name| format!("`{name}` changed since it was approved"))
+            }
+        }
     }
 
     /// Records the approvals `--approve-mcp` gave for `servers` of `workspace`, so the next
@@ -127,26 +220,26 @@ impl Approvals {
     pub fn record(&mut self, workspace: &Path, servers: &[ServerConfig]) -> Result<(), String> {
         let approved: Vec<&ServerConfig> =
             servers.iter().filter(|s| self.by_cli(&s.name)).collect();
-        self.write(workspace, &approved, "")
+        self.write(workspace, &approved, false)
     }
 
     /// Records that the user approved `server` of `workspace` for good (an ACP editor's
     /// "always allow"), in the same file `--approve-mcp` writes.
     pub fn remember(&mut self, workspace: &Path, server: &ServerConfig) -> Result<(), String> {
-        self.write(workspace, &[server], "")
+        self.write(workspace, &[server], false)
     }
 
     /// Records that the user rejected `server` of `workspace` for good (an editor's
     /// "always reject"): it is not asked about again while it stays the same.
     pub fn reject(&mut self, workspace: &Path, server: &ServerConfig) -> Result<(), String> {
-        self.write(workspace, &[server], "!")
+        self.write(workspace, &[server], true)
     }
 
     fn write(
         &mut self,
         workspace: &Path,
         servers: &[&ServerConfig],
-        mark: &str,
+        rejected: bool,
     ) -> Result<(), String> {
         let Some(path) = self.file.clone() else {
             return Ok(());
@@ -155,9 +248,12 @@ impl Approvals {
         let mut changed = false;
         for server in servers {
             let entry = self.recorded.entry(key.clone()).or_default();
-            let fp = format!("{mark}{}", server.fingerprint());
-            if entry.get(&server.name) != Some(&fp) {
-                entry.insert(server.name.clone(), fp);
+            let judged = Recorded::Judged {
+                fingerprint: server.fingerprint(workspace),
+                rejected,
+            };
+            if entry.get(&server.name) != Some(&judged) {
+                entry.insert(server.name.clone(), judged);
                 changed = true;
             }
         }
@@ -168,7 +264,7 @@ impl Approvals {
         for (workspace, servers) in &self.recorded {
             let servers: Map<String, Value> = servers
                 .iter()
-                .map(|(n, fp)| (n.clone(), json!(fp)))
+                .map(|(n, recorded)| (n.clone(), recorded.to_json()))
                 .collect();
             out.insert(workspace.clone(), Value::Object(servers));
         }
@@ -198,7 +294,56 @@ mod tests {
                 env: vec![],
             },
             origin: Origin::Project,
+            written: String::new(),
+            pinned: None,
         }
+    }
+
+    #[test]
+    fn an_approval_of_the_old_format_is_asked_again_and_a_changed_file_is_named() {
+        let dir = std::env::temp_dir().join(format!("caliban-approvals-v1-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("mcp-approvals.json");
+        let ws = dir.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let key = ws.display().to_string();
+        std::fs::write(
+            &file,
+            json!({ key.clone(): {"old": "0123456789abcdef"} }).to_string(),
+        )
+        .unwrap();
+        let old = Approvals::new(vec![], vec![], false, Some(file.clone()));
+        assert!(!old.approves(&ws, &server("old", "x")));
+        assert!(!old.rejects(&ws, &server("old", "x")));
+        assert!(
+            old.stale(&ws, &server("old", "x"))
+                .unwrap()
+                .contains("older caliban")
+        );
+
+        std::fs::write(ws.join("tool_server.py"), "print(1)").unwrap();
+        let mut script = server("py", "python3");
+        script.transport = Transport::Stdio {
+            command: "python3".into(),
+            args: vec!["tool_server.py".into()],
+            env: vec![],
+        };
+        let mut approvals = Approvals::new(vec![], vec![], false, Some(file.clone()));
+        approvals.remember(&ws, &script).unwrap();
+        let later = Approvals::new(vec![], vec![], false, Some(file.clone()));
+        assert!(later.approves(&ws, &script));
+        assert!(
+            later.stale(&ws, &server("old", "x")).is_some(),
+            "the old entry is kept until re-approved"
+        );
+        std::fs::write(ws.join("tool_server.py"), "import os").unwrap();
+        assert!(!later.approves(&ws, &script));
+        assert_eq!(
+            later.stale(&ws, &script).as_deref(),
+            Some("`tool_server.py` changed since it was approved")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -69,35 +69,179 @@ pub struct ServerConfig {
     pub name: String,
     pub transport: Transport,
     pub origin: Origin,
+    /// The entry as its file spells it, before `${VAR}` expansion (canonical JSON; empty
+    /// for a literal source), so an approval covers a header or variable added later
+    /// (`"X": "${ANTHROPIC_API_KEY}"`) without hashing the secrets it expands to.
+    pub written: String,
+    /// For an approved workspace server: the workspace files its command and arguments
+    /// named, with their digests as approved. A start finding one changed refuses it
+    /// (`changed_file`), so a file the model rewrote after approval never runs unasked.
+    pub pinned: Option<BTreeMap<String, String>>,
+}
+
+/// Most files one server's approval pins: a command and its arguments name a script or two;
+/// past this the rest are left out, which a long argument list cannot use to hide its
+/// first script.
+const MAX_PINNED_FILES: usize = 16;
+
+/// Largest file whose contents an approval hashes: scripts are KiB. A larger one is pinned
+/// by its size, inode and change time instead, which any rewrite changes too, without a
+/// start reading a huge binary.
+const MAX_PINNED_FILE_BYTES: u64 = 8 << 20;
+
+/// Where the paths an MCP command names are pinned besides the workspace: the directories
+/// every writing sandbox mode lets a command write in.
+const PINNED_ROOTS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// What an approval of a server is an approval of: its configuration as written
+/// (`config`) and the contents of the files it runs (`files`, by the name it gives them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub config: String,
+    pub files: BTreeMap<String, String>,
+}
+
+fn short_digest(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The digest `Fingerprint::files` holds for the regular file at `path`, or `None` when
+/// there is none there.
+fn file_digest(path: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    if meta.len() > MAX_PINNED_FILE_BYTES {
+        return Some(format!(
+            "large:{}:{}:{}.{}",
+            meta.len(),
+            meta.ino(),
+            meta.ctime(),
+            meta.ctime_nsec()
+        ));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_PINNED_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(short_digest(&bytes))
 }
 
 impl ServerConfig {
-    /// A short fingerprint of what the server runs or reaches: an approval is of this, so a
-    /// workspace that later changes an approved server's command needs approval again.
-    pub fn fingerprint(&self) -> String {
+    /// What an approval of this server covers, judged from `workspace` (where a stdio
+    /// server starts): the entry as written and its expanded command, arguments or URL,
+    /// and the contents of each regular file the command or an argument names in the
+    /// workspace or a temp directory, all places a command may write.
+    pub fn fingerprint(&self, workspace: &Path) -> Fingerprint {
         let text = match &self.transport {
-            Transport::Stdio { command, args, env } => {
-                let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                format!("stdio\0{command}\0{}\0{}", args.join("\0"), env.join("\0"))
+            Transport::Stdio { command, args, .. } => {
+                format!("stdio\0{command}\0{}", args.join("\0"))
             }
             Transport::Http { url, .. } => format!("http\0{url}"),
             Transport::Sse { url, .. } => format!("sse\0{url}"),
         };
-        let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-        digest.as_ref()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        let config = short_digest(format!("v2\0{text}\0{}", self.written).as_bytes());
+        Fingerprint {
+            config,
+            files: self.named_files(workspace),
+        }
     }
 
-    /// A human description for logs and the approval message.
+    /// The regular files the command (when it is a path, not a name looked up in `PATH`)
+    /// and the arguments name, by that name, with their digests.
+    fn named_files(&self, workspace: &Path) -> BTreeMap<String, String> {
+        let Transport::Stdio { command, args, .. } = &self.transport else {
+            return BTreeMap::new();
+        };
+        let root = workspace
+            .canonicalize()
+            .unwrap_or_else(|_| workspace.to_path_buf());
+        let command = command.contains('/').then_some(command);
+        let mut files = BTreeMap::new();
+        for named in command.into_iter().chain(args) {
+            if files.len() >= MAX_PINNED_FILES {
+                break;
+            }
+            if named.is_empty() || files.contains_key(named) {
+                continue;
+            }
+            let path = workspace.join(named);
+            let Ok(resolved) = path.canonicalize() else {
+                continue;
+            };
+            let writable = |p: &Path| {
+                p.starts_with(&root)
+                    || p.starts_with(workspace)
+                    || PINNED_ROOTS.iter().any(|dir| p.starts_with(dir))
+            };
+            if !(writable(&path) || writable(&resolved)) {
+                continue;
+            }
+            if let Some(digest) = file_digest(&resolved) {
+                files.insert(named.clone(), digest);
+            }
+        }
+        files
+    }
+
+    /// Pins the files the server runs as they are now, when it is approved.
+    pub fn pin(&mut self, workspace: &Path) {
+        self.pinned = Some(self.named_files(workspace));
+    }
+
+    /// For a server approved with its files pinned, the first file whose contents are no
+    /// longer those approved (or that appeared or went since), by the name it was given.
+    pub fn changed_file(&self, workspace: &Path) -> Option<String> {
+        let pinned = self.pinned.as_ref()?;
+        let now = self.named_files(workspace);
+        pinned
+            .iter()
+            .find(|(name, digest)| now.get(*name) != Some(digest))
+            .map(|(name, _)| name.clone())
+            .or_else(|| now.keys().find(|name| !pinned.contains_key(*name)).cloned())
+    }
+
+    /// A human description for logs and the approval message: what runs or is reached,
+    /// and the environment variables its entry expands (by name, never their values), so
+    /// one approving it sees that a header or `env` would carry `${ANTHROPIC_API_KEY}`.
     pub fn describe(&self) -> String {
-        match &self.transport {
+        let what = match &self.transport {
             Transport::Stdio { command, args, .. } if args.is_empty() => command.clone(),
             Transport::Stdio { command, args, .. } => format!("{command} {}", args.join(" ")),
             Transport::Http { url, .. } => format!("{url} (Streamable HTTP)"),
             Transport::Sse { url, .. } => format!("{url} (HTTP+SSE)"),
+        };
+        let names = self.variables();
+        if names.is_empty() {
+            what
+        } else {
+            format!("{what}; it is given ${{{}}}", names.join("}, ${"))
         }
+    }
+
+    /// The variables the entry as written names (`${VAR}`, `${VAR:-default}`), in order.
+    fn variables(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        let mut rest = self.written.as_str();
+        while let Some(at) = rest.find("${") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find('}') else { break };
+            let name = after[..end].split(":-").next().unwrap_or_default();
+            if !name.is_empty() && !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+            rest = &after[end + 1..];
+        }
+        names
     }
 }
 
@@ -240,6 +384,8 @@ fn parse_entry(
         name: name.to_owned(),
         transport,
         origin,
+        written: env.map(|_| raw.to_string()).unwrap_or_default(),
+        pinned: None,
     })
 }
 
@@ -400,7 +546,7 @@ pub fn load(
     }
     let mut servers = Vec::new();
     let mut unapproved = Vec::new();
-    for server in configured.into_vec() {
+    for mut server in configured.into_vec() {
         if server.origin == Origin::Project
             && !approval.approves(workspace, &server)
             && approval.rejects(workspace, &server)
@@ -415,9 +561,13 @@ pub fn load(
             continue;
         }
         if server.origin == Origin::Project && !approval.approves(workspace, &server) {
+            let why = approval
+                .stale(workspace, &server)
+                .map(|why| format!(" ({why})"))
+                .unwrap_or_default();
             warnings.push(format!(
-                "MCP server `{}` ({}) comes from the workspace and is not approved, so it is \
-                 not started; approve it with `--approve-mcp {}` (remembered for this \
+                "MCP server `{}` ({}) comes from the workspace and is not approved{why}, so \
+                 it is not started; approve it with `--approve-mcp {}` (remembered for this \
                  workspace), or list it in `enabledMcpjsonServers` in your user settings \
                  (`acp serve` asks the editor when a session opens)",
                 server.name,
@@ -426,6 +576,9 @@ pub fn load(
             ));
             unapproved.push(server);
             continue;
+        }
+        if server.origin == Origin::Project {
+            server.pin(workspace);
         }
         servers.push(server);
     }
@@ -610,15 +763,65 @@ mod tests {
                 env: vec![],
             },
             origin: Origin::Project,
+            written: String::new(),
+            pinned: None,
         };
+        let ws = Path::new("/nonexistent-ws");
         let mut b = a.clone();
-        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint(ws), b.fingerprint(ws));
         b.transport = Transport::Stdio {
             command: "y".into(),
             args: vec![],
             env: vec![],
         };
-        assert_ne!(a.fingerprint(), b.fingerprint());
-        assert_eq!(a.fingerprint().len(), 16);
+        assert_ne!(a.fingerprint(ws), b.fingerprint(ws));
+        assert_eq!(a.fingerprint(ws).config.len(), 16);
+    }
+
+    #[test]
+    fn fingerprints_cover_unexpanded_headers_and_env_and_the_files_run() {
+        let parse = |entry: Value| {
+            let servers = json!({ "s": entry });
+            parse_object(servers.as_object().unwrap(), Origin::Project, &env)
+                .0
+                .remove(0)
+        };
+        let ws = std::env::temp_dir().join(format!("caliban-mcp-pin-{}", std::process::id()));
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        let fp = |entry: Value| parse(entry).fingerprint(&ws);
+        let url = "http://127.0.0.1:1/mcp";
+        assert_ne!(
+            fp(json!({"url": url})).config,
+            fp(json!({"url": url, "headers": {"X": "${TOKEN}"}})).config
+        );
+        assert_ne!(
+            fp(json!({"command": "/bin/x"})).config,
+            fp(json!({"command": "/bin/x", "env": {"K": "${TOKEN}"}})).config
+        );
+        // The secret a variable expands to is not what is hashed, and the approval message
+        // names the variable, not its value.
+        let with = parse(json!({"url": url, "headers": {"X": "${TOKEN}", "Y": "${HOME:-/}"}}));
+        assert!(!with.written.contains("s3cret") && with.written.contains("${TOKEN}"));
+        assert_eq!(
+            with.describe(),
+            format!("{url} (Streamable HTTP); it is given ${{TOKEN}}, ${{HOME}}")
+        );
+
+        std::fs::write(ws.join("tool_server.py"), "print(1)").unwrap();
+        std::fs::write(ws.join("sub/run.sh"), "exit 0").unwrap();
+        let mut server = parse(json!({"command": "./sub/run.sh",
+                                      "args": ["tool_server.py", "-v", "/etc/hostname"]}));
+        let files = server.fingerprint(&ws).files;
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            ["./sub/run.sh", "tool_server.py"],
+            "files outside the workspace and temp dirs are not pinned"
+        );
+        server.pin(&ws);
+        assert_eq!(server.changed_file(&ws), None);
+        std::fs::write(ws.join("tool_server.py"), "import os").unwrap();
+        assert_eq!(server.changed_file(&ws).as_deref(), Some("tool_server.py"));
+        assert_ne!(server.fingerprint(&ws).files, files);
+        let _ = std::fs::remove_dir_all(&ws);
     }
 }

@@ -279,7 +279,8 @@ impl Hub {
         let Some(at) = self.awaiting.iter().position(|s| s.name == name) else {
             return Ok(());
         };
-        let server = self.awaiting.remove(at);
+        let mut server = self.awaiting.remove(at);
+        server.pin(&self.workspace);
         let file =
             || approval::Approvals::new(Vec::new(), Vec::new(), false, self.approvals_file.clone());
         let recorded = match decision {
@@ -399,7 +400,17 @@ impl Hub {
         let id = ServerId(self.next);
         self.next += 1;
         let mut client = Client::new(&config.name);
+        let changed = config.changed_file(&self.workspace);
         let conn = match &config.transport {
+            Transport::Stdio { .. } if changed.is_some() => {
+                client.fail(&format!(
+                    "not started: `{}` changed since the server was approved; approve it \
+                     again (`--approve-mcp {}`)",
+                    changed.unwrap_or_default(),
+                    config.name
+                ));
+                Conn::None
+            }
             Transport::Stdio { command, args, env } => {
                 match StdioConn::spawn(command, args, env, &cwd) {
                     Ok(mut conn) => {

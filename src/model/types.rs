@@ -59,7 +59,60 @@ pub const MAX_IMAGE_BASE64: usize = 3 << 20;
 /// The most images one message may carry.
 pub const MAX_IMAGES: usize = 8;
 
+/// The type an image's first bytes say it is (its magic number), if one of `IMAGE_TYPES`.
+pub fn sniff_image(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// Base64 characters of an image decoded to sniff it: 16 give 12 bytes, as many as the
+/// longest magic number (WebP's) needs.
+const SNIFF_BASE64_CHARS: usize = 16;
+
+/// The first bytes of base64 `data` (already checked to be base64).
+fn decode_prefix(data: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in data.bytes().take(SNIFF_BASE64_CHARS) {
+        let Some(v) = value(c) else { break };
+        acc = acc << 6 | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
 impl ContentBlock {
+    /// An image a client sent in a prompt: as `image`, and its bytes must be the type it
+    /// claims, by the magic numbers `Read` trusts for image files (`sniff_image`), so a
+    /// mislabelled picture or something that is no picture is refused to the client that
+    /// sent it rather than passed to the provider under a false type.
+    pub fn prompt_image(media_type: &str, data: &str) -> Result<ContentBlock, String> {
+        let image = ContentBlock::image(media_type, data)?;
+        check_sniffed(media_type, data)?;
+        Ok(image)
+    }
+
     /// An image block from base64 `data`, or why it cannot be sent: a type neither
     /// provider takes, an image over `MAX_IMAGE_BASE64`, data that is not base64. Errors
     /// are meant for the client that sent it; nothing is dropped silently.
@@ -125,7 +178,8 @@ impl ContentBlock {
         };
         blocks
             .iter()
-            .map(|block| {
+            .enumerate()
+            .map(|(i, block)| {
                 if block.get("type").and_then(Value::as_str) != Some("image") {
                     return Err("expected an image block".to_owned());
                 }
@@ -134,11 +188,24 @@ impl ContentBlock {
                     only(source, &["type", "media_type", "data"], "an image source")?;
                 }
                 match ContentBlock::from_json(block)? {
-                    image @ ContentBlock::Image { .. } => Ok(image),
+                    image @ ContentBlock::Image { .. } => {
+                        image
+                            .check_prompt_image()
+                            .map_err(|e| format!("image {}: {e}", i + 1))?;
+                        Ok(image)
+                    }
                     _ => Err("expected an image block".to_owned()),
                 }
             })
             .collect()
+    }
+
+    /// For an image block, `prompt_image`'s check of its bytes against its type.
+    pub fn check_prompt_image(&self) -> Result<(), String> {
+        match self {
+            ContentBlock::Image { media_type, data } => check_sniffed(media_type, data),
+            _ => Ok(()),
+        }
     }
 
     pub fn text(text: impl Into<String>) -> ContentBlock {
@@ -270,6 +337,19 @@ pub fn swap_images(
 }
 
 /// `bytes` in standard base64 with padding (RFC 4648 §4), as both providers take images.
+/// Whether base64 `data` starts as an image of `media_type` does.
+fn check_sniffed(media_type: &str, data: &str) -> Result<(), String> {
+    match sniff_image(&decode_prefix(data)) {
+        Some(sniffed) if sniffed == media_type => Ok(()),
+        Some(sniffed) => Err(format!(
+            "claimed to be {media_type}, but its bytes are {sniffed}"
+        )),
+        None => Err(format!(
+            "claimed to be {media_type}, but its bytes are not PNG, JPEG, GIF or WebP"
+        )),
+    }
+}
+
 fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
@@ -519,6 +599,37 @@ impl ModelEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompt_images_must_be_what_they_claim() {
+        let png = base64(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
+        let jpeg = base64(&[0xff, 0xd8, 0xff, 0xe0, 0, 0x10]);
+        let webp = base64(b"RIFF\x10\0\0\0WEBPVP8 ");
+        let gif = base64(b"GIF89a\x01\0");
+        for (media_type, data) in [
+            ("image/png", &png),
+            ("image/jpeg", &jpeg),
+            ("image/webp", &webp),
+            ("image/gif", &gif),
+        ] {
+            assert!(
+                ContentBlock::prompt_image(media_type, data).is_ok(),
+                "{media_type}"
+            );
+        }
+        assert_eq!(decode_prefix("Zm9vYmFy"), b"foobar");
+        assert_eq!(decode_prefix("Zm9vYg=="), b"foob");
+        let err = ContentBlock::prompt_image("image/jpeg", &png).unwrap_err();
+        assert_eq!(err, "claimed to be image/jpeg, but its bytes are image/png");
+        let err = ContentBlock::prompt_image("image/png", &base64(b"not an image")).unwrap_err();
+        assert!(err.contains("not PNG, JPEG, GIF or WebP"), "{err}");
+        let blocks = [
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}),
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": png}}),
+        ];
+        let err = ContentBlock::images_from_json(&blocks).unwrap_err();
+        assert!(err.starts_with("image 2: claimed to be image/gif"), "{err}");
+    }
 
     #[test]
     fn base64_matches_rfc_4648_vectors() {

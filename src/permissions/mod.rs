@@ -454,9 +454,24 @@ fn shell_quote(text: &str) -> String {
     }
 }
 
-/// Static rules (first match wins; no match denies), then the mode post-pass.
+/// Static rules (first match wins, but a matching deny rule from anywhere in the
+/// configuration beats an allow or ask before it; no match denies), then the mode post-pass.
+/// A deny is what the user said must never run: a workspace's allow rules, which come
+/// before the user's own, must not lift a deny in the user's settings.
 fn decide_with(rules: &[Rule], mode: Mode, call: &Call<'_>) -> Decision {
-    let decision = match rules.iter().find(|rule| rule_matches(rule, call, rules)) {
+    let first = rules.iter().find(|rule| rule_matches(rule, call, rules));
+    let first = match first {
+        Some(rule) if rule.action != Action::Deny => rules
+            .iter()
+            .find(|r| {
+                r.action == Action::Deny
+                    && r.source != RuleSource::Builtin
+                    && rule_matches(r, call, rules)
+            })
+            .or(Some(rule)),
+        other => other,
+    };
+    let decision = match first {
         Some(rule) => {
             let reason = match rule.action {
                 Action::Allow => format!("allowed by rule '{}'", rule.pattern),
@@ -531,7 +546,8 @@ fn denied_for(tool: &str) -> String {
 
 /// The mode post-pass. Modes only turn Ask into Allow (a static allow or deny wins), except
 /// `plan`, which also denies what would be allowed for a mutating tool, and
-/// `bypassPermissions`, which allows everything.
+/// `bypassPermissions`, which allows every call no deny rule names: a deny rule (`--deny`,
+/// settings) is what the user says must never run, so no mode lifts it (Claude Code's rule).
 fn apply_mode(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
     let allow = |reason: String| Decision {
         action: Action::Allow,
@@ -541,8 +557,8 @@ fn apply_mode(decision: Decision, mode: Mode, call: &Subject<'_>) -> Decision {
     match mode {
         Mode::Default => decision,
         Mode::BypassPermissions => match decision.action {
-            Action::Allow => decision,
-            Action::Ask | Action::Deny => allow("allowed: bypassPermissions mode".to_owned()),
+            Action::Allow | Action::Deny => decision,
+            Action::Ask => allow("allowed: bypassPermissions mode".to_owned()),
         },
         Mode::AcceptEdits => {
             // Like Claude Code, only edits inside the workspace are accepted automatically.
@@ -864,6 +880,27 @@ mod tests {
                 matched: None,
             }
         );
+    }
+
+    #[test]
+    fn a_deny_rule_anywhere_beats_an_earlier_allow() {
+        let project = |p: &str, a| Rule::new(p, a, None, RuleSource::Project).unwrap();
+        let user = |p: &str, a| Rule::new(p, a, None, RuleSource::User).unwrap();
+        let policy = Policy::new(
+            vec![
+                project("Bash", Action::Allow),
+                project("WebFetch", Action::Ask),
+                user("Bash(rm:*)", Action::Deny),
+                user("WebFetch(domain:localhost)", Action::Deny),
+            ],
+            Mode::Default,
+            PathBuf::from(WS),
+        );
+        assert_eq!(action(&policy, "Bash", &bash("ls")), Action::Allow);
+        assert_eq!(action(&policy, "Bash", &bash("rm -rf x")), Action::Deny);
+        assert_eq!(action(&policy, "Bash", &bash("ls && rm x")), Action::Deny);
+        let fetch = json!({"url": "http://127.1/"});
+        assert_eq!(action(&policy, "WebFetch", &fetch), Action::Deny);
     }
 
     #[test]
@@ -1225,15 +1262,27 @@ mod tests {
     }
 
     #[test]
-    fn mode_bypass_allows_everything() {
-        let mut policy = policy(vec![rule("Bash(rm *)", Action::Deny)], Mode::Default);
+    fn mode_bypass_allows_everything_but_what_a_deny_rule_names() {
+        let mut policy = policy(
+            vec![
+                rule("Bash(rm *)", Action::Deny),
+                rule("WebFetch", Action::Deny),
+            ],
+            Mode::Default,
+        );
         assert_eq!(policy.mode(), Mode::Default);
         policy.set_mode(Mode::BypassPermissions);
         assert_eq!(policy.mode(), Mode::BypassPermissions);
         let decision = policy.decide("Bash", &bash("rm x"));
-        assert_eq!(decision.action, Action::Allow);
+        assert_eq!(decision.action, Action::Deny);
         assert_eq!(decision.matched.as_deref(), Some("Bash(rm *)"));
+        let fetch = json!({"url": "https://example.com/"});
+        assert_eq!(action(&policy, "WebFetch", &fetch), Action::Deny);
+        assert_eq!(action(&policy, "Bash", &bash("ls")), Action::Allow);
         assert_eq!(action(&policy, "Write", &file("/etc/x")), Action::Allow);
+        // A deny in a narrowing profile holds in bypass too.
+        let narrowed = policy.narrowed(vec![rule("Bash", Action::Deny)], None);
+        assert_eq!(action(&narrowed, "Bash", &bash("ls")), Action::Deny);
     }
 
     #[test]

@@ -228,6 +228,10 @@ impl Matcher {
             && let Some(domain) = arg.strip_prefix("domain:")
         {
             let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+            let domain = match domain.strip_prefix('[').and_then(|d| d.strip_suffix(']')) {
+                Some(v6) => v6.to_owned(),
+                None => domain,
+            };
             if domain.is_empty() {
                 return Err(PatternError::EmptyArgument { pattern: owned() });
             }
@@ -462,15 +466,37 @@ fn value_matches(
                 None => action != Action::Allow && path.is_match(&view.abs[1..]),
             }
         }
-        (ArgPattern::Domain { glob, literal }, _) => url_host(value).is_some_and(|host| {
-            glob.is_match(&host)
-                || literal
-                    .as_ref()
-                    .is_some_and(|domain| host.ends_with(&format!(".{domain}")))
-        }),
+        (ArgPattern::Domain { glob, literal }, _) => {
+            url_host(value).is_some_and(|host| domain_matches(glob, literal.as_deref(), &host))
+        }
         (ArgPattern::Glob { text, .. }, _) => text.is_match(value),
         (ArgPattern::Prefix(glob) | ArgPattern::Anywhere(glob), _) => glob.is_match(value),
     }
+}
+
+/// Whether a `domain:` rule covers `host`, judged by address where either side is one, as
+/// the resolver reads it (`netaddr::parse_ip`): a rule naming an IP covers every spelling
+/// of it (`127.1`, `0x7f000001`, `[::ffff:127.0.0.1]`), and a rule naming this machine
+/// (`localhost`, or any loopback or unspecified address) covers all of them, since each
+/// reaches the same listeners. Otherwise the host matches by name, or its subdomains a
+/// literal one; a glob also sees the address's usual spelling (`domain:127.*` covers
+/// `127.1`).
+fn domain_matches(glob: &Glob, literal: Option<&str>, host: &str) -> bool {
+    use crate::netaddr::{is_local, is_localhost_name, parse_ip};
+    let ip = parse_ip(host);
+    let local = || is_localhost_name(host) || ip.is_some_and(is_local);
+    if let Some(domain) = literal {
+        let rule_ip = parse_ip(domain);
+        if is_localhost_name(domain) || rule_ip.is_some_and(is_local) {
+            return local();
+        }
+        if let Some(rule_ip) = rule_ip {
+            return ip == Some(rule_ip);
+        }
+    }
+    glob.is_match(host)
+        || ip.is_some_and(|ip| glob.is_match(&ip.to_string()))
+        || literal.is_some_and(|domain| host.ends_with(&format!(".{domain}")))
 }
 
 /// The host of an `http(s)://` URL, lowercased, without port, brackets or user info; `None`
@@ -746,6 +772,49 @@ mod tests {
             &url("https://docs.rs.evil.org/")
         ));
         assert!(super::Matcher::parse("WebFetch(domain:)").is_err());
+        // Addresses, not spellings: every form of loopback is caught by any rule naming it.
+        for rule in [
+            "WebFetch(domain:127.0.0.1)",
+            "WebFetch(domain:localhost)",
+            "WebFetch(domain:::1)",
+            "WebFetch(domain:[::1])",
+        ] {
+            for host in [
+                "127.0.0.1",
+                "127.1",
+                "0x7f000001",
+                "2130706433",
+                "0177.0.0.1",
+                "127.0.0.2",
+                "0.0.0.0",
+                "[::ffff:127.0.0.1]",
+                "[::1]",
+                "localhost",
+                "localhost.",
+                "LOCALHOST",
+                "app.localhost",
+            ] {
+                let u = url(&format!("http://{host}:8080/x"));
+                assert!(matches(rule, "WebFetch", &u), "{rule} {host}");
+            }
+            assert!(
+                !matches(rule, "WebFetch", &url("http://10.0.0.1/")),
+                "{rule}"
+            );
+            assert!(
+                !matches(rule, "WebFetch", &url("http://example.com/")),
+                "{rule}"
+            );
+        }
+        let other = "WebFetch(domain:10.1.2.3)";
+        assert!(matches(other, "WebFetch", &url("http://10.66051/")));
+        assert!(matches(other, "WebFetch", &url("http://[::ffff:a01:203]/")));
+        assert!(!matches(other, "WebFetch", &url("http://10.1.2.4/")));
+        assert!(matches(
+            "WebFetch(domain:127.*)",
+            "WebFetch",
+            &url("http://127.1/")
+        ));
         // Only URL fields have a domain: elsewhere it is an ordinary glob.
         assert!(matches("Bash(domain:x*)", "Bash", &bash("domain:xy")));
     }

@@ -260,11 +260,6 @@ impl BashJob {
         let sandbox = confinement
             .is_some()
             .then(|| (mode, workspace.to_path_buf(), cwd.clone()));
-        if sandbox.is_some() {
-            for name in sandbox::SCRUBBED_ENV {
-                cmd.env_remove(name);
-            }
-        }
         let tag = CallTag::new();
         let mut child = reaper::spawn(&mut cmd, Some(&tag), confinement).map_err(|e| {
             let within = match &sandbox {

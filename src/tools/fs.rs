@@ -144,21 +144,6 @@ pub(crate) fn reads_image(input: &Value) -> bool {
     image_type(text_field(input, "path")).is_some()
 }
 
-/// The type an image's first bytes say it is (its magic number), if one of `IMAGE_TYPES`.
-fn sniff_image(bytes: &[u8]) -> Option<&'static str> {
-    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
-        Some("image/jpeg")
-    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
-}
-
 /// `Read` of an image file: the picture for the model, with a header line naming it. The
 /// type comes from the file's bytes (a `.png` that is really a JPEG is sent as one); a file
 /// none of the four types' bytes start is refused rather than sent mislabelled.
@@ -171,7 +156,7 @@ fn read_image(target: &Resolved) -> Result<ToolOutput, String> {
              smaller copy (e.g. with Bash) and read that"
         )
     })?;
-    let Some(media_type) = sniff_image(&bytes) else {
+    let Some(media_type) = crate::model::types::sniff_image(&bytes) else {
         return Err(format!(
             "`{rel}` is named as an image but its bytes are not PNG, JPEG, GIF or WebP; not shown"
         ));

@@ -56,7 +56,9 @@ pub fn prompt_content(blocks: &Value) -> Result<(String, Vec<ContentBlock>), Str
                             .into(),
                     );
                 };
-                images.push(ContentBlock::image(&media_type, &data)?);
+                let image = ContentBlock::prompt_image(&media_type, &data)
+                    .map_err(|e| format!("image {}: {e}", images.len() + 1))?;
+                images.push(image);
             }
             Some("audio") => return Err("audio is not supported in prompts".into()),
             Some(other) => log::info(&format!("ignoring a `{other}` block in a prompt")),
@@ -270,7 +272,7 @@ mod tests {
             {"type": "resource_link", "uri": "file:///w/src/main.rs", "name": "main.rs"},
             {"type": "text", "text": " and "},
             {"type": "resource", "resource": {"uri": "file:///w/notes.md", "text": "be brief"}},
-            {"type": "image", "data": "AA==", "mimeType": "image/png"}
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
         ]);
         assert_eq!(
             prompt_content(&blocks).unwrap().0,
@@ -298,6 +300,14 @@ mod tests {
             (
                 json!({"type": "audio", "mimeType": "audio/wav", "data": "AAAA"}),
                 "audio",
+            ),
+            (
+                json!({"type": "image", "mimeType": "image/jpeg", "data": "iVBORw0KGgo="}),
+                "image 1: claimed to be image/jpeg, but its bytes are image/png",
+            ),
+            (
+                json!({"type": "image", "mimeType": "image/png", "data": "AAAA"}),
+                "image 1: claimed to be image/png, but its bytes are not PNG",
             ),
         ] {
             let err = prompt_content(&json!([bad])).unwrap_err();
