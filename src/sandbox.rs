@@ -26,10 +26,11 @@
 //! tools (`check_file_tool`) and the note that tells the model a failure was the sandbox
 //! (`explain`). It must not know about runs or surfaces.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Value, json};
 
@@ -186,9 +187,9 @@ const DEVICES: &[&str] = &[
 /// Temp directories the writing modes may write in, besides `$TMPDIR`.
 const TEMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 
-/// Most Landlock rules one command's fence may take without a mount namespace (each entry
-/// of a directory on the way to a fenced path is one); past it, the rest of such a
-/// directory is left out, which only ever takes rights away.
+/// Most Landlock rules one command's fence may take (each entry of a directory on the way
+/// to a fenced path is one); past it, the rest of such a directory is left out, which only
+/// ever takes rights away.
 const MAX_SPLIT_RULES: usize = 4096;
 
 /// The process-wide sandbox configuration: the command line, the settings files and the
@@ -428,6 +429,10 @@ struct Plan {
     protected: Vec<PathBuf>,
     /// Paths it may not read (canonical, existing), each with its configured spelling.
     denied: Vec<(PathBuf, PathBuf)>,
+    /// Protected entries that do not exist yet (in a canonical directory), each with
+    /// whether it is a directory: with a mount namespace, placeholders are made and bound
+    /// read-only (`Placeholders`); without one, Landlock keeps them from being made.
+    missing: Vec<(PathBuf, bool)>,
     /// Whether a mount namespace fences the protected and denied paths (else Landlock
     /// alone, which keeps new entries out of the directories that hold them).
     mount_ns: bool,
@@ -463,6 +468,7 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
         }
     }
     let mut protected = Vec::new();
+    let mut missing: Vec<(PathBuf, bool)> = Vec::new();
     for dir in &dirs {
         for entry in PROTECTED {
             if config.protected_allowed(&entry.shown()) {
@@ -472,17 +478,29 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
             let path = dir.join(rel);
             let found = if path.symlink_metadata().is_ok() {
                 canonical(&path)
-            } else {
+            } else if let Some(parent) = parent.map(|parent| dir.join(parent)) {
                 // A protected file that does not exist yet cannot be held read-only, but the
-                // directory it would be made in can.
-                parent
-                    .map(|parent| dir.join(parent))
-                    .and_then(|dir| canonical(&dir))
+                // directory it would be made in can, or be kept from being made.
+                if parent.symlink_metadata().is_ok() {
+                    canonical(&parent)
+                } else {
+                    if !missing.iter().any(|(m, _)| *m == parent) {
+                        missing.push((parent, true));
+                    }
+                    None
+                }
+            } else {
+                missing.push((path, entry.is_dir()));
+                None
             };
             if let Some(found) = found.filter(|found| !protected.contains(found)) {
                 protected.push(found);
             }
         }
+    }
+    if writable.is_empty() {
+        // Nothing can be made where nothing can be written.
+        missing.clear();
     }
     // Most entries do not exist on a given machine: one lstat rules them out.
     let denied = config
@@ -498,14 +516,127 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
         writable,
         protected,
         denied,
+        missing,
         mount_ns: mode != Mode::Off && mount_ns().is_some(),
     }
+}
+
+/// How many live commands of this process use each placeholder it made, by path.
+fn placeholder_uses() -> std::sync::MutexGuard<'static, HashMap<PathBuf, usize>> {
+    static USES: OnceLock<Mutex<HashMap<PathBuf, usize>>> = OnceLock::new();
+    USES.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Empty files and directories made where protected entries were missing, so that a
+/// command's mount namespace can hold them read-only: a command could otherwise create
+/// `.caliban/settings.json` and widen every later run. Owned by the job that runs the
+/// command (a background shell's lives as long as the shell). Dropping it removes each
+/// placeholder no other live command of this process still uses, if it is still empty:
+/// removing a mount point detaches a live sandbox's bind of it.
+#[derive(Debug, Default)]
+pub struct Placeholders {
+    /// The placeholders this command holds a use of.
+    used: Vec<PathBuf>,
+    /// Missing entries that appeared between the plan and now: bound read-only as they
+    /// are, like any protected path.
+    appeared: Vec<PathBuf>,
+}
+
+impl Placeholders {
+    /// Makes (or takes another use of) a placeholder for each missing entry, and takes a
+    /// use of each `protected` path that is a placeholder already (another command made
+    /// it): whichever command ends first must not remove what the other still binds.
+    /// What cannot be made is skipped (a command can make nothing there either).
+    fn make(missing: &[(PathBuf, bool)], protected: &[PathBuf]) -> Placeholders {
+        let mut uses = placeholder_uses();
+        let mut held = Placeholders::default();
+        for path in protected {
+            if let Some(n) = uses.get_mut(path) {
+                *n += 1;
+                held.used.push(path.clone());
+            }
+        }
+        for (path, is_dir) in missing {
+            if let Some(n) = uses.get_mut(path) {
+                *n += 1;
+                held.used.push(path.clone());
+                continue;
+            }
+            // Never follows a symlink a command planted meanwhile: both fail if anything
+            // is there.
+            let created = if *is_dir {
+                fs::create_dir(path)
+            } else {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map(drop)
+            };
+            match created {
+                Ok(()) => {
+                    uses.insert(path.clone(), 1);
+                    held.used.push(path.clone());
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    held.appeared.push(path.clone());
+                }
+                Err(_) => {}
+            }
+        }
+        held
+    }
+
+    /// What the command's mount namespace must bind read-only besides the plan's
+    /// protected paths.
+    fn binds<'a>(&'a self, plan: &'a Plan) -> Vec<PathBuf> {
+        self.used
+            .iter()
+            .chain(&self.appeared)
+            .filter(|path| !plan.protected.contains(path))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for Placeholders {
+    fn drop(&mut self) {
+        let mut uses = placeholder_uses();
+        for path in self.used.drain(..) {
+            let Some(n) = uses.get_mut(&path) else {
+                continue;
+            };
+            *n -= 1;
+            if *n > 0 {
+                continue;
+            }
+            uses.remove(&path);
+            match path.symlink_metadata() {
+                // `remove_dir` removes only an empty directory.
+                Ok(meta) if meta.is_dir() => {
+                    let _ = fs::remove_dir(&path);
+                }
+                Ok(meta) if meta.is_file() && meta.len() == 0 => {
+                    let _ = fs::remove_file(&path);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A command's confinement and the placeholders it needs while it runs.
+pub struct Confined {
+    pub confinement: Confinement,
+    pub placeholders: Placeholders,
 }
 
 /// The confinement for a command run in `cwd` of `workspace` under `mode`: `None` when
 /// nothing confines it (`off`, or no Landlock and `Fallback::Unconfined`); an error (the
 /// tool result) when it must not run at all.
-pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confinement>, String> {
+pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confined>, String> {
     match status(mode) {
         Status::Off | Status::Unconfined(_) => Ok(None),
         Status::Refused(why) => Err(format!(
@@ -514,14 +645,28 @@ pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confin
         )),
         Status::Enforced => {
             let abi = landlock_abi().unwrap_or(1);
-            build(&plan(mode, workspace, cwd), abi, mount_ns())
-                .map(Some)
-                .map_err(|e| format!("not run: the sandbox ({mode}) could not be set up: {e}"))
+            let plan = plan(mode, workspace, cwd);
+            let ns = mount_ns();
+            let placeholders = match ns {
+                Some(_) => Placeholders::make(&plan.missing, &plan.protected),
+                None => Placeholders::default(),
+            };
+            let confinement = build(&plan, abi, ns, &placeholders.binds(&plan))
+                .map_err(|e| format!("not run: the sandbox ({mode}) could not be set up: {e}"))?;
+            Ok(Some(Confined {
+                confinement,
+                placeholders,
+            }))
         }
     }
 }
 
-fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> {
+fn build(
+    plan: &Plan,
+    abi: u32,
+    ns: Option<MountNs>,
+    placeholders: &[PathBuf],
+) -> io::Result<Confinement> {
     let config = config();
     let fs_rights = ll::fs_rights(abi);
     let read = ll::EXECUTE | ll::READ_FILE | ll::READ_DIR;
@@ -539,14 +684,26 @@ fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> 
     };
     let ruleset = LandlockRuleset::new(fs_rights, net, scoped)?;
     let root = Path::new("/");
+    // Listing stays open everywhere (names only); reading goes around the deny list, with
+    // or without a mount namespace, so a view of the tree without the overmounts (a mount
+    // syscall that got through) still reads nothing there.
+    ruleset.allow_beneath(root, ll::READ_DIR)?;
+    let denied: Vec<PathBuf> = plan.denied.iter().map(|(real, _)| real.clone()).collect();
+    let mut budget = MAX_SPLIT_RULES;
+    grant_around(&ruleset, root, read & !ll::READ_DIR, &denied, &mut budget);
     let mounts = match ns {
         Some(ns) => {
-            ruleset.allow_beneath(root, read)?;
+            // What lies in a writable directory is left to the mounts (protected paths
+            // read-only, denied ones hidden): fencing it with Landlock too would grant
+            // the directory entry by entry, and no command could make a new file at the
+            // workspace root (`cargo build`'s `target/`, `npm install`'s `node_modules/`).
             for dir in &plan.writable {
                 ruleset.allow_beneath(dir, write)?;
             }
             let mut mounts = MountPlan::new(ns);
-            for path in &plan.protected {
+            let writable: Vec<&Path> = plan.writable.iter().map(PathBuf::as_path).collect();
+            mounts.read_only_root(&writable)?;
+            for path in plan.protected.iter().chain(placeholders) {
                 mounts.read_only(path)?;
             }
             for (path, _) in &plan.denied {
@@ -556,20 +713,11 @@ fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> 
             Some(mounts)
         }
         None => {
-            // Landlock alone: listing stays open everywhere (names only), reading and
-            // writing go around the fenced paths.
-            ruleset.allow_beneath(root, ll::READ_DIR)?;
-            let denied: Vec<PathBuf> = plan.denied.iter().map(|(real, _)| real.clone()).collect();
-            let mut budget = MAX_SPLIT_RULES;
-            grant_around(
-                &ruleset,
-                root,
-                ll::EXECUTE | ll::READ_FILE,
-                &denied,
-                &mut budget,
-            );
+            // Landlock alone: writing goes around the protected paths too, and around
+            // those not made yet, so none can be made.
             let mut fenced = denied;
             fenced.extend(plan.protected.iter().cloned());
+            fenced.extend(plan.missing.iter().map(|(path, _)| path.clone()));
             for dir in &plan.writable {
                 grant_around(&ruleset, dir, write, &fenced, &mut budget);
             }
@@ -631,7 +779,7 @@ fn grant_around(
 /// The confinement of an MCP stdio server an editor asks caliban to start in `cwd`: the
 /// `sandbox.mcp_servers` mode (default `off`: they are programs the user configured, and
 /// most need the network and caches of their own).
-pub fn mcp_server(cwd: &Path) -> io::Result<Option<Confinement>> {
+pub fn mcp_server(cwd: &Path) -> io::Result<Option<Confined>> {
     prepare(config().mcp_servers, cwd, cwd).map_err(io::Error::other)
 }
 
@@ -842,7 +990,12 @@ fn classify(plan: &Plan, config: &Config, path: &Path) -> Option<String> {
     }
     let lexical = normalize(path);
     let real = resolve_existing(&lexical);
-    if let Some(protected) = plan.protected.iter().find(|p| real.starts_with(p)) {
+    let protected = plan
+        .protected
+        .iter()
+        .chain(plan.missing.iter().map(|(path, _)| path))
+        .find(|p| real.starts_with(p));
+    if let Some(protected) = protected {
         let why = protected
             .to_str()
             .and_then(protected_path)
@@ -860,7 +1013,8 @@ fn classify(plan: &Plan, config: &Config, path: &Path) -> Option<String> {
         let fenced = plan
             .protected
             .iter()
-            .chain(plan.denied.iter().map(|(real, _)| real));
+            .chain(plan.denied.iter().map(|(real, _)| real))
+            .chain(plan.missing.iter().map(|(path, _)| path));
         let parent = real.parent().filter(|parent| {
             !plan.mount_ns
                 && real.symlink_metadata().is_err()
@@ -1049,7 +1203,10 @@ fn self_test() -> Result<(), String> {
         std::env::temp_dir().join(format!("caliban-sandbox-check-{}", std::process::id()));
     fs::create_dir_all(&workspace).map_err(|e| format!("scratch directory: {e}"))?;
     let try_write = |mode: Mode| -> Result<bool, String> {
-        let confinement = prepare(mode, &workspace, &workspace)?
+        let Confined {
+            confinement,
+            placeholders: _placeholders,
+        } = prepare(mode, &workspace, &workspace)?
             .ok_or_else(|| "nothing to confine with".to_owned())?;
         let mut cmd = std::process::Command::new("/bin/sh");
         cmd.arg("-c")
