@@ -1317,6 +1317,58 @@ mod tests {
         assert_eq!(config.show(Path::new("/home/u/.ssh")), "~/.ssh");
     }
 
+    /// Whether `cat FILE` succeeds under the Landlock part of `confinement` alone (no
+    /// mounts, no seccomp): what Landlock itself grants.
+    fn landlock_lets_read(confinement: Confinement, file: &Path) -> bool {
+        let only_landlock = Confinement {
+            mounts: None,
+            landlock: confinement.landlock,
+            seccomp: None,
+        };
+        let mut cmd = std::process::Command::new("/bin/cat");
+        cmd.arg(file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        sys::confine(&mut cmd, only_landlock);
+        cmd.status().expect("run cat").success()
+    }
+
+    #[test]
+    fn landlock_grants_no_read_beneath_a_denied_path_with_or_without_mounts() {
+        let Ok(abi) = landlock_abi() else {
+            return;
+        };
+        let root = std::env::temp_dir().join(format!("caliban-fence-{}", std::process::id()));
+        let (ws, secret) = (root.join("ws"), root.join("secret"));
+        fs::create_dir_all(&ws).unwrap();
+        fs::create_dir_all(&secret).unwrap();
+        fs::write(secret.join("key"), "k").unwrap();
+        fs::write(root.join("open.txt"), "o").unwrap();
+        let root = root.canonicalize().unwrap();
+        let (ws, secret) = (root.join("ws"), root.join("secret"));
+        let plan = Plan {
+            mode: Mode::WorkspaceWrite,
+            writable: vec![ws.clone()],
+            protected: Vec::new(),
+            denied: vec![(secret.clone(), secret.clone())],
+            missing: Vec::new(),
+            mount_ns: false,
+        };
+        for ns in [Some(MountNs::Plain), None] {
+            let confinement = build(&plan, abi, ns, &[]).expect("build");
+            assert!(
+                !landlock_lets_read(confinement, &secret.join("key")),
+                "{ns:?}"
+            );
+            let confinement = build(&plan, abi, ns, &[]).expect("build");
+            assert!(
+                landlock_lets_read(confinement, &root.join("open.txt")),
+                "{ns:?}"
+            );
+        }
+        let _ = fs::remove_dir_all(&root);
+    }
+
     #[test]
     fn error_lines_name_their_paths() {
         let cases = [
