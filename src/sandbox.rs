@@ -1157,6 +1157,34 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
                 "no: Landlock alone fences protected and denied paths (no new entries in the directories that hold them)",
         }
     ));
+    line(format!(
+        "read-only root:  {}",
+        match mount_ns() {
+            Some(_) if sys::has_mount_setattr() =>
+                "every mount read-only and nosuid but the writable directories (mount_setattr)",
+            Some(_) =>
+                "every mount read-only and nosuid but the writable directories (a remount per mount: no mount_setattr before Linux 5.12)",
+            None =>
+                "no: without a mount namespace nothing stops chmod, chown, utimes, setxattr or chattr on files outside the writable directories (Landlock does not cover them)",
+        }
+    ));
+    line(format!(
+        "landlock fences: {}",
+        match mount_ns() {
+            Some(_) =>
+                "the deny list outside the writable directories (as well as the mounts); protected paths by the read-only mounts only",
+            None => "the deny list and protected paths, the missing ones included",
+        }
+    ));
+    line(format!(
+        "placeholders:    {}",
+        match mount_ns() {
+            Some(_) =>
+                "a missing protected entry is made empty and bound read-only while a command runs, removed after",
+            None =>
+                "none: Landlock keeps a missing protected entry from being made (no new entries at the workspace root)",
+        }
+    ));
     let mode = config.mode;
     let verdict = match status(mode) {
         Status::Off => "off: commands run with your full rights".to_owned(),
@@ -1192,7 +1220,122 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
             false
         }
     };
-    (out, enforced)
+    let mut probes_hold = true;
+    if mode != Mode::Off && landlock_abi().is_ok() {
+        for (name, result) in probes() {
+            match result {
+                Ok(what) => line(format!("probe {name}{what}")),
+                Err(why) => {
+                    probes_hold = false;
+                    line(format!("probe {name}FAILED: {why}"));
+                }
+            }
+        }
+    }
+    (out, enforced && probes_hold)
+}
+
+/// Live tests of the layers `check_report` names, each in a confined child: the read-only
+/// root, Landlock's fence of the deny list, and the placeholders. `Ok` says what held.
+fn probes() -> Vec<(&'static str, Result<String, String>)> {
+    let scratch =
+        std::env::temp_dir().join(format!("caliban-sandbox-probe-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    if let Err(e) = fs::create_dir_all(scratch.join("ws")).and_then(|()| {
+        fs::create_dir_all(scratch.join("denied"))?;
+        fs::write(scratch.join("denied/key"), "k")
+    }) {
+        return vec![("setup:", Err(format!("scratch directory: {e}")))];
+    }
+    let scratch = scratch.canonicalize().unwrap_or(scratch);
+    let ws = scratch.join("ws");
+    let run = |script: &str| -> Result<(bool, String), String> {
+        let Confined {
+            confinement,
+            placeholders: _placeholders,
+        } = prepare(Mode::WorkspaceWrite, &ws, &ws)?
+            .ok_or_else(|| "nothing to confine with".to_owned())?;
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(&ws)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        sys::confine(&mut cmd, confinement);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    };
+    let mut out = Vec::new();
+    if mount_ns().is_some() {
+        // chmod to the mode / already has: a no-op if the sandbox let it through.
+        use std::os::unix::fs::PermissionsExt;
+        let result = match fs::metadata("/").map(|m| m.permissions().mode() & 0o7777) {
+            Err(e) => Err(format!("cannot stat /: {e}")),
+            Ok(mode) => run(&format!("chmod {mode:o} /")).and_then(|(ok, err)| {
+                if !ok && err.contains("Read-only file system") {
+                    Ok("ok (chmod of / refused: read-only file system)".to_owned())
+                } else {
+                    Err(format!("chmod of / was not refused as read-only: {err}"))
+                }
+            }),
+        };
+        out.push(("read-only root:  ", result));
+        let plan = Plan {
+            mode: Mode::WorkspaceWrite,
+            writable: vec![ws.clone()],
+            protected: Vec::new(),
+            denied: vec![(scratch.join("denied"), scratch.join("denied"))],
+            missing: Vec::new(),
+            mount_ns: true,
+        };
+        let abi = landlock_abi().unwrap_or(1);
+        let result = build(&plan, abi, mount_ns(), &[])
+            .map_err(|e| format!("cannot build the fence: {e}"))
+            .and_then(|confinement| {
+                if landlock_lets_read(confinement, &scratch.join("denied/key")) {
+                    Err("Landlock alone let a denied file be read".to_owned())
+                } else {
+                    Ok("ok (without the mounts, Landlock refused a denied file)".to_owned())
+                }
+            });
+        out.push(("landlock fences: ", result));
+    }
+    let result = run("mkdir .caliban").and_then(|(ok, err)| {
+        let left = ws.join(".caliban").symlink_metadata().is_ok();
+        match (ok, left) {
+            (true, _) => Err("a command made .caliban/".to_owned()),
+            (false, true) => Err(format!("a placeholder was left behind ({})", err.trim())),
+            (false, false) => {
+                Ok("ok (a command could not make .caliban/, nothing left)".to_owned())
+            }
+        }
+    });
+    out.push(("placeholders:    ", result));
+    let _ = fs::remove_dir_all(&scratch);
+    out
+}
+
+/// Whether `cat FILE` succeeds under the Landlock part of `confinement` alone (no mounts,
+/// no seccomp): what Landlock itself grants.
+fn landlock_lets_read(confinement: Confinement, file: &Path) -> bool {
+    let only_landlock = Confinement {
+        mounts: None,
+        landlock: confinement.landlock,
+        seccomp: None,
+    };
+    let mut cmd = std::process::Command::new("/bin/cat");
+    cmd.arg(file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    sys::confine(&mut cmd, only_landlock);
+    cmd.status().is_ok_and(|status| status.success())
 }
 
 /// Runs `sh -c 'echo > FILE'` confined in a scratch workspace, twice: `read-only` must
@@ -1202,6 +1345,9 @@ fn self_test() -> Result<(), String> {
     let workspace =
         std::env::temp_dir().join(format!("caliban-sandbox-check-{}", std::process::id()));
     fs::create_dir_all(&workspace).map_err(|e| format!("scratch directory: {e}"))?;
+    // The file is there before: without a mount namespace no new entry may be made at a
+    // workspace root (Landlock grants it entry by entry around the protected ones).
+    fs::write(workspace.join("probe"), "").map_err(|e| format!("scratch file: {e}"))?;
     let try_write = |mode: Mode| -> Result<bool, String> {
         let Confined {
             confinement,
@@ -1315,22 +1461,6 @@ mod tests {
         assert_eq!(config.writable, [PathBuf::from("/home/u/.cache")]);
         assert!(config.protected_allowed(".git/") && !config.protected_allowed(".caliban/"));
         assert_eq!(config.show(Path::new("/home/u/.ssh")), "~/.ssh");
-    }
-
-    /// Whether `cat FILE` succeeds under the Landlock part of `confinement` alone (no
-    /// mounts, no seccomp): what Landlock itself grants.
-    fn landlock_lets_read(confinement: Confinement, file: &Path) -> bool {
-        let only_landlock = Confinement {
-            mounts: None,
-            landlock: confinement.landlock,
-            seccomp: None,
-        };
-        let mut cmd = std::process::Command::new("/bin/cat");
-        cmd.arg(file)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        sys::confine(&mut cmd, only_landlock);
-        cmd.status().expect("run cat").success()
     }
 
     #[test]

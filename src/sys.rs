@@ -829,7 +829,7 @@ const EMPTY: &std::ffi::CStr = c"";
 
 /// Whether the kernel has `mount_setattr` (5.12), asked once with a descriptor that cannot
 /// be valid: ENOSYS means no, anything else yes.
-fn has_mount_setattr() -> bool {
+pub fn has_mount_setattr() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS.get_or_init(|| {
         let attr = MountAttr {

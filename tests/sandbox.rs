@@ -844,9 +844,31 @@ fn sandbox_check_reports_and_tests_the_machine() {
         "deny list:       ~/.ssh, ",
         "protected:       .git/, .caliban/",
         "self-test:       ok",
+        "read-only root:  every mount read-only and nosuid but the writable directories",
+        "landlock fences: the deny list outside the writable directories",
+        "placeholders:    a missing protected entry is made empty and bound read-only",
+        "probe read-only root:  ok",
+        "probe landlock fences: ok",
+        "probe placeholders:    ok",
     ] {
         assert!(out.stdout.contains(line), "{line}: {out:?}");
     }
+    // Without a mount namespace: what Landlock alone cannot do, said as such.
+    let mut cmd = caliban(&ws);
+    cmd.args(["sandbox", "check"])
+        .env("CALIBAN_SANDBOX_NO_MOUNTNS", "1");
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for line in [
+        "read-only root:  no: without a mount namespace nothing stops chmod, chown, utimes, \
+         setxattr or chattr on files outside the writable directories",
+        "landlock fences: the deny list and protected paths, the missing ones included",
+        "self-test:       ok",
+        "probe placeholders:    ok",
+    ] {
+        assert!(out.stdout.contains(line), "{line}: {out:?}");
+    }
+    assert!(!out.stdout.contains("FAILED"), "{out:?}");
     let mut cmd = caliban(&ws);
     cmd.args(["sandbox", "check"])
         .env("CALIBAN_SANDBOX_NO_LANDLOCK", "1");
