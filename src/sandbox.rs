@@ -214,10 +214,12 @@ pub struct Config {
     /// Test hooks from the environment: behave as if the kernel had no Landlock
     /// (`CALIBAN_SANDBOX_NO_LANDLOCK=1`), or caliban could not have a mount namespace
     /// (`CALIBAN_SANDBOX_NO_MOUNTNS=1`), or only one in a user namespace, as without
-    /// privilege (`CALIBAN_SANDBOX_USERNS=1`).
+    /// privilege (`CALIBAN_SANDBOX_USERNS=1`), or no `mount_setattr`, as before Linux 5.12
+    /// (`CALIBAN_SANDBOX_NO_MOUNT_SETATTR=1`).
     no_landlock: bool,
     no_mount_ns: bool,
     userns_only: bool,
+    no_mount_setattr: bool,
 }
 
 impl Config {
@@ -283,6 +285,7 @@ impl Config {
             no_landlock: flag("CALIBAN_SANDBOX_NO_LANDLOCK"),
             no_mount_ns: flag("CALIBAN_SANDBOX_NO_MOUNTNS"),
             userns_only: flag("CALIBAN_SANDBOX_USERNS"),
+            no_mount_setattr: flag("CALIBAN_SANDBOX_NO_MOUNT_SETATTR"),
         }
     }
 
@@ -356,6 +359,12 @@ fn mount_ns() -> Option<MountNs> {
         return None;
     }
     *NS.get_or_init(|| sys::probe_mount_ns(config.userns_only))
+}
+
+/// Whether the read-only root can be made with `mount_setattr` (Linux 5.12), else by a
+/// remount per mount point.
+fn mount_setattr() -> bool {
+    !config().no_mount_setattr && sys::has_mount_setattr()
 }
 
 /// Whether a mode is in force for commands, and if not, what happens instead.
@@ -702,7 +711,7 @@ fn build(
             }
             let mut mounts = MountPlan::new(ns);
             let writable: Vec<&Path> = plan.writable.iter().map(PathBuf::as_path).collect();
-            mounts.read_only_root(&writable)?;
+            mounts.read_only_root(&writable, mount_setattr())?;
             for path in plan.protected.iter().chain(placeholders) {
                 mounts.read_only(path)?;
             }
@@ -1160,7 +1169,7 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
     line(format!(
         "read-only root:  {}",
         match mount_ns() {
-            Some(_) if sys::has_mount_setattr() =>
+            Some(_) if mount_setattr() =>
                 "every mount read-only and nosuid but the writable directories (mount_setattr)",
             Some(_) =>
                 "every mount read-only and nosuid but the writable directories (a remount per mount: no mount_setattr before Linux 5.12)",

@@ -753,8 +753,9 @@ impl MountPlan {
 
     /// Makes every mount read-only and `nosuid` in the child except the `writable`
     /// directories (and what is mounted beneath them), which keep their own flags plus
-    /// `nosuid`. The first step: the others mount on top of it.
-    pub fn read_only_root(&mut self, writable: &[&Path]) -> io::Result<()> {
+    /// `nosuid`. The first step: the others mount on top of it. `setattr`: with
+    /// `mount_setattr` (`has_mount_setattr`), else a remount per mount point.
+    pub fn read_only_root(&mut self, writable: &[&Path], setattr: bool) -> io::Result<()> {
         if writable.len() > MAX_WRITABLE_MOUNTS {
             return Err(io::Error::other(format!(
                 "more than {MAX_WRITABLE_MOUNTS} writable directories"
@@ -764,7 +765,7 @@ impl MountPlan {
             .iter()
             .map(|path| CString::new(path.as_os_str().as_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
-        let fallback = if has_mount_setattr() {
+        let fallback = if setattr {
             None
         } else {
             let text = std::fs::read_to_string("/proc/self/mountinfo")?;
@@ -1618,6 +1619,31 @@ mod tests {
                 assert_eq!(run(0x4000_0000, [0; 6]), errno(libc::EPERM), "x32");
             }
         }
+    }
+
+    #[test]
+    fn mount_points_come_with_their_flags_and_leave_the_writable_trees_out() {
+        let mountinfo = "\
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+24 27 0:6 / /dev rw,nosuid,noexec,relatime - devtmpfs devtmpfs rw
+30 27 0:27 / /tmp rw,nosuid,nodev - tmpfs tmpfs rw
+31 30 0:28 / /tmp/ws/vol rw,noatime - tmpfs tmpfs rw
+32 27 0:29 / /mnt/a\\040b ro,nodev - tmpfs tmpfs ro
+33 27 0:30 / /tmpfoo rw - tmpfs tmpfs rw
+";
+        let writable = [c"/tmp".to_owned()];
+        let points = mount_points(mountinfo, &writable);
+        let named: Vec<(&[u8], libc::c_ulong)> =
+            points.iter().map(|(p, f)| (p.to_bytes(), *f)).collect();
+        assert_eq!(
+            named,
+            [
+                (&b"/"[..], libc::MS_RELATIME),
+                (b"/dev", libc::MS_NOEXEC | libc::MS_RELATIME),
+                (b"/mnt/a b", libc::MS_NODEV),
+                (b"/tmpfoo", 0),
+            ]
+        );
     }
 
     #[test]

@@ -922,6 +922,18 @@ fn file_flags(path: &std::path::Path) -> String {
 
 #[test]
 fn metadata_outside_every_writable_directory_cannot_change() {
+    metadata_cannot_change(&[]);
+}
+
+#[test]
+fn before_mount_setattr_a_remount_per_mount_keeps_metadata_as_well() {
+    metadata_cannot_change(&[("CALIBAN_SANDBOX_NO_MOUNT_SETATTR", "1")]);
+}
+
+/// chmod (setuid too), chown, utimes, setxattr and chattr on a file outside every
+/// writable directory fail as read-only, as root and as the ordinary user (its owner);
+/// the workspace, /tmp and /dev/null still take writes.
+fn metadata_cannot_change(env: &[(&str, &str)]) {
     use std::os::unix::fs::MetadataExt;
     for user in users() {
         let ws = Workspace::new("sbx-meta");
@@ -963,7 +975,7 @@ fn metadata_outside_every_writable_directory_cannot_change() {
                 ),
             ),
         ];
-        let (out, results) = print_script_run_as(&ws, &script(calls), &[], &[], user);
+        let (out, results) = print_script_run_as(&ws, &script(calls), &[], env, user);
         assert_eq!(init_frame(&out)["sandbox"]["enforced"], true, "{out:?}");
         for id in ["chmod", "chown", "touch", "xattr", "chattr"] {
             let text = &results[id];
