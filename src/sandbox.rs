@@ -4,8 +4,10 @@
 //! between fork and exec with no helper binary (`sys::Confinement`): a Landlock domain
 //! (files, TCP ports, signals and abstract sockets), a seccomp filter (socket families,
 //! mounting, namespaces, io_uring and other ways around Landlock) and, where caliban may
-//! have one, a private mount namespace (protected paths read-only, the deny list hidden, a
-//! `/proc` that shows only the command's own processes).
+//! have one, a private mount namespace (every mount read-only and nosuid but the writable
+//! directories, protected paths read-only, missing ones held by placeholders, the deny
+//! list hidden, a `/proc` that shows only the command's own processes). Landlock fences
+//! the deny list in both cases.
 //! All three are inherited by every descendant, across `setsid`, `nohup` and exec.
 //!
 //! Modes, strictest first: `read-only` (no writes but to /dev/null and kin), `workspace-write`
@@ -17,9 +19,11 @@
 //! names them. A run may only narrow the configured mode (`Mode::narrowed`).
 //!
 //! Without a mount namespace (no privilege and no user namespaces) Landlock alone fences
-//! the protected and denied paths, and since its rules can only grant, the directories on
-//! the way to them get rules for each entry instead of one: a command then cannot create a
-//! new entry directly in such a directory (the workspace root next to `.git`).
+//! the protected and denied paths, the missing protected entries too, and since its rules
+//! can only grant, the directories on the way to them get rules for each entry instead of
+//! one: a command then cannot create a new entry directly in such a directory (the
+//! workspace root), and nothing keeps metadata (chmod, chown, xattrs) outside the writable
+//! directories.
 //!
 //! It owns the process-wide configuration (`install`, once at start), the probes of what
 //! the kernel offers, the plan for one command (`prepare`), the same policy for the file
