@@ -577,18 +577,9 @@ impl Placeholders {
                 held.used.push(path.clone());
                 continue;
             }
-            // Never follows a symlink a command planted meanwhile: both fail if anything
-            // is there.
-            let created = if *is_dir {
-                fs::create_dir(path)
-            } else {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(path)
-                    .map(drop)
-            };
-            match created {
+            // Never follows a symlink a command planted meanwhile, on the way or at the
+            // end: caliban is not confined, and a command may swap what it can write.
+            match sys::make_empty(path, *is_dir) {
                 Ok(()) => {
                     uses.insert(path.clone(), 1);
                     held.used.push(path.clone());
@@ -626,16 +617,7 @@ impl Drop for Placeholders {
                 continue;
             }
             uses.remove(&path);
-            match path.symlink_metadata() {
-                // `remove_dir` removes only an empty directory.
-                Ok(meta) if meta.is_dir() => {
-                    let _ = fs::remove_dir(&path);
-                }
-                Ok(meta) if meta.is_file() && meta.len() == 0 => {
-                    let _ = fs::remove_file(&path);
-                }
-                _ => {}
-            }
+            let _ = sys::remove_if_empty(&path);
         }
     }
 }

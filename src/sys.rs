@@ -656,6 +656,100 @@ enum LandlockRule {
     NetPort(LandlockNetPortAttr),
 }
 
+/// Opens the absolute directory `dir` one component at a time, following no symlink on
+/// the way: a directory a command swapped for a symlink (in /tmp, or in the workspace)
+/// fails instead of leading elsewhere. An `O_PATH` descriptor for the `*at` calls.
+fn open_dir_nofollow(dir: &Path) -> io::Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid NUL-terminated path.
+    let raw = unsafe { libc::open(ROOT.as_ptr(), flags) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just opened by us and is owned by nothing else.
+    let mut fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    for part in dir.components() {
+        let std::path::Component::Normal(name) = part else {
+            if part == std::path::Component::RootDir {
+                continue;
+            }
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        let name = CString::new(name.as_bytes())?;
+        // SAFETY: a live directory descriptor and a NUL-terminated single component.
+        let raw = unsafe { libc::openat(fd.as_raw_fd(), name.as_ptr(), flags) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    }
+    Ok(fd)
+}
+
+/// The directory and the name of `path`, the directory opened by `open_dir_nofollow`.
+fn split_nofollow(path: &Path) -> io::Result<(OwnedFd, CString)> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    Ok((open_dir_nofollow(dir)?, CString::new(name.as_bytes())?))
+}
+
+/// Makes an empty directory (`is_dir`) or an empty file at `path`, following no symlink
+/// anywhere on the way; fails with `AlreadyExists` if anything is there.
+pub fn make_empty(path: &Path, is_dir: bool) -> io::Result<()> {
+    let (dir, name) = split_nofollow(path)?;
+    let rc = if is_dir {
+        // SAFETY: a live directory descriptor and a NUL-terminated name.
+        unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) }
+    } else {
+        let flags =
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: as above; the mode is an integer.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, 0o644) };
+        if fd >= 0 {
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+        }
+        fd.min(0)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes what `make_empty` made at `path` if it is still an empty directory or an empty
+/// regular file, following no symlink anywhere on the way.
+pub fn remove_if_empty(path: &Path) -> io::Result<()> {
+    let (dir, name) = split_nofollow(path)?;
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live directory descriptor, a NUL-terminated name and a writable stat.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = match st.st_mode & libc::S_IFMT {
+        // The kernel removes only an empty directory.
+        libc::S_IFDIR => libc::AT_REMOVEDIR,
+        libc::S_IFREG if st.st_size == 0 => 0,
+        _ => return Ok(()),
+    };
+    // SAFETY: as above.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// How a child gets a mount namespace of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MountNs {
@@ -1619,6 +1713,37 @@ mod tests {
                 assert_eq!(run(0x4000_0000, [0; 6]), errno(libc::EPERM), "x32");
             }
         }
+    }
+
+    #[test]
+    fn placeholders_are_made_and_removed_through_no_symlink() {
+        let root = std::env::temp_dir().join(format!("caliban-empty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        let root = root.canonicalize().unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+        // A directory swapped for a symlink leads nowhere.
+        assert!(make_empty(&root.join("link/.caliban"), true).is_err());
+        assert!(make_empty(&root.join("link/.mcp.json"), false).is_err());
+        assert!(
+            std::fs::read_dir(root.join("real"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
+        make_empty(&root.join("real/.caliban"), true).unwrap();
+        make_empty(&root.join("real/.mcp.json"), false).unwrap();
+        let again = make_empty(&root.join("real/.mcp.json"), false);
+        assert_eq!(again.unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        std::fs::write(root.join("real/.mcp.json"), "{}").unwrap();
+        // What someone filled stays; what is empty goes.
+        remove_if_empty(&root.join("real/.mcp.json")).unwrap();
+        remove_if_empty(&root.join("real/.caliban")).unwrap();
+        assert!(root.join("real/.mcp.json").exists());
+        assert!(!root.join("real/.caliban").exists());
+        assert!(remove_if_empty(&root.join("link/.mcp.json")).is_err());
+        assert!(root.join("real/.mcp.json").exists());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
