@@ -1,5 +1,7 @@
 //! The sandbox on the real kernel: every mode's writes, the deny list, the network, what a
-//! command's descendants inherit, the `core.fsmonitor` escalation, the prompt to run a
+//! command's descendants inherit, metadata outside the writable directories (the read-only
+//! root), the protected files a workspace lacks (placeholders, and their reference count
+//! across a background shell), the `core.fsmonitor` escalation, the prompt to run a
 //! refused call outside the sandbox, background shells (confined as foreground commands),
 //! `MultiEdit` (held to the file tools' policy), `WebFetch` (not a command, so not
 //! confined), and what happens where Landlock is missing (simulated with
