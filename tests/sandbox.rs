@@ -1130,3 +1130,22 @@ fn a_file_tool_still_may_not_write_a_missing_protected_file() {
     assert!(results["w"].contains("is protected"), "{}", results["w"]);
     assert!(ws.path(".caliban").symlink_metadata().is_err());
 }
+
+#[test]
+fn a_background_shell_killed_at_the_end_of_the_run_leaves_no_placeholder() {
+    let ws = Workspace::new("sbx-placeholder-exit");
+    let script = json!({"turns": [
+        {"tool_calls": [{"id": "bg", "name": "Bash",
+                         "input": {"command": "sleep 30", "background": true}}]},
+        {"text": "done"},
+    ]});
+    let (out, _) = print_script_run(&ws, &script, &[], &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let left: Vec<String> = std::fs::read_dir(&ws.root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
