@@ -4,8 +4,10 @@
 //! between fork and exec with no helper binary (`sys::Confinement`): a Landlock domain
 //! (files, TCP ports, signals and abstract sockets), a seccomp filter (socket families,
 //! mounting, namespaces, io_uring and other ways around Landlock) and, where caliban may
-//! have one, a private mount namespace (protected paths read-only, the deny list hidden, a
-//! `/proc` that shows only the command's own processes).
+//! have one, a private mount namespace (every mount read-only and nosuid but the writable
+//! directories, protected paths read-only, missing ones held by placeholders, the deny
+//! list hidden, a `/proc` that shows only the command's own processes). Landlock fences
+//! the deny list in both cases.
 //! All three are inherited by every descendant, across `setsid`, `nohup` and exec.
 //!
 //! Modes, strictest first: `read-only` (no writes but to /dev/null and kin), `workspace-write`
@@ -17,19 +19,22 @@
 //! names them. A run may only narrow the configured mode (`Mode::narrowed`).
 //!
 //! Without a mount namespace (no privilege and no user namespaces) Landlock alone fences
-//! the protected and denied paths, and since its rules can only grant, the directories on
-//! the way to them get rules for each entry instead of one: a command then cannot create a
-//! new entry directly in such a directory (the workspace root next to `.git`).
+//! the protected and denied paths, the missing protected entries too, and since its rules
+//! can only grant, the directories on the way to them get rules for each entry instead of
+//! one: a command then cannot create a new entry directly in such a directory (the
+//! workspace root), and nothing keeps metadata (chmod, chown, xattrs) outside the writable
+//! directories.
 //!
 //! It owns the process-wide configuration (`install`, once at start), the probes of what
 //! the kernel offers, the plan for one command (`prepare`), the same policy for the file
 //! tools (`check_file_tool`) and the note that tells the model a failure was the sandbox
 //! (`explain`). It must not know about runs or surfaces.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Value, json};
 
@@ -231,9 +236,9 @@ const DEVICES: &[&str] = &[
 /// Temp directories the writing modes may write in, besides `$TMPDIR`.
 const TEMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 
-/// Most Landlock rules one command's fence may take without a mount namespace (each entry
-/// of a directory on the way to a fenced path is one); past it, the rest of such a
-/// directory is left out, which only ever takes rights away.
+/// Most Landlock rules one command's fence may take (each entry of a directory on the way
+/// to a fenced path is one); past it, the rest of such a directory is left out, which only
+/// ever takes rights away.
 const MAX_SPLIT_RULES: usize = 4096;
 
 /// The process-wide sandbox configuration: the command line, the settings files and the
@@ -260,10 +265,12 @@ pub struct Config {
     /// Test hooks from the environment: behave as if the kernel had no Landlock
     /// (`CALIBAN_SANDBOX_NO_LANDLOCK=1`), or caliban could not have a mount namespace
     /// (`CALIBAN_SANDBOX_NO_MOUNTNS=1`), or only one in a user namespace, as without
-    /// privilege (`CALIBAN_SANDBOX_USERNS=1`).
+    /// privilege (`CALIBAN_SANDBOX_USERNS=1`), or no `mount_setattr`, as before Linux 5.12
+    /// (`CALIBAN_SANDBOX_NO_MOUNT_SETATTR=1`).
     no_landlock: bool,
     no_mount_ns: bool,
     userns_only: bool,
+    no_mount_setattr: bool,
 }
 
 impl Config {
@@ -330,6 +337,7 @@ impl Config {
             no_landlock: flag("CALIBAN_SANDBOX_NO_LANDLOCK"),
             no_mount_ns: flag("CALIBAN_SANDBOX_NO_MOUNTNS"),
             userns_only: flag("CALIBAN_SANDBOX_USERNS"),
+            no_mount_setattr: flag("CALIBAN_SANDBOX_NO_MOUNT_SETATTR"),
         }
     }
 
@@ -405,6 +413,12 @@ fn mount_ns() -> Option<MountNs> {
     *NS.get_or_init(|| sys::probe_mount_ns(config.userns_only))
 }
 
+/// Whether the read-only root can be made with `mount_setattr` (Linux 5.12), else by a
+/// remount per mount point.
+fn mount_setattr() -> bool {
+    !config().no_mount_setattr && sys::has_mount_setattr()
+}
+
 /// Whether a mode is in force for commands, and if not, what happens instead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -476,6 +490,10 @@ struct Plan {
     protected: Vec<PathBuf>,
     /// Paths it may not read (canonical, existing), each with its configured spelling.
     denied: Vec<(PathBuf, PathBuf)>,
+    /// Protected entries that do not exist yet (in a canonical directory), each with
+    /// whether it is a directory: with a mount namespace, placeholders are made and bound
+    /// read-only (`Placeholders`); without one, Landlock keeps them from being made.
+    missing: Vec<(PathBuf, bool)>,
     /// Whether a mount namespace fences the protected and denied paths (else Landlock
     /// alone, which keeps new entries out of the directories that hold them).
     mount_ns: bool,
@@ -511,6 +529,7 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
         }
     }
     let mut protected = Vec::new();
+    let mut missing: Vec<(PathBuf, bool)> = Vec::new();
     for dir in &dirs {
         for entry in PROTECTED {
             if config.protected_allowed(&entry.shown()) {
@@ -520,17 +539,29 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
             let path = dir.join(rel);
             let found = if path.symlink_metadata().is_ok() {
                 canonical(&path)
-            } else {
+            } else if let Some(parent) = parent.map(|parent| dir.join(parent)) {
                 // A protected file that does not exist yet cannot be held read-only, but the
-                // directory it would be made in can.
-                parent
-                    .map(|parent| dir.join(parent))
-                    .and_then(|dir| canonical(&dir))
+                // directory it would be made in can, or be kept from being made.
+                if parent.symlink_metadata().is_ok() {
+                    canonical(&parent)
+                } else {
+                    if !missing.iter().any(|(m, _)| *m == parent) {
+                        missing.push((parent, true));
+                    }
+                    None
+                }
+            } else {
+                missing.push((path, entry.is_dir()));
+                None
             };
             if let Some(found) = found.filter(|found| !protected.contains(found)) {
                 protected.push(found);
             }
         }
+    }
+    if writable.is_empty() {
+        // Nothing can be made where nothing can be written.
+        missing.clear();
     }
     // Most entries do not exist on a given machine: one lstat rules them out.
     let denied = config
@@ -546,14 +577,109 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
         writable,
         protected,
         denied,
+        missing,
         mount_ns: mode != Mode::Off && mount_ns().is_some(),
     }
+}
+
+/// How many live commands of this process use each placeholder it made, by path.
+fn placeholder_uses() -> std::sync::MutexGuard<'static, HashMap<PathBuf, usize>> {
+    static USES: OnceLock<Mutex<HashMap<PathBuf, usize>>> = OnceLock::new();
+    USES.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Empty files and directories made where protected entries were missing, so that a
+/// command's mount namespace can hold them read-only: a command could otherwise create
+/// `.caliban/settings.json` and widen every later run. Owned by the job that runs the
+/// command (a background shell's lives as long as the shell). Dropping it removes each
+/// placeholder no other live command of this process still uses, if it is still empty:
+/// removing a mount point detaches a live sandbox's bind of it.
+#[derive(Debug, Default)]
+pub struct Placeholders {
+    /// The placeholders this command holds a use of.
+    used: Vec<PathBuf>,
+    /// Missing entries that appeared between the plan and now: bound read-only as they
+    /// are, like any protected path.
+    appeared: Vec<PathBuf>,
+}
+
+impl Placeholders {
+    /// Makes (or takes another use of) a placeholder for each missing entry, and takes a
+    /// use of each `protected` path that is a placeholder already (another command made
+    /// it): whichever command ends first must not remove what the other still binds.
+    /// What cannot be made is skipped (a command can make nothing there either).
+    fn make(missing: &[(PathBuf, bool)], protected: &[PathBuf]) -> Placeholders {
+        let mut uses = placeholder_uses();
+        let mut held = Placeholders::default();
+        for path in protected {
+            if let Some(n) = uses.get_mut(path) {
+                *n += 1;
+                held.used.push(path.clone());
+            }
+        }
+        for (path, is_dir) in missing {
+            if let Some(n) = uses.get_mut(path) {
+                *n += 1;
+                held.used.push(path.clone());
+                continue;
+            }
+            // Never follows a symlink a command planted meanwhile, on the way or at the
+            // end: caliban is not confined, and a command may swap what it can write.
+            match sys::make_empty(path, *is_dir) {
+                Ok(()) => {
+                    uses.insert(path.clone(), 1);
+                    held.used.push(path.clone());
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    held.appeared.push(path.clone());
+                }
+                Err(_) => {}
+            }
+        }
+        held
+    }
+
+    /// What the command's mount namespace must bind read-only besides the plan's
+    /// protected paths.
+    fn binds<'a>(&'a self, plan: &'a Plan) -> Vec<PathBuf> {
+        self.used
+            .iter()
+            .chain(&self.appeared)
+            .filter(|path| !plan.protected.contains(path))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for Placeholders {
+    fn drop(&mut self) {
+        let mut uses = placeholder_uses();
+        for path in self.used.drain(..) {
+            let Some(n) = uses.get_mut(&path) else {
+                continue;
+            };
+            *n -= 1;
+            if *n > 0 {
+                continue;
+            }
+            uses.remove(&path);
+            let _ = sys::remove_if_empty(&path);
+        }
+    }
+}
+
+/// A command's confinement and the placeholders it needs while it runs.
+pub struct Confined {
+    pub confinement: Confinement,
+    pub placeholders: Placeholders,
 }
 
 /// The confinement for a command run in `cwd` of `workspace` under `mode`: `None` when
 /// nothing confines it (`off`, or no Landlock and `Fallback::Unconfined`); an error (the
 /// tool result) when it must not run at all.
-pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confinement>, String> {
+pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confined>, String> {
     match status(mode) {
         Status::Off | Status::Unconfined(_) => Ok(None),
         Status::Refused(why) => Err(format!(
@@ -562,14 +688,28 @@ pub fn prepare(mode: Mode, workspace: &Path, cwd: &Path) -> Result<Option<Confin
         )),
         Status::Enforced => {
             let abi = landlock_abi().unwrap_or(1);
-            build(&plan(mode, workspace, cwd), abi, mount_ns())
-                .map(Some)
-                .map_err(|e| format!("not run: the sandbox ({mode}) could not be set up: {e}"))
+            let plan = plan(mode, workspace, cwd);
+            let ns = mount_ns();
+            let placeholders = match ns {
+                Some(_) => Placeholders::make(&plan.missing, &plan.protected),
+                None => Placeholders::default(),
+            };
+            let confinement = build(&plan, abi, ns, &placeholders.binds(&plan))
+                .map_err(|e| format!("not run: the sandbox ({mode}) could not be set up: {e}"))?;
+            Ok(Some(Confined {
+                confinement,
+                placeholders,
+            }))
         }
     }
 }
 
-fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> {
+fn build(
+    plan: &Plan,
+    abi: u32,
+    ns: Option<MountNs>,
+    placeholders: &[PathBuf],
+) -> io::Result<Confinement> {
     let config = config();
     let fs_rights = ll::fs_rights(abi);
     let read = ll::EXECUTE | ll::READ_FILE | ll::READ_DIR;
@@ -587,14 +727,26 @@ fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> 
     };
     let ruleset = LandlockRuleset::new(fs_rights, net, scoped)?;
     let root = Path::new("/");
+    // Listing stays open everywhere (names only); reading goes around the deny list, with
+    // or without a mount namespace, so a view of the tree without the overmounts (a mount
+    // syscall that got through) still reads nothing there.
+    ruleset.allow_beneath(root, ll::READ_DIR)?;
+    let denied: Vec<PathBuf> = plan.denied.iter().map(|(real, _)| real.clone()).collect();
+    let mut budget = MAX_SPLIT_RULES;
+    grant_around(&ruleset, root, read & !ll::READ_DIR, &denied, &mut budget);
     let mounts = match ns {
         Some(ns) => {
-            ruleset.allow_beneath(root, read)?;
+            // What lies in a writable directory is left to the mounts (protected paths
+            // read-only, denied ones hidden): fencing it with Landlock too would grant
+            // the directory entry by entry, and no command could make a new file at the
+            // workspace root (`cargo build`'s `target/`, `npm install`'s `node_modules/`).
             for dir in &plan.writable {
                 ruleset.allow_beneath(dir, write)?;
             }
             let mut mounts = MountPlan::new(ns);
-            for path in &plan.protected {
+            let writable: Vec<&Path> = plan.writable.iter().map(PathBuf::as_path).collect();
+            mounts.read_only_root(&writable, mount_setattr())?;
+            for path in plan.protected.iter().chain(placeholders) {
                 mounts.read_only(path)?;
             }
             for (path, _) in &plan.denied {
@@ -604,20 +756,11 @@ fn build(plan: &Plan, abi: u32, ns: Option<MountNs>) -> io::Result<Confinement> 
             Some(mounts)
         }
         None => {
-            // Landlock alone: listing stays open everywhere (names only), reading and
-            // writing go around the fenced paths.
-            ruleset.allow_beneath(root, ll::READ_DIR)?;
-            let denied: Vec<PathBuf> = plan.denied.iter().map(|(real, _)| real.clone()).collect();
-            let mut budget = MAX_SPLIT_RULES;
-            grant_around(
-                &ruleset,
-                root,
-                ll::EXECUTE | ll::READ_FILE,
-                &denied,
-                &mut budget,
-            );
+            // Landlock alone: writing goes around the protected paths too, and around
+            // those not made yet, so none can be made.
             let mut fenced = denied;
             fenced.extend(plan.protected.iter().cloned());
+            fenced.extend(plan.missing.iter().map(|(path, _)| path.clone()));
             for dir in &plan.writable {
                 grant_around(&ruleset, dir, write, &fenced, &mut budget);
             }
@@ -679,7 +822,7 @@ fn grant_around(
 /// The confinement of an MCP stdio server an editor asks caliban to start in `cwd`: the
 /// `sandbox.mcp_servers` mode (default `off`: they are programs the user configured, and
 /// most need the network and caches of their own).
-pub fn mcp_server(cwd: &Path) -> io::Result<Option<Confinement>> {
+pub fn mcp_server(cwd: &Path) -> io::Result<Option<Confined>> {
     prepare(config().mcp_servers, cwd, cwd).map_err(io::Error::other)
 }
 
@@ -890,7 +1033,12 @@ fn classify(plan: &Plan, config: &Config, path: &Path) -> Option<String> {
     }
     let lexical = normalize(path);
     let real = resolve_existing(&lexical);
-    if let Some(protected) = plan.protected.iter().find(|p| real.starts_with(p)) {
+    let protected = plan
+        .protected
+        .iter()
+        .chain(plan.missing.iter().map(|(path, _)| path))
+        .find(|p| real.starts_with(p));
+    if let Some(protected) = protected {
         let why = protected
             .to_str()
             .and_then(protected_path)
@@ -908,7 +1056,8 @@ fn classify(plan: &Plan, config: &Config, path: &Path) -> Option<String> {
         let fenced = plan
             .protected
             .iter()
-            .chain(plan.denied.iter().map(|(real, _)| real));
+            .chain(plan.denied.iter().map(|(real, _)| real))
+            .chain(plan.missing.iter().map(|(path, _)| path));
         let parent = real.parent().filter(|parent| {
             !plan.mount_ns
                 && real.symlink_metadata().is_err()
@@ -1051,6 +1200,34 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
                 "no: Landlock alone fences protected and denied paths (no new entries in the directories that hold them)",
         }
     ));
+    line(format!(
+        "read-only root:  {}",
+        match mount_ns() {
+            Some(_) if mount_setattr() =>
+                "every mount read-only and nosuid but the writable directories (mount_setattr)",
+            Some(_) =>
+                "every mount read-only and nosuid but the writable directories (a remount per mount: no mount_setattr before Linux 5.12)",
+            None =>
+                "no: without a mount namespace nothing stops chmod, chown, utimes, setxattr or chattr on files outside the writable directories (Landlock does not cover them)",
+        }
+    ));
+    line(format!(
+        "landlock fences: {}",
+        match mount_ns() {
+            Some(_) =>
+                "the deny list outside the writable directories (as well as the mounts); protected paths by the read-only mounts only",
+            None => "the deny list and protected paths, the missing ones included",
+        }
+    ));
+    line(format!(
+        "placeholders:    {}",
+        match mount_ns() {
+            Some(_) =>
+                "a missing protected entry is made empty and bound read-only while a command runs, removed after",
+            None =>
+                "none: Landlock keeps a missing protected entry from being made (no new entries at the workspace root)",
+        }
+    ));
     let mode = config.mode;
     let verdict = match status(mode) {
         Status::Off => "off: commands run with your full rights".to_owned(),
@@ -1086,7 +1263,122 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
             false
         }
     };
-    (out, enforced)
+    let mut probes_hold = true;
+    if mode != Mode::Off && landlock_abi().is_ok() {
+        for (name, result) in probes() {
+            match result {
+                Ok(what) => line(format!("probe {name}{what}")),
+                Err(why) => {
+                    probes_hold = false;
+                    line(format!("probe {name}FAILED: {why}"));
+                }
+            }
+        }
+    }
+    (out, enforced && probes_hold)
+}
+
+/// Live tests of the layers `check_report` names, each in a confined child: the read-only
+/// root, Landlock's fence of the deny list, and the placeholders. `Ok` says what held.
+fn probes() -> Vec<(&'static str, Result<String, String>)> {
+    let scratch =
+        std::env::temp_dir().join(format!("caliban-sandbox-probe-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    if let Err(e) = fs::create_dir_all(scratch.join("ws")).and_then(|()| {
+        fs::create_dir_all(scratch.join("denied"))?;
+        fs::write(scratch.join("denied/key"), "k")
+    }) {
+        return vec![("setup:", Err(format!("scratch directory: {e}")))];
+    }
+    let scratch = scratch.canonicalize().unwrap_or(scratch);
+    let ws = scratch.join("ws");
+    let run = |script: &str| -> Result<(bool, String), String> {
+        let Confined {
+            confinement,
+            placeholders: _placeholders,
+        } = prepare(Mode::WorkspaceWrite, &ws, &ws)?
+            .ok_or_else(|| "nothing to confine with".to_owned())?;
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(&ws)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        sys::confine(&mut cmd, confinement);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    };
+    let mut out = Vec::new();
+    if mount_ns().is_some() {
+        // chmod to the mode / already has: a no-op if the sandbox let it through.
+        use std::os::unix::fs::PermissionsExt;
+        let result = match fs::metadata("/").map(|m| m.permissions().mode() & 0o7777) {
+            Err(e) => Err(format!("cannot stat /: {e}")),
+            Ok(mode) => run(&format!("chmod {mode:o} /")).and_then(|(ok, err)| {
+                if !ok && err.contains("Read-only file system") {
+                    Ok("ok (chmod of / refused: read-only file system)".to_owned())
+                } else {
+                    Err(format!("chmod of / was not refused as read-only: {err}"))
+                }
+            }),
+        };
+        out.push(("read-only root:  ", result));
+        let plan = Plan {
+            mode: Mode::WorkspaceWrite,
+            writable: vec![ws.clone()],
+            protected: Vec::new(),
+            denied: vec![(scratch.join("denied"), scratch.join("denied"))],
+            missing: Vec::new(),
+            mount_ns: true,
+        };
+        let abi = landlock_abi().unwrap_or(1);
+        let result = build(&plan, abi, mount_ns(), &[])
+            .map_err(|e| format!("cannot build the fence: {e}"))
+            .and_then(|confinement| {
+                if landlock_lets_read(confinement, &scratch.join("denied/key")) {
+                    Err("Landlock alone let a denied file be read".to_owned())
+                } else {
+                    Ok("ok (without the mounts, Landlock refused a denied file)".to_owned())
+                }
+            });
+        out.push(("landlock fences: ", result));
+    }
+    let result = run("mkdir .caliban").and_then(|(ok, err)| {
+        let left = ws.join(".caliban").symlink_metadata().is_ok();
+        match (ok, left) {
+            (true, _) => Err("a command made .caliban/".to_owned()),
+            (false, true) => Err(format!("a placeholder was left behind ({})", err.trim())),
+            (false, false) => {
+                Ok("ok (a command could not make .caliban/, nothing left)".to_owned())
+            }
+        }
+    });
+    out.push(("placeholders:    ", result));
+    let _ = fs::remove_dir_all(&scratch);
+    out
+}
+
+/// Whether `cat FILE` succeeds under the Landlock part of `confinement` alone (no mounts,
+/// no seccomp): what Landlock itself grants.
+fn landlock_lets_read(confinement: Confinement, file: &Path) -> bool {
+    let only_landlock = Confinement {
+        mounts: None,
+        landlock: confinement.landlock,
+        seccomp: None,
+    };
+    let mut cmd = std::process::Command::new("/bin/cat");
+    cmd.arg(file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    sys::confine(&mut cmd, only_landlock);
+    cmd.status().is_ok_and(|status| status.success())
 }
 
 /// Runs `sh -c 'echo > FILE'` confined in a scratch workspace, twice: `read-only` must
@@ -1096,8 +1388,14 @@ fn self_test() -> Result<(), String> {
     let workspace =
         std::env::temp_dir().join(format!("caliban-sandbox-check-{}", std::process::id()));
     fs::create_dir_all(&workspace).map_err(|e| format!("scratch directory: {e}"))?;
+    // The file is there before: without a mount namespace no new entry may be made at a
+    // workspace root (Landlock grants it entry by entry around the protected ones).
+    fs::write(workspace.join("probe"), "").map_err(|e| format!("scratch file: {e}"))?;
     let try_write = |mode: Mode| -> Result<bool, String> {
-        let confinement = prepare(mode, &workspace, &workspace)?
+        let Confined {
+            confinement,
+            placeholders: _placeholders,
+        } = prepare(mode, &workspace, &workspace)?
             .ok_or_else(|| "nothing to confine with".to_owned())?;
         let mut cmd = std::process::Command::new("/bin/sh");
         cmd.arg("-c")
@@ -1232,6 +1530,42 @@ mod tests {
         assert_eq!(config.writable, [PathBuf::from("/home/u/.cache")]);
         assert!(config.protected_allowed(".git/") && !config.protected_allowed(".caliban/"));
         assert_eq!(config.show(Path::new("/home/u/.ssh")), "~/.ssh");
+    }
+
+    #[test]
+    fn landlock_grants_no_read_beneath_a_denied_path_with_or_without_mounts() {
+        let Ok(abi) = landlock_abi() else {
+            return;
+        };
+        let root = std::env::temp_dir().join(format!("caliban-fence-{}", std::process::id()));
+        let (ws, secret) = (root.join("ws"), root.join("secret"));
+        fs::create_dir_all(&ws).unwrap();
+        fs::create_dir_all(&secret).unwrap();
+        fs::write(secret.join("key"), "k").unwrap();
+        fs::write(root.join("open.txt"), "o").unwrap();
+        let root = root.canonicalize().unwrap();
+        let (ws, secret) = (root.join("ws"), root.join("secret"));
+        let plan = Plan {
+            mode: Mode::WorkspaceWrite,
+            writable: vec![ws.clone()],
+            protected: Vec::new(),
+            denied: vec![(secret.clone(), secret.clone())],
+            missing: Vec::new(),
+            mount_ns: false,
+        };
+        for ns in [Some(MountNs::Plain), None] {
+            let confinement = build(&plan, abi, ns, &[]).expect("build");
+            assert!(
+                !landlock_lets_read(confinement, &secret.join("key")),
+                "{ns:?}"
+            );
+            let confinement = build(&plan, abi, ns, &[]).expect("build");
+            assert!(
+                landlock_lets_read(confinement, &root.join("open.txt")),
+                "{ns:?}"
+            );
+        }
+        let _ = fs::remove_dir_all(&root);
     }
 
     #[test]

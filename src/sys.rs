@@ -715,6 +715,23 @@ impl LandlockRuleset {
         }))
     }
 
+    /// `allow_beneath` for a directory, without allocating: for a forked child, on a
+    /// ruleset not yet restricted to.
+    fn allow_fd_beneath(&self, path: &std::ffi::CStr, access: u64) -> io::Result<()> {
+        // SAFETY: a valid NUL-terminated path; O_PATH opens no file content.
+        let raw = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let result = self.add_rule(&LandlockRule::PathBeneath(LandlockPathBeneathAttr {
+            allowed_access: access & self.handled_fs,
+            parent_fd: raw,
+        }));
+        // SAFETY: closing the descriptor opened above, which the kernel no longer needs.
+        unsafe { libc::close(raw) };
+        result
+    }
+
     /// Allows `access` (`BIND_TCP`, `CONNECT_TCP`) for TCP port `port`.
     pub fn allow_port(&self, port: u16, access: u64) -> io::Result<()> {
         self.add_rule(&LandlockRule::NetPort(LandlockNetPortAttr {
@@ -759,6 +776,100 @@ enum LandlockRule {
     NetPort(LandlockNetPortAttr),
 }
 
+/// Opens the absolute directory `dir` one component at a time, following no symlink on
+/// the way: a directory a command swapped for a symlink (in /tmp, or in the workspace)
+/// fails instead of leading elsewhere. An `O_PATH` descriptor for the `*at` calls.
+fn open_dir_nofollow(dir: &Path) -> io::Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid NUL-terminated path.
+    let raw = unsafe { libc::open(ROOT.as_ptr(), flags) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just opened by us and is owned by nothing else.
+    let mut fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    for part in dir.components() {
+        let std::path::Component::Normal(name) = part else {
+            if part == std::path::Component::RootDir {
+                continue;
+            }
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        let name = CString::new(name.as_bytes())?;
+        // SAFETY: a live directory descriptor and a NUL-terminated single component.
+        let raw = unsafe { libc::openat(fd.as_raw_fd(), name.as_ptr(), flags) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    }
+    Ok(fd)
+}
+
+/// The directory and the name of `path`, the directory opened by `open_dir_nofollow`.
+fn split_nofollow(path: &Path) -> io::Result<(OwnedFd, CString)> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    Ok((open_dir_nofollow(dir)?, CString::new(name.as_bytes())?))
+}
+
+/// Makes an empty directory (`is_dir`) or an empty file at `path`, following no symlink
+/// anywhere on the way; fails with `AlreadyExists` if anything is there.
+pub fn make_empty(path: &Path, is_dir: bool) -> io::Result<()> {
+    let (dir, name) = split_nofollow(path)?;
+    let rc = if is_dir {
+        // SAFETY: a live directory descriptor and a NUL-terminated name.
+        unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) }
+    } else {
+        let flags =
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: as above; the mode is an integer.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, 0o644) };
+        if fd >= 0 {
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+        }
+        fd.min(0)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes what `make_empty` made at `path` if it is still an empty directory or an empty
+/// regular file, following no symlink anywhere on the way.
+pub fn remove_if_empty(path: &Path) -> io::Result<()> {
+    let (dir, name) = split_nofollow(path)?;
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live directory descriptor, a NUL-terminated name and a writable stat.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = match st.st_mode & libc::S_IFMT {
+        // The kernel removes only an empty directory.
+        libc::S_IFDIR => libc::AT_REMOVEDIR,
+        libc::S_IFREG if st.st_size == 0 => 0,
+        _ => return Ok(()),
+    };
+    // SAFETY: as above.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// How a child gets a mount namespace of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MountNs {
@@ -793,6 +904,15 @@ fn kept_mount_flags(path: &CString) -> io::Result<libc::c_ulong> {
 }
 
 enum MountStep {
+    /// Every mount read-only and `nosuid` (each submount too), then the writable
+    /// directories put back as they were, but `nosuid`: what Landlock cannot fence (chmod,
+    /// chown, utimes, xattrs, file flags) fails with EROFS everywhere else.
+    ReadOnlyRoot {
+        writable: Vec<CString>,
+        /// Kernels before 5.12 (no `mount_setattr`): every mount point, read from
+        /// `/proc/self/mountinfo` before the fork, with the flags it must keep.
+        fallback: Option<Vec<(CString, libc::c_ulong)>>,
+    },
     /// Bind the path onto itself, then make that mount read-only.
     ReadOnly { path: CString, keep: libc::c_ulong },
     /// An empty read-only tmpfs over a directory.
@@ -845,6 +965,31 @@ impl MountPlan {
         self.steps.is_empty()
     }
 
+    /// Makes every mount read-only and `nosuid` in the child except the `writable`
+    /// directories (and what is mounted beneath them), which keep their own flags plus
+    /// `nosuid`. The first step: the others mount on top of it. `setattr`: with
+    /// `mount_setattr` (`has_mount_setattr`), else a remount per mount point.
+    pub fn read_only_root(&mut self, writable: &[&Path], setattr: bool) -> io::Result<()> {
+        if writable.len() > MAX_WRITABLE_MOUNTS {
+            return Err(io::Error::other(format!(
+                "more than {MAX_WRITABLE_MOUNTS} writable directories"
+            )));
+        }
+        let writable = writable
+            .iter()
+            .map(|path| CString::new(path.as_os_str().as_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let fallback = if setattr {
+            None
+        } else {
+            let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+            Some(mount_points(&text, &writable))
+        };
+        self.steps
+            .push(MountStep::ReadOnlyRoot { writable, fallback });
+        Ok(())
+    }
+
     /// Makes `path` (and what is mounted beneath it) read-only in the child.
     pub fn read_only(&mut self, path: &Path) -> io::Result<()> {
         let path = CString::new(path.as_os_str().as_bytes())?;
@@ -874,6 +1019,223 @@ impl MountPlan {
         }
         Ok(())
     }
+}
+
+/// Most writable directories one command's read-only root puts back: the child holds a
+/// descriptor for each in a fixed array (it may not allocate), and a plan has the
+/// workspace, three temp dirs, `$TMPDIR` and the `sandbox.writable` list.
+const MAX_WRITABLE_MOUNTS: usize = 64;
+
+/// `struct mount_attr` (linux/mount.h), for `mount_setattr`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+const OPEN_TREE_CLONE: libc::c_uint = 0x1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const EMPTY: &std::ffi::CStr = c"";
+
+/// Whether the kernel has `mount_setattr` (5.12), asked once with a descriptor that cannot
+/// be valid: ENOSYS means no, anything else yes.
+pub fn has_mount_setattr() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let attr = MountAttr {
+            attr_set: 0,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        // SAFETY: a bad descriptor, a live empty path and a live struct of the size given:
+        // the kernel fails the call before it changes anything.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                -1 as libc::c_int,
+                EMPTY.as_ptr(),
+                libc::AT_EMPTY_PATH,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        !(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+    })
+}
+
+/// `mount_setattr(dirfd, path, flags)` setting `set`. Runs in a forked child: a raw syscall.
+fn mount_setattr(
+    dirfd: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    set: u64,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a live NUL-terminated path and a live struct of the size given.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The mount points of a `/proc/self/mountinfo` text, each with the flags a remount must
+/// keep (from its per-mount options), leaving out those at or beneath `writable`.
+fn mount_points(mountinfo: &str, writable: &[CString]) -> Vec<(CString, libc::c_ulong)> {
+    let unescape = |field: &str| -> Vec<u8> {
+        // Spaces, tabs, newlines and backslashes are written as `\ooo`.
+        let bytes = field.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            let octal = bytes.get(i + 1..i + 4).and_then(|o| {
+                std::str::from_utf8(o)
+                    .ok()
+                    .and_then(|o| u8::from_str_radix(o, 8).ok())
+            });
+            match octal {
+                Some(byte) if bytes[i] == b'\\' => {
+                    out.push(byte);
+                    i += 4;
+                }
+                _ => {
+                    out.push(bytes[i]);
+                    i += 1;
+                }
+            }
+        }
+        out
+    };
+    let beneath = |path: &[u8], dir: &[u8]| {
+        path == dir
+            || (path.starts_with(dir) && (dir == b"/" || path.get(dir.len()) == Some(&b'/')))
+    };
+    let mut out = Vec::new();
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(point), Some(options)) = (fields.get(4), fields.get(5)) else {
+            continue;
+        };
+        let point = unescape(point);
+        if writable.iter().any(|w| beneath(&point, w.to_bytes())) {
+            continue;
+        }
+        let keep = options.split(',').fold(0, |flags, option| {
+            flags
+                | match option {
+                    "nodev" => libc::MS_NODEV,
+                    "noexec" => libc::MS_NOEXEC,
+                    "noatime" => libc::MS_NOATIME,
+                    "nodiratime" => libc::MS_NODIRATIME,
+                    "relatime" => libc::MS_RELATIME,
+                    _ => 0,
+                }
+        });
+        if let Ok(point) = CString::new(point) {
+            out.push((point, keep));
+        }
+    }
+    out
+}
+
+/// Makes every mount read-only and nosuid but the `writable` trees, which keep their own
+/// flags plus nosuid: each is cloned (with its submounts) before, and put back after.
+/// Runs in a forked child: raw syscalls only, on a fixed array.
+fn read_only_root(
+    writable: &[CString],
+    fallback: Option<&[(CString, libc::c_ulong)]>,
+) -> io::Result<()> {
+    if let Some(points) = fallback {
+        // Before 5.12: the writable trees bound onto themselves first keep their flags,
+        // since the remounts below go by the mount points read before they existed.
+        for path in writable {
+            mount(Some(path), path, None, libc::MS_BIND | libc::MS_REC, None)?;
+        }
+        for (point, keep) in points {
+            let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | keep;
+            // A mount point hidden under another mount cannot be named; what covers it is
+            // in the list itself.
+            let _ = mount(None, point, None, flags, None);
+        }
+        return Ok(());
+    }
+    let mut fds: [libc::c_int; MAX_WRITABLE_MOUNTS] = [-1; MAX_WRITABLE_MOUNTS];
+    let close_all = |fds: &[libc::c_int]| {
+        for &fd in fds.iter().filter(|&&fd| fd >= 0) {
+            // SAFETY: closing descriptors this function opened.
+            unsafe { libc::close(fd) };
+        }
+    };
+    let result = (|| {
+        for (slot, path) in fds.iter_mut().zip(writable) {
+            // SAFETY: a live NUL-terminated path; the flags ask for a detached copy.
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    OPEN_TREE_CLONE
+                        | libc::O_CLOEXEC as libc::c_uint
+                        | AT_RECURSIVE as libc::c_uint,
+                )
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            *slot = fd as libc::c_int;
+            mount_setattr(
+                *slot,
+                EMPTY,
+                libc::AT_EMPTY_PATH | AT_RECURSIVE,
+                MOUNT_ATTR_NOSUID,
+            )?;
+        }
+        mount_setattr(
+            libc::AT_FDCWD,
+            ROOT,
+            AT_RECURSIVE,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+        )?;
+        for (&fd, path) in fds.iter().zip(writable) {
+            // SAFETY: a descriptor of a detached tree we cloned and a live path.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_move_mount,
+                    fd,
+                    EMPTY.as_ptr(),
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    })();
+    close_all(&fds);
+    result
 }
 
 /// Writes `text` to a /proc file. Runs in a forked child: raw syscalls only.
@@ -945,14 +1307,25 @@ fn enter_mount_ns(
 }
 
 impl MountPlan {
-    /// Runs in the forked child: a namespace of its own, then each step.
-    fn apply(&self) -> io::Result<()> {
+    /// Runs in the forked child: a namespace of its own, then each step, then back into
+    /// the working directory by name (the one it had is on the mount beneath, read-only
+    /// once the writable directories are put back over it). A private /proc gets its own
+    /// Landlock rule in `ruleset`: Landlock skips the mount points on its way up, so no
+    /// rule made before the mount reaches the new procfs.
+    fn apply(&self, ruleset: Option<&LandlockRuleset>) -> io::Result<()> {
+        let mut cwd = [0u8; PATH_MAX];
+        // SAFETY: getcwd writes at most `cwd.len()` bytes, NUL included, into our buffer.
+        let have_cwd = !unsafe { libc::getcwd(cwd.as_mut_ptr().cast(), cwd.len()) }.is_null();
         enter_mount_ns(self.ns, &self.uid_map, &self.gid_map)?;
         for step in &self.steps {
             match step {
+                MountStep::ReadOnlyRoot { writable, fallback } => {
+                    read_only_root(writable, fallback.as_deref())?;
+                }
                 MountStep::ReadOnly { path, keep } => {
                     mount(Some(path), path, None, libc::MS_BIND | libc::MS_REC, None)?;
-                    let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | keep;
+                    let flags =
+                        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | keep;
                     mount(None, path, None, flags, None)?;
                 }
                 MountStep::HideDir(path) => {
@@ -979,13 +1352,29 @@ impl MountPlan {
                 }
                 MountStep::PrivateProc => {
                     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                    let _ = mount(Some(PROC), PROC_DIR, Some(PROC), flags, Some(PROC_OPTIONS));
+                    let mounted =
+                        mount(Some(PROC), PROC_DIR, Some(PROC), flags, Some(PROC_OPTIONS)).is_ok();
+                    if let Some(ruleset) = ruleset.filter(|_| mounted) {
+                        ruleset.allow_fd_beneath(PROC_DIR, PROC_RIGHTS)?;
+                    }
                 }
+            }
+        }
+        if have_cwd {
+            // SAFETY: getcwd NUL-terminated the buffer.
+            if unsafe { libc::chdir(cwd.as_ptr().cast()) } != 0 {
+                return Err(io::Error::last_os_error());
             }
         }
         Ok(())
     }
 }
+
+/// The longest working directory a child re-enters after its mounts (linux/limits.h).
+const PATH_MAX: usize = 4096;
+
+/// What a command may do in its private /proc: read, as everywhere.
+const PROC_RIGHTS: u64 = landlock::EXECUTE | landlock::READ_FILE | landlock::READ_DIR;
 
 /// Which kind of mount namespace a child of ours can enter, tried in a throwaway child (a
 /// fork that only unshares and exits); `None` when neither works (no privilege and user
@@ -1284,7 +1673,7 @@ impl Confinement {
     /// forbids unmounting what the first step mounted), the seccomp filter.
     fn apply(&self) -> io::Result<()> {
         if let Some(mounts) = self.mounts.as_ref().filter(|m| !m.is_empty()) {
-            mounts.apply()?;
+            mounts.apply(self.landlock.as_ref())?;
         }
 
         // SAFETY: prctl with integer arguments only.
@@ -1444,6 +1833,62 @@ mod tests {
                 assert_eq!(run(0x4000_0000, [0; 6]), errno(libc::EPERM), "x32");
             }
         }
+    }
+
+    #[test]
+    fn placeholders_are_made_and_removed_through_no_symlink() {
+        let root = std::env::temp_dir().join(format!("caliban-empty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        let root = root.canonicalize().unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+        // A directory swapped for a symlink leads nowhere.
+        assert!(make_empty(&root.join("link/.caliban"), true).is_err());
+        assert!(make_empty(&root.join("link/.mcp.json"), false).is_err());
+        assert!(
+            std::fs::read_dir(root.join("real"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
+        make_empty(&root.join("real/.caliban"), true).unwrap();
+        make_empty(&root.join("real/.mcp.json"), false).unwrap();
+        let again = make_empty(&root.join("real/.mcp.json"), false);
+        assert_eq!(again.unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        std::fs::write(root.join("real/.mcp.json"), "{}").unwrap();
+        // What someone filled stays; what is empty goes.
+        remove_if_empty(&root.join("real/.mcp.json")).unwrap();
+        remove_if_empty(&root.join("real/.caliban")).unwrap();
+        assert!(root.join("real/.mcp.json").exists());
+        assert!(!root.join("real/.caliban").exists());
+        assert!(remove_if_empty(&root.join("link/.mcp.json")).is_err());
+        assert!(root.join("real/.mcp.json").exists());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn mount_points_come_with_their_flags_and_leave_the_writable_trees_out() {
+        let mountinfo = "\
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+24 27 0:6 / /dev rw,nosuid,noexec,relatime - devtmpfs devtmpfs rw
+30 27 0:27 / /tmp rw,nosuid,nodev - tmpfs tmpfs rw
+31 30 0:28 / /tmp/ws/vol rw,noatime - tmpfs tmpfs rw
+32 27 0:29 / /mnt/a\\040b ro,nodev - tmpfs tmpfs ro
+33 27 0:30 / /tmpfoo rw - tmpfs tmpfs rw
+";
+        let writable = [c"/tmp".to_owned()];
+        let points = mount_points(mountinfo, &writable);
+        let named: Vec<(&[u8], libc::c_ulong)> =
+            points.iter().map(|(p, f)| (p.to_bytes(), *f)).collect();
+        assert_eq!(
+            named,
+            [
+                (&b"/"[..], libc::MS_RELATIME),
+                (b"/dev", libc::MS_NOEXEC | libc::MS_RELATIME),
+                (b"/mnt/a b", libc::MS_NODEV),
+                (b"/tmpfoo", 0),
+            ]
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The sandbox on the real kernel: every mode's writes, the deny list, the network, what a
-//! command's descendants inherit, the `core.fsmonitor` escalation, the prompt to run a
+//! command's descendants inherit, metadata outside the writable directories (the read-only
+//! root), the protected files a workspace lacks (placeholders, and their reference count
+//! across a background shell), the `core.fsmonitor` escalation, the prompt to run a
 //! refused call outside the sandbox, background shells (confined as foreground commands),
 //! `MultiEdit` (held to the file tools' policy), `WebFetch` (not a command, so not
 //! confined), and what happens where Landlock is missing (simulated with
@@ -83,8 +85,23 @@ fn print_script_run(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Output, std::collections::HashMap<String, String>) {
+    print_script_run_as(ws, script, args, env, None)
+}
+
+/// `print_script_run` with caliban run as `user` (`ordinary_user`) if given; the workspace
+/// must be theirs.
+fn print_script_run_as(
+    ws: &Workspace,
+    script: &Value,
+    args: &[&str],
+    env: &[(&str, &str)],
+    user: Option<(u32, u32)>,
+) -> (Output, std::collections::HashMap<String, String>) {
     let stub = Stub::start(ws, script);
     let mut cmd = caliban(ws);
+    if let Some(user) = user {
+        as_user(&mut cmd, user);
+    }
     anthropic(&mut cmd, &stub);
     cmd.args(["-p", "go", "--output-format", "stream-json"])
         .args(["--allow", "Bash", "--allow", "Write", "--allow", "Edit"])
@@ -163,7 +180,11 @@ fn workspace_write_writes_inside_the_workspace_and_temp_dirs_only() {
         outside.display("f.txt"),
         path_str(&ws.root)
     );
-    assert!(texts[1].contains("Permission denied"), "{}", texts[1]);
+    assert!(
+        texts[1].contains("Read-only file system") || texts[1].contains("Permission denied"),
+        "{}",
+        texts[1]
+    );
     assert!(texts[1].contains(&expected), "{}", texts[1]);
     assert!(texts[2].ends_with("[exit code: 0]"), "{}", texts[2]);
     // The print run's session file says the same as its init frame.
@@ -517,7 +538,10 @@ fn a_background_shell_is_confined_like_a_foreground_command() {
     );
     // Its output explains the refusal as a foreground command's result does.
     let read = &results["read"];
-    assert!(read.contains("Permission denied"), "{read}");
+    assert!(
+        read.contains("Read-only file system") || read.contains("Permission denied"),
+        "{read}"
+    );
     let expected = format!(
         "[sandbox: write to {} blocked by the sandbox (workspace-write)",
         outside.display("bg.txt")
@@ -822,9 +846,31 @@ fn sandbox_check_reports_and_tests_the_machine() {
         "deny list:       ~/.ssh, ",
         "protected:       .git/, .caliban/",
         "self-test:       ok",
+        "read-only root:  every mount read-only and nosuid but the writable directories",
+        "landlock fences: the deny list outside the writable directories",
+        "placeholders:    a missing protected entry is made empty and bound read-only",
+        "probe read-only root:  ok",
+        "probe landlock fences: ok",
+        "probe placeholders:    ok",
     ] {
         assert!(out.stdout.contains(line), "{line}: {out:?}");
     }
+    // Without a mount namespace: what Landlock alone cannot do, said as such.
+    let mut cmd = caliban(&ws);
+    cmd.args(["sandbox", "check"])
+        .env("CALIBAN_SANDBOX_NO_MOUNTNS", "1");
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for line in [
+        "read-only root:  no: without a mount namespace nothing stops chmod, chown, utimes, \
+         setxattr or chattr on files outside the writable directories",
+        "landlock fences: the deny list and protected paths, the missing ones included",
+        "self-test:       ok",
+        "probe placeholders:    ok",
+    ] {
+        assert!(out.stdout.contains(line), "{line}: {out:?}");
+    }
+    assert!(!out.stdout.contains("FAILED"), "{out:?}");
     let mut cmd = caliban(&ws);
     cmd.args(["sandbox", "check"])
         .env("CALIBAN_SANDBOX_NO_LANDLOCK", "1");
@@ -834,4 +880,272 @@ fn sandbox_check_reports_and_tests_the_machine() {
         out.stdout.contains("NOT enforced: commands run unconfined"),
         "{out:?}"
     );
+}
+
+/// Root, and the ordinary user where the suite runs as root (who gets the user-namespace
+/// path, having no privilege).
+fn users() -> Vec<Option<(u32, u32)>> {
+    std::iter::once(None)
+        .chain(ordinary_user().map(Some))
+        .collect()
+}
+
+fn chown_tree(path: &std::path::Path, (uid, gid): (u32, u32)) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid)).expect("chown");
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path).expect("read dir").flatten() {
+            chown_tree(&entry.path(), (uid, gid));
+        }
+    }
+}
+
+fn xattr_of(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import os, sys; print(os.listxattr(sys.argv[1]))")
+        .arg(path)
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn file_flags(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("lsattr")
+        .arg("-d")
+        .arg(path)
+        .output()
+        .expect("lsattr");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn metadata_outside_every_writable_directory_cannot_change() {
+    metadata_cannot_change(&[]);
+}
+
+#[test]
+fn before_mount_setattr_a_remount_per_mount_keeps_metadata_as_well() {
+    metadata_cannot_change(&[("CALIBAN_SANDBOX_NO_MOUNT_SETATTR", "1")]);
+}
+
+/// chmod (setuid too), chown, utimes, setxattr and chattr on a file outside every
+/// writable directory fail as read-only, as root and as the ordinary user (its owner);
+/// the workspace, /tmp and /dev/null still take writes.
+fn metadata_cannot_change(env: &[(&str, &str)]) {
+    use std::os::unix::fs::MetadataExt;
+    for user in users() {
+        let ws = Workspace::new("sbx-meta");
+        let outside = Outside::new("meta");
+        let file = outside.path("f");
+        std::fs::write(&file, "f\n").unwrap();
+        if let Some(user) = user {
+            ws.give_to(user);
+            chown_tree(&outside.0, user);
+        }
+        let before = std::fs::metadata(&file).unwrap();
+        let f = outside.display("f");
+        // As the file's owner, each of these works without the sandbox; root's chown and
+        // `chattr +i` need no ownership at all.
+        let chown = match user {
+            None => format!("chown 4242 {f}"),
+            Some((uid, gid)) => format!("chown {uid}:{gid} {f}"),
+        };
+        let chattr = match user {
+            None => format!("chattr +i {f}"),
+            Some(_) => format!("chattr +A {f}"),
+        };
+        let tmp = format!("/tmp/caliban-sbx-meta-{}", std::process::id());
+        let calls = vec![
+            bash_call("chmod", &format!("chmod u+s,a+w {f}")),
+            bash_call("chown", &chown),
+            bash_call("touch", &format!("touch -d 2001-01-01 {f}")),
+            bash_call(
+                "xattr",
+                &format!("python3 -c \"import os; os.setxattr('{f}', 'user.x', b'1')\""),
+            ),
+            bash_call("chattr", &chattr),
+            bash_call(
+                "inside",
+                &format!(
+                    "echo in > in.txt && chmod 600 in.txt && touch -d 2001-01-01 in.txt && \
+                     echo t > {tmp} && chmod 600 {tmp} && echo x > /dev/null && \
+                     stat -c %a in.txt {tmp}; rm -f {tmp}"
+                ),
+            ),
+        ];
+        let (out, results) = print_script_run_as(&ws, &script(calls), &[], env, user);
+        assert_eq!(init_frame(&out)["sandbox"]["enforced"], true, "{out:?}");
+        for id in ["chmod", "chown", "touch", "xattr", "chattr"] {
+            let text = &results[id];
+            assert!(
+                text.contains("Read-only file system"),
+                "{user:?} {id}: {text}"
+            );
+        }
+        let after = std::fs::metadata(&file).unwrap();
+        assert_eq!(after.mode(), before.mode(), "{user:?}: chmod got through");
+        assert_eq!(after.uid(), before.uid(), "{user:?}: chown got through");
+        assert_eq!(after.mtime(), before.mtime(), "{user:?}: touch got through");
+        assert_eq!(xattr_of(&file), "[]", "{user:?}: setxattr got through");
+        assert!(
+            !file_flags(&file).contains(['i', 'A']),
+            "{user:?}: chattr got through"
+        );
+        let inside = &results["inside"];
+        assert!(
+            inside.starts_with("600\n600\n[exit code: 0]"),
+            "{user:?}: {inside}"
+        );
+    }
+}
+
+/// Commands that make the protected entries a workspace does not have yet.
+fn make_missing_protected(id: &str) -> Vec<Value> {
+    vec![
+        bash_call(
+            &format!("{id}-caliban"),
+            "mkdir -p .caliban && echo '{\"permissions\":{\"allow\":[\"Bash\"]}}' > \
+             .caliban/settings.json",
+        ),
+        bash_call(&format!("{id}-mcp"), "echo {} > .mcp.json"),
+        bash_call(&format!("{id}-claude"), "mkdir .claude"),
+        bash_call(
+            &format!("{id}-vscode"),
+            "mkdir -p .vscode && echo {} > .vscode/tasks.json",
+        ),
+        bash_call(&format!("{id}-new"), "touch new-file && echo made"),
+    ]
+}
+
+fn assert_no_protected_made(
+    ws: &Workspace,
+    results: &std::collections::HashMap<String, String>,
+    id: &str,
+    how: &str,
+) {
+    for entry in [".caliban", ".mcp.json", ".claude", ".vscode"] {
+        assert!(
+            ws.path(entry).symlink_metadata().is_err(),
+            "{how}: {entry} was made or left behind: {results:?}"
+        );
+    }
+    for call in ["caliban", "mcp", "claude", "vscode"] {
+        let text = &results[&format!("{id}-{call}")];
+        assert!(!text.contains("[exit code: 0]"), "{how}: {call}: {text}");
+    }
+}
+
+#[test]
+fn commands_cannot_create_the_protected_files_a_workspace_lacks() {
+    for user in users() {
+        let ws = Workspace::new("sbx-missing");
+        if let Some(user) = user {
+            ws.give_to(user);
+        }
+        let (out, results) =
+            print_script_run_as(&ws, &script(make_missing_protected("m")), &[], &[], user);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let how = format!("mount namespace, {user:?}");
+        assert_no_protected_made(&ws, &results, "m", &how);
+        assert!(
+            results["m-caliban"].contains("Read-only file system"),
+            "{}",
+            results["m-caliban"]
+        );
+        assert!(
+            results["m-caliban"].contains(".caliban is a protected path"),
+            "{}",
+            results["m-caliban"]
+        );
+        // A new file beside them is still the command's to make.
+        assert!(
+            results["m-new"].starts_with("made\n"),
+            "{how}: {}",
+            results["m-new"]
+        );
+        assert!(ws.path("new-file").exists());
+    }
+    // Landlock alone keeps them from being made by granting the root entry by entry.
+    let ws = Workspace::new("sbx-missing-nomnt");
+    let env = [("CALIBAN_SANDBOX_NO_MOUNTNS", "1")];
+    let (_, results) = print_run(&ws, make_missing_protected("l"), &[], &env);
+    assert_no_protected_made(&ws, &results, "l", "Landlock alone");
+    assert!(!ws.path("new-file").exists());
+    assert!(
+        results["l-new"].contains("without a mount namespace"),
+        "{}",
+        results["l-new"]
+    );
+}
+
+#[test]
+fn a_placeholder_stays_while_another_command_still_uses_it() {
+    let ws = Workspace::new("sbx-placeholder");
+    // The background shell tries once a foreground command has come and gone: had that
+    // command's end removed the placeholder, the shell's read-only bind of it would have
+    // gone with it (whatever a later command makes there is a plain directory to it).
+    let background = "touch started; while [ ! -e fg-done ]; do sleep 0.02; done; sleep 0.5; \
+                      mkdir -p .caliban && echo '{}' > .caliban/settings.json && echo WROTE; \
+                      touch bg-done";
+    let foreground = "while [ ! -e started ]; do sleep 0.02; done; ls -d .caliban; touch fg-done";
+    let script = json!({"turns": [
+        {"tool_calls": [{"id": "bg", "name": "Bash",
+                         "input": {"command": background, "background": true}}]},
+        {"tool_calls": [bash_call("fg", foreground)]},
+        {"tool_calls": [bash_call("wait", "while [ ! -e bg-done ]; do sleep 0.02; done")]},
+        {"tool_calls": [{"id": "read", "name": "BashOutput", "input": {"shell_id": "shell_1"}}]},
+        {"text": "done"},
+    ]});
+    let (out, results) = print_script_run(&ws, &script, &[], &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // The foreground command saw the placeholder the background shell holds.
+    assert!(results["fg"].starts_with(".caliban\n"), "{}", results["fg"]);
+    let read = &results["read"];
+    assert!(!read.contains("WROTE"), "{read}");
+    assert!(read.contains("Read-only file system"), "{read}");
+    assert!(
+        ws.path(".caliban/settings.json")
+            .symlink_metadata()
+            .is_err()
+    );
+    // Once the shell is over too, nothing is left behind.
+    assert!(
+        ws.path(".caliban").symlink_metadata().is_err(),
+        "placeholder left behind"
+    );
+}
+
+#[test]
+fn a_file_tool_still_may_not_write_a_missing_protected_file() {
+    let ws = Workspace::new("sbx-missing-tool");
+    let calls = vec![json!({"id": "w", "name": "Write", "input": {
+        "path": ".caliban/settings.json",
+        "content": "{\"permissions\":{\"allow\":[\"Bash\"]}}",
+    }})];
+    let (_, results) = print_run(&ws, calls, &[], &[]);
+    assert!(results["w"].contains("is protected"), "{}", results["w"]);
+    assert!(ws.path(".caliban").symlink_metadata().is_err());
+}
+
+#[test]
+fn a_background_shell_killed_at_the_end_of_the_run_leaves_no_placeholder() {
+    let ws = Workspace::new("sbx-placeholder-exit");
+    let script = json!({"turns": [
+        {"tool_calls": [{"id": "bg", "name": "Bash",
+                         "input": {"command": "sleep 30", "background": true}}]},
+        {"text": "done"},
+    ]});
+    let (out, _) = print_script_run(&ws, &script, &[], &[]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let left: Vec<String> = std::fs::read_dir(&ws.root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -440,7 +440,8 @@ pub fn parse_array(list: &[Value], origin: Origin) -> (Vec<ServerConfig>, Vec<St
     (out, warnings)
 }
 
-/// Reads a config file in the object form (`{"mcpServers": {…}}`). A missing file is `None`.
+/// Reads a config file in the object form (`{"mcpServers": {…}}`). A missing or empty file
+/// is `None`.
 pub fn read_file(
     path: &Path,
     origin: Origin,
@@ -461,6 +462,11 @@ pub fn read_file(
             "{} is larger than {MAX_CONFIG_BYTES} bytes",
             path.display()
         ));
+    }
+    if text.is_empty() {
+        // What the sandbox leaves while a command runs where `.mcp.json` was missing (an
+        // empty read-only placeholder) configures nothing, like the missing file.
+        return Ok(None);
     }
     let value: Value = serde_json::from_str(&text)
         .map_err(|e| format!("malformed MCP config {}: {e}", path.display()))?;
@@ -609,6 +615,17 @@ mod tests {
             "HOME" => Some("/home/u".into()),
             _ => None,
         }
+    }
+
+    #[test]
+    fn an_empty_mcp_json_configures_nothing_like_a_missing_one() {
+        let dir = std::env::temp_dir().join(format!("caliban-empty-mcp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(".mcp.json");
+        std::fs::write(&path, "").unwrap();
+        let read = read_file(&path, Origin::Project, &env);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(read, Ok(None)), "{read:?}");
     }
 
     #[test]

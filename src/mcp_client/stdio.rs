@@ -61,6 +61,8 @@ pub struct StdioConn {
     /// Bytes of the message being written, when the pipe filled mid-message.
     partial: Vec<u8>,
     reaped: bool,
+    /// What the sandbox made for the server to hold read-only, for as long as it lives.
+    _placeholders: crate::sandbox::Placeholders,
 }
 
 impl StdioConn {
@@ -79,7 +81,11 @@ impl StdioConn {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = reaper::spawn(&mut cmd, None, crate::sandbox::mcp_server(cwd)?)?;
+        let (confinement, placeholders) = match crate::sandbox::mcp_server(cwd)? {
+            Some(confined) => (Some(confined.confinement), confined.placeholders),
+            None => (None, crate::sandbox::Placeholders::default()),
+        };
+        let mut child = reaper::spawn(&mut cmd, None, confinement)?;
         let pgid = child.id();
         let pipes = (|| -> io::Result<(pipe::Sender, pipe::Receiver)> {
             let stdin = pipe::Sender::from(child.stdin.take().ok_or(io::ErrorKind::BrokenPipe)?);
@@ -106,6 +112,7 @@ impl StdioConn {
             lines: LineReader::default(),
             partial: Vec::new(),
             reaped: false,
+            _placeholders: placeholders,
         })
     }
 

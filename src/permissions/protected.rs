@@ -55,6 +55,11 @@ impl Protected {
         }
     }
 
+    /// Whether the entry itself is a directory (`.git/`), not a file.
+    pub(crate) fn is_dir(&self) -> bool {
+        matches!(self.shape, Shape::Dir(_))
+    }
+
     /// Where the entry sits below a directory that holds it, as a relative path
     /// (`.git`, `.vscode/tasks.json`), and the directory of a `FileIn` entry (`.vscode`),
     /// which the sandbox makes read-only when the file itself does not exist yet.

@@ -107,6 +107,9 @@ pub struct BashJob {
     /// The sandbox the command runs in (`None`: unconfined), and where, to explain a
     /// failure it caused.
     sandbox: Option<(Mode, PathBuf, PathBuf)>,
+    /// What the sandbox made for this command to hold read-only; removed (if unused and
+    /// empty) when the job is dropped, after its processes are gone.
+    _placeholders: sandbox::Placeholders,
 }
 
 /// `Bash` as offered to the model.
@@ -248,8 +251,12 @@ impl BashJob {
         if !Path::new(shell()).exists() {
             return Err(ToolOutput::error(NO_SHELL));
         }
-        let confinement = sandbox::prepare(mode, workspace, &cwd)
-            .map_err(|e| ToolOutput::error(format!("Bash: {e}")))?;
+        let (confinement, placeholders) = match sandbox::prepare(mode, workspace, &cwd)
+            .map_err(|e| ToolOutput::error(format!("Bash: {e}")))?
+        {
+            Some(confined) => (Some(confined.confinement), confined.placeholders),
+            None => (None, sandbox::Placeholders::default()),
+        };
         let mut cmd = Command::new(shell());
         cmd.arg("-c")
             .arg(&command)
@@ -302,6 +309,7 @@ impl BashJob {
             background,
             tag,
             sandbox,
+            _placeholders: placeholders,
         })
     }
 
