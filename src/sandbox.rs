@@ -481,6 +481,12 @@ pub fn announce(mode: Mode) {
     }
 }
 
+/// Protected entries a command may still make where they are missing: `git init` (and
+/// `cargo new`, `npm init` and kin, which run it) is how a project starts, and a `.git`
+/// only becomes read-only once it exists. Neither anchor holds a missing `.git` either
+/// (sandbox-runtime and Codex fence the git directories they find).
+const MADE_BY_COMMANDS: &[&str] = &[".git"];
+
 /// What one command's confinement covers, as paths.
 struct Plan {
     mode: Mode,
@@ -536,7 +542,7 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
                 continue;
             }
             let (rel, parent) = entry.on_disk();
-            let path = dir.join(rel);
+            let path = dir.join(&rel);
             let found = if path.symlink_metadata().is_ok() {
                 canonical(&path)
             } else if let Some(parent) = parent.map(|parent| dir.join(parent)) {
@@ -550,6 +556,8 @@ fn plan(mode: Mode, workspace: &Path, cwd: &Path) -> Plan {
                     }
                     None
                 }
+            } else if MADE_BY_COMMANDS.contains(&rel.as_str()) {
+                None
             } else {
                 missing.push((path, entry.is_dir()));
                 None

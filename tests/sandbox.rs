@@ -1021,6 +1021,31 @@ fn make_missing_protected(id: &str) -> Vec<Value> {
     ]
 }
 
+#[test]
+fn a_command_may_start_a_repository_where_there_is_none() {
+    // `.git` is protected once it exists, but `git init` (and `cargo new`, which runs it)
+    // must work in a workspace that has none: no placeholder is made for it.
+    let ws = Workspace::new("sbx-git-init");
+    let script = json!({"turns": [
+        {"tool_calls": [bash_call("init", "git init -q . && echo inited")]},
+        {"tool_calls": [bash_call("config", "git config core.fsmonitor 'touch pwned'")]},
+        {"text": "done"},
+    ]});
+    let (_, results) = print_script_run(&ws, &script, &[], &[]);
+    assert!(
+        results["init"].starts_with("inited\n"),
+        "{}",
+        results["init"]
+    );
+    assert!(ws.path(".git/HEAD").exists());
+    // The next command meets it read-only, like any `.git`.
+    assert!(
+        results["config"].contains("Read-only file system"),
+        "{}",
+        results["config"]
+    );
+}
+
 fn assert_no_protected_made(
     ws: &Workspace,
     results: &std::collections::HashMap<String, String>,
