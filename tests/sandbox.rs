@@ -83,6 +83,17 @@ fn print_script_run(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Output, std::collections::HashMap<String, String>) {
+    print_script_run_as(ws, script, args, env, None)
+}
+
+/// `print_script_run` with caliban run as `user` (`ordinary_user`) when given.
+fn print_script_run_as(
+    ws: &Workspace,
+    script: &Value,
+    args: &[&str],
+    env: &[(&str, &str)],
+    user: Option<(u32, u32)>,
+) -> (Output, std::collections::HashMap<String, String>) {
     let stub = Stub::start(ws, script);
     let mut cmd = caliban(ws);
     anthropic(&mut cmd, &stub);
@@ -91,6 +102,9 @@ fn print_script_run(
         .args(args);
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    if let Some(user) = user {
+        as_user(&mut cmd, user);
     }
     let out = run(cmd, "");
     let results = out
@@ -834,4 +848,126 @@ fn sandbox_check_reports_and_tests_the_machine() {
         out.stdout.contains("NOT enforced: commands run unconfined"),
         "{out:?}"
     );
+}
+
+/// Swaps each pair of names given with `renameat2(RENAME_EXCHANGE)` in a tight loop, from
+/// when it says `swap-ready` until `swap-stop` appears: a directory and a symlink to
+/// somewhere else trade places thousands of times a second.
+const SWAPPER: &str = r#"
+import ctypes, os, platform, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 316, "aarch64": 276}[platform.machine()]
+pairs = [(a.encode(), b.encode()) for a, b in zip(sys.argv[1::2], sys.argv[2::2])]
+open("swap-ready", "w").close()
+deadline = time.time() + 50
+while not os.path.exists("swap-stop") and time.time() < deadline:
+    for a, b in pairs:
+        libc.syscall(nr, -100, a, -100, b, 2)
+open("swap-done", "w").close()
+"#;
+
+/// Writes one turn of a race run makes into each swapped directory; three such turns make
+/// enough writes (600) that before the file tools held the tree by handle some always
+/// landed outside (15–21 of 240 in the attack).
+const RACE_WRITES_PER_TURN: usize = 100;
+const RACE_TURNS: usize = 3;
+
+/// A workspace-write run whose background shell swaps `race/d` with a symlink to a
+/// directory outside the workspace, and `hook/d` with one to `.git/hooks`, while the model
+/// writes hundreds of files into both `d`s. Returns how many files landed outside and in
+/// `.git/hooks`.
+fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize) {
+    let tag = if user.is_some() {
+        "race-user"
+    } else {
+        "race-root"
+    };
+    let ws = Workspace::new(tag);
+    let outside = Outside::new(tag);
+    ws.write("swap.py", SWAPPER);
+    ws.write(".git/config", "[core]\n");
+    ws.write(".git/hooks/README", "hooks\n");
+    std::fs::create_dir_all(ws.path("race/d")).unwrap();
+    std::fs::create_dir_all(ws.path("hook/d")).unwrap();
+    std::os::unix::fs::symlink(&outside.0, ws.path("race/l")).unwrap();
+    std::os::unix::fs::symlink(ws.path(".git/hooks"), ws.path("hook/l")).unwrap();
+    if let Some(user) = user {
+        ws.give_to(user);
+        std::os::unix::fs::chown(&outside.0, Some(user.0), Some(user.1)).unwrap();
+    }
+    let swap = "python3 swap.py race/d race/l hook/d hook/l";
+    let mut turns = vec![
+        json!({"tool_calls": [{"id": "bg", "name": "Bash",
+                               "input": {"command": swap, "background": true}}]}),
+        json!({"tool_calls": [bash_call(
+            "ready",
+            "for i in $(seq 500); do [ -e swap-ready ] && break; sleep 0.02; done; ls swap-ready"
+        )]}),
+    ];
+    for turn in 0..RACE_TURNS {
+        let calls: Vec<Value> = (0..RACE_WRITES_PER_TURN)
+            .flat_map(|i| {
+                ["race", "hook"].map(|dir| {
+                    json!({"id": format!("{dir}-{turn}-{i}"), "name": "Write",
+                           "input": {"path": format!("{dir}/d/f{turn}-{i}.sh"),
+                                     "content": "#!/bin/sh\necho pwned\n"}})
+                })
+            })
+            .collect();
+        turns.push(json!({ "tool_calls": calls }));
+    }
+    turns.push(json!({"tool_calls": [bash_call(
+        "stop",
+        "touch swap-stop; for i in $(seq 500); do [ -e swap-done ] && break; sleep 0.02; done"
+    )]}));
+    turns.push(json!({"text": "done"}));
+    let args = ["--sandbox", "workspace-write"];
+    let (out, results) = print_script_run_as(&ws, &json!({ "turns": turns }), &args, &[], user);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        results["ready"].contains("swap-ready"),
+        "{}",
+        results["ready"]
+    );
+    let count = |dir: &std::path::Path, skip: &[&str]| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| !skip.contains(&e.file_name().to_string_lossy().as_ref()))
+            .count()
+    };
+    let landed_outside = count(&outside.0, &[]);
+    let landed_in_hooks = count(&ws.path(".git/hooks"), &["README"]);
+    // The writes that were not refused landed in the real directories.
+    let inside = count(&ws.path("race/d"), &[]) + count(&ws.path("race/l"), &[]);
+    let written = results
+        .iter()
+        .filter(|(id, text)| id.starts_with("race-") && text.starts_with("→ Wrote"))
+        .count();
+    eprintln!(
+        "{tag}: {landed_outside} outside, {landed_in_hooks} in .git/hooks, {written} race \
+         writes reported done, {inside} files in race/"
+    );
+    (landed_outside, landed_in_hooks)
+}
+
+#[test]
+fn file_tools_cannot_be_raced_outside_the_workspace_or_into_git_hooks() {
+    // Write resolves the path once; the background shell swaps the directory for a symlink
+    // between that and the create and rename, which the file tools now make by handle,
+    // beneath the workspace, following no symlink.
+    let as_suite_user = file_tool_race(None);
+    let as_ordinary_user = ordinary_user().map(|user| file_tool_race(Some(user)));
+    assert_eq!(
+        as_suite_user,
+        (0, 0),
+        "(outside, in .git/hooks) as the suite's user"
+    );
+    if let Some(landed) = as_ordinary_user {
+        assert_eq!(
+            landed,
+            (0, 0),
+            "(outside, in .git/hooks) as an ordinary user"
+        );
+    }
 }

@@ -1,0 +1,509 @@
+//! Beneath-resolution for the file tools. A path is checked once by name (`tools::fs`'s
+//! rooting, the sandbox's `check_file_tool`, the permission policy), but a command the
+//! model started may run at the same time and swap any directory on the way for a symlink
+//! (`renameat2(RENAME_EXCHANGE)` in a loop). So every open, create, rename and unlink a file
+//! tool makes is relative to a handle opened from the workspace root, one component at a
+//! time, following no symlink (`sys::open_beneath`: openat2 with RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS, or openat with O_NOFOLLOW on kernels before
+//! 5.6, which for a single component is the same guarantee). What was checked by name is
+//! then what is opened: the names are the canonical ones the check saw, so a symlink found
+//! on the way now means the tree changed under the tool, and the call is refused.
+//!
+//! Names alone cannot see two things, so every handle is also compared by identity (device
+//! and inode) with the fenced files (`Fence`): a hard link to a protected file, or a
+//! directory the deny list names reached under another name (a workspace that is `$HOME`, a
+//! bind mount). The rule is agreement: a handle that is a fenced file must have been named
+//! as that file, so that the checks by name already judged it.
+
+use std::cell::OnceCell;
+use std::ffi::OsStr;
+use std::fs::{self, File, Metadata};
+use std::io::{self, Write as _};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::permissions::{PROTECTED, protected_path};
+use crate::sys::{self, OpenAs};
+
+/// Entries of a protected directory recorded by identity, so a hard link to one of them is
+/// known under another name. Protected directories hold few files (`.git`'s own are its
+/// config and hooks, which are listed by name); past this the rest are known by name only.
+const FENCE_MAX_ENTRIES: usize = 512;
+
+/// Entries of deny-listed directories looked at to find which file a hard-linked one is
+/// (`~/.ssh` and kin are small); looked at once per call, only when a file with more than one
+/// link is opened.
+const DENY_SCAN_MAX_ENTRIES: usize = 4096;
+
+/// Why a step beneath the workspace was refused; `at` is workspace-relative.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// A component is a symlink (the tree changed after the path was checked).
+    Symlink {
+        at: String,
+    },
+    /// A component on the way is not a directory.
+    NotDir {
+        at: String,
+    },
+    /// The handle is a fenced file reached under another name.
+    Fenced {
+        at: String,
+        what: String,
+    },
+    Io {
+        at: String,
+        err: io::Error,
+    },
+}
+
+impl Refusal {
+    /// The refusal for the model, for a call on `rel`.
+    pub(crate) fn message(&self, rel: &str) -> String {
+        match self {
+            Refusal::Symlink { at } => format!(
+                "`{at}` is a symlink now (it changed after `{rel}` was checked); file tools \
+                 do not follow symlinks there, so nothing was done; name the real path"
+            ),
+            Refusal::NotDir { at } => format!("`{at}` is not a directory"),
+            Refusal::Fenced { at, what } => format!(
+                "`{at}` is the same file as {what} under another name (a hard link, a \
+                 mount or a moved directory); refused, name {what} itself"
+            ),
+            Refusal::Io { at, err } => match err.kind() {
+                io::ErrorKind::NotFound => format!("`{at}` does not exist"),
+                io::ErrorKind::PermissionDenied => format!("permission denied for `{at}`"),
+                _ => format!("cannot access `{at}`: {err}"),
+            },
+        }
+    }
+
+    pub(crate) fn is_not_found(&self) -> bool {
+        matches!(self, Refusal::Io { err, .. } if err.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// What a fenced identity is.
+#[derive(Debug)]
+enum Fenced {
+    /// A protected path (`permissions::PROTECTED`) of the workspace; `shown` is its name.
+    Protected { shown: String },
+    /// A path on the sandbox's deny list, canonical.
+    Denied { real: PathBuf },
+}
+
+#[derive(Debug)]
+struct FenceEntry {
+    dev: u64,
+    ino: u64,
+    kind: Fenced,
+}
+
+/// The fenced files by identity, for one call.
+struct Fence {
+    entries: Vec<FenceEntry>,
+    /// The regular files below the deny list's directories, found once, the first time a
+    /// file with more than one link is opened.
+    denied_files: OnceCell<Vec<FenceEntry>>,
+    deny_dirs: Vec<PathBuf>,
+}
+
+impl Fence {
+    fn new(root: &Path, deny: &[PathBuf]) -> Fence {
+        let mut entries = Vec::new();
+        let mut budget = FENCE_MAX_ENTRIES;
+        for entry in PROTECTED {
+            let (on_disk, _) = entry.on_disk();
+            let path = root.join(&on_disk);
+            let Ok(meta) = path.symlink_metadata() else {
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                continue;
+            }
+            entries.push(identity(
+                &meta,
+                Fenced::Protected {
+                    shown: on_disk.clone(),
+                },
+            ));
+            if meta.is_dir() {
+                // `.git`'s objects are many and never edited in place; its config and hooks are
+                // what a hard link would be made to.
+                let dirs: Vec<PathBuf> = if on_disk == ".git" {
+                    vec![path.join("hooks"), path.join("info")]
+                } else {
+                    vec![path.clone()]
+                };
+                if on_disk == ".git" {
+                    for name in ["config", "HEAD", "index", "packed-refs"] {
+                        if let Ok(meta) = path.join(name).symlink_metadata() {
+                            entries.push(identity(
+                                &meta,
+                                Fenced::Protected {
+                                    shown: format!(".git/{name}"),
+                                },
+                            ));
+                        }
+                    }
+                }
+                for dir in dirs {
+                    let Ok(read) = fs::read_dir(&dir) else {
+                        continue;
+                    };
+                    for child in read.flatten() {
+                        if budget == 0 {
+                            break;
+                        }
+                        budget -= 1;
+                        if let Ok(meta) = child.path().symlink_metadata()
+                            && !meta.file_type().is_symlink()
+                        {
+                            let rel = child.path();
+                            let rel = rel.strip_prefix(root).unwrap_or(&rel);
+                            entries.push(identity(
+                                &meta,
+                                Fenced::Protected {
+                                    shown: rel.to_string_lossy().into_owned(),
+                                },
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        let mut deny_dirs = Vec::new();
+        for spelled in deny {
+            let Ok(real) = spelled.canonicalize() else {
+                continue;
+            };
+            let Ok(meta) = real.metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                deny_dirs.push(real.clone());
+            }
+            entries.push(identity(&meta, Fenced::Denied { real }));
+        }
+        Fence {
+            entries,
+            denied_files: OnceCell::new(),
+            deny_dirs,
+        }
+    }
+
+    /// Refuses `meta` (the handle opened for `rel`, workspace-relative, lexically `abs`) if
+    /// it is a fenced file that `rel` does not name.
+    fn check(&self, meta: &Metadata, rel: &str, abs: &Path) -> Result<(), Refusal> {
+        let found = self
+            .entries
+            .iter()
+            .find(|entry| entry.dev == meta.dev() && entry.ino == meta.ino());
+        let found = match found {
+            Some(found) => Some(found),
+            None if meta.is_file() && meta.nlink() > 1 => self
+                .denied_files()
+                .iter()
+                .find(|entry| entry.dev == meta.dev() && entry.ino == meta.ino()),
+            None => None,
+        };
+        let Some(found) = found else {
+            return Ok(());
+        };
+        let (agrees, what) = match &found.kind {
+            Fenced::Protected { shown } => (protected_path(rel).is_some(), format!("`{shown}`")),
+            Fenced::Denied { real } => (
+                abs.starts_with(real),
+                format!("{} (on the sandbox's deny list)", real.display()),
+            ),
+        };
+        if agrees {
+            Ok(())
+        } else {
+            Err(Refusal::Fenced {
+                at: rel.to_owned(),
+                what,
+            })
+        }
+    }
+
+    fn denied_files(&self) -> &[FenceEntry] {
+        self.denied_files.get_or_init(|| {
+            let mut found = Vec::new();
+            let mut budget = DENY_SCAN_MAX_ENTRIES;
+            let mut stack = self.deny_dirs.clone();
+            while let Some(dir) = stack.pop() {
+                let Ok(read) = fs::read_dir(&dir) else {
+                    continue;
+                };
+                for child in read.flatten() {
+                    if budget == 0 {
+                        return found;
+                    }
+                    budget -= 1;
+                    let path = child.path();
+                    let Ok(meta) = path.symlink_metadata() else {
+                        continue;
+                    };
+                    if meta.is_dir() {
+                        stack.push(path);
+                    } else if meta.is_file() {
+                        found.push(identity(&meta, Fenced::Denied { real: path }));
+                    }
+                }
+            }
+            found
+        })
+    }
+}
+
+fn identity(meta: &Metadata, kind: Fenced) -> FenceEntry {
+    FenceEntry {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        kind,
+    }
+}
+
+/// A handle on the workspace root and the fence for one file-tool call.
+pub(crate) struct Beneath {
+    root: PathBuf,
+    fd: OwnedFd,
+    fence: Fence,
+}
+
+/// An open directory beneath the workspace and its workspace-relative name (`.` for the
+/// root).
+pub(crate) struct Dir {
+    pub(crate) fd: OwnedFd,
+    pub(crate) rel: String,
+}
+
+impl Dir {
+    /// The workspace-relative name of `name` in this directory.
+    pub(crate) fn child_rel(&self, name: &OsStr) -> String {
+        let name = name.to_string_lossy();
+        if self.rel == "." {
+            name.into_owned()
+        } else {
+            format!("{}/{name}", self.rel)
+        }
+    }
+}
+
+impl Beneath {
+    /// Opens the canonical workspace `root`, fenced by the protected paths in it and by
+    /// `deny` (the sandbox's deny list).
+    pub(crate) fn open(root: &Path, deny: &[PathBuf]) -> Result<Beneath, String> {
+        let fd = File::open(root)
+            .map_err(|err| format!("the workspace {} is not accessible: {err}", root.display()))?;
+        Ok(Beneath {
+            root: root.to_path_buf(),
+            fd: fd.into(),
+            fence: Fence::new(root, deny),
+        })
+    }
+
+    /// Whether `meta` is on the sandbox's deny list (a listed path or a file below one),
+    /// whatever it was named: a walk enters and reads none of them.
+    pub(crate) fn is_denied(&self, meta: &Metadata) -> bool {
+        let same = |entry: &FenceEntry| entry.dev == meta.dev() && entry.ino == meta.ino();
+        self.fence
+            .entries
+            .iter()
+            .any(|entry| matches!(entry.kind, Fenced::Denied { .. }) && same(entry))
+            || (meta.is_file() && meta.nlink() > 1 && self.fence.denied_files().iter().any(same))
+    }
+
+    /// The lexical absolute path of workspace-relative `rel`.
+    pub(crate) fn path_of(&self, rel: &str) -> PathBuf {
+        if rel == "." {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        }
+    }
+
+    fn check(&self, meta: &Metadata, rel: &str) -> Result<(), Refusal> {
+        let abs = if rel == "." {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        };
+        self.fence.check(meta, rel, &abs)
+    }
+
+    /// Opens the directory `rel` (workspace-relative, `/`-separated, no `..`), one component
+    /// at a time; with `create`, missing directories are made on the way.
+    pub(crate) fn dir(&self, rel: &str, create: bool) -> Result<Dir, Refusal> {
+        let fd = self.fd.try_clone().map_err(|err| Refusal::Io {
+            at: ".".to_owned(),
+            err,
+        })?;
+        let mut dir = Dir {
+            fd,
+            rel: ".".to_owned(),
+        };
+        for part in Path::new(rel).components() {
+            match part {
+                Component::CurDir => {}
+                Component::Normal(name) => dir = self.child_dir(&dir, name, create)?,
+                _ => {
+                    return Err(Refusal::Io {
+                        at: rel.to_owned(),
+                        err: io::Error::from_raw_os_error(libc::EINVAL),
+                    });
+                }
+            }
+        }
+        Ok(dir)
+    }
+
+    /// Opens the directory `name` in `dir`, making it first if missing and `create`.
+    pub(crate) fn child_dir(&self, dir: &Dir, name: &OsStr, create: bool) -> Result<Dir, Refusal> {
+        let rel = dir.child_rel(name);
+        let fd = match sys::open_beneath(dir.fd.as_raw_fd(), Path::new(name), OpenAs::Dir) {
+            Err(err) if create && err.kind() == io::ErrorKind::NotFound => {
+                match sys::mkdir_beneath(dir.fd.as_raw_fd(), Path::new(name), 0o777) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(err) => return Err(Refusal::Io { at: rel, err }),
+                }
+                sys::open_beneath(dir.fd.as_raw_fd(), Path::new(name), OpenAs::Dir)
+            }
+            other => other,
+        };
+        let fd = fd.map_err(|err| self.explain(dir, name, rel.clone(), err))?;
+        let meta = File::from(fd.try_clone().map_err(|err| Refusal::Io {
+            at: rel.clone(),
+            err,
+        })?)
+        .metadata()
+        .map_err(|err| Refusal::Io {
+            at: rel.clone(),
+            err,
+        })?;
+        if !meta.is_dir() {
+            return Err(Refusal::NotDir { at: rel });
+        }
+        self.check(&meta, &rel)?;
+        Ok(Dir { fd, rel })
+    }
+
+    /// Why opening `name` in `dir` failed: ELOOP and ENOTDIR are a symlink or not a
+    /// directory, told apart by looking at the entry itself.
+    fn explain(&self, dir: &Dir, name: &OsStr, rel: String, err: io::Error) -> Refusal {
+        let code = err.raw_os_error();
+        if (code == Some(libc::ELOOP) || code == Some(libc::ENOTDIR))
+            && let Ok(meta) = self.entry_meta(dir, name)
+        {
+            if meta.file_type().is_symlink() {
+                return Refusal::Symlink { at: rel };
+            }
+            if code == Some(libc::ENOTDIR) {
+                return Refusal::NotDir { at: rel };
+            }
+        }
+        Refusal::Io { at: rel, err }
+    }
+
+    /// The entry `name` in `dir` itself (a symlink is not followed).
+    pub(crate) fn entry_meta(&self, dir: &Dir, name: &OsStr) -> io::Result<Metadata> {
+        let fd = sys::open_beneath(dir.fd.as_raw_fd(), Path::new(name), OpenAs::Entry)?;
+        File::from(fd).metadata()
+    }
+
+    /// What `name` in `dir` is now, if it exists: fenced, and refused if a symlink.
+    pub(crate) fn stat(&self, dir: &Dir, name: &OsStr) -> Result<Option<Metadata>, Refusal> {
+        let rel = dir.child_rel(name);
+        match self.entry_meta(dir, name) {
+            Ok(meta) if meta.file_type().is_symlink() => Err(Refusal::Symlink { at: rel }),
+            Ok(meta) => {
+                self.check(&meta, &rel)?;
+                Ok(Some(meta))
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(Refusal::Io { at: rel, err }),
+        }
+    }
+
+    /// Opens `name` in `dir` for reading (O_NONBLOCK, so a FIFO cannot hold the thread; the
+    /// caller refuses anything but a regular file by the metadata).
+    pub(crate) fn open_read(&self, dir: &Dir, name: &OsStr) -> Result<(File, Metadata), Refusal> {
+        let rel = dir.child_rel(name);
+        let fd = sys::open_beneath(dir.fd.as_raw_fd(), Path::new(name), OpenAs::Read)
+            .map_err(|err| self.explain(dir, name, rel.clone(), err))?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|err| Refusal::Io {
+            at: rel.clone(),
+            err,
+        })?;
+        self.check(&meta, &rel)?;
+        Ok((file, meta))
+    }
+
+    /// Replaces `name` in `dir` with `bytes` so readers see the old or the new content,
+    /// never a torn file: a temp file made with O_EXCL in the same directory handle, written,
+    /// given the replaced file's mode, fsynced, then renamed over within that handle.
+    pub(crate) fn replace(
+        &self,
+        dir: &Dir,
+        name: &OsStr,
+        bytes: &[u8],
+        existing: Option<&Metadata>,
+    ) -> io::Result<()> {
+        static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+        // A short fixed-shape name, so a long target name cannot push it past NAME_MAX.
+        let temp = format!(
+            ".caliban-write-{}-{}.tmp",
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let temp = Path::new(&temp);
+        let raw = dir.fd.as_raw_fd();
+        let fd = sys::open_beneath(raw, temp, OpenAs::CreateNew)?;
+        let res = (|| {
+            let mut file = File::from(fd);
+            file.write_all(bytes)?;
+            if let Some(meta) = existing {
+                file.set_permissions(meta.permissions())?;
+            }
+            file.sync_all()?;
+            drop(file);
+            sys::rename_beneath(raw, temp, Path::new(name))
+        })();
+        if res.is_err() {
+            let _ = sys::unlink_beneath(raw, temp);
+        }
+        res?;
+        // Sync the directory too so the rename survives a crash; the content is already
+        // safe, so a failure here is not worth failing the call for.
+        if let Ok(readable) = sys::open_dot(raw) {
+            let _ = File::from(readable).sync_all();
+        }
+        Ok(())
+    }
+
+    /// The entries of `dir`, at most `max`, and whether more were left.
+    pub(crate) fn entries(
+        &self,
+        dir: &Dir,
+        max: usize,
+    ) -> io::Result<(Vec<sys::DirEntryFd>, bool)> {
+        sys::read_dir_fd(dir.fd.as_raw_fd(), max)
+    }
+}
+
+/// `rel` (canonical, workspace-relative) split into its directory and last name; `None`
+/// for the workspace itself.
+pub(crate) fn split(rel: &str) -> Option<(&str, &OsStr)> {
+    if rel == "." || rel.is_empty() {
+        return None;
+    }
+    Some(match rel.rsplit_once('/') {
+        Some((parent, name)) => (parent, OsStr::new(name)),
+        None => (".", OsStr::new(rel)),
+    })
+}
