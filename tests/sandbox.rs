@@ -871,12 +871,16 @@ open("swap-done", "w").close()
 /// landed outside (15–21 of 240 in the attack).
 const RACE_WRITES_PER_TURN: usize = 100;
 const RACE_TURNS: usize = 3;
+/// `Read`s of `race/d/secret.txt` and `Grep`s of `race/` in each turn, which must never
+/// show the outside directory's file of the same name.
+const RACE_READS_PER_TURN: usize = 50;
 
 /// A workspace-write run whose background shell swaps `race/d` with a symlink to a
 /// directory outside the workspace, and `hook/d` with one to `.git/hooks`, while the model
-/// writes hundreds of files into both `d`s. Returns how many files landed outside and in
-/// `.git/hooks`.
-fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize) {
+/// writes hundreds of files into both `d`s and reads `race/d/secret.txt`, which outside
+/// has other content. Returns how many files landed outside and in `.git/hooks`, and how
+/// many reads showed the outside file.
+fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize, usize) {
     let tag = if user.is_some() {
         "race-user"
     } else {
@@ -887,7 +891,8 @@ fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize) {
     ws.write("swap.py", SWAPPER);
     ws.write(".git/config", "[core]\n");
     ws.write(".git/hooks/README", "hooks\n");
-    std::fs::create_dir_all(ws.path("race/d")).unwrap();
+    ws.write("race/d/secret.txt", "inside\n");
+    std::fs::write(outside.path("secret.txt"), "OUTSIDE-SECRET\n").unwrap();
     std::fs::create_dir_all(ws.path("hook/d")).unwrap();
     std::os::unix::fs::symlink(&outside.0, ws.path("race/l")).unwrap();
     std::os::unix::fs::symlink(ws.path(".git/hooks"), ws.path("hook/l")).unwrap();
@@ -913,6 +918,14 @@ fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize) {
                                      "content": "#!/bin/sh\necho pwned\n"}})
                 })
             })
+            .chain((0..RACE_READS_PER_TURN).flat_map(|i| {
+                [
+                    json!({"id": format!("read-{turn}-{i}"), "name": "Read",
+                           "input": {"path": "race/d/secret.txt"}}),
+                    json!({"id": format!("grep-{turn}-{i}"), "name": "Grep",
+                           "input": {"pattern": "SECRET", "path": "race"}}),
+                ]
+            }))
             .collect();
         turns.push(json!({ "tool_calls": calls }));
     }
@@ -936,38 +949,37 @@ fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize) {
             .filter(|e| !skip.contains(&e.file_name().to_string_lossy().as_ref()))
             .count()
     };
-    let landed_outside = count(&outside.0, &[]);
+    let landed_outside = count(&outside.0, &["secret.txt"]);
     let landed_in_hooks = count(&ws.path(".git/hooks"), &["README"]);
     // The writes that were not refused landed in the real directories.
-    let inside = count(&ws.path("race/d"), &[]) + count(&ws.path("race/l"), &[]);
+    let inside =
+        count(&ws.path("race/d"), &["secret.txt"]) + count(&ws.path("race/l"), &["secret.txt"]);
     let written = results
         .iter()
         .filter(|(id, text)| id.starts_with("race-") && text.starts_with("→ Wrote"))
         .count();
+    let leaked = results
+        .values()
+        .filter(|text| text.contains("OUTSIDE-SECRET"))
+        .count();
     eprintln!(
         "{tag}: {landed_outside} outside, {landed_in_hooks} in .git/hooks, {written} race \
-         writes reported done, {inside} files in race/"
+         writes reported done, {inside} files in race/, {leaked} reads showed the outside file"
     );
-    (landed_outside, landed_in_hooks)
+    (landed_outside, landed_in_hooks, leaked)
 }
 
 #[test]
 fn file_tools_cannot_be_raced_outside_the_workspace_or_into_git_hooks() {
-    // Write resolves the path once; the background shell swaps the directory for a symlink
-    // between that and the create and rename, which the file tools now make by handle,
-    // beneath the workspace, following no symlink.
+    // A file tool resolves the path once; the background shell swaps the directory for a
+    // symlink between that and the open, create and rename, which the file tools now make
+    // by handle, beneath the workspace, following no symlink (Read's open and Grep's walk
+    // too).
     let as_suite_user = file_tool_race(None);
     let as_ordinary_user = ordinary_user().map(|user| file_tool_race(Some(user)));
-    assert_eq!(
-        as_suite_user,
-        (0, 0),
-        "(outside, in .git/hooks) as the suite's user"
-    );
+    let what = "(writes outside, writes in .git/hooks, reads of the outside file)";
+    assert_eq!(as_suite_user, (0, 0, 0), "{what} as the suite's user");
     if let Some(landed) = as_ordinary_user {
-        assert_eq!(
-            landed,
-            (0, 0),
-            "(outside, in .git/hooks) as an ordinary user"
-        );
+        assert_eq!(landed, (0, 0, 0), "{what} as an ordinary user");
     }
 }
