@@ -1282,6 +1282,11 @@ pub enum OpenAs {
 /// and O_NOFOLLOW refuses it). A symlink gives ELOOP (or, with O_PATH, an fd to the link
 /// itself, which the caller's fstat sees). Every open is O_CLOEXEC and O_NOFOLLOW.
 pub fn open_beneath(dir: RawFd, name: &Path, how: OpenAs) -> io::Result<OwnedFd> {
+    open_one(dir, name, how, has_openat2())
+}
+
+/// `open_beneath` by openat2 or, without it, by openat with O_NOFOLLOW.
+fn open_one(dir: RawFd, name: &Path, how: OpenAs, openat2: bool) -> io::Result<OwnedFd> {
     let name = component(name)?;
     let (flags, mode) = match how {
         OpenAs::Dir => (libc::O_PATH | libc::O_DIRECTORY, 0),
@@ -1290,7 +1295,7 @@ pub fn open_beneath(dir: RawFd, name: &Path, how: OpenAs) -> io::Result<OwnedFd>
         OpenAs::CreateNew => (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666),
     };
     let flags = flags | libc::O_NOFOLLOW;
-    let rc = if has_openat2() {
+    let rc = if openat2 {
         openat2_raw(dir, &name, flags, mode)
     } else {
         // SAFETY: `name` is NUL-terminated and outlives the call.
@@ -1427,6 +1432,47 @@ pub fn open_dot(dir: RawFd) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_beneath_follows_no_symlink_with_openat2_or_without() {
+        let dir = std::env::temp_dir().join(format!("caliban-sys-beneath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("real")).unwrap();
+        std::fs::write(dir.join("real/f"), "x").unwrap();
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.join("real/f"), dir.join("flink")).unwrap();
+        let root = std::fs::File::open(&dir).unwrap();
+        let fd = root.as_raw_fd();
+        let ways: &[bool] = if has_openat2() {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        for &openat2 in ways {
+            assert!(open_one(fd, Path::new("real"), OpenAs::Dir, openat2).is_ok());
+            let err = |name: &str, how| {
+                open_one(fd, Path::new(name), how, openat2)
+                    .expect_err(name)
+                    .raw_os_error()
+            };
+            // A symlinked directory is never entered, a symlinked file never opened.
+            assert!(matches!(
+                err("link", OpenAs::Dir),
+                Some(libc::ELOOP | libc::ENOTDIR)
+            ));
+            assert_eq!(err("flink", OpenAs::Read), Some(libc::ELOOP));
+            assert_eq!(err("flink", OpenAs::CreateNew), Some(libc::EEXIST));
+            // Only single components: no `..`, no `/`, no absolute path.
+            for name in ["..", ".", "real/f", "/etc", ""] {
+                assert_eq!(err(name, OpenAs::Entry), Some(libc::EINVAL), "{name}");
+            }
+            // The entry itself is what O_PATH opens, the symlink included.
+            let link = open_one(fd, Path::new("link"), OpenAs::Entry, openat2).unwrap();
+            let meta = std::fs::File::from(link).metadata().unwrap();
+            assert!(meta.file_type().is_symlink());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn tcp_option(fd: RawFd, name: libc::c_int) -> libc::c_int {
         let mut value: libc::c_int = 0;

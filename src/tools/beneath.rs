@@ -346,10 +346,12 @@ impl Beneath {
             fd,
             rel: ".".to_owned(),
         };
+        // Every component is checked before any is made, so `a/../..` makes no `a`.
+        let mut names = Vec::new();
         for part in Path::new(rel).components() {
             match part {
                 Component::CurDir => {}
-                Component::Normal(name) => dir = self.child_dir(&dir, name, create)?,
+                Component::Normal(name) => names.push(name),
                 _ => {
                     return Err(Refusal::Io {
                         at: rel.to_owned(),
@@ -357,6 +359,9 @@ impl Beneath {
                     });
                 }
             }
+        }
+        for name in names {
+            dir = self.child_dir(&dir, name, create)?;
         }
         Ok(dir)
     }
@@ -506,4 +511,218 @@ pub(crate) fn split(rel: &str) -> Option<(&str, &OsStr)> {
         Some((parent, name)) => (parent, OsStr::new(name)),
         None => (".", OsStr::new(rel)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh workspace and an outside directory beside it, removed on drop.
+    struct Tree(PathBuf);
+
+    impl Tree {
+        fn new(tag: &str) -> Tree {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir()
+                .join(format!("caliban-beneath-{tag}-{}-{n}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(dir.join("ws")).unwrap();
+            fs::create_dir_all(dir.join("outside")).unwrap();
+            Tree(dir.canonicalize().unwrap())
+        }
+        fn ws(&self) -> PathBuf {
+            self.0.join("ws")
+        }
+        fn put(&self, rel: &str, text: &str) -> PathBuf {
+            let path = self.0.join(rel);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, text).unwrap();
+            path
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn read(held: &Beneath, rel: &str) -> Result<String, Refusal> {
+        let (dir, name) = split(rel).unwrap();
+        let dir = held.dir(dir, false)?;
+        let (mut file, _) = held.open_read(&dir, name)?;
+        let mut text = String::new();
+        io::Read::read_to_string(&mut file, &mut text).unwrap();
+        Ok(text)
+    }
+
+    #[test]
+    fn a_symlink_in_the_middle_or_at_the_end_is_refused() {
+        let tree = Tree::new("middle");
+        tree.put("ws/real/f.txt", "inside");
+        tree.put("outside/f.txt", "outside");
+        std::os::unix::fs::symlink(tree.ws().join("real"), tree.ws().join("in")).unwrap();
+        std::os::unix::fs::symlink(tree.0.join("outside"), tree.ws().join("out")).unwrap();
+        std::os::unix::fs::symlink(tree.ws().join("real/f.txt"), tree.ws().join("f.txt")).unwrap();
+        let held = Beneath::open(&tree.ws(), &[]).unwrap();
+        assert_eq!(read(&held, "real/f.txt").unwrap(), "inside");
+        for rel in ["in/f.txt", "out/f.txt", "f.txt"] {
+            let refusal = read(&held, rel).unwrap_err();
+            assert!(
+                matches!(refusal, Refusal::Symlink { .. }),
+                "{rel}: {refusal:?}"
+            );
+            let message = refusal.message(rel);
+            assert!(message.contains("is a symlink now"), "{message}");
+            assert!(
+                message.contains("file tools do not follow symlinks"),
+                "{message}"
+            );
+        }
+        // Nor is a directory made through one.
+        assert!(matches!(
+            held.dir("out/new", true),
+            Err(Refusal::Symlink { .. })
+        ));
+        assert!(!tree.0.join("outside/new").exists());
+    }
+
+    #[test]
+    fn dot_dot_and_absolute_paths_are_refused() {
+        let tree = Tree::new("dotdot");
+        tree.put("outside/f.txt", "outside");
+        let held = Beneath::open(&tree.ws(), &[]).unwrap();
+        for rel in [
+            "../outside",
+            "a/../../outside",
+            "/etc",
+            &tree.0.join("outside").display().to_string(),
+        ] {
+            assert!(held.dir(rel, true).is_err(), "{rel}");
+        }
+        assert!(!tree.ws().join("a").exists());
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_between_steps_is_not_followed() {
+        let tree = Tree::new("swap");
+        tree.put("ws/d/sub/f.txt", "inside");
+        tree.put("outside/sub/f.txt", "outside");
+        let held = Beneath::open(&tree.ws(), &[]).unwrap();
+        let d = held.dir("d", false).unwrap();
+        // After `d` is held, its `sub` becomes a symlink out: the next step refuses it.
+        fs::rename(tree.ws().join("d/sub"), tree.ws().join("d/sub-real")).unwrap();
+        std::os::unix::fs::symlink(tree.0.join("outside/sub"), tree.ws().join("d/sub")).unwrap();
+        assert!(matches!(
+            held.child_dir(&d, OsStr::new("sub"), false),
+            Err(Refusal::Symlink { .. })
+        ));
+        // And `d` itself swapped for a symlink after it was opened: what is written through
+        // the handle lands in the real directory, wherever it now is, never outside.
+        fs::rename(tree.ws().join("d"), tree.ws().join("d-real")).unwrap();
+        std::os::unix::fs::symlink(tree.0.join("outside"), tree.ws().join("d")).unwrap();
+        held.replace(&d, OsStr::new("new.txt"), b"by handle", None)
+            .unwrap();
+        assert_eq!(
+            fs::read_to_string(tree.ws().join("d-real/new.txt")).unwrap(),
+            "by handle"
+        );
+        assert!(!tree.0.join("outside/new.txt").exists());
+        // No temp file is left beside it.
+        let names: Vec<_> = fs::read_dir(tree.ws().join("d-real"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(names.len(), 3, "sub, sub-real and new.txt: {names:?}");
+    }
+
+    #[test]
+    fn a_hard_link_to_a_protected_or_denied_file_is_refused_under_another_name() {
+        let tree = Tree::new("hardlink");
+        tree.put("ws/.git/config", "[core]\n");
+        tree.put("ws/.git/hooks/pre-commit", "#!/bin/sh\n");
+        let key = tree.put("outside/home/.ssh/id_ed25519", "KEY");
+        fs::hard_link(tree.ws().join(".git/config"), tree.ws().join("notes.txt")).unwrap();
+        fs::hard_link(
+            tree.ws().join(".git/hooks/pre-commit"),
+            tree.ws().join("hook.sh"),
+        )
+        .unwrap();
+        fs::hard_link(&key, tree.ws().join("key.txt")).unwrap();
+        let deny = [tree.0.join("outside/home/.ssh")];
+        let held = Beneath::open(&tree.ws(), &deny).unwrap();
+        for (rel, what) in [
+            ("notes.txt", "`.git/config`"),
+            ("hook.sh", "`.git/hooks/pre-commit`"),
+            ("key.txt", "deny list"),
+        ] {
+            let refusal = read(&held, rel).unwrap_err();
+            let message = refusal.message(rel);
+            assert!(
+                matches!(refusal, Refusal::Fenced { .. }),
+                "{rel}: {message}"
+            );
+            assert!(message.contains(what), "{message}");
+            let root = held.dir(".", false).unwrap();
+            assert!(held.stat(&root, OsStr::new(rel)).is_err(), "{rel}");
+        }
+        // Named as itself, the protected file opens: the checks by name judged that.
+        assert_eq!(read(&held, ".git/config").unwrap(), "[core]\n");
+        let root = held.dir(".", false).unwrap();
+        let meta = held.entry_meta(&root, OsStr::new("key.txt")).unwrap();
+        assert!(held.is_denied(&meta));
+    }
+
+    #[test]
+    fn a_denied_directory_reached_by_another_name_is_refused() {
+        // A workspace that is the home directory: `.ssh` is below it, and named as itself
+        // the checks by name refuse it; entered under another name (a bind mount, here a
+        // directory moved to where the deny list points) the handle still says what it is.
+        let tree = Tree::new("denydir");
+        tree.put("ws/keys/id", "KEY");
+        let deny = [tree.ws().join("keys")];
+        let held = Beneath::open(&tree.ws(), &deny).unwrap();
+        assert!(
+            read(&held, "keys/id").is_ok(),
+            "named as itself: the check by name judges"
+        );
+        fs::rename(tree.ws().join("keys"), tree.ws().join("other")).unwrap();
+        let held_after = Beneath::open(&tree.ws(), &[tree.ws().join("other")]).unwrap();
+        fs::rename(tree.ws().join("other"), tree.ws().join("keys")).unwrap();
+        let refusal = read(&held_after, "keys/id").unwrap_err();
+        assert!(matches!(refusal, Refusal::Fenced { .. }), "{refusal:?}");
+    }
+
+    #[test]
+    fn write_parents_are_made_by_handle_and_modes_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let tree = Tree::new("parents");
+        let script = tree.put("ws/run.sh", "old");
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o751)).unwrap();
+        let held = Beneath::open(&tree.ws(), &[]).unwrap();
+        let dir = held.dir("a/b/c", true).unwrap();
+        assert_eq!(dir.rel, "a/b/c");
+        held.replace(&dir, OsStr::new("f"), b"new", None).unwrap();
+        assert_eq!(
+            fs::read_to_string(tree.ws().join("a/b/c/f")).unwrap(),
+            "new"
+        );
+        let root = held.dir(".", false).unwrap();
+        let existing = held.stat(&root, OsStr::new("run.sh")).unwrap();
+        held.replace(
+            &root,
+            OsStr::new("run.sh"),
+            b"#!/bin/sh\n",
+            existing.as_ref(),
+        )
+        .unwrap();
+        let mode = fs::metadata(&script).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o751);
+        // A file on the way is not a directory.
+        assert!(matches!(
+            held.dir("run.sh/x", true),
+            Err(Refusal::NotDir { .. })
+        ));
+    }
 }

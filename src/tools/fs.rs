@@ -3019,6 +3019,44 @@ mod tests {
     }
 
     #[test]
+    fn walks_skip_the_deny_list_and_never_enter_a_directory_swapped_mid_walk() {
+        let ws = TempDir::new();
+        let outside = TempDir::new();
+        ws.put("a.txt", "first");
+        ws.put("secrets/key", "KEY");
+        ws.put("sub/ok.txt", "fine");
+        outside.put("secret.txt", "OUTSIDE");
+        let key = outside.put("home/.ssh/id", "KEY");
+        fs::hard_link(&key, ws.0.join("linked-key")).expect("hard link");
+        let root = ws.path().canonicalize().expect("canonical");
+        let deny = [root.join("secrets"), outside.0.join("home/.ssh")];
+        let held = Beneath::open(&root, &deny).expect("held");
+        let mut seen = Vec::new();
+        walk(
+            &held,
+            held.dir(".", false).expect("root"),
+            100,
+            SymlinkedFiles::Include,
+            |entry| {
+                if entry.rel == "a.txt" {
+                    // `sub` was listed; now it becomes a symlink out of the workspace.
+                    fs::rename(root.join("sub"), root.join("sub-real")).expect("rename");
+                    std::os::unix::fs::symlink(&outside.0, root.join("sub")).expect("symlink");
+                }
+                seen.push(entry.rel.to_owned());
+                ControlFlow::Continue(())
+            },
+        );
+        assert!(seen.contains(&"a.txt".to_owned()), "{seen:?}");
+        for rel in &seen {
+            assert!(
+                !rel.contains("secret") && !rel.contains("key"),
+                "the walk reached {rel}: {seen:?}"
+            );
+        }
+    }
+
+    #[test]
     fn cap_output_bounds_every_result() {
         let short = "ok".to_owned();
         assert_eq!(cap_output(short.clone()), short);
