@@ -1250,12 +1250,18 @@ pub fn has_openat2() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let rc = openat2_raw(libc::AT_FDCWD, c".", libc::O_PATH | libc::O_DIRECTORY, 0);
-            let works = rc >= 0;
-            if works {
+            // An absolute name is refused beneath any directory (EXDEV) by a kernel that has
+            // openat2; one without it, or a seccomp profile that refuses it, says ENOSYS,
+            // EPERM, EINVAL or E2BIG. Nothing is opened either way.
+            let rc = openat2_raw(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0);
+            let works = if rc >= 0 {
+                // A kernel that opened it did not honour RESOLVE_BENEATH: do without.
                 // SAFETY: the probe's fd is ours and nothing else holds it.
                 drop(unsafe { OwnedFd::from_raw_fd(rc as RawFd) });
-            }
+                false
+            } else {
+                io::Error::last_os_error().raw_os_error() == Some(libc::EXDEV)
+            };
             OPENAT2_STATE.store(if works { 1 } else { 2 }, Ordering::Relaxed);
             works
         }
