@@ -983,3 +983,68 @@ fn file_tools_cannot_be_raced_outside_the_workspace_or_into_git_hooks() {
         assert_eq!(landed, (0, 0, 0), "{what} as an ordinary user");
     }
 }
+
+#[test]
+fn file_tools_stay_in_a_workspace_that_a_command_renamed_and_replaced_by_a_symlink() {
+    // A workspace in a temp dir, which commands may write: one renames the workspace away
+    // and puts a symlink to a directory outside in its place. The file tools hold the
+    // directory the run started in, so the next Write neither follows the new symlink nor
+    // lands outside.
+    workspace_swap(None);
+    if let Some(user) = ordinary_user() {
+        workspace_swap(Some(user));
+    }
+}
+
+fn workspace_swap(user: Option<(u32, u32)>) {
+    let parent = std::path::Path::new("/tmp").join(format!(
+        "caliban-ws-swap-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(parent.join("ws/home")).unwrap();
+    let ws = Workspace {
+        root: parent.join("ws").canonicalize().unwrap(),
+    };
+    let outside = Outside::new("ws-swap");
+    if let Some(user) = user {
+        ws.give_to(user);
+        std::os::unix::fs::chown(&parent, Some(user.0), Some(user.1)).unwrap();
+        std::os::unix::fs::chown(&outside.0, Some(user.0), Some(user.1)).unwrap();
+    }
+    let swap = format!(
+        "cd .. && mv ws moved && ln -s {} ws && echo swapped",
+        outside.0.display()
+    );
+    let script = json!({"turns": [
+        {"tool_calls": [bash_call("swap", &swap)]},
+        {"tool_calls": [{"id": "w", "name": "Write",
+                         "input": {"path": "pwned.txt", "content": "x\n"}}]},
+        {"text": "done"},
+    ]});
+    let args = ["--sandbox", "workspace-write"];
+    let (_, results) = print_script_run_as(&ws, &script, &args, &[], user);
+    let landed = outside.path("pwned.txt").exists();
+    let _ = std::fs::remove_dir_all(&parent);
+    let who = if user.is_some() {
+        "an ordinary user"
+    } else {
+        "the suite's user"
+    };
+    assert!(
+        results["swap"].contains("swapped"),
+        "as {who}: {}",
+        results["swap"]
+    );
+    assert!(
+        !landed,
+        "as {who}, the Write followed the swapped workspace: {}",
+        results["w"]
+    );
+    assert!(
+        results["w"].contains("no longer the directory the run started in"),
+        "as {who}: {}",
+        results["w"]
+    );
+}

@@ -22,6 +22,7 @@ use std::io::{self, Write as _};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::permissions::{PROTECTED, protected_path};
@@ -267,6 +268,54 @@ fn identity(meta: &Metadata, kind: Fenced) -> FenceEntry {
     }
 }
 
+/// Each workspace's directory by identity (device, inode) as a run starting in it found it
+/// (`pin`), keyed by the path runs name it by.
+static PINNED: Mutex<Vec<(PathBuf, u64, u64)>> = Mutex::new(Vec::new());
+
+/// Most workspaces remembered; a long-lived server past it forgets the oldest, whose next
+/// run pins it again.
+const MAX_PINNED: usize = 256;
+
+/// Records what `workspace` is now, as a run starts in it: the file tools then refuse a
+/// workspace path that has become another directory (renamed away and replaced by a
+/// symlink, which a command may do to a workspace in a directory it can write).
+pub(crate) fn pin(workspace: &Path) {
+    let Ok(meta) = fs::metadata(workspace) else {
+        return;
+    };
+    let mut pinned = PINNED.lock().unwrap_or_else(|poison| poison.into_inner());
+    pinned.retain(|(path, _, _)| path != workspace);
+    if pinned.len() >= MAX_PINNED {
+        pinned.remove(0);
+    }
+    pinned.push((workspace.to_path_buf(), meta.dev(), meta.ino()));
+}
+
+/// Refuses `fd`, just opened for `workspace`, if a run pinned that path to another
+/// directory.
+fn check_pinned(workspace: &Path, root: &Path, file: &File) -> Result<(), String> {
+    let pinned = PINNED.lock().unwrap_or_else(|poison| poison.into_inner());
+    let Some(&(_, dev, ino)) = pinned
+        .iter()
+        .find(|(path, _, _)| path == workspace || path == root)
+    else {
+        return Ok(());
+    };
+    drop(pinned);
+    let meta = file
+        .metadata()
+        .map_err(|err| format!("the workspace {} is not accessible: {err}", root.display()))?;
+    if (meta.dev(), meta.ino()) == (dev, ino) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the workspace {} is no longer the directory the run started in (it was moved \
+             or replaced, perhaps by a symlink); file tools refuse to work in it",
+            workspace.display()
+        ))
+    }
+}
+
 /// A handle on the workspace root and the fence for one file-tool call.
 pub(crate) struct Beneath {
     root: PathBuf,
@@ -296,9 +345,20 @@ impl Dir {
 impl Beneath {
     /// Opens the canonical workspace `root`, fenced by the protected paths in it and by
     /// `deny` (the sandbox's deny list).
+    #[cfg(test)]
     pub(crate) fn open(root: &Path, deny: &[PathBuf]) -> Result<Beneath, String> {
+        Beneath::open_as(root, root, deny)
+    }
+
+    /// `open` of the canonical `root` of the workspace a run names `workspace`.
+    pub(crate) fn open_as(
+        workspace: &Path,
+        root: &Path,
+        deny: &[PathBuf],
+    ) -> Result<Beneath, String> {
         let fd = File::open(root)
             .map_err(|err| format!("the workspace {} is not accessible: {err}", root.display()))?;
+        check_pinned(workspace, root, &fd)?;
         Ok(Beneath {
             root: root.to_path_buf(),
             fd: fd.into(),
@@ -692,6 +752,25 @@ mod tests {
         fs::rename(tree.ws().join("other"), tree.ws().join("keys")).unwrap();
         let refusal = read(&held_after, "keys/id").unwrap_err();
         assert!(matches!(refusal, Refusal::Fenced { .. }), "{refusal:?}");
+    }
+
+    #[test]
+    fn a_workspace_replaced_by_a_symlink_after_its_run_started_is_refused() {
+        let tree = Tree::new("pinned");
+        tree.put("outside/home/.bashrc", "rc");
+        pin(&tree.ws());
+        assert!(Beneath::open_as(&tree.ws(), &tree.ws(), &[]).is_ok());
+        fs::rename(tree.ws(), tree.0.join("ws-moved")).unwrap();
+        std::os::unix::fs::symlink(tree.0.join("outside/home"), tree.ws()).unwrap();
+        // What the tools canonicalise the workspace path to now is the home directory.
+        let now = tree.ws().canonicalize().unwrap();
+        let err = Beneath::open_as(&tree.ws(), &now, &[])
+            .err()
+            .expect("refused");
+        assert!(
+            err.contains("no longer the directory the run started in"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1641,6 +1641,8 @@ fn refusal(name: &str) -> impl Fn(String) -> ToolOutput + Copy {
 /// A path the model named, resolved inside the workspace.
 #[derive(Debug)]
 struct Resolved {
+    /// The workspace as the run names it.
+    workspace: PathBuf,
     /// The canonical workspace.
     root: PathBuf,
     /// Absolute, with every existing component canonicalised.
@@ -1735,6 +1737,7 @@ fn resolve(workspace: &Path, raw: &str) -> Result<Resolved, String> {
         .collect::<Vec<_>>()
         .join("/");
     Ok(Resolved {
+        workspace: workspace.to_path_buf(),
         root,
         abs,
         rel,
@@ -1871,7 +1874,11 @@ fn load_from(
 
 /// The held workspace for one call on `target`, fenced by the sandbox's deny list.
 fn open_beneath(target: &Resolved) -> Result<Beneath, String> {
-    Beneath::open(&target.root, &crate::sandbox::config().deny)
+    Beneath::open_as(
+        &target.workspace,
+        &target.root,
+        &crate::sandbox::config().deny,
+    )
 }
 
 /// Opens `target` for reading through `held`: the file, its metadata and the directory
