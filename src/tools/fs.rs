@@ -8,11 +8,18 @@
 //! relative paths resolve against it, absolute paths must point inside it, and a `..` or a
 //! symlink that leads out is refused. Results name files relative to the workspace.
 //!
+//! A symlink inside the workspace that stays inside is resolved once, when the path is
+//! rooted (`resolve`), and every check judges the resolved name; the work is then done by
+//! handle on that name (`tools::beneath`), one component at a time, following no symlink,
+//! so a command that swaps a directory for a symlink meanwhile gets the call refused, never
+//! redirected.
+//!
 //! Failures are returned to the model as error results (`ToolOutput::error`), never logged
 //! and never panicked on. This module must not know about the reactor, permission rules or
 //! surfaces: by the time a `run_*` is called the caller has decided the call may go ahead.
 //! The one thing it asks the policy is which paths are protected, because only here are
-//! symlinks resolved (`resolve_for_edit`).
+//! symlinks resolved (`resolve_for_edit`), and, for `tools::beneath`'s check by identity,
+//! the sandbox's deny list.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
