@@ -712,6 +712,10 @@ impl RunSlot {
     }
 
     fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>, mcp_all: bool) -> RunSlot {
+        // The file tools hold this directory from now on, so a command that later renames
+        // it and puts a symlink in its place (a workspace in a temp dir it may write) does
+        // not move them with it.
+        crate::tools::beneath::pin(&workspace);
         RunSlot {
             run,
             workspace,

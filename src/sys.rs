@@ -1711,9 +1711,283 @@ pub fn confine(cmd: &mut Command, confinement: Confinement) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Beneath-resolution for the file tools: every open, create, rename and unlink a file tool
+// makes is relative to a directory handle, one component at a time, so a symlink swapped in
+// by a command at any moment cannot redirect it (`tools::beneath`).
+
+/// `struct open_how` of openat2(2) (Linux 5.6+), laid out as the kernel reads it.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// openat2's `resolve` bits we use: stay beneath the directory handle, follow no symlink,
+/// and no `/proc` magic link either.
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// Whether openat2 works here: 0 not probed yet, 1 yes, 2 no (older kernel, or a seccomp
+/// profile that refuses it).
+static OPENAT2_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn openat2_raw(dir: RawFd, name: &std::ffi::CStr, flags: libc::c_int, mode: u32) -> libc::c_long {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u32 as u64,
+        mode: u64::from(mode),
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `name` is NUL-terminated and `how` is a live `open_how` of the size passed;
+    // the kernel only reads both during the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            name.as_ptr(),
+            &raw const how,
+            std::mem::size_of::<OpenHow>(),
+        )
+    }
+}
+
+/// Whether this kernel has openat2 with the resolve flags above; probed once.
+pub fn has_openat2() -> bool {
+    match OPENAT2_STATE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            // An absolute name is refused beneath any directory (EXDEV) by a kernel that has
+            // openat2; one without it, or a seccomp profile that refuses it, says ENOSYS,
+            // EPERM, EINVAL or E2BIG. Nothing is opened either way.
+            let rc = openat2_raw(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0);
+            let works = if rc >= 0 {
+                // A kernel that opened it did not honour RESOLVE_BENEATH: do without.
+                // SAFETY: the probe's fd is ours and nothing else holds it.
+                drop(unsafe { OwnedFd::from_raw_fd(rc as RawFd) });
+                false
+            } else {
+                io::Error::last_os_error().raw_os_error() == Some(libc::EXDEV)
+            };
+            OPENAT2_STATE.store(if works { 1 } else { 2 }, Ordering::Relaxed);
+            works
+        }
+    }
+}
+
+/// What `open_beneath` opens a name as.
+#[derive(Clone, Copy, Debug)]
+pub enum OpenAs {
+    /// A directory handle (O_PATH): to open beneath, fstat, mkdir and rename in.
+    Dir,
+    /// The entry itself, whatever it is, a symlink included (O_PATH): for fstat.
+    Entry,
+    /// For reading, O_NONBLOCK so a FIFO cannot hold the thread in open.
+    Read,
+    /// A new file for writing (O_CREAT | O_EXCL, mode 0666 less the umask).
+    CreateNew,
+}
+
+/// Opens the single path component `name` (no `/`, not `.` or `..`) in the directory `dir`,
+/// following no symlink: openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS where the kernel has it (5.6+), else openat with O_NOFOLLOW, which
+/// for one component is the same guarantee (the only link it could follow is the last one,
+/// and O_NOFOLLOW refuses it). A symlink gives ELOOP (or, with O_PATH, an fd to the link
+/// itself, which the caller's fstat sees). Every open is O_CLOEXEC and O_NOFOLLOW.
+pub fn open_beneath(dir: RawFd, name: &Path, how: OpenAs) -> io::Result<OwnedFd> {
+    open_one(dir, name, how, has_openat2())
+}
+
+/// `open_beneath` by openat2 or, without it, by openat with O_NOFOLLOW.
+fn open_one(dir: RawFd, name: &Path, how: OpenAs, openat2: bool) -> io::Result<OwnedFd> {
+    let name = component(name)?;
+    let (flags, mode) = match how {
+        OpenAs::Dir => (libc::O_PATH | libc::O_DIRECTORY, 0),
+        OpenAs::Entry => (libc::O_PATH, 0),
+        OpenAs::Read => (libc::O_RDONLY | libc::O_NONBLOCK, 0),
+        OpenAs::CreateNew => (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o666),
+    };
+    let flags = flags | libc::O_NOFOLLOW;
+    let rc = if openat2 {
+        openat2_raw(dir, &name, flags, mode)
+    } else {
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        libc::c_long::from(unsafe {
+            libc::openat(
+                dir,
+                name.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        })
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this fd and nothing else holds it.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// `name` as a C string, if it is one path component: not empty, no `/`, not `.` or `..`.
+fn component(name: &Path) -> io::Result<CString> {
+    let bytes = name.as_os_str().as_bytes();
+    if bytes.is_empty() || bytes.contains(&b'/') || bytes == b"." || bytes == b".." {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// mkdirat(2) of one component in `dir`.
+pub fn mkdir_beneath(dir: RawFd, name: &Path, mode: u32) -> io::Result<()> {
+    let name = component(name)?;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let rc = unsafe { libc::mkdirat(dir, name.as_ptr(), mode as libc::mode_t) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// renameat(2) of one component to another within the same directory `dir`: the entry is
+/// replaced, never followed, whatever it has become.
+pub fn rename_beneath(dir: RawFd, from: &Path, to: &Path) -> io::Result<()> {
+    let (from, to) = (component(from)?, component(to)?);
+    // SAFETY: both names are NUL-terminated and outlive the call.
+    let rc = unsafe { libc::renameat(dir, from.as_ptr(), dir, to.as_ptr()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// unlinkat(2) of one (non-directory) component in `dir`.
+pub fn unlink_beneath(dir: RawFd, name: &Path) -> io::Result<()> {
+    let name = component(name)?;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let rc = unsafe { libc::unlinkat(dir, name.as_ptr(), 0) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A directory entry's name (its type is not taken from readdir, which may not know it:
+/// callers fstat the entry through `open_beneath`).
+pub struct DirEntryFd {
+    pub name: std::ffi::OsString,
+}
+
+/// The entries of the directory `dir` holds (without `.` and `..`), read through the handle
+/// itself, so they are that directory's whatever its path has become. At most `max` are
+/// returned; the flag says whether more were left.
+pub fn read_dir_fd(dir: RawFd, max: usize) -> io::Result<(Vec<DirEntryFd>, bool)> {
+    // A fresh descriptor for the stream, which closedir closes; `dir` stays the caller's.
+    let fresh = open_dot(dir)?;
+    let raw = std::os::fd::IntoRawFd::into_raw_fd(fresh);
+    // SAFETY: `raw` is an open directory fd we own; on success the stream owns it.
+    let stream = unsafe { libc::fdopendir(raw) };
+    if stream.is_null() {
+        let err = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `raw` is still ours to close.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        return Err(err);
+    }
+    let mut entries = Vec::new();
+    let mut more = false;
+    loop {
+        // SAFETY: `stream` is a live DIR*; readdir's result is valid until the next call
+        // on the same stream, and we copy out of it before then.
+        let entry = unsafe { libc::readdir(stream) };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: a non-null readdir result points at a dirent whose d_name is
+        // NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) }
+            .to_bytes()
+            .to_vec();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if entries.len() >= max {
+            more = true;
+            break;
+        }
+        entries.push(DirEntryFd {
+            name: std::os::unix::ffi::OsStringExt::from_vec(name),
+        });
+    }
+    // SAFETY: `stream` is live and closed exactly once here, which closes its fd.
+    unsafe { libc::closedir(stream) };
+    Ok((entries, more))
+}
+
+/// A readable descriptor of the directory `dir` refers to (which may be an O_PATH handle).
+pub fn open_dot(dir: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: the literal is NUL-terminated.
+    let rc = unsafe {
+        libc::openat(
+            dir,
+            c".".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this fd and nothing else holds it.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_beneath_follows_no_symlink_with_openat2_or_without() {
+        let dir = std::env::temp_dir().join(format!("caliban-sys-beneath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("real")).unwrap();
+        std::fs::write(dir.join("real/f"), "x").unwrap();
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.join("real/f"), dir.join("flink")).unwrap();
+        let root = std::fs::File::open(&dir).unwrap();
+        let fd = root.as_raw_fd();
+        let ways: &[bool] = if has_openat2() {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        for &openat2 in ways {
+            assert!(open_one(fd, Path::new("real"), OpenAs::Dir, openat2).is_ok());
+            let err = |name: &str, how| {
+                open_one(fd, Path::new(name), how, openat2)
+                    .expect_err(name)
+                    .raw_os_error()
+            };
+            // A symlinked directory is never entered, a symlinked file never opened.
+            assert!(matches!(
+                err("link", OpenAs::Dir),
+                Some(libc::ELOOP | libc::ENOTDIR)
+            ));
+            assert_eq!(err("flink", OpenAs::Read), Some(libc::ELOOP));
+            assert_eq!(err("flink", OpenAs::CreateNew), Some(libc::EEXIST));
+            // Only single components: no `..`, no `/`, no absolute path.
+            for name in ["..", ".", "real/f", "/etc", ""] {
+                assert_eq!(err(name, OpenAs::Entry), Some(libc::EINVAL), "{name}");
+            }
+            // The entry itself is what O_PATH opens, the symlink included.
+            let link = open_one(fd, Path::new("link"), OpenAs::Entry, openat2).unwrap();
+            let meta = std::fs::File::from(link).metadata().unwrap();
+            assert!(meta.file_type().is_symlink());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn tcp_option(fd: RawFd, name: libc::c_int) -> libc::c_int {
         let mut value: libc::c_int = 0;

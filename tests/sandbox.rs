@@ -109,6 +109,9 @@ fn print_script_run_as(
     for (k, v) in env {
         cmd.env(k, v);
     }
+    if let Some(user) = user {
+        as_user(&mut cmd, user);
+    }
     let out = run(cmd, "");
     let results = out
         .frames()
@@ -1173,4 +1176,203 @@ fn a_background_shell_killed_at_the_end_of_the_run_leaves_no_placeholder() {
         .filter(|name| name.starts_with('.'))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Swaps each pair of names given with `renameat2(RENAME_EXCHANGE)` in a tight loop, from
+/// when it says `swap-ready` until `swap-stop` appears: a directory and a symlink to
+/// somewhere else trade places thousands of times a second.
+const SWAPPER: &str = r#"
+import ctypes, os, platform, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 316, "aarch64": 276}[platform.machine()]
+pairs = [(a.encode(), b.encode()) for a, b in zip(sys.argv[1::2], sys.argv[2::2])]
+open("swap-ready", "w").close()
+deadline = time.time() + 50
+while not os.path.exists("swap-stop") and time.time() < deadline:
+    for a, b in pairs:
+        libc.syscall(nr, -100, a, -100, b, 2)
+open("swap-done", "w").close()
+"#;
+
+/// Writes one turn of a race run makes into each swapped directory; three such turns make
+/// enough writes (600) that before the file tools held the tree by handle some always
+/// landed outside (15–21 of 240 in the attack).
+const RACE_WRITES_PER_TURN: usize = 100;
+const RACE_TURNS: usize = 3;
+/// `Read`s of `race/d/secret.txt` and `Grep`s of `race/` in each turn, which must never
+/// show the outside directory's file of the same name.
+const RACE_READS_PER_TURN: usize = 50;
+
+/// A workspace-write run whose background shell swaps `race/d` with a symlink to a
+/// directory outside the workspace, and `hook/d` with one to `.git/hooks`, while the model
+/// writes hundreds of files into both `d`s and reads `race/d/secret.txt`, which outside
+/// has other content. Returns how many files landed outside and in `.git/hooks`, and how
+/// many reads showed the outside file.
+fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize, usize) {
+    let tag = if user.is_some() {
+        "race-user"
+    } else {
+        "race-root"
+    };
+    let ws = Workspace::new(tag);
+    let outside = Outside::new(tag);
+    ws.write("swap.py", SWAPPER);
+    ws.write(".git/config", "[core]\n");
+    ws.write(".git/hooks/README", "hooks\n");
+    ws.write("race/d/secret.txt", "inside\n");
+    std::fs::write(outside.path("secret.txt"), "OUTSIDE-SECRET\n").unwrap();
+    std::fs::create_dir_all(ws.path("hook/d")).unwrap();
+    std::os::unix::fs::symlink(&outside.0, ws.path("race/l")).unwrap();
+    std::os::unix::fs::symlink(ws.path(".git/hooks"), ws.path("hook/l")).unwrap();
+    if let Some(user) = user {
+        ws.give_to(user);
+        std::os::unix::fs::chown(&outside.0, Some(user.0), Some(user.1)).unwrap();
+    }
+    let swap = "python3 swap.py race/d race/l hook/d hook/l";
+    let mut turns = vec![
+        json!({"tool_calls": [{"id": "bg", "name": "Bash",
+                               "input": {"command": swap, "background": true}}]}),
+        json!({"tool_calls": [bash_call(
+            "ready",
+            "for i in $(seq 500); do [ -e swap-ready ] && break; sleep 0.02; done; ls swap-ready"
+        )]}),
+    ];
+    for turn in 0..RACE_TURNS {
+        let calls: Vec<Value> = (0..RACE_WRITES_PER_TURN)
+            .flat_map(|i| {
+                ["race", "hook"].map(|dir| {
+                    json!({"id": format!("{dir}-{turn}-{i}"), "name": "Write",
+                           "input": {"path": format!("{dir}/d/f{turn}-{i}.sh"),
+                                     "content": "#!/bin/sh\necho pwned\n"}})
+                })
+            })
+            .chain((0..RACE_READS_PER_TURN).flat_map(|i| {
+                [
+                    json!({"id": format!("read-{turn}-{i}"), "name": "Read",
+                           "input": {"path": "race/d/secret.txt"}}),
+                    json!({"id": format!("grep-{turn}-{i}"), "name": "Grep",
+                           "input": {"pattern": "SECRET", "path": "race"}}),
+                ]
+            }))
+            .collect();
+        turns.push(json!({ "tool_calls": calls }));
+    }
+    turns.push(json!({"tool_calls": [bash_call(
+        "stop",
+        "touch swap-stop; for i in $(seq 500); do [ -e swap-done ] && break; sleep 0.02; done"
+    )]}));
+    turns.push(json!({"text": "done"}));
+    let args = ["--sandbox", "workspace-write"];
+    let (out, results) = print_script_run_as(&ws, &json!({ "turns": turns }), &args, &[], user);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        results["ready"].contains("swap-ready"),
+        "{}",
+        results["ready"]
+    );
+    let count = |dir: &std::path::Path, skip: &[&str]| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| !skip.contains(&e.file_name().to_string_lossy().as_ref()))
+            .count()
+    };
+    let landed_outside = count(&outside.0, &["secret.txt"]);
+    let landed_in_hooks = count(&ws.path(".git/hooks"), &["README"]);
+    // The writes that were not refused landed in the real directories.
+    let inside =
+        count(&ws.path("race/d"), &["secret.txt"]) + count(&ws.path("race/l"), &["secret.txt"]);
+    let written = results
+        .iter()
+        .filter(|(id, text)| id.starts_with("race-") && text.starts_with("→ Wrote"))
+        .count();
+    let leaked = results
+        .values()
+        .filter(|text| text.contains("OUTSIDE-SECRET"))
+        .count();
+    eprintln!(
+        "{tag}: {landed_outside} outside, {landed_in_hooks} in .git/hooks, {written} race \
+         writes reported done, {inside} files in race/, {leaked} reads showed the outside file"
+    );
+    (landed_outside, landed_in_hooks, leaked)
+}
+
+#[test]
+fn file_tools_cannot_be_raced_outside_the_workspace_or_into_git_hooks() {
+    // A file tool resolves the path once; the background shell swaps the directory for a
+    // symlink between that and the open, create and rename, which the file tools now make
+    // by handle, beneath the workspace, following no symlink (Read's open and Grep's walk
+    // too).
+    let as_suite_user = file_tool_race(None);
+    let as_ordinary_user = ordinary_user().map(|user| file_tool_race(Some(user)));
+    let what = "(writes outside, writes in .git/hooks, reads of the outside file)";
+    assert_eq!(as_suite_user, (0, 0, 0), "{what} as the suite's user");
+    if let Some(landed) = as_ordinary_user {
+        assert_eq!(landed, (0, 0, 0), "{what} as an ordinary user");
+    }
+}
+
+#[test]
+fn file_tools_stay_in_a_workspace_that_a_command_renamed_and_replaced_by_a_symlink() {
+    // A workspace in a temp dir, which commands may write: one renames the workspace away
+    // and puts a symlink to a directory outside in its place. The file tools hold the
+    // directory the run started in, so the next Write neither follows the new symlink nor
+    // lands outside.
+    workspace_swap(None);
+    if let Some(user) = ordinary_user() {
+        workspace_swap(Some(user));
+    }
+}
+
+fn workspace_swap(user: Option<(u32, u32)>) {
+    let parent = std::path::Path::new("/tmp").join(format!(
+        "caliban-ws-swap-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(parent.join("ws/home")).unwrap();
+    let ws = Workspace {
+        root: parent.join("ws").canonicalize().unwrap(),
+    };
+    let outside = Outside::new("ws-swap");
+    if let Some(user) = user {
+        ws.give_to(user);
+        std::os::unix::fs::chown(&parent, Some(user.0), Some(user.1)).unwrap();
+        std::os::unix::fs::chown(&outside.0, Some(user.0), Some(user.1)).unwrap();
+    }
+    let swap = format!(
+        "cd .. && mv ws moved && ln -s {} ws && echo swapped",
+        outside.0.display()
+    );
+    let script = json!({"turns": [
+        {"tool_calls": [bash_call("swap", &swap)]},
+        {"tool_calls": [{"id": "w", "name": "Write",
+                         "input": {"path": "pwned.txt", "content": "x\n"}}]},
+        {"text": "done"},
+    ]});
+    let args = ["--sandbox", "workspace-write"];
+    let (_, results) = print_script_run_as(&ws, &script, &args, &[], user);
+    let landed = outside.path("pwned.txt").exists();
+    let _ = std::fs::remove_dir_all(&parent);
+    let who = if user.is_some() {
+        "an ordinary user"
+    } else {
+        "the suite's user"
+    };
+    assert!(
+        results["swap"].contains("swapped"),
+        "as {who}: {}",
+        results["swap"]
+    );
+    assert!(
+        !landed,
+        "as {who}, the Write followed the swapped workspace: {}",
+        results["w"]
+    );
+    assert!(
+        results["w"].contains("no longer the directory the run started in"),
+        "as {who}: {}",
+        results["w"]
+    );
 }

@@ -8,19 +8,26 @@
 //! relative paths resolve against it, absolute paths must point inside it, and a `..` or a
 //! symlink that leads out is refused. Results name files relative to the workspace.
 //!
+//! A symlink inside the workspace that stays inside is resolved once, when the path is
+//! rooted (`resolve`), and every check judges the resolved name; the work is then done by
+//! handle on that name (`tools::beneath`), one component at a time, following no symlink,
+//! so a command that swaps a directory for a symlink meanwhile gets the call refused, never
+//! redirected.
+//!
 //! Failures are returned to the model as error results (`ToolOutput::error`), never logged
 //! and never panicked on. This module must not know about the reactor, permission rules or
 //! surfaces: by the time a `run_*` is called the caller has decided the call may go ahead.
 //! The one thing it asks the policy is which paths are protected, because only here are
-//! symlinks resolved (`resolve_for_edit`).
+//! symlinks resolved (`resolve_for_edit`), and, for `tools::beneath`'s check by identity,
+//! the sandbox's deny list.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::fs::{self, File, Metadata};
-use std::io::{self, Write as _};
+use std::io::{self, Read as _};
 use std::ops::ControlFlow;
+use std::os::fd::AsRawFd as _;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use regex::{Regex, RegexBuilder};
@@ -28,7 +35,9 @@ use serde_json::{Map, Value, json};
 
 use crate::glob::{Glob, GlobOptions};
 use crate::model::types::{ContentBlock, MAX_IMAGE_BASE64, ToolSpec};
+use crate::sys;
 use crate::tools::ToolOutput;
+use crate::tools::beneath::{self, Beneath, Refusal};
 use crate::tools::spec::closed_object;
 use crate::tools::table::{cap_title, text_field};
 
@@ -286,12 +295,28 @@ pub(crate) fn write_title(input: &Value) -> String {
 fn write(input: &Value, workspace: &Path) -> ToolResult {
     let (target, content) = write_args(input, workspace)?;
     let rel = &target.rel;
-    let existing = write_target(&target)?;
-    if let Some(parent) = target.abs.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|err| format!("cannot create the parent directories of `{rel}`: {err}"))?;
-    }
-    atomic_write(&target.abs, content.as_bytes(), existing.as_ref())
+    let Some((parent_rel, name)) = beneath::split(rel) else {
+        return Err(format!("`{rel}` is a directory"));
+    };
+    let held = open_beneath(&target)?;
+    // Each missing parent is made by handle, beneath the one before, like `create_dir_all`.
+    let parent = held
+        .dir(parent_rel, true)
+        .map_err(|refusal| match refusal {
+            Refusal::Io { err, .. } => {
+                format!("cannot create the parent directories of `{rel}`: {err}")
+            }
+            refusal => refusal.message(rel),
+        })?;
+    let existing = match held.stat(&parent, name) {
+        Ok(Some(meta)) if meta.is_dir() => return Err(format!("`{rel}` is a directory")),
+        Ok(Some(meta)) if !meta.is_file() => {
+            return Err(format!("`{rel}` is not a regular file"));
+        }
+        Ok(existing) => existing,
+        Err(refusal) => return Err(refusal.message(rel)),
+    };
+    held.replace(&parent, name, content.as_bytes(), existing.as_ref())
         .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
     Ok(write_summary(rel, content, existing.is_some()))
 }
@@ -325,41 +350,6 @@ fn write_summary(rel: &str, content: &str, existed: bool) -> String {
         "created"
     };
     format!("→ Wrote {n_bytes} bytes ({n_lines} lines) to {rel} ({how})")
-}
-
-/// Replaces `path` with `bytes` so that readers see either the old or the new content, never
-/// a torn file: write a temp file in the same directory, fsync it, then rename it over.
-fn atomic_write(path: &Path, bytes: &[u8], existing: Option<&Metadata>) -> io::Result<()> {
-    static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::other("the path has no parent directory"))?;
-    // A short fixed-shape name, so a long target name cannot push it past NAME_MAX.
-    let temp = dir.join(format!(
-        ".caliban-write-{}-{}.tmp",
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let res = (|| {
-        let mut file = File::options().write(true).create_new(true).open(&temp)?;
-        file.write_all(bytes)?;
-        if let Some(meta) = existing {
-            file.set_permissions(meta.permissions())?;
-        }
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&temp, path)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    res?;
-    // Sync the directory too so the rename survives a crash; the content is already safe,
-    // so a failure here is not worth failing the call for.
-    if let Ok(dir_file) = File::open(dir) {
-        let _ = dir_file.sync_all();
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -424,15 +414,29 @@ fn rewrite(
     change: impl FnOnce(&str) -> Result<(String, String), String>,
 ) -> ToolResult {
     let rel = &target.rel;
-    let meta = edit_target(target)?;
-    let (text, lossy) = load_text(target)?;
+    // Read and replaced through the same directory handle, so the file changed is the one
+    // read, wherever its path leads by then.
+    let held = open_beneath(target)?;
+    let (file, parent, name) = match open_file(&held, target) {
+        Err(refusal) if refusal.is_not_found() => {
+            return Err(format!(
+                "`{rel}` does not exist; use Write to create a new file"
+            ));
+        }
+        other => other.map_err(|refusal| refusal.message(rel))?,
+    };
+    let meta = file.1.clone();
+    let (text, lossy) = text_of(
+        rel,
+        load_from(rel, file, MAX_FILE_BYTES, too_big_text(rel))?,
+    )?;
     if lossy {
         return Err(format!(
             "`{rel}` is not valid UTF-8; {tool} only changes UTF-8 text (use Write to replace it)"
         ));
     }
     let (new_text, summary) = change(&text)?;
-    atomic_write(&target.abs, new_text.as_bytes(), Some(&meta))
+    held.replace(&parent, name, new_text.as_bytes(), Some(&meta))
         .map_err(|err| format!("cannot write `{rel}`: {err}"))?;
     Ok(summary)
 }
@@ -1022,7 +1026,13 @@ fn glob(input: &Value, workspace: &Path) -> ToolResult {
     let pattern = required_str(obj, "pattern")?;
     let raw_dir = optional_str(obj, "path")?.unwrap_or(".");
     let dir = resolve(workspace, raw_dir)?;
-    require_dir(&dir)?;
+    let held = open_beneath(&dir)?;
+    let start = held.dir(&dir.rel, false).map_err(|refusal| match refusal {
+        Refusal::NotDir { .. } => {
+            format!("`path` must be a directory, and `{}` is not one", dir.rel)
+        }
+        refusal => refusal.message(&dir.rel),
+    })?;
 
     let pattern = pattern.strip_prefix("./").unwrap_or(pattern);
     if pattern.is_empty() {
@@ -1045,7 +1055,8 @@ fn glob(input: &Value, workspace: &Path) -> ToolResult {
 
     let mut hits: Vec<(SystemTime, String)> = Vec::new();
     let walked = walk(
-        &dir.abs,
+        &held,
+        start,
         WALK_MAX_ENTRIES,
         SymlinkedFiles::Include,
         |entry| {
@@ -1166,7 +1177,10 @@ fn grep(input: &Value, workspace: &Path) -> ToolResult {
     let include_on_path = include.is_some_and(|include| include.contains('/'));
 
     let target = resolve(workspace, raw_path)?;
-    let meta = fs::metadata(&target.abs).map_err(|err| io_message(&target.rel, &err))?;
+    let held = open_beneath(&target)?;
+    let (opened, start, _) =
+        open_file(&held, &target).map_err(|refusal| refusal.message(&target.rel))?;
+    let meta = opened.1.clone();
     let mut sink = GrepSink {
         regex: &regex,
         max_matches: usize::try_from(max_matches).unwrap_or(usize::MAX),
@@ -1182,11 +1196,23 @@ fn grep(input: &Value, workspace: &Path) -> ToolResult {
 
     if meta.is_file() {
         // A file named explicitly gets a clear error rather than a silent skip.
-        let (text, _) = load_text(&target)?;
-        let _ = sink.search(&target.rel, &text);
+        let rel = &target.rel;
+        let (text, _) = text_of(
+            rel,
+            load_from(rel, opened, MAX_FILE_BYTES, too_big_text(rel))?,
+        )?;
+        let _ = sink.search(rel, &text);
     } else if meta.is_dir() {
+        drop(opened);
+        let start = if target.rel == "." {
+            start
+        } else {
+            held.dir(&target.rel, false)
+                .map_err(|refusal| refusal.message(&target.rel))?
+        };
         walked = Some(walk(
-            &target.abs,
+            &held,
+            start,
             WALK_MAX_ENTRIES,
             SymlinkedFiles::Skip,
             |entry| {
@@ -1204,7 +1230,13 @@ fn grep(input: &Value, workspace: &Path) -> ToolResult {
                     skipped_large += 1;
                     return ControlFlow::Continue(());
                 }
-                let Ok(bytes) = fs::read(entry.abs) else {
+                let bytes = held
+                    .open_read(entry.dir, entry.name)
+                    .ok()
+                    .and_then(|opened| {
+                        load_from(entry.rel, opened, MAX_FILE_BYTES, |_| String::new()).ok()
+                    });
+                let Some(bytes) = bytes else {
                     unreadable += 1;
                     return ControlFlow::Continue(());
                 };
@@ -1310,7 +1342,9 @@ enum SymlinkedFiles {
 }
 
 struct WalkEntry<'a> {
-    abs: &'a Path,
+    /// The directory handle the entry was found in, to open it beneath.
+    dir: &'a beneath::Dir,
+    name: &'a std::ffi::OsStr,
     /// Relative to the walk root, `/`-separated.
     rel: &'a str,
     meta: &'a Metadata,
@@ -1343,66 +1377,74 @@ impl WalkNotes {
 
 /// Visits every regular file below `root` (files of a directory first, then its
 /// subdirectories, each in name order), skipping `.git`. Iterative, so depth costs heap not
-/// stack, and it stops after `max_entries` directory entries.
+/// stack, and it stops after `max_entries` directory entries. Each directory is read and
+/// entered through the handle of the one above (`Beneath`), so a directory swapped for a
+/// symlink mid-walk is not followed, and nothing on the sandbox's deny list is entered or
+/// read whatever it is named.
 fn walk(
-    root: &Path,
+    held: &Beneath,
+    root: beneath::Dir,
     max_entries: usize,
     symlinked_files: SymlinkedFiles,
     mut visit: impl FnMut(&WalkEntry<'_>) -> ControlFlow<()>,
 ) -> WalkNotes {
     let mut notes = WalkNotes::default();
     let mut n_visited = 0;
-    let mut stack: Vec<(PathBuf, String)> = vec![(root.to_path_buf(), String::new())];
+    let mut stack: Vec<(beneath::Dir, String)> = vec![(root, String::new())];
     while let Some((dir, dir_rel)) = stack.pop() {
-        let Ok(read_dir) = fs::read_dir(&dir) else {
+        let Ok((mut entries, more)) = held.entries(&dir, max_entries - n_visited.min(max_entries))
+        else {
             notes.unreadable_dirs += 1;
             continue;
         };
-        let mut entries = Vec::new();
-        for entry in read_dir {
+        n_visited += entries.len();
+        if more {
             n_visited += 1;
-            if n_visited > max_entries {
-                notes.stopped_at = Some(max_entries);
-                break;
-            }
-            if let Ok(entry) = entry {
-                entries.push(entry);
-            }
+            notes.stopped_at = Some(max_entries);
         }
-        entries.sort_by_key(|entry| entry.file_name());
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
 
         let mut subdirs = Vec::new();
         for entry in entries {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
+            let name = entry.name.to_string_lossy();
             if name == ".git" {
                 continue;
             }
-            let Ok(file_type) = entry.file_type() else {
-                continue;
-            };
             let rel = if dir_rel.is_empty() {
                 name.into_owned()
             } else {
                 format!("{dir_rel}/{name}")
             };
-            let abs = entry.path();
-            let meta = if file_type.is_dir() {
-                subdirs.push((abs, rel));
-                continue;
-            } else if file_type.is_file() {
-                entry.metadata()
-            } else if file_type.is_symlink() && symlinked_files == SymlinkedFiles::Include {
-                fs::metadata(&abs)
-            } else {
+            let Ok(meta) = held.entry_meta(&dir, &entry.name) else {
                 continue;
             };
-            let Ok(meta) = meta else { continue };
+            if held.is_denied(&meta) {
+                continue;
+            }
+            let meta = if meta.is_dir() {
+                if let Ok(sub) = held.child_dir(&dir, &entry.name, false) {
+                    subdirs.push((sub, rel));
+                }
+                continue;
+            } else if meta.file_type().is_symlink() {
+                // Only `Glob` reports a symlink to a file, by its own name; what it points at
+                // is looked at for its type and time, never opened.
+                if symlinked_files == SymlinkedFiles::Skip {
+                    continue;
+                }
+                match fs::metadata(held.path_of(&dir.child_rel(&entry.name))) {
+                    Ok(meta) if !held.is_denied(&meta) => meta,
+                    _ => continue,
+                }
+            } else {
+                meta
+            };
             if !meta.is_file() {
                 continue;
             }
             let walk_entry = WalkEntry {
-                abs: &abs,
+                dir: &dir,
+                name: &entry.name,
                 rel: &rel,
                 meta: &meta,
             };
@@ -1591,6 +1633,10 @@ fn refusal(name: &str) -> impl Fn(String) -> ToolOutput + Copy {
 /// A path the model named, resolved inside the workspace.
 #[derive(Debug)]
 struct Resolved {
+    /// The workspace as the run names it.
+    workspace: PathBuf,
+    /// The canonical workspace.
+    root: PathBuf,
     /// Absolute, with every existing component canonicalised.
     abs: PathBuf,
     /// Relative to the canonical workspace, `/`-separated; `.` for the workspace itself.
@@ -1682,7 +1728,13 @@ fn resolve(workspace: &Path, raw: &str) -> Result<Resolved, String> {
         .map(|part| part.as_os_str().to_string_lossy())
         .collect::<Vec<_>>()
         .join("/");
-    Ok(Resolved { abs, rel, named })
+    Ok(Resolved {
+        workspace: workspace.to_path_buf(),
+        root,
+        abs,
+        rel,
+        named,
+    })
 }
 
 /// `resolve` for a tool that changes the file. The permission policy judged the path as
@@ -1738,17 +1790,6 @@ fn join_rel(base: &str, rel: &str) -> String {
     }
 }
 
-fn require_dir(target: &Resolved) -> Result<(), String> {
-    match fs::metadata(&target.abs) {
-        Ok(meta) if meta.is_dir() => Ok(()),
-        Ok(_) => Err(format!(
-            "`path` must be a directory, and `{}` is not one",
-            target.rel
-        )),
-        Err(err) => Err(io_message(&target.rel, &err)),
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Loading text
 
@@ -1756,9 +1797,18 @@ fn require_dir(target: &Resolved) -> Result<(), String> {
 /// true when invalid UTF-8 had to be replaced.
 fn load_text(target: &Resolved) -> Result<(String, bool), String> {
     let rel = &target.rel;
-    let bytes = load_bytes(target, MAX_FILE_BYTES, |n_bytes| {
+    text_of(rel, load_bytes(target, MAX_FILE_BYTES, too_big_text(rel))?)
+}
+
+fn too_big_text(rel: &str) -> impl Fn(u64) -> String + '_ {
+    move |n_bytes| {
         format!("`{rel}` is {n_bytes} bytes, over the 5 MB limit; search it with Grep instead")
-    })?;
+    }
+}
+
+/// A file's bytes as text, unless they look binary; the flag says invalid UTF-8 was
+/// replaced.
+fn text_of(rel: &str, bytes: Vec<u8>) -> Result<(String, bool), String> {
     if looks_binary(&bytes) {
         return Err(format!(
             "`{rel}` looks binary (a NUL byte in its first 8 KiB); not shown"
@@ -1778,24 +1828,74 @@ fn load_bytes(
     too_big: impl Fn(u64) -> String,
 ) -> Result<Vec<u8>, String> {
     let rel = &target.rel;
-    let meta = fs::metadata(&target.abs).map_err(|err| io_message(rel, &err))?;
+    let held = open_beneath(target)?;
+    let (file, _, _) = open_file(&held, target).map_err(|refusal| refusal.message(rel))?;
+    load_from(rel, file, max, too_big)
+}
+
+/// The bytes of a file opened beneath the workspace, if it is a regular file of at most
+/// `max` bytes.
+fn load_from(
+    rel: &str,
+    (file, meta): (File, Metadata),
+    max: u64,
+    too_big: impl Fn(u64) -> String,
+) -> Result<Vec<u8>, String> {
     if meta.is_dir() {
         return Err(format!(
             "`{rel}` is a directory; list it with Glob (e.g. pattern `*` with path `{rel}`)"
         ));
     }
-    // Only regular files: opening a FIFO or a device could block this thread forever.
+    // Only regular files: reading a FIFO or a device could block this thread forever (it
+    // was opened O_NONBLOCK, so the open itself did not).
     if !meta.is_file() {
         return Err(format!("`{rel}` is not a regular file"));
     }
     if meta.len() > max {
         return Err(too_big(meta.len()));
     }
-    let bytes = fs::read(&target.abs).map_err(|err| io_message(rel, &err))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| io_message(rel, &err))?;
     if bytes.len() as u64 > max {
         return Err(too_big(bytes.len() as u64));
     }
     Ok(bytes)
+}
+
+/// The held workspace for one call on `target`, fenced by the sandbox's deny list.
+fn open_beneath(target: &Resolved) -> Result<Beneath, String> {
+    Beneath::open_as(
+        &target.workspace,
+        &target.root,
+        &crate::sandbox::config().deny,
+    )
+}
+
+/// Opens `target` for reading through `held`: the file, its metadata and the directory
+/// handle it was opened in. The workspace itself opens as a directory.
+fn open_file<'a>(
+    held: &Beneath,
+    target: &'a Resolved,
+) -> Result<((File, Metadata), beneath::Dir, &'a std::ffi::OsStr), Refusal> {
+    let Some((parent_rel, name)) = beneath::split(&target.rel) else {
+        let root = held.dir(".", false)?;
+        let file = File::from(
+            sys::open_dot(root.fd.as_raw_fd()).map_err(|err| Refusal::Io {
+                at: ".".to_owned(),
+                err,
+            })?,
+        );
+        let meta = file.metadata().map_err(|err| Refusal::Io {
+            at: ".".to_owned(),
+            err,
+        })?;
+        return Ok(((file, meta), root, std::ffi::OsStr::new(".")));
+    };
+    let parent = held.dir(parent_rel, false)?;
+    let file = held.open_read(&parent, name)?;
+    Ok((file, parent, name))
 }
 
 fn looks_binary(bytes: &[u8]) -> bool {
@@ -1926,6 +2026,7 @@ fn optional_int(
 mod tests {
     use super::*;
     use crate::tools::table::{self, Runs};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// A fresh directory under the system temp dir, removed on drop.
     struct TempDir(PathBuf);
@@ -2902,7 +3003,10 @@ mod tests {
             ws.put(&format!("d{}/f{n}.txt", n % 3), "");
         }
         let mut seen = 0;
-        let notes = walk(ws.path(), 10, SymlinkedFiles::Include, |_| {
+        let root = ws.path().canonicalize().expect("canonical");
+        let held = Beneath::open(&root, &[]).expect("held");
+        let start = held.dir(".", false).expect("root");
+        let notes = walk(&held, start, 10, SymlinkedFiles::Include, |_| {
             seen += 1;
             ControlFlow::Continue(())
         });
@@ -2911,6 +3015,44 @@ mod tests {
         let mut out = String::new();
         notes.write_notes(&mut out);
         assert!(out.contains("walk stopped after visiting 10 entries"));
+    }
+
+    #[test]
+    fn walks_skip_the_deny_list_and_never_enter_a_directory_swapped_mid_walk() {
+        let ws = TempDir::new();
+        let outside = TempDir::new();
+        ws.put("a.txt", "first");
+        ws.put("secrets/key", "KEY");
+        ws.put("sub/ok.txt", "fine");
+        outside.put("secret.txt", "OUTSIDE");
+        let key = outside.put("home/.ssh/id", "KEY");
+        fs::hard_link(&key, ws.0.join("linked-key")).expect("hard link");
+        let root = ws.path().canonicalize().expect("canonical");
+        let deny = [root.join("secrets"), outside.0.join("home/.ssh")];
+        let held = Beneath::open(&root, &deny).expect("held");
+        let mut seen = Vec::new();
+        walk(
+            &held,
+            held.dir(".", false).expect("root"),
+            100,
+            SymlinkedFiles::Include,
+            |entry| {
+                if entry.rel == "a.txt" {
+                    // `sub` was listed; now it becomes a symlink out of the workspace.
+                    fs::rename(root.join("sub"), root.join("sub-real")).expect("rename");
+                    std::os::unix::fs::symlink(&outside.0, root.join("sub")).expect("symlink");
+                }
+                seen.push(entry.rel.to_owned());
+                ControlFlow::Continue(())
+            },
+        );
+        assert!(seen.contains(&"a.txt".to_owned()), "{seen:?}");
+        for rel in &seen {
+            assert!(
+                !rel.contains("secret") && !rel.contains("key"),
+                "the walk reached {rel}: {seen:?}"
+            );
+        }
     }
 
     #[test]

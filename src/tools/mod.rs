@@ -4,6 +4,7 @@
 //! the reactor) in `bash`.
 
 pub mod bash;
+pub(crate) mod beneath;
 pub mod fs;
 pub mod spec;
 pub(crate) mod table;
