@@ -22,6 +22,8 @@ use crate::http_serve::{
 use crate::http_util::*;
 use crate::util::*;
 
+mod kernel;
+
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// A directory outside the workspace and outside every temp dir (`outside_root`), removed
@@ -113,6 +115,17 @@ fn print_script_run(
     (out, results)
 }
 
+/// How a run's header states an enforced `mode`: as root, with the process limit the
+/// kernel does not apply to root.
+fn enforced(mode: &str) -> Value {
+    match ordinary_user() {
+        Some(_) => json!({"mode": mode, "enforced": true, "caveat":
+            "no process limit: caliban runs as root, and the kernel never applies RLIMIT_NPROC \
+             to root, so a fork bomb is not stopped"}),
+        None => json!({"mode": mode, "enforced": true}),
+    }
+}
+
 fn init_frame(out: &Output) -> Value {
     out.frames()
         .into_iter()
@@ -144,10 +157,7 @@ fn write_inside_and_outside(mode: &str) -> (Workspace, Outside, Output, Vec<Stri
 #[test]
 fn workspace_write_writes_inside_the_workspace_and_temp_dirs_only() {
     let (ws, outside, out, texts) = write_inside_and_outside("workspace-write");
-    assert_eq!(
-        init_frame(&out)["sandbox"],
-        json!({"mode": "workspace-write", "enforced": true})
-    );
+    assert_eq!(init_frame(&out)["sandbox"], enforced("workspace-write"));
     assert!(
         texts[0].starts_with("inside\n[exit code: 0]"),
         "{}",
@@ -751,10 +761,7 @@ fn http_a_refused_command_asks_to_run_outside_the_sandbox() {
     assert_eq!(std::fs::read_to_string(outside.path("f")).unwrap(), "x\n");
     // The session file says which sandbox the run had.
     let header = session_header(&ws, &run);
-    assert_eq!(
-        header["sandbox"],
-        json!({"mode": "workspace-write", "enforced": true})
-    );
+    assert_eq!(header["sandbox"], enforced("workspace-write"));
 }
 
 /// The session file's header line.
