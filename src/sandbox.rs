@@ -737,6 +737,14 @@ pub fn explain(mode: Mode, workspace: &Path, cwd: &Path, output: &str) -> Option
     let config = config();
     let mut seen_denial = false;
     for line in text.lines() {
+        // What the seccomp filter answers for any family off its allowlist.
+        if line.contains("Address family not supported") {
+            return Some(format!(
+                "socket family refused by the sandbox ({mode}): commands may open {} \
+                 sockets only (no netlink, vsock, packet or other families)",
+                socket_policy(mode).families()
+            ));
+        }
         let network = !matches!(mode, Mode::Network | Mode::Off)
             && NETWORK_MARKERS.iter().any(|m| line.contains(m));
         if network {

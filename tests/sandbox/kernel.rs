@@ -187,7 +187,8 @@ fn socket_families_are_an_allowlist_in_every_mode() {
     let ws = workspace("sbx-families", &[("sockets.py", SOCKETS_PY)], None);
     for mode in ["read-only", "workspace-write", "network"] {
         let command = format!("{} sockets.py", python());
-        let results = run_calls(&ws, vec![bash_call("s", &command)], mode, None);
+        let calls = vec![bash_call("s", &command), bash_call("ip", "ip link show lo")];
+        let results = run_calls(&ws, calls, mode, None);
         let text = &results["s"];
         let inet = if mode == "network" {
             "ok"
@@ -206,6 +207,10 @@ fn socket_families_are_an_allowlist_in_every_mode() {
         ] {
             assert!(text.contains(&line), "{mode}: {line}: {text}");
         }
+        // The model is told why a command failed so.
+        let ip = &results["ip"];
+        let note = format!("[sandbox: socket family refused by the sandbox ({mode})");
+        assert!(ip.contains(&note), "{mode}: {ip}");
     }
 }
 
