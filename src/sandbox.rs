@@ -1129,11 +1129,15 @@ fn self_test() -> Result<String, String> {
 /// it checked.
 fn probe(confinement: &Confinement) -> Result<String, String> {
     let found = sys::probe_confinement(confinement).map_err(|e| format!("probe child: {e}"))?;
-    if let Some(errno) = found.failed {
-        return Err(format!(
-            "the confinement could not be applied: {}",
-            io::Error::from_raw_os_error(errno)
-        ));
+    match found.failed {
+        Some(0) => return Err("the confinement could not be applied".to_owned()),
+        Some(errno) => {
+            return Err(format!(
+                "the confinement could not be applied: {}",
+                io::Error::from_raw_os_error(errno)
+            ));
+        }
+        None => {}
     }
     let mut holes = Vec::new();
     if found.caps_left {
@@ -1162,10 +1166,16 @@ fn probe(confinement: &Confinement) -> Result<String, String> {
     } else {
         "CapBnd 0"
     };
+    let filtered = if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        format!(
+            ", syscall {} ENOSYS, netlink and vsock refused, clone(CLONE_NEWUSER) refused",
+            sys::FIRST_UNREVIEWED_SYSCALL
+        )
+    } else {
+        String::new()
+    };
     Ok(format!(
-        "CapEff 0, {bounding}, syscall {} ENOSYS, netlink and vsock refused, \
-         clone(CLONE_NEWUSER) refused, RLIMIT_NPROC {}",
-        sys::FIRST_UNREVIEWED_SYSCALL,
+        "CapEff 0, {bounding}{filtered}, RLIMIT_NPROC {}",
         sys::NPROC_LIMIT
     ))
 }
