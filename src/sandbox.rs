@@ -389,13 +389,20 @@ pub fn confines(mode: Mode) -> bool {
 
 /// What `describe` and `sandbox check` say when the commands' process limit cannot hold.
 const NO_PROCESS_LIMIT: &str = "no process limit: caliban runs as root, and the kernel never \
-                                applies RLIMIT_NPROC to root, so a fork bomb is not stopped";
+                                applies RLIMIT_NPROC to root (nor can caliban make a pids \
+                                cgroup here), so a fork bomb is not stopped";
+
+/// Whether commands run with no process limit: root, whom RLIMIT_NPROC does not bind,
+/// where no pids cgroup can be made for them either.
+fn no_process_limit() -> bool {
+    sys::nproc_exempt() && sys::pids_cgroup_parent().is_none()
+}
 
 /// The sandbox as run headers state it (print mode's `system/init`, session files).
 pub fn describe(mode: Mode) -> Value {
     match status(mode) {
         Status::Off => json!({"mode": "off", "enforced": false}),
-        Status::Enforced if sys::nproc_exempt() => json!({"mode": mode.as_str(),
+        Status::Enforced if no_process_limit() => json!({"mode": mode.as_str(),
             "enforced": true, "caveat": NO_PROCESS_LIMIT}),
         Status::Enforced => json!({"mode": mode.as_str(), "enforced": true}),
         Status::Unconfined(why) => json!({"mode": mode.as_str(), "enforced": false,
@@ -1028,8 +1035,15 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
          securebits locked"
             .to_owned(),
     );
-    line(if sys::nproc_exempt() {
+    line(if no_process_limit() {
         format!("processes:       {NO_PROCESS_LIMIT}")
+    } else if let Some(parent) = sys::nproc_exempt().then(sys::pids_cgroup_parent).flatten() {
+        format!(
+            "processes:       a pids cgroup of {} per command under {} (caliban runs as \
+             root, whom RLIMIT_NPROC does not bind)",
+            sys::NPROC_LIMIT,
+            parent.display()
+        )
     } else {
         format!(
             "processes:       RLIMIT_NPROC {} (per command in a user namespace, else per user)",

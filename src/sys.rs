@@ -1480,17 +1480,117 @@ impl Confinement {
 /// own user namespace is another user there and is limited; when the map cannot be read
 /// the answer is the cautious one.
 pub fn nproc_exempt() -> bool {
-    // SAFETY: getuid cannot fail and touches no memory.
-    if unsafe { libc::getuid() } != 0 {
-        return false;
-    }
-    let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") else {
-        return true;
-    };
-    map.lines().any(|line| {
-        let mut fields = line.split_whitespace();
-        fields.next() == Some("0") && fields.next() == Some("0")
+    static EXEMPT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EXEMPT.get_or_init(|| {
+        // SAFETY: getuid cannot fail and touches no memory.
+        if unsafe { libc::getuid() } != 0 {
+            return false;
+        }
+        let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") else {
+            return true;
+        };
+        map.lines().any(|line| {
+            let mut fields = line.split_whitespace();
+            fields.next() == Some("0") && fields.next() == Some("0")
+        })
     })
+}
+
+/// Where the pids cgroups of root's commands go: our own cgroup in the pids hierarchy of
+/// cgroup v1, or in cgroup v2 when it already hands the pids controller to its children.
+/// None where cgroupfs is read-only (most containers) or v2 keeps pids from our children:
+/// enabling it is not ours to do (outside the root cgroup the kernel refuses it anyway
+/// while we are in the cgroup, its no-internal-processes rule). Probed once, by making one.
+pub fn pids_cgroup_parent() -> Option<&'static Path> {
+    static PARENT: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    PARENT.get_or_init(find_pids_parent).as_deref()
+}
+
+fn find_pids_parent() -> Option<std::path::PathBuf> {
+    let has_pids = |file: &Path| {
+        std::fs::read_to_string(file).is_ok_and(|c| c.split_whitespace().any(|c| c == "pids"))
+    };
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in own.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        let dir = if controllers.split(',').any(|c| c == "pids") {
+            Path::new("/sys/fs/cgroup/pids").join(path)
+        } else if controllers.is_empty() {
+            let dir = Path::new("/sys/fs/cgroup").join(path);
+            if !has_pids(&dir.join("cgroup.subtree_control")) {
+                continue;
+            }
+            dir
+        } else {
+            continue;
+        };
+        if PidsCgroup::new(&dir, NPROC_LIMIT).is_ok() {
+            return Some(dir);
+        }
+    }
+    None
+}
+
+/// A pids cgroup of one command of root's, whom RLIMIT_NPROC does not bind: `pids.max`
+/// there counts every task of the command and its descendants, whoever they are. The child
+/// joins it first thing after the fork. Emptied cgroups are removed by the next `new`
+/// (ours, and those of caliban processes no longer alive).
+pub struct PidsCgroup {
+    procs: CString,
+}
+
+impl PidsCgroup {
+    pub fn new(parent: &Path, max: u64) -> io::Result<PidsCgroup> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        sweep_pids_cgroups(parent);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("{PIDS_CGROUP_PREFIX}{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir)?;
+        if let Err(e) = std::fs::write(dir.join("pids.max"), max.to_string()) {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e);
+        }
+        Ok(PidsCgroup {
+            procs: CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())?,
+        })
+    }
+
+    /// Moves the calling process in ("0" is the writer itself). Runs in the forked child.
+    fn join(&self) -> io::Result<()> {
+        write_proc(&self.procs, c"0")
+    }
+}
+
+const PIDS_CGROUP_PREFIX: &str = "caliban-";
+
+/// Removes the empty command cgroups under `parent` that are ours or belong to a caliban
+/// no longer running; a busy one (its command still runs) refuses and stays.
+fn sweep_pids_cgroups(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let own = std::process::id();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PIDS_CGROUP_PREFIX))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == own || !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
 }
 
 /// What a child confined with a `Confinement` could still do, for `sandbox check`.
@@ -1674,7 +1774,25 @@ fn probe_nproc() -> i32 {
 
 /// Confines the command's child: `confinement` is applied between fork and exec, after the
 /// other `pre_exec` steps registered before it.
+/// As root, where a pids cgroup can be made (`pids_cgroup_parent`), the child first joins
+/// one of its own; the spawn fails if it cannot be made.
 pub fn confine(cmd: &mut Command, confinement: Confinement) {
+    if let Some(parent) = nproc_exempt().then(pids_cgroup_parent).flatten() {
+        match PidsCgroup::new(parent, NPROC_LIMIT) {
+            // SAFETY: the closure opens, writes and closes one file (raw syscalls) named
+            // by a string made before the fork.
+            Ok(cgroup) => unsafe {
+                cmd.pre_exec(move || cgroup.join());
+            },
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                // SAFETY: the closure only returns an error.
+                unsafe {
+                    cmd.pre_exec(move || Err(io::Error::from_raw_os_error(errno)));
+                }
+            }
+        }
+    }
     // SAFETY: the closure runs between fork and exec and makes only raw syscalls (unshare,
     // open, write, close, mount, prctl, landlock_restrict_self, seccomp) on data prepared
     // before the fork; it allocates nothing.

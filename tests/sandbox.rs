@@ -115,14 +115,21 @@ fn print_script_run(
     (out, results)
 }
 
-/// How a run's header states an enforced `mode`: as root, with the process limit the
-/// kernel does not apply to root.
-fn enforced(mode: &str) -> Value {
-    match ordinary_user() {
-        Some(_) => json!({"mode": mode, "enforced": true, "caveat":
-            "no process limit: caliban runs as root, and the kernel never applies RLIMIT_NPROC \
-             to root, so a fork bomb is not stopped"}),
-        None => json!({"mode": mode, "enforced": true}),
+/// Checks a run header's `sandbox` states `mode` enforced: as root perhaps with the caveat
+/// that the kernel applies no process limit to root (where caliban can make no pids cgroup).
+fn assert_enforced(sandbox: &Value, mode: &str) {
+    assert_eq!(sandbox["mode"], mode, "{sandbox}");
+    assert_eq!(sandbox["enforced"], true, "{sandbox}");
+    match sandbox.get("caveat") {
+        None => assert_eq!(sandbox.as_object().map(|o| o.len()), Some(2), "{sandbox}"),
+        Some(caveat) => {
+            assert!(ordinary_user().is_some(), "{sandbox}");
+            let caveat = caveat.as_str().unwrap_or_default();
+            assert!(
+                caveat.starts_with("no process limit: caliban runs as root"),
+                "{sandbox}"
+            );
+        }
     }
 }
 
@@ -157,7 +164,7 @@ fn write_inside_and_outside(mode: &str) -> (Workspace, Outside, Output, Vec<Stri
 #[test]
 fn workspace_write_writes_inside_the_workspace_and_temp_dirs_only() {
     let (ws, outside, out, texts) = write_inside_and_outside("workspace-write");
-    assert_eq!(init_frame(&out)["sandbox"], enforced("workspace-write"));
+    assert_enforced(&init_frame(&out)["sandbox"], "workspace-write");
     assert!(
         texts[0].starts_with("inside\n[exit code: 0]"),
         "{}",
@@ -761,7 +768,7 @@ fn http_a_refused_command_asks_to_run_outside_the_sandbox() {
     assert_eq!(std::fs::read_to_string(outside.path("f")).unwrap(), "x\n");
     // The session file says which sandbox the run had.
     let header = session_header(&ws, &run);
-    assert_eq!(header["sandbox"], enforced("workspace-write"));
+    assert_enforced(&header["sandbox"], "workspace-write");
 }
 
 /// The session file's header line.
