@@ -948,13 +948,17 @@ const SYS_OPEN_TREE_ATTR: libc::c_long = 467;
 
 /// The first syscall number nobody here has reviewed: every number from it up fails with
 /// ENOSYS, as on a kernel that lacks the call, so a program falls back as it does there
-/// and a call the next kernel adds cannot reach past this filter. Reviewed from 443 (the
-/// newest call listed before) to 469, each decided here:
+/// and a call the next kernel adds cannot reach past this filter. Reviewed from 424 (the
+/// shared numbering; 425–433 and 442 are the io_uring and mount calls already denied) to
+/// 469, each decided here:
 /// - denied below: 443 `quotactl_fd` (as `quotactl`), 467 `open_tree_attr` (Linux 6.15:
 ///   `open_tree` with attributes, it clones a mount tree without our overmounts);
 /// - 435 `clone3`: ENOSYS (its flags are in memory seccomp cannot read; glibc falls back
 ///   to `clone`, whose flags the filter checks);
-/// - allowed: 444–446 Landlock (a command may only narrow itself further), 447
+/// - allowed: 424 `pidfd_send_signal` and 434 `pidfd_open` (Landlock scopes signals), 436
+///   `close_range`, 437 `openat2` (Landlock applies), 438 `pidfd_getfd` and 440
+///   `process_madvise` (both need ptrace access, which Landlock keeps inside the sandbox),
+///   439 `faccessat2`, 441 `epoll_pwait2`, 444–446 Landlock (a command may only narrow itself further), 447
 ///   `memfd_secret`, 448 `process_mrelease` (only a process already killed), 449
 ///   `futex_waitv`, 450 `set_mempolicy_home_node`, 451 `cachestat` (an open file's page
 ///   cache), 452 `fchmodat2` (as `fchmodat`), 453 `map_shadow_stack` (glibc's CET), 454–456
@@ -1541,12 +1545,12 @@ fn find_pids_parent() -> Option<std::path::PathBuf> {
 /// there counts every task of the command and its descendants, whoever they are. The child
 /// joins it first thing after the fork. Emptied cgroups are removed by the next `new`
 /// (ours, and those of caliban processes no longer alive).
-pub struct PidsCgroup {
+struct PidsCgroup {
     procs: CString,
 }
 
 impl PidsCgroup {
-    pub fn new(parent: &Path, max: u64) -> io::Result<PidsCgroup> {
+    fn new(parent: &Path, max: u64) -> io::Result<PidsCgroup> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         sweep_pids_cgroups(parent);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
