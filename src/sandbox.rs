@@ -449,10 +449,23 @@ pub fn confines(mode: Mode) -> bool {
     matches!(status(mode), Status::Enforced | Status::Refused(_))
 }
 
+/// What `describe` and `sandbox check` say when the commands' process limit cannot hold.
+const NO_PROCESS_LIMIT: &str = "no process limit: caliban runs as root, and the kernel never \
+                                applies RLIMIT_NPROC to root (nor can caliban make a pids \
+                                cgroup here), so a fork bomb is not stopped";
+
+/// Whether commands run with no process limit: root, whom RLIMIT_NPROC does not bind,
+/// where no pids cgroup can be made for them either.
+fn no_process_limit() -> bool {
+    sys::nproc_exempt() && sys::pids_cgroup_parent().is_none()
+}
+
 /// The sandbox as run headers state it (print mode's `system/init`, session files).
 pub fn describe(mode: Mode) -> Value {
     match status(mode) {
         Status::Off => json!({"mode": "off", "enforced": false}),
+        Status::Enforced if no_process_limit() => json!({"mode": mode.as_str(),
+            "enforced": true, "caveat": NO_PROCESS_LIMIT}),
         Status::Enforced => json!({"mode": mode.as_str(), "enforced": true}),
         Status::Unconfined(why) => json!({"mode": mode.as_str(), "enforced": false,
                                           "commands": "unconfined", "why": why}),
@@ -930,6 +943,14 @@ pub fn explain(mode: Mode, workspace: &Path, cwd: &Path, output: &str) -> Option
     let config = config();
     let mut seen_denial = false;
     for line in text.lines() {
+        // What the seccomp filter answers for any family off its allowlist.
+        if line.contains("Address family not supported") {
+            return Some(format!(
+                "socket family refused by the sandbox ({mode}): commands may open {} \
+                 sockets only (no netlink, vsock, packet or other families)",
+                socket_policy(mode).families()
+            ));
+        }
         let network = !matches!(mode, Mode::Network | Mode::Off)
             && NETWORK_MARKERS.iter().any(|m| line.contains(m));
         if network {
@@ -1167,6 +1188,15 @@ fn path_candidates(line: &str) -> Vec<String> {
     out
 }
 
+/// The socket families `build` gives a mode's commands.
+fn socket_policy(mode: Mode) -> SocketPolicy {
+    if mode == Mode::Network {
+        SocketPolicy::Inet
+    } else {
+        SocketPolicy::LocalOnly
+    }
+}
+
 /// `caliban sandbox check`: what this machine offers, what the configured mode does here,
 /// and a live test of it. The text to print, and whether the mode is enforced.
 pub fn check_report(workspace: &Path) -> (String, bool) {
@@ -1189,14 +1219,42 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
         }
         Err(why) => line(format!("landlock:        unavailable: {why}")),
     }
-    line(format!(
-        "seccomp:         {}",
-        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-            "socket families, mounts, namespaces, io_uring, keyrings, modules"
-        } else {
-            "not on this architecture"
-        }
-    ));
+    let sockets = socket_policy(config.mode);
+    if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        line(format!(
+            "seccomp:         syscalls from {} up (not yet reviewed) fail as missing; denied: \
+             mounts (open_tree_attr too), namespaces (unshare, setns, clone3, clone with \
+             namespace flags), io_uring, keyrings, BPF, modules",
+            sys::FIRST_UNREVIEWED_SYSCALL
+        ));
+        line(format!(
+            "sockets:         {} in {}; any other family refused",
+            sockets.families(),
+            config.mode
+        ));
+    } else {
+        line("seccomp:         not on this architecture (Landlock alone)".to_owned());
+    }
+    line(
+        "capabilities:    all dropped (bounding, ambient, effective, permitted, inheritable), \
+         securebits locked"
+            .to_owned(),
+    );
+    line(if no_process_limit() {
+        format!("processes:       {NO_PROCESS_LIMIT}")
+    } else if let Some(parent) = sys::nproc_exempt().then(sys::pids_cgroup_parent).flatten() {
+        format!(
+            "processes:       a pids cgroup of {} per command under {} (caliban runs as \
+             root, whom RLIMIT_NPROC does not bind)",
+            sys::NPROC_LIMIT,
+            parent.display()
+        )
+    } else {
+        format!(
+            "processes:       RLIMIT_NPROC {} (per command in a user namespace, else per user)",
+            sys::NPROC_LIMIT
+        )
+    });
     line(format!(
         "mount namespace: {}",
         match mount_ns() {
@@ -1259,11 +1317,11 @@ pub fn check_report(workspace: &Path) -> (String, bool) {
         .collect();
     line(format!("protected:       {}", protected.join(", ")));
     let enforced = match self_test() {
-        Ok(()) => {
-            line(
-                "self-test:       ok (read-only refused a write that workspace-write allowed)"
-                    .to_owned(),
-            );
+        Ok(notes) => {
+            line(format!(
+                "self-test:       ok (read-only refused a write that workspace-write allowed; \
+                 a confined probe had {notes})"
+            ));
             status(mode) == Status::Enforced || mode == Mode::Off
         }
         Err(why) => {
@@ -1390,8 +1448,9 @@ fn landlock_lets_read(confinement: Confinement, file: &Path) -> bool {
 }
 
 /// Runs `sh -c 'echo > FILE'` confined in a scratch workspace, twice: `read-only` must
-/// refuse it, `workspace-write` allow it.
-fn self_test() -> Result<(), String> {
+/// refuse it, `workspace-write` allow it. Then a child confined as `workspace-write`
+/// checks the rest (`probe`). Ok is what the probe found, as a phrase.
+fn self_test() -> Result<String, String> {
     landlock_abi()?;
     let workspace =
         std::env::temp_dir().join(format!("caliban-sandbox-check-{}", std::process::id()));
@@ -1425,8 +1484,68 @@ fn self_test() -> Result<(), String> {
         (_, Ok(false)) => Err("workspace-write refused a write in the workspace".to_owned()),
         (Ok(false), Ok(true)) => Ok(()),
     };
+    let result = result.and_then(|()| {
+        let confined = prepare(Mode::WorkspaceWrite, &workspace, &workspace)?
+            .ok_or_else(|| "nothing to confine with".to_owned())?;
+        probe(&confined.confinement)
+    });
     let _ = fs::remove_dir_all(&workspace);
     result
+}
+
+/// What a confined child found it could still do: an error naming each hole, else what
+/// it checked.
+fn probe(confinement: &Confinement) -> Result<String, String> {
+    let found = sys::probe_confinement(confinement).map_err(|e| format!("probe child: {e}"))?;
+    match found.failed {
+        Some(0) => return Err("the confinement could not be applied".to_owned()),
+        Some(errno) => {
+            return Err(format!(
+                "the confinement could not be applied: {}",
+                io::Error::from_raw_os_error(errno)
+            ));
+        }
+        None => {}
+    }
+    let mut holes = Vec::new();
+    if found.caps_left {
+        holes.push("capabilities left after the drop".to_owned());
+    }
+    if found.unreviewed_reached {
+        holes.push(format!(
+            "syscall {} reached the kernel",
+            sys::FIRST_UNREVIEWED_SYSCALL
+        ));
+    }
+    if found.foreign_socket {
+        holes.push("an AF_NETLINK or AF_VSOCK socket opened".to_owned());
+    }
+    if found.new_namespace {
+        holes.push("clone(CLONE_NEWUSER) made a namespace".to_owned());
+    }
+    if found.nproc_unlimited {
+        holes.push(format!("RLIMIT_NPROC above {}", sys::NPROC_LIMIT));
+    }
+    if !holes.is_empty() {
+        return Err(holes.join(", "));
+    }
+    let bounding = if found.bounding_left {
+        "CapBnd kept (no CAP_SETPCAP to drop it; under no_new_privs it grants nothing)"
+    } else {
+        "CapBnd 0"
+    };
+    let filtered = if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        format!(
+            ", syscall {} ENOSYS, netlink and vsock refused, clone(CLONE_NEWUSER) refused",
+            sys::FIRST_UNREVIEWED_SYSCALL
+        )
+    } else {
+        String::new()
+    };
+    Ok(format!(
+        "CapEff 0, {bounding}{filtered}, RLIMIT_NPROC {}",
+        sys::NPROC_LIMIT
+    ))
 }
 
 #[cfg(test)]

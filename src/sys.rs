@@ -1420,20 +1420,66 @@ fn probe_one(ns: MountNs) -> bool {
     libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
 }
 
-/// What the seccomp filter lets a confined command do with sockets.
+/// What the seccomp filter lets a confined command do with sockets. Families go by
+/// allowlist, so a family a kernel adds later (or one this one has but nobody reviewed:
+/// netlink reconfigures the network namespace, vsock reaches the VM's host) is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SocketPolicy {
-    /// No IPv4, IPv6 or packet sockets at all: Unix sockets only.
+    /// Unix sockets only.
     LocalOnly,
-    /// IPv4 and IPv6 stream and datagram sockets (TCP is then up to Landlock; UDP carries
-    /// DNS), no raw or packet sockets.
+    /// Unix sockets, and IPv4 and IPv6 stream and datagram sockets (TCP is then up to
+    /// Landlock; UDP carries DNS), never raw ones.
     Inet,
+}
+
+impl SocketPolicy {
+    /// The families a command may open, as `sandbox check` names them.
+    pub fn families(self) -> &'static str {
+        match self {
+            SocketPolicy::LocalOnly => "AF_UNIX",
+            SocketPolicy::Inet => "AF_UNIX, AF_INET, AF_INET6 (stream and datagram)",
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xC000_003E;
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH: u32 = 0xC000_00B7;
+
+/// Syscall numbers libc does not name yet. Since 424 (`pidfd_send_signal`) every
+/// architecture shares one numbering, so these hold on x86_64 and aarch64 alike
+/// (`scripts/syscall.tbl`, `arch/x86/entry/syscalls/syscall_64.tbl`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SYS_QUOTACTL_FD: libc::c_long = 443;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SYS_OPEN_TREE_ATTR: libc::c_long = 467;
+
+/// The first syscall number nobody here has reviewed: every number from it up fails with
+/// ENOSYS, as on a kernel that lacks the call, so a program falls back as it does there
+/// and a call the next kernel adds cannot reach past this filter. Reviewed from 424 (the
+/// shared numbering; 425–433 and 442 are the io_uring and mount calls already denied) to
+/// 469, each decided here:
+/// - denied below: 443 `quotactl_fd` (as `quotactl`), 467 `open_tree_attr` (Linux 6.15:
+///   `open_tree` with attributes, it clones a mount tree without our overmounts);
+/// - 435 `clone3`: ENOSYS (its flags are in memory seccomp cannot read; glibc falls back
+///   to `clone`, whose flags the filter checks);
+/// - allowed: 424 `pidfd_send_signal` and 434 `pidfd_open` (Landlock scopes signals), 436
+///   `close_range`, 437 `openat2` (Landlock applies), 438 `pidfd_getfd` and 440
+///   `process_madvise` (both need ptrace access, which Landlock keeps inside the sandbox),
+///   439 `faccessat2`, 441 `epoll_pwait2`, 444–446 Landlock (a command may only narrow itself further), 447
+///   `memfd_secret`, 448 `process_mrelease` (only a process already killed), 449
+///   `futex_waitv`, 450 `set_mempolicy_home_node`, 451 `cachestat` (an open file's page
+///   cache), 452 `fchmodat2` (as `fchmodat`), 453 `map_shadow_stack` (glibc's CET), 454–456
+///   futexes, 457 `statmount` and 458 `listmount` (what /proc/self/mountinfo shows
+///   already), 459–461 `lsm_*_self_attr`/`lsm_list_modules` (the caller's own LSM
+///   attributes, as /proc/self/attr), 462 `mseal` (seals the caller's own memory), 463–466
+///   `*xattrat` (as the `*xattr` calls), 468–469 `file_getattr`/`file_setattr` (as the
+///   FS_IOC_FSGETXATTR ioctls; the immutable flag needs CAP_LINUX_IMMUTABLE, dropped).
+///
+/// Left to ENOSYS on purpose: 470 `listns` (6.19, enumerates namespaces) and whatever
+/// comes after.
+pub const FIRST_UNREVIEWED_SYSCALL: u32 = 470;
 
 /// Syscalls a confined command never needs and that could undo its confinement or reach
 /// past it: mounting and namespaces (`setns` would put root back in our mount namespace),
@@ -1447,6 +1493,7 @@ const DENIED_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_chroot,
     libc::SYS_move_mount,
     libc::SYS_open_tree,
+    SYS_OPEN_TREE_ATTR,
     libc::SYS_fsopen,
     libc::SYS_fsconfig,
     libc::SYS_fsmount,
@@ -1469,6 +1516,7 @@ const DENIED_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_swapoff,
     libc::SYS_acct,
     libc::SYS_quotactl,
+    SYS_QUOTACTL_FD,
     libc::SYS_io_uring_setup,
     libc::SYS_io_uring_enter,
     libc::SYS_io_uring_register,
@@ -1476,6 +1524,17 @@ const DENIED_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_open_by_handle_at,
     libc::SYS_name_to_handle_at,
 ];
+
+/// `clone` flags that make a namespace: refused, like `unshare` and `setns`, so a command
+/// never enters a namespace other than the ones caliban gave it. (CLONE_NEWTIME, 0x80,
+/// cannot be asked of `clone`: that byte is the exit signal.)
+const CLONE_NAMESPACES: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u32;
 
 /// Offsets into `struct seccomp_data`: nr, arch, then args[6] as u64 (little-endian, so an
 /// argument's low 32 bits, all the kernel reads of an `int` argument, are at its offset).
@@ -1563,10 +1622,15 @@ impl SeccompFilter {
         }])
     }
 
-    /// The filter for a confined command: the syscalls in `DENIED_SYSCALLS` and TIOCSTI
-    /// (typing into a terminal) fail with EPERM; sockets as `sockets` says, refused with
-    /// EACCES, which tools report as "Permission denied"; any other syscall ABI (i386's
-    /// `int 0x80`, x32) fails too, since its numbers differ.
+    /// The filter for a confined command: the syscalls in `DENIED_SYSCALLS`, `clone` with
+    /// a namespace flag and TIOCSTI (typing into a terminal) fail with EPERM; `clone3` and
+    /// every number from `FIRST_UNREVIEWED_SYSCALL` up with ENOSYS; sockets as `sockets`
+    /// says. IPv4 and IPv6 refused by the policy fail with EACCES, which tools report as
+    /// "Permission denied"; any other family but AF_UNIX with EAFNOSUPPORT, what a kernel
+    /// built without the family answers, so programs take the path they already have for
+    /// it (glibc's getaddrinfo, for one, assumes both IP families when netlink is
+    /// missing). Any other syscall ABI (i386's `int 0x80`, x32) fails too, since its
+    /// numbers differ.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub fn new(sockets: SocketPolicy) -> SeccompFilter {
         const LD: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
@@ -1574,6 +1638,7 @@ impl SeccompFilter {
         const RET: u32 = libc::BPF_RET | libc::BPF_K;
         const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
         const JGE: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+        const JSET: u32 = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
         let jeq = |k: u32, yes: To, no: To| Op::Jump {
             code: JEQ,
             k,
@@ -1596,19 +1661,39 @@ impl SeccompFilter {
                 no: To::Next,
             });
         }
+        ops.push(Op::Jump {
+            code: JGE,
+            k: FIRST_UNREVIEWED_SYSCALL,
+            yes: To::L("enosys"),
+            no: To::Next,
+        });
         for nr in DENIED_SYSCALLS {
             ops.push(jeq(*nr as u32, To::L("eperm"), To::Next));
         }
         ops.extend([
+            jeq(libc::SYS_clone3 as u32, To::L("enosys"), To::Next),
+            jeq(libc::SYS_clone as u32, To::L("clone"), To::Next),
             jeq(libc::SYS_socket as u32, To::L("socket"), To::Next),
+            jeq(libc::SYS_socketpair as u32, To::L("socket"), To::Next),
             jeq(libc::SYS_ioctl as u32, To::L("ioctl"), To::Next),
             allow(),
+            // The flags are the first argument of clone on both architectures (s390 is
+            // the one that swaps them with the stack).
+            Op::Label("clone"),
+            Op::Do(LD, seccomp_arg(0)),
+            Op::Jump {
+                code: JSET,
+                k: CLONE_NAMESPACES,
+                yes: To::L("eperm"),
+                no: To::L("allow"),
+            },
+            // The family is an int: its low 32 bits, whatever the upper ones hold.
             Op::Label("socket"),
             Op::Do(LD, seccomp_arg(0)),
-            jeq(libc::AF_PACKET as u32, To::L("eacces"), To::Next),
+            jeq(libc::AF_UNIX as u32, To::L("allow"), To::Next),
             jeq(libc::AF_INET as u32, To::L("inet"), To::Next),
             jeq(libc::AF_INET6 as u32, To::L("inet"), To::Next),
-            allow(),
+            errno(libc::EAFNOSUPPORT),
             Op::Label("inet"),
         ]);
         match sockets {
@@ -1617,19 +1702,21 @@ impl SeccompFilter {
                 // The type's low bits; SOCK_NONBLOCK and SOCK_CLOEXEC sit above them.
                 Op::Do(LD, seccomp_arg(1)),
                 Op::Do(AND, 0xf),
-                jeq(libc::SOCK_RAW as u32, To::L("eacces"), To::Next),
-                allow(),
+                jeq(libc::SOCK_STREAM as u32, To::L("allow"), To::Next),
+                jeq(libc::SOCK_DGRAM as u32, To::L("allow"), To::Next),
+                errno(libc::EACCES),
             ]),
         }
         ops.extend([
             Op::Label("ioctl"),
             Op::Do(LD, seccomp_arg(1)),
-            jeq(libc::TIOCSTI as u32, To::L("eperm"), To::Next),
-            allow(),
-            Op::Label("eacces"),
-            errno(libc::EACCES),
+            jeq(libc::TIOCSTI as u32, To::L("eperm"), To::L("allow")),
+            Op::Label("enosys"),
+            errno(libc::ENOSYS),
             Op::Label("eperm"),
             errno(libc::EPERM),
+            Op::Label("allow"),
+            allow(),
         ]);
         SeccompFilter(assemble(&ops))
     }
@@ -1658,6 +1745,203 @@ impl SeccompFilter {
     }
 }
 
+/// `capget`/`capset`'s header and one of its two 32-bit halves per set, version 3
+/// (`linux/capability.h`; libc does not declare them).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+const CAP_SETPCAP: u32 = 8;
+/// The sets are 64 bits wide; capabilities past the kernel's last (`cap_last_cap`) are
+/// refused with EINVAL, which is how the loops below find the end.
+const CAP_BITS: libc::c_ulong = 64;
+
+/// Securebits that keep uid 0 from regaining capabilities on exec or setuid, each locked
+/// so no descendant can clear it (SECBIT_KEEP_CAPS itself left clear, and locked so).
+const LOCKED_SECUREBITS: libc::c_ulong = (libc::SECBIT_NOROOT
+    | libc::SECBIT_NOROOT_LOCKED
+    | libc::SECBIT_NO_SETUID_FIXUP
+    | libc::SECBIT_NO_SETUID_FIXUP_LOCKED
+    | libc::SECBIT_KEEP_CAPS_LOCKED) as libc::c_ulong;
+
+/// `RLIMIT_NPROC` for a confined command: generous because a command is often a whole
+/// build and every thread counts (a `cargo build` or `make -j` on a big machine runs
+/// hundreds), and far below the default `pid_max` (32768) so a fork bomb stops long before
+/// the machine does. In a user namespace the kernel counts only the namespace's own tasks
+/// (this command's); elsewhere all of the user's. The kernel never applies it to uid 0 of
+/// the initial user namespace, whatever its capabilities (`copy_process`).
+pub const NPROC_LIMIT: u64 = 4096;
+
+/// A failed capability check between fork and exec: the spawn fails with EPERM ("a
+/// capability could not be dropped"), since nothing there may allocate an error message.
+fn cap_left() -> io::Error {
+    io::Error::from_raw_os_error(libc::EPERM)
+}
+
+fn prctl2(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc)
+}
+
+fn capget() -> io::Result<[CapData; 2]> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: a live header and two data structs, what version 3 writes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(data)
+}
+
+/// Drops every capability for good and checks that none is left: securebits locked (uid 0
+/// gains nothing on exec), the bounding set emptied (nothing can come back from a file's
+/// capabilities), the ambient set cleared, then effective, permitted and inheritable
+/// zeroed. Runs in the forked child: raw syscalls on the stack only.
+///
+/// Locking securebits and dropping the bounding set need CAP_SETPCAP (root, or the user
+/// namespace of `MountNs::User`). A process without it is left its bounding set, which is
+/// harmless: its other sets end empty, and under `no_new_privs` an exec never grants more
+/// than the permitted set it had.
+fn drop_capabilities() -> io::Result<()> {
+    let had = capget()?;
+    let setpcap = had[0].effective & (1 << CAP_SETPCAP) != 0;
+    if setpcap {
+        // A container may have locked other securebits already: then they stay as it set
+        // them, and the empty sets below still hold.
+        match prctl2(libc::PR_SET_SECUREBITS, LOCKED_SECUREBITS) {
+            Err(e) if e.raw_os_error() != Some(libc::EPERM) => return Err(e),
+            _ => {}
+        }
+        for cap in 0..CAP_BITS {
+            match prctl2(libc::PR_CAPBSET_DROP, cap) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        for cap in 0..CAP_BITS {
+            match prctl2(libc::PR_CAPBSET_READ, cap) {
+                Ok(0) => {}
+                Ok(_) => return Err(cap_left()),
+                Err(_) => break,
+            }
+        }
+    }
+    // Kernels before 4.3 have no ambient set (EINVAL): nothing to clear there.
+    let ambient = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
+    match prctl2(libc::PR_CAP_AMBIENT, ambient) {
+        Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
+        _ => {}
+    }
+    for cap in 0..CAP_BITS {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+                cap,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        match rc {
+            0 => {}
+            1 => return Err(cap_left()),
+            _ => break,
+        }
+    }
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let none = [CapData::default(); 2];
+    // SAFETY: a live header and two zeroed data structs the kernel only reads.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            none.as_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let left = capget()?;
+    if left
+        .iter()
+        .any(|d| d.effective | d.permitted | d.inheritable != 0)
+    {
+        return Err(cap_left());
+    }
+    Ok(())
+}
+
+/// Lowers `RLIMIT_NPROC` (soft and hard, so the command cannot raise it again) to
+/// `NPROC_LIMIT`, or leaves it where it already is lower. Runs in the forked child.
+fn limit_processes() -> io::Result<()> {
+    let mut current = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads the calling process's limit into a live struct.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NPROC,
+            std::ptr::null::<libc::rlimit64>(),
+            &mut current as *mut libc::rlimit64,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let limit = libc::rlimit64 {
+        rlim_cur: current.rlim_cur.min(NPROC_LIMIT),
+        rlim_max: current.rlim_max.min(NPROC_LIMIT),
+    };
+    // SAFETY: sets the calling process's limit from a live struct; lowering needs no
+    // privilege.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NPROC,
+            &limit as *const libc::rlimit64,
+            std::ptr::null_mut::<libc::rlimit64>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Everything a child applies to itself between fork and exec, built before the fork.
 pub struct Confinement {
     pub mounts: Option<MountPlan>,
@@ -1667,14 +1951,18 @@ pub struct Confinement {
 
 impl Confinement {
     /// Runs in the forked child, in this order: the mount namespace and its mounts (they
-    /// need privileges the later steps take away), no new privileges (so no setuid program
-    /// regains what is dropped, and the two restrictions after it need no privilege), the
-    /// Landlock domain (inherited by every descendant, across setsid and exec, and it
-    /// forbids unmounting what the first step mounted), the seccomp filter.
+    /// need privileges the later steps take away), every capability dropped (so a command
+    /// run by root can neither mount, nor reconfigure the network, nor set the clock), the
+    /// process limit, no new privileges (so no setuid program regains what is dropped, and
+    /// the two restrictions after it need no privilege), the Landlock domain (inherited by
+    /// every descendant, across setsid and exec, and it forbids unmounting what the first
+    /// step mounted), the seccomp filter.
     fn apply(&self) -> io::Result<()> {
         if let Some(mounts) = self.mounts.as_ref().filter(|m| !m.is_empty()) {
             mounts.apply(self.landlock.as_ref())?;
         }
+        drop_capabilities()?;
+        limit_processes()?;
 
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
@@ -1700,9 +1988,324 @@ impl Confinement {
     }
 }
 
+/// Whether the kernel exempts our processes from `RLIMIT_NPROC`: real uid 0 of the
+/// initial user namespace (`copy_process` skips the check for it). Uid 0 of a container's
+/// own user namespace is another user there and is limited; when the map cannot be read
+/// the answer is the cautious one.
+pub fn nproc_exempt() -> bool {
+    static EXEMPT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EXEMPT.get_or_init(|| {
+        // SAFETY: getuid cannot fail and touches no memory.
+        if unsafe { libc::getuid() } != 0 {
+            return false;
+        }
+        let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") else {
+            return true;
+        };
+        map.lines().any(|line| {
+            let mut fields = line.split_whitespace();
+            fields.next() == Some("0") && fields.next() == Some("0")
+        })
+    })
+}
+
+/// Where the pids cgroups of root's commands go: our own cgroup in the pids hierarchy of
+/// cgroup v1, or in cgroup v2 when it already hands the pids controller to its children.
+/// None where cgroupfs is read-only (most containers) or v2 keeps pids from our children:
+/// enabling it is not ours to do (outside the root cgroup the kernel refuses it anyway
+/// while we are in the cgroup, its no-internal-processes rule). Probed once, by making one.
+pub fn pids_cgroup_parent() -> Option<&'static Path> {
+    static PARENT: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    PARENT.get_or_init(find_pids_parent).as_deref()
+}
+
+fn find_pids_parent() -> Option<std::path::PathBuf> {
+    let has_pids = |file: &Path| {
+        std::fs::read_to_string(file).is_ok_and(|c| c.split_whitespace().any(|c| c == "pids"))
+    };
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in own.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        let dir = if controllers.split(',').any(|c| c == "pids") {
+            Path::new("/sys/fs/cgroup/pids").join(path)
+        } else if controllers.is_empty() {
+            let dir = Path::new("/sys/fs/cgroup").join(path);
+            if !has_pids(&dir.join("cgroup.subtree_control")) {
+                continue;
+            }
+            dir
+        } else {
+            continue;
+        };
+        if PidsCgroup::new(&dir, NPROC_LIMIT).is_ok() {
+            return Some(dir);
+        }
+    }
+    None
+}
+
+/// A pids cgroup of one command of root's, whom RLIMIT_NPROC does not bind: `pids.max`
+/// there counts every task of the command and its descendants, whoever they are. The child
+/// joins it first thing after the fork. Emptied cgroups are removed by the next `new`
+/// (ours, and those of caliban processes no longer alive).
+struct PidsCgroup {
+    procs: CString,
+}
+
+impl PidsCgroup {
+    fn new(parent: &Path, max: u64) -> io::Result<PidsCgroup> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        sweep_pids_cgroups(parent);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("{PIDS_CGROUP_PREFIX}{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir)?;
+        if let Err(e) = std::fs::write(dir.join("pids.max"), max.to_string()) {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e);
+        }
+        Ok(PidsCgroup {
+            procs: CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())?,
+        })
+    }
+
+    /// Moves the calling process in ("0" is the writer itself). Runs in the forked child.
+    fn join(&self) -> io::Result<()> {
+        write_proc(&self.procs, c"0")
+    }
+}
+
+const PIDS_CGROUP_PREFIX: &str = "caliban-";
+
+/// Removes the empty command cgroups under `parent` that are ours or belong to a caliban
+/// no longer running; a busy one (its command still runs) refuses and stays.
+fn sweep_pids_cgroups(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let own = std::process::id();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PIDS_CGROUP_PREFIX))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == own || !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// What a child confined with a `Confinement` could still do, for `sandbox check`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConfinementProbe {
+    /// The confinement could not be applied at all: the errno.
+    pub failed: Option<i32>,
+    /// Effective, permitted, inheritable or ambient capabilities left.
+    pub caps_left: bool,
+    /// Capabilities left in the bounding set (harmless without CAP_SETPCAP to drop them,
+    /// see `drop_capabilities`, but said).
+    pub bounding_left: bool,
+    /// A syscall number from `FIRST_UNREVIEWED_SYSCALL` up did not fail with ENOSYS.
+    pub unreviewed_reached: bool,
+    /// An AF_NETLINK or AF_VSOCK socket opened.
+    pub foreign_socket: bool,
+    /// `clone(CLONE_NEWUSER)` made a child.
+    pub new_namespace: bool,
+    /// RLIMIT_NPROC is above `NPROC_LIMIT`.
+    pub nproc_unlimited: bool,
+}
+
+const PROBE_FAILED: i32 = 0x40;
+const PROBE_CAPS: i32 = 1;
+const PROBE_BOUNDING: i32 = 2;
+const PROBE_UNREVIEWED: i32 = 4;
+const PROBE_SOCKET: i32 = 8;
+const PROBE_NAMESPACE: i32 = 16;
+const PROBE_NPROC: i32 = 32;
+
+/// Forks a child that applies `confinement` to itself, then tries what it must not be
+/// able to do and exits with a bit for each thing that worked. Raw syscalls only in the
+/// child.
+pub fn probe_confinement(confinement: &Confinement) -> io::Result<ConfinementProbe> {
+    // SAFETY: the child makes only raw syscalls (the confinement's, then the probes) on
+    // data built before the fork, and leaves by _exit without returning.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = match confinement.apply() {
+            // An errno past the six bits left is sent as 0, "unknown".
+            Err(e) => PROBE_FAILED | e.raw_os_error().filter(|&n| n < 0x40).unwrap_or(0),
+            Ok(()) => probe_in_child(),
+        };
+        // SAFETY: ends the child without running our destructors or atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waits for our own child; `status` is a live c_int.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc == pid {
+            break;
+        }
+        let err = io::Error::last_os_error();
+        if rc < 0 && err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    if !libc::WIFEXITED(status) {
+        return Err(io::Error::other("the probe child was killed"));
+    }
+    let code = libc::WEXITSTATUS(status);
+    if code & PROBE_FAILED != 0 {
+        return Ok(ConfinementProbe {
+            failed: Some(code & 0x3f),
+            ..ConfinementProbe::default()
+        });
+    }
+    Ok(ConfinementProbe {
+        failed: None,
+        caps_left: code & PROBE_CAPS != 0,
+        bounding_left: code & PROBE_BOUNDING != 0,
+        unreviewed_reached: code & PROBE_UNREVIEWED != 0,
+        foreign_socket: code & PROBE_SOCKET != 0,
+        new_namespace: code & PROBE_NAMESPACE != 0,
+        nproc_unlimited: code & PROBE_NPROC != 0,
+    })
+}
+
+/// The probes of `probe_confinement`, in the confined child.
+fn probe_in_child() -> i32 {
+    let mut code = 0;
+    match capget() {
+        Ok(sets)
+            if sets
+                .iter()
+                .all(|d| d.effective | d.permitted | d.inheritable == 0) => {}
+        _ => code |= PROBE_CAPS,
+    }
+    for cap in 0..CAP_BITS {
+        match prctl2(libc::PR_CAPBSET_READ, cap) {
+            Ok(0) => {}
+            Ok(_) => code |= PROBE_BOUNDING,
+            Err(_) => break,
+        }
+    }
+    for cap in 0..CAP_BITS {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+                cap,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        match rc {
+            0 => {}
+            1 => code |= PROBE_CAPS,
+            _ => break,
+        }
+    }
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        // SAFETY: a syscall number no kernel here has reviewed, with zero arguments.
+        let rc = unsafe { libc::syscall(libc::c_long::from(FIRST_UNREVIEWED_SYSCALL), 0, 0, 0) };
+        if rc >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+            code |= PROBE_UNREVIEWED;
+        }
+    }
+    // Elsewhere the filter allows every syscall (`SeccompFilter::new`): nothing to probe.
+    if cfg!(not(any(target_arch = "x86_64", target_arch = "aarch64"))) {
+        return code | probe_nproc();
+    }
+    const AF_VSOCK: libc::c_int = 40;
+    for (family, kind) in [
+        (libc::AF_NETLINK, libc::SOCK_RAW),
+        (AF_VSOCK, libc::SOCK_STREAM),
+    ] {
+        // SAFETY: socket takes integers only; a descriptor it returns is closed at once.
+        let fd = unsafe { libc::socket(family, kind | libc::SOCK_CLOEXEC, 0) };
+        if fd >= 0 {
+            code |= PROBE_SOCKET;
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+        }
+    }
+    let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: a fork-like clone (no shared memory, no new stack); a child it makes exits
+    // at once.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) };
+    if pid == 0 {
+        // SAFETY: ends the grandchild at once.
+        unsafe { libc::_exit(0) };
+    }
+    if pid > 0 {
+        code |= PROBE_NAMESPACE;
+        let mut status = 0;
+        // SAFETY: reaps the grandchild just made; `status` is a live c_int.
+        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+    }
+    code | probe_nproc()
+}
+
+/// `PROBE_NPROC` if RLIMIT_NPROC is above `NPROC_LIMIT` in the calling (confined) child.
+fn probe_nproc() -> i32 {
+    let mut limit = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads the calling process's limit into a live struct.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NPROC,
+            std::ptr::null::<libc::rlimit64>(),
+            &mut limit as *mut libc::rlimit64,
+        )
+    };
+    if rc != 0 || limit.rlim_max > NPROC_LIMIT {
+        PROBE_NPROC
+    } else {
+        0
+    }
+}
+
 /// Confines the command's child: `confinement` is applied between fork and exec, after the
 /// other `pre_exec` steps registered before it.
+/// As root, where a pids cgroup can be made (`pids_cgroup_parent`), the child first joins
+/// one of its own; the spawn fails if it cannot be made.
 pub fn confine(cmd: &mut Command, confinement: Confinement) {
+    if let Some(parent) = nproc_exempt().then(pids_cgroup_parent).flatten() {
+        match PidsCgroup::new(parent, NPROC_LIMIT) {
+            // SAFETY: the closure opens, writes and closes one file (raw syscalls) named
+            // by a string made before the fork.
+            Ok(cgroup) => unsafe {
+                cmd.pre_exec(move || cgroup.join());
+            },
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                // SAFETY: the closure only returns an error.
+                unsafe {
+                    cmd.pre_exec(move || Err(io::Error::from_raw_os_error(errno)));
+                }
+            }
+        }
+    }
     // SAFETY: the closure runs between fork and exec and makes only raw syscalls (unshare,
     // open, write, close, mount, prctl, landlock_restrict_self, seccomp) on data prepared
     // before the fork; it allocates nothing.
@@ -2032,6 +2635,9 @@ mod tests {
                 c if c == libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K => {
                     pc += usize::from(if acc >= ins.k { ins.jt } else { ins.jf });
                 }
+                c if c == libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K => {
+                    pc += usize::from(if acc & ins.k != 0 { ins.jt } else { ins.jf });
+                }
                 c if c == libc::BPF_RET | libc::BPF_K => return ins.k,
                 other => panic!("unexpected instruction {other:#x}"),
             }
@@ -2043,6 +2649,8 @@ mod tests {
     // libc's ioctl numbers are u64 with glibc and c_int with musl.
     #[allow(clippy::unnecessary_cast)]
     fn the_seccomp_filter_refuses_what_it_says_and_allows_the_rest() {
+        // Not in musl's libc: linux/socket.h.
+        const AF_VSOCK: i32 = 40;
         let allow = libc::SECCOMP_RET_ALLOW;
         let errno = |e: i32| libc::SECCOMP_RET_ERRNO | e as u32;
         let socket = |domain: i32, kind: i32| {
@@ -2061,13 +2669,56 @@ mod tests {
             for nr in DENIED_SYSCALLS {
                 assert_eq!(run(*nr, [0; 6]), errno(libc::EPERM), "{nr}");
             }
+            assert_eq!(run(SYS_OPEN_TREE_ATTR, [0; 6]), errno(libc::EPERM));
+            // A syscall no one reviewed, the next kernel's or a made-up one, is missing.
+            for nr in [
+                FIRST_UNREVIEWED_SYSCALL,
+                FIRST_UNREVIEWED_SYSCALL + 1,
+                1000,
+                0x3fff_ffff,
+            ] {
+                assert_eq!(run(nr.into(), [0; 6]), errno(libc::ENOSYS), "{nr}");
+            }
+            assert_eq!(run(libc::SYS_clone3, [0; 6]), errno(libc::ENOSYS));
             for nr in [
                 libc::SYS_read,
                 libc::SYS_write,
                 libc::SYS_execve,
                 libc::SYS_clone,
+                libc::SYS_landlock_restrict_self,
+                libc::SYS_mseal,
+                FIRST_UNREVIEWED_SYSCALL as libc::c_long - 1,
             ] {
                 assert_eq!(run(nr, [0; 6]), allow, "{nr}");
+            }
+            // fork, pthread_create, posix_spawn: no namespace flag, allowed.
+            let thread = libc::CLONE_VM
+                | libc::CLONE_FS
+                | libc::CLONE_FILES
+                | libc::CLONE_SIGHAND
+                | libc::CLONE_THREAD
+                | libc::CLONE_SYSVSEM
+                | libc::CLONE_SETTLS
+                | libc::CLONE_PARENT_SETTID
+                | libc::CLONE_CHILD_CLEARTID;
+            for flags in [
+                libc::SIGCHLD,
+                thread,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            ] {
+                assert_eq!(run(libc::SYS_clone, [flags as u64, 0, 0, 0, 0, 0]), allow);
+            }
+            for flag in [
+                libc::CLONE_NEWNS,
+                libc::CLONE_NEWCGROUP,
+                libc::CLONE_NEWUTS,
+                libc::CLONE_NEWIPC,
+                libc::CLONE_NEWUSER,
+                libc::CLONE_NEWPID,
+                libc::CLONE_NEWNET,
+            ] {
+                let args = [(flag | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0];
+                assert_eq!(run(libc::SYS_clone, args), errno(libc::EPERM), "{flag:#x}");
             }
             let tiocsti = [0, libc::TIOCSTI as u64, 0, 0, 0, 0];
             assert_eq!(run(libc::SYS_ioctl, tiocsti), errno(libc::EPERM));
@@ -2075,28 +2726,46 @@ mod tests {
                 run(libc::SYS_ioctl, [0, libc::TCGETS as u64, 0, 0, 0, 0]),
                 allow
             );
-            assert_eq!(
-                run(libc::SYS_socket, socket(libc::AF_UNIX, libc::SOCK_STREAM)),
-                allow
-            );
-            assert_eq!(
-                run(libc::SYS_socket, socket(libc::AF_PACKET, libc::SOCK_RAW)),
-                errno(libc::EACCES)
-            );
             let inet = match policy {
                 SocketPolicy::LocalOnly => errno(libc::EACCES),
                 SocketPolicy::Inet => allow,
             };
-            for domain in [libc::AF_INET, libc::AF_INET6] {
-                for kind in [libc::SOCK_STREAM, libc::SOCK_DGRAM] {
-                    assert_eq!(
-                        run(libc::SYS_socket, socket(domain, kind)),
-                        inet,
-                        "{policy:?}"
-                    );
+            for nr in [libc::SYS_socket, libc::SYS_socketpair] {
+                for kind in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET] {
+                    assert_eq!(run(nr, socket(libc::AF_UNIX, kind)), allow);
                 }
-                let raw = run(libc::SYS_socket, socket(domain, libc::SOCK_RAW));
-                assert_eq!(raw, errno(libc::EACCES), "{policy:?}");
+                // Only the low 32 bits are the family: high ones do not make it another.
+                let mut high = socket(libc::AF_UNIX, libc::SOCK_STREAM);
+                high[0] |= 1 << 32;
+                assert_eq!(run(nr, high), allow);
+                high[0] = (1 << 32) | libc::AF_NETLINK as u64;
+                assert_eq!(run(nr, high), errno(libc::EAFNOSUPPORT));
+                for domain in [
+                    libc::AF_NETLINK,
+                    AF_VSOCK,
+                    libc::AF_PACKET,
+                    libc::AF_BLUETOOTH,
+                    libc::AF_ALG,
+                    libc::AF_KEY,
+                    libc::AF_APPLETALK,
+                    0,
+                    46,
+                    255,
+                ] {
+                    for kind in [libc::SOCK_RAW, libc::SOCK_DGRAM, libc::SOCK_STREAM] {
+                        let got = run(nr, socket(domain, kind));
+                        assert_eq!(got, errno(libc::EAFNOSUPPORT), "{policy:?} {domain}");
+                    }
+                }
+                for domain in [libc::AF_INET, libc::AF_INET6] {
+                    for kind in [libc::SOCK_STREAM, libc::SOCK_DGRAM] {
+                        assert_eq!(run(nr, socket(domain, kind)), inet, "{policy:?}");
+                    }
+                    for kind in [libc::SOCK_RAW, libc::SOCK_SEQPACKET, libc::SOCK_RDM] {
+                        let got = run(nr, socket(domain, kind));
+                        assert_eq!(got, errno(libc::EACCES), "{policy:?} {kind}");
+                    }
+                }
             }
             // Another ABI's numbers mean other syscalls: refused whole.
             assert_eq!(

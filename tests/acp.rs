@@ -1651,10 +1651,15 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
     raw_initialize(&mut raw);
+    // Settings of its own: caliban's are on the deny list, which a confined root cannot
+    // enter any more than another user can.
+    let config = ws.path("inner-config");
+    std::fs::create_dir_all(&config).expect("mkdir");
     let servers = json!([
         {"name": "inner", "command": "/bin/sh", "args": ["-c", start],
          "env": [{"name": "ANTHROPIC_BASE_URL", "value": stub.url},
-                 {"name": "XDG_STATE_HOME", "value": state}]},
+                 {"name": "XDG_STATE_HOME", "value": state},
+                 {"name": "XDG_CONFIG_HOME", "value": path_str(&config)}]},
     ]);
     raw.send_line(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",

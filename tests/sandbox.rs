@@ -24,6 +24,8 @@ use crate::http_serve::{
 use crate::http_util::*;
 use crate::util::*;
 
+mod kernel;
+
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// A directory outside the workspace and outside every temp dir (`outside_root`), removed
@@ -133,6 +135,24 @@ fn print_script_run_as(
     (out, results)
 }
 
+/// Checks a run header's `sandbox` states `mode` enforced: as root perhaps with the caveat
+/// that the kernel applies no process limit to root (where caliban can make no pids cgroup).
+fn assert_enforced(sandbox: &Value, mode: &str) {
+    assert_eq!(sandbox["mode"], mode, "{sandbox}");
+    assert_eq!(sandbox["enforced"], true, "{sandbox}");
+    match sandbox.get("caveat") {
+        None => assert_eq!(sandbox.as_object().map(|o| o.len()), Some(2), "{sandbox}"),
+        Some(caveat) => {
+            assert!(ordinary_user().is_some(), "{sandbox}");
+            let caveat = caveat.as_str().unwrap_or_default();
+            assert!(
+                caveat.starts_with("no process limit: caliban runs as root"),
+                "{sandbox}"
+            );
+        }
+    }
+}
+
 fn init_frame(out: &Output) -> Value {
     out.frames()
         .into_iter()
@@ -164,10 +184,7 @@ fn write_inside_and_outside(mode: &str) -> (Workspace, Outside, Output, Vec<Stri
 #[test]
 fn workspace_write_writes_inside_the_workspace_and_temp_dirs_only() {
     let (ws, outside, out, texts) = write_inside_and_outside("workspace-write");
-    assert_eq!(
-        init_frame(&out)["sandbox"],
-        json!({"mode": "workspace-write", "enforced": true})
-    );
+    assert_enforced(&init_frame(&out)["sandbox"], "workspace-write");
     assert!(
         texts[0].starts_with("inside\n[exit code: 0]"),
         "{}",
@@ -778,10 +795,7 @@ fn http_a_refused_command_asks_to_run_outside_the_sandbox() {
     assert_eq!(std::fs::read_to_string(outside.path("f")).unwrap(), "x\n");
     // The session file says which sandbox the run had.
     let header = session_header(&ws, &run);
-    assert_eq!(
-        header["sandbox"],
-        json!({"mode": "workspace-write", "enforced": true})
-    );
+    assert_enforced(&header["sandbox"], "workspace-write");
 }
 
 /// The session file's header line.
