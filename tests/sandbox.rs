@@ -334,6 +334,37 @@ fn commands_see_no_process_outside_the_sandbox_nor_caliban_s_environment() {
 }
 
 #[test]
+fn without_a_private_proc_caliban_s_environment_is_still_out_of_reach() {
+    // A user namespace or no mount namespace means no procfs of the command's own: it sees
+    // caliban's pid, but Landlock refuses ptrace access (which /proc/PID/environ needs) to
+    // any process outside the sandbox, root's commands holding no CAP_SYS_PTRACE either.
+    let marker = format!("CALIBAN_TEST_MARK_{}", std::process::id());
+    for env in [
+        ("CALIBAN_SANDBOX_USERNS", "1"),
+        ("CALIBAN_SANDBOX_NO_MOUNTNS", "1"),
+    ] {
+        for user in users() {
+            let ws = Workspace::new("sbx-proc-env");
+            if let Some(user) = user {
+                ws.give_to(user);
+            }
+            let calls = vec![bash_call(
+                "proc",
+                "ls -d /proc/$PPID && tr '\\0' '\\n' < /proc/$PPID/environ",
+            )];
+            let envs = [env, (marker.as_str(), "visible")];
+            let (_, results) = print_script_run_as(&ws, &script(calls), &[], &envs, user);
+            let text = &results["proc"];
+            assert!(!text.contains("visible"), "{env:?} {user:?}: {text}");
+            assert!(
+                text.contains("Permission denied"),
+                "{env:?} {user:?}: {text}"
+            );
+        }
+    }
+}
+
+#[test]
 fn in_a_user_namespace_as_without_privilege_the_fences_hold() {
     let ws = Workspace::new("sbx-userns");
     let home = fake_home("home-userns");
