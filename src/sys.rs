@@ -432,17 +432,24 @@ pub fn unix_peer_pid(fd: RawFd) -> io::Result<Option<u32>> {
     Ok(u32::try_from(cred.pid).ok().filter(|&pid| pid > 0))
 }
 
+/// The process's effective uid.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
 /// `SOCK_DIAG_BY_FAMILY`, the sock_diag request type (linux/sock_diag.h).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-/// The inode of the TCP socket on this host whose local address is `local` and remote one
-/// `remote`, asked of the kernel by its 4-tuple (sock_diag's exact lookup, microseconds
-/// however many sockets there are, where `/proc/net/tcp` walks the whole table);
-/// `Ok(None)` when there is none. An IPv4 (or IPv4-mapped) pair is looked for among IPv4
-/// sockets, then as mapped among IPv6 ones. An error: sock_diag cannot be used here.
+/// The inode and owner (the uid that made it) of the TCP socket on this host whose local
+/// address is `local` and remote one `remote`, asked of the kernel by its 4-tuple
+/// (sock_diag's exact lookup, microseconds however many sockets there are, where
+/// `/proc/net/tcp` walks the whole table); `Ok(None)` when there is none, or it has no
+/// inode (closed). An IPv4 (or IPv4-mapped) pair is looked for among IPv4 sockets, then
+/// as mapped among IPv6 ones. An error: sock_diag cannot be used here.
 pub fn tcp_socket_inode(
     local: std::net::SocketAddr,
     remote: std::net::SocketAddr,
-) -> io::Result<Option<u64>> {
+) -> io::Result<Option<(u64, u32)>> {
     use std::net::IpAddr;
     let (l, r) = (local.ip().to_canonical(), remote.ip().to_canonical());
     let mut tries: Vec<(u8, [u8; 16], [u8; 16])> = Vec::new();
@@ -522,8 +529,9 @@ pub fn tcp_socket_inode(
         if kind != SOCK_DIAG_BY_FAMILY || reply.len() < 16 + 72 {
             return Err(io::Error::from(io::ErrorKind::InvalidData));
         }
+        let uid = u32::from_ne_bytes([reply[80], reply[81], reply[82], reply[83]]);
         let inode = u32::from_ne_bytes([reply[84], reply[85], reply[86], reply[87]]);
-        return Ok((inode != 0).then_some(u64::from(inode)));
+        return Ok((inode != 0).then_some((u64::from(inode), uid)));
     }
     Ok(None)
 }

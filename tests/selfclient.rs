@@ -60,6 +60,35 @@ while time.time() < deadline:
     elif mode == 'http':
         http('GET', '/runs')
         http('POST', '/runs/%s/permit' % sys.argv[3], {'tool_use_id': 'toolu_esc', 'allow': True})
+    elif mode == 'inflight':
+        # Hide the socket from caliban's look: connect, write the request, hand the socket
+        # to a socketpair (SCM_RIGHTS) and close our own copy, so that no process holds it
+        # while caliban accepts; take it back a moment later to read the answer.
+        path = '/runs/%s/permit' % sys.argv[3]
+        body = json.dumps({'tool_use_id': 'toolu_esc', 'allow': True}).encode()
+        try:
+            a, b = socket.socketpair()
+            host, port = target.rsplit(':', 1)
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(('POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n'
+                       'Content-Length: %d\r\nConnection: close\r\n\r\n'
+                       % (path, target, len(body))).encode() + body)
+            socket.send_fds(a, [b'x'], [s.fileno()])
+            s.close()
+            time.sleep(0.5)
+            _, fds, _, _ = socket.recv_fds(b, 1, 1)
+            r = socket.socket(fileno=fds[0]); r.settimeout(5)
+            data = b''
+            while True:
+                chunk = r.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            status = data.split(b' ', 2)[1].decode() if data else 'none'
+            note('POST %s %s %s' % (path, status, data.decode(errors='replace')[-300:].replace('\r\n', ' ')))
+            r.close(); a.close(); b.close()
+        except Exception as e:
+            note('POST %s error %s' % (path, e))
     elif mode == 'mcp':
         http('POST', '/mcp', {'jsonrpc': '2.0', 'id': 1, 'method': 'initialize', 'params':
             {'protocolVersion': '2025-06-18', 'capabilities': {}, 'clientInfo': {'name': 'x', 'version': '1'}}})
@@ -327,10 +356,16 @@ fn selfclient_a_daemonised_untagged_descendant_is_refused_on_the_socket() {
 /// The run's Bash, in `network` mode (or unconfined), calls `http serve` on loopback for its
 /// own prompt: 403 naming the rule, while the test's own loopback client keeps working.
 fn http_case(sandbox: &str, launch: Launch, user: Option<(u32, u32)>) {
+    http_case_with("http", sandbox, launch, user);
+}
+
+/// `http_case` with the attacker's `mode` (`http`, or `inflight`: its socket held by no
+/// process while caliban accepts it).
+fn http_case_with(mode: &str, sandbox: &str, launch: Launch, user: Option<(u32, u32)>) {
     let ws = workspace("selfclient-http", user);
     // The run's id is the first the server hands out; the attacker is told it.
     let stub_script = |addr: &str| {
-        json!({"turns": [attack_turn(launch, &format!("http {addr} run-1")), escape_turn(),
+        json!({"turns": [attack_turn(launch, &format!("{mode} {addr} run-1")), escape_turn(),
                           text_turn("done")]})
     };
     // The port is known once the server listens: start the stub's script after, through a
@@ -412,6 +447,16 @@ fn wait_prompt_for(addr: std::net::SocketAddr, run: &str, id: &str) -> Value {
 fn selfclient_a_command_in_network_mode_cannot_permit_itself_over_http_serve() {
     for user in users() {
         http_case("network", Launch::Background, user);
+    }
+}
+
+#[test]
+fn selfclient_a_socket_held_by_no_process_while_accepted_is_refused() {
+    // The command writes its request, then keeps its socket in flight on a socketpair
+    // (SCM_RIGHTS) so that no descendant holds it when caliban looks: found nowhere, it is
+    // refused, as one a descendant holds is.
+    for user in users() {
+        http_case_with("inflight", "network", Launch::Background, user);
     }
 }
 

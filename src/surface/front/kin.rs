@@ -66,17 +66,23 @@ fn descendants() -> Result<Vec<u32>, &'static str> {
 
 /// The peer of an accepted Unix socket connection.
 pub(crate) fn of_unix_peer(fd: RawFd) -> Kin {
-    let alive = match descendants() {
-        Ok(list) if list.is_empty() => return Kin::Stranger,
-        Ok(list) => list,
-        Err(why) => return unknown_if_children(why),
-    };
     let pid = match crate::sys::unix_peer_pid(fd) {
         Ok(Some(pid)) => pid,
         // A peer in a pid namespace we cannot see (a supervisor in another container):
         // ours are all in ours or below it, where we see them.
         Ok(None) => return Kin::Stranger,
         Err(_) => return Kin::Unknown("the peer's process is not known"),
+    };
+    // The kernel recorded who connected. One that is gone already may have been ours,
+    // reaped between its write and our accept (a command that connects, writes `Permit`
+    // and exits): what it wrote is not served, whoever is alive now.
+    if !reaper::is_running(pid) {
+        return Kin::Unknown("the process that connected is gone");
+    }
+    let alive = match descendants() {
+        Ok(list) if list.is_empty() => return Kin::Stranger,
+        Ok(list) => list,
+        Err(why) => return unknown_if_children(why),
     };
     if alive.contains(&pid) {
         return Kin::Ours("its process is caliban's descendant");
@@ -91,39 +97,83 @@ pub(crate) fn of_unix_peer(fd: RawFd) -> Kin {
     }
 }
 
+/// Most rounds of listing descendants again after a scan of their descriptors: a process
+/// forked during the scan may hold the socket, and each round looks at the new ones; past
+/// this many the tree keeps changing under us, and the peer is refused.
+const MAX_RELISTS: usize = 4;
+
 /// The peer of an accepted TCP connection, `local` being our end of it.
+///
+/// A TCP peer leaves no credential, and a command may hand its socket on (SCM_RIGHTS) or
+/// hold it nowhere at the moment we look (in flight on a socketpair, or written to and
+/// closed). So on loopback a peer is a stranger only when a process outside caliban's
+/// runs is found holding its socket: found in a descendant, it is ours; found nowhere, it
+/// is refused too. Remote peers live on another host: their token is their gate.
 pub(crate) fn of_tcp_peer(local: SocketAddr, peer: SocketAddr) -> Kin {
-    let alive = match descendants() {
-        Ok(list) if list.is_empty() => return Kin::Stranger,
-        Ok(list) => list,
-        Err(why) => return unknown_if_children(why),
-    };
     let loopback = crate::auth::is_loopback(&peer.ip());
-    let inode = match find_socket(peer, local) {
-        Ok(Some(inode)) => inode,
-        // A remote peer's socket is on another host: its token is its gate.
-        Ok(None) | Err(_) if !loopback => return Kin::Stranger,
-        Ok(None) => return Kin::Unknown("the peer's socket is not in the socket table"),
+    let listed = descendants();
+    if !loopback {
+        return Kin::Stranger;
+    }
+    let (inode, owner) = match find_socket(peer, local) {
+        Ok(Some(found)) => found,
+        // Closed already (no inode): what it wrote is nobody's to vouch for.
+        Ok(None) => return Kin::Unknown("the peer's socket has no process"),
+        Err(_) if matches!(&listed, Ok(list) if list.is_empty()) => return Kin::Stranger,
         Err(_) => return Kin::Unknown("the socket table cannot be read"),
     };
+    let mut alive = match listed {
+        // Nothing a run started is alive to hold it or to have written to it.
+        Ok(list) if list.is_empty() => return Kin::Stranger,
+        Ok(list) => list,
+        Err(why) => return Kin::Unknown(why),
+    };
     let link = format!("socket:[{inode}]");
-    let mut unreadable = false;
-    for pid in alive {
-        match holds(pid, &link) {
-            Ok(true) => return Kin::Ours("a descendant of caliban holds its socket"),
-            Ok(false) => {}
-            // Gone since it was listed, or a zombie (whose descriptors nobody may read):
-            // it holds nothing.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(_) if !reaper::is_running(pid) => {}
-            Err(_) => unreadable = true,
+    let mut scanned = 0;
+    for _ in 0..=MAX_RELISTS {
+        for &pid in &alive[scanned..] {
+            match holds(pid, &link) {
+                Ok(true) => return Kin::Ours("a descendant of caliban holds its socket"),
+                Ok(false) => {}
+                // Gone since it was listed, or a zombie (whose descriptors nobody may
+                // read): it holds nothing.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(_) if !reaper::is_running(pid) => {}
+                Err(_) => return Kin::Unknown("a descendant's descriptors cannot be read"),
+            }
         }
+        scanned = alive.len();
+        let now = match descendants() {
+            Ok(now) => now,
+            Err(why) => return Kin::Unknown(why),
+        };
+        let new: Vec<u32> = now.into_iter().filter(|p| !alive.contains(p)).collect();
+        if new.is_empty() {
+            // A socket another user made is not a run's: a run's processes are caliban's
+            // user (no setuid gains under `no_new_privs`), and that user cannot look into
+            // another's descriptors to find its holder.
+            return if owner != crate::sys::effective_uid() || held_outside(&link, &alive) {
+                Kin::Stranger
+            } else {
+                Kin::Unknown("no process outside caliban's runs holds its socket")
+            };
+        }
+        alive.extend(new);
     }
-    if unreadable && loopback {
-        Kin::Unknown("a descendant's descriptors cannot be read")
-    } else {
-        Kin::Stranger
-    }
+    Kin::Unknown("caliban's descendants kept changing while they were looked at")
+}
+
+/// Whether a process other than those in `ours` (caliban itself included) holds `link`:
+/// a scan of every process we may look into, made only while a run's process is alive.
+fn held_outside(link: &str, ours: &[u32]) -> bool {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return false;
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !ours.contains(pid))
+        .any(|pid| holds(pid, link).unwrap_or(false))
 }
 
 /// Without child lists, whether caliban has children decides.
@@ -146,9 +196,10 @@ fn holds(pid: u32, link: &str) -> io::Result<bool> {
     Ok(false)
 }
 
-/// The inode of the socket whose local address is `local` and remote one `remote`, from the
-/// kernel's TCP tables; `None` when it is in neither (or has no inode: closed already).
-fn find_socket(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u64>> {
+/// The inode and owner of the socket whose local address is `local` and remote one
+/// `remote`, from the kernel's TCP tables; `None` when it is in neither (or has no inode:
+/// closed already).
+fn find_socket(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(u64, u32)>> {
     match crate::sys::tcp_socket_inode(local, remote) {
         Ok(found) => return Ok(found),
         Err(e) => crate::log::debug(&format!("sock_diag: {e}; reading /proc/net/tcp")),
@@ -158,7 +209,7 @@ fn find_socket(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u64>>
 
 /// `find_socket` the slow way, where sock_diag cannot be used: `/proc/net/tcp` walks every
 /// bucket of the kernel's tables (milliseconds on a large host).
-fn read_tables(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u64>> {
+fn read_tables(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(u64, u32)>> {
     let mut read_any = false;
     let mut last_error = None;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -172,12 +223,12 @@ fn read_tables(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u64>>
         read_any = true;
         for line in BufReader::new(file).lines().skip(1) {
             let line = line?;
-            if let Some((l, r, inode)) = parse_tcp_line(&line)
+            if let Some((l, r, inode, uid)) = parse_tcp_line(&line)
                 && inode != 0
                 && same(l, local)
                 && same(r, remote)
             {
-                return Ok(Some(inode));
+                return Ok(Some((inode, uid)));
             }
         }
     }
@@ -193,19 +244,20 @@ fn same(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() == b.port() && a.ip().to_canonical() == b.ip().to_canonical()
 }
 
-/// One row of `/proc/net/tcp` or `tcp6`: local address, remote address, inode.
+/// One row of `/proc/net/tcp` or `tcp6`: local address, remote address, inode, uid.
 /// `sl local rem st tx:rx tr:when retrnsmt uid timeout inode …`, the addresses in hex as
 /// the kernel holds them (each 32-bit word of the address in host byte order), the port in
 /// hex.
-fn parse_tcp_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64)> {
+fn parse_tcp_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64, u32)> {
     let fields: Vec<&str> = line.split_ascii_whitespace().collect();
     if fields.len() < 10 || !fields[0].ends_with(':') {
         return None;
     }
     let local = parse_addr(fields[1])?;
     let remote = parse_addr(fields[2])?;
+    let uid = fields[7].parse().ok()?;
     let inode = fields[9].parse().ok()?;
-    Some((local, remote, inode))
+    Some((local, remote, inode, uid))
 }
 
 fn parse_addr(text: &str) -> Option<SocketAddr> {
@@ -240,13 +292,13 @@ mod tests {
         let v4 = "   3: 0100007F:A2C4 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 4242 1 0000000000000000 20 4 30 10 -1";
         assert_eq!(
             parse_tcp_line(v4),
-            Some((addr("127.0.0.1:41668"), addr("127.0.0.1:8080"), 4242))
+            Some((addr("127.0.0.1:41668"), addr("127.0.0.1:8080"), 4242, 1000))
         );
         // ::1 and an IPv4-mapped 127.0.0.1, as tcp6 lists them.
         let v6 = "   0: 00000000000000000000000001000000:D431 0000000000000000FFFF00000100007F:0050 01 00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 20 4 1 10 -1";
         assert_eq!(
             parse_tcp_line(v6),
-            Some((addr("[::1]:54321"), addr("[::ffff:127.0.0.1]:80"), 77))
+            Some((addr("[::1]:54321"), addr("[::ffff:127.0.0.1]:80"), 77, 0))
         );
         // The header, a short or garbled row.
         assert_eq!(
