@@ -73,6 +73,7 @@ fn reaping(command: impl FnOnce() -> u8) -> u8 {
     }
     let code = command();
     reaper::kill_all();
+    crate::sandbox::remove_placeholders();
     code
 }
 

@@ -262,6 +262,23 @@ pub fn descendants() -> Option<Vec<u32>> {
     Some(tree)
 }
 
+/// Whether a process caliban adopted (one that outlived the call that started it, or
+/// whose parents did) is alive; `None` when caliban cannot list its children. Children
+/// caliban started itself (shells of calls still running, MCP servers) are not counted:
+/// only what outlived its call can still be in the mount namespace of a call that is over.
+pub fn adopted_alive() -> Option<bool> {
+    let registry = registry();
+    if !registry.enabled {
+        return None;
+    }
+    let me = std::process::id();
+    Some(
+        children_of(me)
+            .into_iter()
+            .any(|pid| !registry.owned.contains(&pid) && is_running(pid)),
+    )
+}
+
 /// Whether caliban started a child that its owner has not reaped yet: what tells, on a
 /// kernel without child lists, whether any descendant may be alive.
 pub fn has_children() -> bool {

@@ -678,17 +678,40 @@ impl Drop for Placeholders {
     fn drop(&mut self) {
         let mut uses = placeholder_uses();
         for path in self.used.drain(..) {
-            let Some(n) = uses.get_mut(&path) else {
-                continue;
-            };
-            *n -= 1;
-            if *n > 0 {
-                continue;
+            if let Some(n) = uses.get_mut(&path) {
+                *n = n.saturating_sub(1);
             }
-            uses.remove(&path);
-            let _ = sys::remove_if_empty(&path);
         }
+        sweep_placeholders(&mut uses, false);
     }
+}
+
+/// Removes the placeholders no command uses any more (still empty ones only), but only
+/// while no process that outlived its call is alive (`reaper::adopted_alive`), or
+/// `at_exit` once `reaper::kill_all` is done: such a process (one that shed its tool-call
+/// tag escapes the sweep of ended calls) may still have the placeholder bound in its
+/// namespace, and removing the mount point would detach that bind and let it make the
+/// protected entry after all. Until then an unused placeholder stays, at a use count of 0.
+fn sweep_placeholders(uses: &mut HashMap<PathBuf, usize>, at_exit: bool) {
+    if !uses.values().any(|&n| n == 0) {
+        return;
+    }
+    if !at_exit && crate::reaper::adopted_alive() != Some(false) {
+        return;
+    }
+    uses.retain(|path, n| {
+        if *n > 0 {
+            return true;
+        }
+        let _ = sys::remove_if_empty(path);
+        false
+    });
+}
+
+/// At exit, after every process a run started is gone (`reaper::kill_all`): removes the
+/// placeholders still left.
+pub fn remove_placeholders() {
+    sweep_placeholders(&mut placeholder_uses(), true);
 }
 
 /// A command's confinement and the placeholders it needs while it runs.

@@ -1156,6 +1156,42 @@ fn commands_cannot_create_the_protected_files_a_workspace_lacks() {
 }
 
 #[test]
+fn a_placeholder_stays_while_a_process_that_outlived_its_call_may_hold_it() {
+    // A daemon that shed its tool-call tag (`env -i`) outlives its call and keeps the
+    // call's mount namespace, where `.caliban` is a read-only placeholder. Removing the
+    // placeholder when the call ends would detach that bind, and the daemon could then
+    // make `.caliban/settings.json` after all. (The call waits for the daemon to have shed
+    // its tag: what still carries an ended call's tag is killed on sight.)
+    for user in users() {
+        let ws = Workspace::new("sbx-placeholder-daemon");
+        if let Some(user) = user {
+            ws.give_to(user);
+        }
+        let daemon = "setsid nohup env -i PATH=\"$PATH\" sh -c 'sleep 1; mkdir -p .caliban && \
+                      echo {} > .caliban/settings.json && echo WROTE > wrote.txt; touch tried' \
+                      >/dev/null 2>&1 & sleep 0.5; echo started";
+        let script = json!({"turns": [
+            {"tool_calls": [bash_call("daemon", daemon)]},
+            {"tool_calls": [bash_call("wait", "for i in $(seq 100); do [ -e tried ] && break; \
+                                               sleep 0.05; done; ls tried")]},
+            {"text": "done"},
+        ]});
+        let (out, results) = print_script_run_as(&ws, &script, &[], &[], user);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(results["daemon"].starts_with("started"), "{results:?}");
+        assert!(
+            results["wait"].starts_with("tried"),
+            "{user:?}: {results:?}"
+        );
+        assert!(!ws.path("wrote.txt").exists(), "{user:?}: the daemon wrote");
+        assert!(
+            ws.path(".caliban").symlink_metadata().is_err(),
+            "{user:?}: a placeholder was left behind"
+        );
+    }
+}
+
+#[test]
 fn a_placeholder_stays_while_another_command_still_uses_it() {
     let ws = Workspace::new("sbx-placeholder");
     // The background shell tries once a foreground command has come and gone: had that
