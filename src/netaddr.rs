@@ -101,6 +101,11 @@ pub fn class(ip: IpAddr) -> Option<&'static str> {
                 (172, 16..=31) => Some("private"),
                 (169, 254) => Some("link-local"),
                 (100, 64..=127) => Some("carrier-grade NAT"),
+                // IETF protocol assignments (192.0.0.0/24), benchmarking (198.18/15).
+                (192, 0) if v4.octets()[2] == 0 => Some("private"),
+                (198, 18..=19) => Some("private"),
+                (224..=239, _) => Some("multicast"),
+                (240..=255, _) => Some("reserved"),
                 _ => None,
             }
         }
@@ -108,7 +113,15 @@ pub fn class(ip: IpAddr) -> Option<&'static str> {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return class(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let seg = v6.segments();
+            // NAT64 (64:ff9b::/96) and IPv4-compatible (::a.b.c.d) addresses reach the IPv4
+            // address in their last 32 bits: 64:ff9b::a9fe:a9fe is the metadata address.
+            let embedded = seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..6] == [0; 6];
+            if embedded && !v6.is_loopback() && !v6.is_unspecified() {
+                let [.., a, b, c, d] = v6.octets();
+                return class(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)));
+            }
+            let first = seg[0];
             if v6.is_loopback() {
                 Some("loopback")
             } else if v6.is_unspecified() {
@@ -117,6 +130,8 @@ pub fn class(ip: IpAddr) -> Option<&'static str> {
                 Some("private")
             } else if first & 0xffc0 == 0xfe80 {
                 Some("link-local")
+            } else if first & 0xff00 == 0xff00 {
+                Some("multicast")
             } else {
                 None
             }
@@ -199,6 +214,17 @@ mod tests {
         assert_eq!(of("::ffff:10.0.0.1"), Some("private"));
         assert_eq!(of("8.8.8.8"), None);
         assert_eq!(of("2001:db8::1"), None);
+        // The IPv4 address inside NAT64 and IPv4-compatible forms decides.
+        assert_eq!(of("64:ff9b::a9fe:a9fe"), Some("link-local"));
+        assert_eq!(of("64:ff9b::808:808"), None);
+        assert_eq!(of("::127.0.0.1"), Some("loopback"));
+        assert_eq!(of("::1"), Some("loopback"));
+        assert_eq!(of("::"), Some("unspecified"));
+        assert_eq!(of("192.0.0.8"), Some("private"));
+        assert_eq!(of("198.18.0.1"), Some("private"));
+        assert_eq!(of("224.0.0.1"), Some("multicast"));
+        assert_eq!(of("255.255.255.255"), Some("reserved"));
+        assert_eq!(of("ff02::1"), Some("multicast"));
         assert!(is_localhost_name("LocalHost."));
         assert!(is_localhost_name("a.localhost"));
         assert!(!is_localhost_name("localhost.example.com"));
