@@ -1591,8 +1591,12 @@ fn assemble(ops: &[Op]) -> Vec<libc::sock_filter> {
         let offset = |to: To| -> u8 {
             match to {
                 To::Next => 0,
-                // Labels are only ever ahead (BPF cannot jump back), a few dozen lines away.
-                To::L(name) => u8::try_from(at[name] - here - 1).unwrap_or(u8::MAX),
+                // Labels are only ever ahead (BPF cannot jump back). A jump past 255
+                // instructions cannot be encoded: a saturated offset would land on the
+                // wrong instruction, so the filter is refused at build (the unit tests
+                // assemble every policy, so a program grown past it fails there first).
+                To::L(name) => u8::try_from(at[name] - here - 1)
+                    .expect("a seccomp jump of more than 255 instructions"),
             }
         };
         match op {
