@@ -202,6 +202,20 @@ pub fn is_secret_env(name: &str) -> bool {
         || SECRET_ENV_PARTS.iter().any(|part| upper.contains(part))
 }
 
+/// Whether `name` is a proxy variable (`HTTPS_PROXY`, `http_proxy`, `ALL_PROXY`, …) whose
+/// URL carries a user and password (`http://user:pass@proxy:3128`): caliban reads them
+/// for its own connections, and the password is a secret like a key.
+fn proxy_with_credentials(name: &str, value: &std::ffi::OsStr) -> bool {
+    let upper = name.to_ascii_uppercase();
+    if !matches!(upper.as_str(), "HTTPS_PROXY" | "HTTP_PROXY" | "ALL_PROXY") {
+        return false;
+    }
+    let value = value.to_string_lossy();
+    let rest = value.split_once("://").map_or(&*value, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    authority.contains('@')
+}
+
 /// Takes the secrets (`is_secret_env`) of caliban's own environment out of `cmd`'s, but for
 /// those `sandbox.env_passthrough` names and those set on `cmd` itself (an MCP server's
 /// configured `env`, which its user wrote for it). Every spawner calls it through
@@ -210,9 +224,9 @@ pub fn is_secret_env(name: &str) -> bool {
 pub fn scrub_env(cmd: &mut std::process::Command) {
     let explicit: Vec<std::ffi::OsString> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
     let passthrough = &config().env_passthrough;
-    for (name, _) in std::env::vars_os() {
+    for (name, value) in std::env::vars_os() {
         let Some(text) = name.to_str() else { continue };
-        if is_secret_env(text)
+        if (is_secret_env(text) || proxy_with_credentials(text, &value))
             && !passthrough.iter().any(|kept| kept == text)
             && !explicit.contains(&name)
         {
@@ -1602,6 +1616,13 @@ mod tests {
         ] {
             assert!(!is_secret_env(name), "{name}");
         }
+        let creds = |name: &str, value: &str| proxy_with_credentials(name, value.as_ref());
+        assert!(creds("HTTPS_PROXY", "http://user:pass@proxy:3128"));
+        assert!(creds("http_proxy", "user:pass@proxy:3128"));
+        assert!(creds("ALL_PROXY", "socks5://u@proxy"));
+        assert!(!creds("HTTPS_PROXY", "http://proxy:3128/path@x"));
+        assert!(!creds("HTTPS_PROXY", "http://proxy:3128"));
+        assert!(!creds("NO_PROXY", "a@b"));
     }
 
     #[test]
