@@ -44,6 +44,7 @@ mod print;
 mod reactor;
 mod reaper;
 mod sandbox;
+mod secrets;
 mod settings;
 mod stdio;
 mod stub_model;

@@ -129,13 +129,13 @@ impl Drop for CallTag {
 /// tagged with `tag` if given, confined by `sandbox` if given (`sandbox::prepare`), as a
 /// child its caller reaps with `wait`. Every process a tool starts goes through here, so
 /// every one of them gets the sandbox its caller chose, and so do all its descendants, and
-/// none gets caliban's secrets (`sandbox::scrub_env`).
+/// none gets caliban's secrets (`secrets::scrub_env`).
 pub fn spawn(
     cmd: &mut Command,
     tag: Option<&CallTag>,
     sandbox: Option<sys::Confinement>,
 ) -> io::Result<Child> {
-    crate::sandbox::scrub_env(cmd);
+    crate::secrets::scrub_env(cmd);
     if let Some(tag) = tag {
         cmd.env(TAG_ENV, tag.value());
     }
