@@ -1810,6 +1810,26 @@ fn prctl2(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
     Ok(rc)
 }
 
+/// Whether capability `cap` is in the ambient set; `None` past the kernel's last one (or
+/// on a kernel without ambient capabilities). Runs in a forked child: a raw syscall.
+fn ambient_is_set(cap: libc::c_ulong) -> Option<bool> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+            cap,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    match rc {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
+}
+
 fn capget() -> io::Result<[CapData; 2]> {
     let mut header = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
@@ -1871,20 +1891,10 @@ fn drop_capabilities() -> io::Result<()> {
         _ => {}
     }
     for cap in 0..CAP_BITS {
-        // SAFETY: prctl with integer arguments only.
-        let rc = unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
-                cap,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-            )
-        };
-        match rc {
-            0 => {}
-            1 => return Err(cap_left()),
-            _ => break,
+        match ambient_is_set(cap) {
+            Some(false) => {}
+            Some(true) => return Err(cap_left()),
+            None => break,
         }
     }
     let mut header = CapHeader {
@@ -2216,20 +2226,10 @@ fn probe_in_child() -> i32 {
         }
     }
     for cap in 0..CAP_BITS {
-        // SAFETY: prctl with integer arguments only.
-        let rc = unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
-                cap,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-            )
-        };
-        match rc {
-            0 => {}
-            1 => code |= PROBE_CAPS,
-            _ => break,
+        match ambient_is_set(cap) {
+            Some(false) => {}
+            Some(true) => code |= PROBE_CAPS,
+            None => break,
         }
     }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
