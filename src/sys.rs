@@ -1923,10 +1923,9 @@ fn drop_capabilities() -> io::Result<()> {
     Ok(())
 }
 
-/// Lowers `RLIMIT_NPROC` (soft and hard, so the command cannot raise it again) to
-/// `NPROC_LIMIT`, or leaves it where it already is lower. Runs in the forked child.
-fn limit_processes() -> io::Result<()> {
-    let mut current = libc::rlimit64 {
+/// The calling process's `RLIMIT_NPROC`. Runs in a forked child: a raw syscall.
+fn nproc_limit() -> io::Result<libc::rlimit64> {
+    let mut limit = libc::rlimit64 {
         rlim_cur: 0,
         rlim_max: 0,
     };
@@ -1937,12 +1936,19 @@ fn limit_processes() -> io::Result<()> {
             0,
             libc::RLIMIT_NPROC,
             std::ptr::null::<libc::rlimit64>(),
-            &mut current as *mut libc::rlimit64,
+            &mut limit as *mut libc::rlimit64,
         )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(limit)
+}
+
+/// Lowers `RLIMIT_NPROC` (soft and hard, so the command cannot raise it again) to
+/// `NPROC_LIMIT`, or leaves it where it already is lower. Runs in the forked child.
+fn limit_processes() -> io::Result<()> {
+    let current = nproc_limit()?;
     let limit = libc::rlimit64 {
         rlim_cur: current.rlim_cur.min(NPROC_LIMIT),
         rlim_max: current.rlim_max.min(NPROC_LIMIT),
@@ -2276,24 +2282,9 @@ fn probe_in_child() -> i32 {
 
 /// `PROBE_NPROC` if RLIMIT_NPROC is above `NPROC_LIMIT` in the calling (confined) child.
 fn probe_nproc() -> i32 {
-    let mut limit = libc::rlimit64 {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: reads the calling process's limit into a live struct.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_prlimit64,
-            0,
-            libc::RLIMIT_NPROC,
-            std::ptr::null::<libc::rlimit64>(),
-            &mut limit as *mut libc::rlimit64,
-        )
-    };
-    if rc != 0 || limit.rlim_max > NPROC_LIMIT {
-        PROBE_NPROC
-    } else {
-        0
+    match nproc_limit() {
+        Ok(limit) if limit.rlim_max <= NPROC_LIMIT => 0,
+        _ => PROBE_NPROC,
     }
 }
 
