@@ -588,6 +588,7 @@ impl Placeholders {
     fn make(missing: &[(PathBuf, bool)], protected: &[PathBuf]) -> Placeholders {
         let mut uses = placeholder_uses();
         let mut held = Placeholders::default();
+        let mut dirs = sys::DirCache::default();
         for path in protected {
             if let Some(n) = uses.get_mut(path) {
                 *n += 1;
@@ -602,7 +603,7 @@ impl Placeholders {
             }
             // Never follows a symlink a command planted meanwhile, on the way or at the
             // end: caliban is not confined, and a command may swap what it can write.
-            match sys::make_empty(path, *is_dir) {
+            match sys::make_empty(path, *is_dir, &mut dirs) {
                 Ok(()) => {
                     uses.insert(path.clone(), 1);
                     held.used.push(path.clone());
@@ -653,13 +654,18 @@ fn sweep_placeholders(uses: &mut HashMap<PathBuf, usize>, at_exit: bool) {
     if !at_exit && crate::reaper::adopted_alive() != Some(false) {
         return;
     }
-    uses.retain(|path, n| {
-        if *n > 0 {
-            return true;
-        }
-        let _ = sys::remove_if_empty(path);
-        false
-    });
+    // In path order, so that the entries of one directory share its handle.
+    let mut unused: Vec<PathBuf> = uses
+        .iter()
+        .filter(|&(_, &n)| n == 0)
+        .map(|(path, _)| path.clone())
+        .collect();
+    unused.sort();
+    let mut dirs = sys::DirCache::default();
+    for path in unused {
+        let _ = sys::remove_if_empty(&path, &mut dirs);
+        uses.remove(&path);
+    }
 }
 
 /// At exit, after every process a run started is gone (`reaper::kill_all`): removes the

@@ -815,18 +815,33 @@ fn open_dir_nofollow(dir: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The directory and the name of `path`, the directory opened by `open_dir_nofollow`.
-fn split_nofollow(path: &Path) -> io::Result<(OwnedFd, CString)> {
+/// The directory last opened by `open_dir_nofollow` for `make_empty` or `remove_if_empty`:
+/// a command's placeholders sit in a handful of directories, and a walk from `/` for each
+/// of them was most of their cost. Keep one for a batch of paths, not longer: a handle
+/// held across commands would outlive a directory swapped meanwhile.
+#[derive(Default)]
+pub struct DirCache(Option<(std::path::PathBuf, OwnedFd)>);
+
+/// The directory (opened by `open_dir_nofollow`, or the one `cache` holds) and the name of
+/// `path`.
+fn split_nofollow<'a>(path: &Path, cache: &'a mut DirCache) -> io::Result<(&'a OwnedFd, CString)> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     };
-    Ok((open_dir_nofollow(dir)?, CString::new(name.as_bytes())?))
+    let name = CString::new(name.as_bytes())?;
+    if cache.0.as_ref().is_none_or(|(held, _)| held != dir) {
+        cache.0 = Some((dir.to_path_buf(), open_dir_nofollow(dir)?));
+    }
+    match &cache.0 {
+        Some((_, fd)) => Ok((fd, name)),
+        None => Err(io::Error::from(io::ErrorKind::NotFound)),
+    }
 }
 
 /// Makes an empty directory (`is_dir`) or an empty file at `path`, following no symlink
 /// anywhere on the way; fails with `AlreadyExists` if anything is there.
-pub fn make_empty(path: &Path, is_dir: bool) -> io::Result<()> {
-    let (dir, name) = split_nofollow(path)?;
+pub fn make_empty(path: &Path, is_dir: bool, cache: &mut DirCache) -> io::Result<()> {
+    let (dir, name) = split_nofollow(path, cache)?;
     let rc = if is_dir {
         // SAFETY: a live directory descriptor and a NUL-terminated name.
         unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) }
@@ -849,8 +864,8 @@ pub fn make_empty(path: &Path, is_dir: bool) -> io::Result<()> {
 
 /// Removes what `make_empty` made at `path` if it is still an empty directory or an empty
 /// regular file, following no symlink anywhere on the way.
-pub fn remove_if_empty(path: &Path) -> io::Result<()> {
-    let (dir, name) = split_nofollow(path)?;
+pub fn remove_if_empty(path: &Path, cache: &mut DirCache) -> io::Result<()> {
+    let (dir, name) = split_nofollow(path, cache)?;
     // SAFETY: a zeroed stat is a valid out-parameter.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live directory descriptor, a NUL-terminated name and a writable stat.
@@ -2788,26 +2803,28 @@ mod tests {
         std::fs::create_dir_all(root.join("real")).unwrap();
         let root = root.canonicalize().unwrap();
         std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+        // One handle on each directory serves the calls for its entries.
+        let mut dirs = DirCache::default();
         // A directory swapped for a symlink leads nowhere.
-        assert!(make_empty(&root.join("link/.caliban"), true).is_err());
-        assert!(make_empty(&root.join("link/.mcp.json"), false).is_err());
+        assert!(make_empty(&root.join("link/.caliban"), true, &mut dirs).is_err());
+        assert!(make_empty(&root.join("link/.mcp.json"), false, &mut dirs).is_err());
         assert!(
             std::fs::read_dir(root.join("real"))
                 .unwrap()
                 .next()
                 .is_none()
         );
-        make_empty(&root.join("real/.caliban"), true).unwrap();
-        make_empty(&root.join("real/.mcp.json"), false).unwrap();
-        let again = make_empty(&root.join("real/.mcp.json"), false);
+        make_empty(&root.join("real/.caliban"), true, &mut dirs).unwrap();
+        make_empty(&root.join("real/.mcp.json"), false, &mut dirs).unwrap();
+        let again = make_empty(&root.join("real/.mcp.json"), false, &mut dirs);
         assert_eq!(again.unwrap_err().kind(), io::ErrorKind::AlreadyExists);
         std::fs::write(root.join("real/.mcp.json"), "{}").unwrap();
         // What someone filled stays; what is empty goes.
-        remove_if_empty(&root.join("real/.mcp.json")).unwrap();
-        remove_if_empty(&root.join("real/.caliban")).unwrap();
+        remove_if_empty(&root.join("real/.mcp.json"), &mut dirs).unwrap();
+        remove_if_empty(&root.join("real/.caliban"), &mut dirs).unwrap();
         assert!(root.join("real/.mcp.json").exists());
         assert!(!root.join("real/.caliban").exists());
-        assert!(remove_if_empty(&root.join("link/.mcp.json")).is_err());
+        assert!(remove_if_empty(&root.join("link/.mcp.json"), &mut dirs).is_err());
         assert!(root.join("real/.mcp.json").exists());
         let _ = std::fs::remove_dir_all(&root);
     }
