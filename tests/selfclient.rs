@@ -186,13 +186,23 @@ fn start_agent(
     sandbox: &str,
     user: Option<(u32, u32)>,
 ) -> Agent {
-    let spec = json!({"initial_prompt": "go", "permission_posture": "supervised"}).to_string();
-    let mut cmd = caliban_stub(
-        ws,
-        stub,
-        &["agent", "serve", "--socket", socket, "--sandbox", sandbox],
-    );
-    cmd.env("CALIBAN_AGENT_SPEC", spec)
+    let spec = json!({"initial_prompt": "go", "permission_posture": "supervised"});
+    spawn_agent(ws, stub, socket, &spec, &["--sandbox", sandbox], user)
+}
+
+/// `agent serve --socket SOCKET` with `spec` and `extra` flags, as `user` if given, once it
+/// says it listens.
+fn spawn_agent(
+    ws: &Workspace,
+    stub: &Stub,
+    socket: &str,
+    spec: &Value,
+    extra: &[&str],
+    user: Option<(u32, u32)>,
+) -> Agent {
+    let mut cmd = caliban_stub(ws, stub, &["agent", "serve", "--socket", socket]);
+    cmd.args(extra)
+        .env("CALIBAN_AGENT_SPEC", spec.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -546,22 +556,7 @@ fn selfclient_mcp_listen_refuses_a_runs_command() {
 // ---- a newer client never takes the client role silently --------------------------------------
 
 fn start_socket_agent(ws: &Workspace, stub: &Stub, socket: &str, spec: &Value) -> Agent {
-    let mut cmd = caliban_stub(ws, stub, &["agent", "serve", "--socket", socket]);
-    cmd.env("CALIBAN_AGENT_SPEC", spec.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn agent serve");
-    let (tx, rx) = channel();
-    let stderr = StderrLog::start(
-        child.stderr.take().expect("stderr"),
-        Some(("listening on ", tx)),
-    );
-    if rx.recv_timeout(RECV).is_err() {
-        let _ = child.kill();
-        panic!("no start-up line:\n{}", stderr.text());
-    }
-    Agent { child, stderr }
+    spawn_agent(ws, stub, socket, spec, &[], None)
 }
 
 #[test]
