@@ -781,15 +781,10 @@ fn build(
             ruleset.allow_port(port, ll::CONNECT_TCP)?;
         }
     }
-    let sockets = if plan.mode == Mode::Network {
-        SocketPolicy::Inet
-    } else {
-        SocketPolicy::LocalOnly
-    };
     Ok(Confinement {
         mounts,
         landlock: Some(ruleset),
-        seccomp: Some(SeccompFilter::new(sockets)),
+        seccomp: Some(SeccompFilter::new(socket_policy(plan.mode))),
     })
 }
 
