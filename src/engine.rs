@@ -2204,7 +2204,7 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         let token = self.reactor.token();
-        let proxy_used = proxy.clone();
+        let proxied = proxy.is_some();
         let exchange = Exchange::new(
             token,
             request.target.clone(),
@@ -2223,7 +2223,7 @@ impl<K: HostKey> Engine<K> {
             FetchTask {
                 request,
                 exchange,
-                guard_addresses: block_private && proxy_used.is_none(),
+                guard_addresses: block_private && !proxied,
                 deadline,
                 status: None,
                 headers: Vec::new(),
