@@ -110,11 +110,10 @@ const MAX_RELISTS: usize = 4;
 /// runs is found holding its socket: found in a descendant, it is ours; found nowhere, it
 /// is refused too. Remote peers live on another host: their token is their gate.
 pub(crate) fn of_tcp_peer(local: SocketAddr, peer: SocketAddr) -> Kin {
-    let loopback = crate::auth::is_loopback(&peer.ip());
-    let listed = descendants();
-    if !loopback {
+    if !crate::auth::is_loopback(&peer.ip()) {
         return Kin::Stranger;
     }
+    let listed = descendants();
     let (inode, owner) = match find_socket(peer, local) {
         Ok(Some(found)) => found,
         // Closed already (no inode): what it wrote is nobody's to vouch for.
