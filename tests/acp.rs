@@ -138,19 +138,6 @@ pub(crate) fn drive(ws: &Workspace, stub: &Stub, mut args: Value) -> Value {
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-pub(crate) fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
-pub(crate) fn tool_turn(name: &str, id: &str, input: Value) -> Value {
-    json!({"tool_calls": [{"id": id, "name": name, "input": input}],
-           "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-pub(crate) fn script(turns: Vec<Value>) -> Value {
-    json!({ "turns": turns })
-}
-
 fn of_kind<'a>(updates: &'a Value, kind: &str) -> Vec<&'a Value> {
     updates
         .as_array()
@@ -194,8 +181,8 @@ fn acp_seed_handshake_then_a_second_prompt_continues_the_conversation() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            text_turn("The README describes a small agent."),
-            text_turn("You asked about the README."),
+            Turn::text("The README describes a small agent."),
+            Turn::text("You asked about the README."),
         ]),
     );
     let r = drive(
@@ -259,9 +246,11 @@ fn acp_tool_call_cards_carry_kind_title_locations_and_raw_input() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            json!({"thinking": "Look at the notes first.", "text": "Reading.",
-                   "tool_calls": [{"id": "toolu_r", "name": "Read", "input": {"path": "notes.txt"}}]}),
-            text_turn("Two lines."),
+            Turn::bare()
+                .think("Look at the notes first.")
+                .say("Reading.")
+                .calling([Call::read("toolu_r", "notes.txt")]),
+            Turn::text("Two lines."),
         ]),
     );
     let r = drive(
@@ -307,10 +296,10 @@ fn acp_permission_prompts_allowed_and_rejected() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("Bash", "toolu_ok", json!({"command": "echo allowed-run"})),
-            tool_turn("Bash", "toolu_no", json!({"command": "touch rejected.txt"})),
-            tool_turn("Bash", "toolu_err", json!({"command": "touch errored.txt"})),
-            text_turn("One ran, two were not allowed."),
+            Turn::bash("toolu_ok", "echo allowed-run"),
+            Turn::bash("toolu_no", "touch rejected.txt"),
+            Turn::bash("toolu_err", "touch errored.txt"),
+            Turn::text("One ran, two were not allowed."),
         ]),
     );
     let r = drive(
@@ -379,14 +368,15 @@ fn acp_allow_always_adds_a_session_rule() {
         &ws,
         &script(vec![
             // Both calls ask; the answer to the first covers the second.
-            json!({"tool_calls": [
-                {"id": "toolu_1", "name": "Bash", "input": {"command": "echo one"}},
-                {"id": "toolu_2", "name": "Bash", "input": {"command": "echo two"}}]}),
-            tool_turn("Bash", "toolu_3", json!({"command": "pwd"})),
-            tool_turn("Bash", "toolu_4", json!({"command": "echo three"})),
-            text_turn("done"),
-            tool_turn("Bash", "toolu_5", json!({"command": "echo four"})),
-            text_turn("still allowed"),
+            Turn::bare().calling([
+                Call::bash("toolu_1", "echo one"),
+                Call::bash("toolu_2", "echo two"),
+            ]),
+            Turn::bash("toolu_3", "pwd"),
+            Turn::bash("toolu_4", "echo three"),
+            Turn::text("done"),
+            Turn::bash("toolu_5", "echo four"),
+            Turn::text("still allowed"),
         ]),
     );
     let r = drive(
@@ -429,8 +419,8 @@ fn acp_cancel_during_a_streaming_reply() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            json!({"text": long, "faults": [{"drip_ms": 100}]}),
-            text_turn("A fresh answer."),
+            Turn::bare().say(&long).fault(Fault::DripMs(100)),
+            Turn::text("A fresh answer."),
         ]),
     );
     let r = drive(
@@ -477,12 +467,12 @@ fn acp_cancel_during_a_running_bash_kills_it() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn(
-                "Bash",
+            Turn::call(
                 "toolu_sleep",
+                "Bash",
                 json!({"command": format!("sleep 30; echo {marker}")}),
             ),
-            text_turn("after the cancel"),
+            Turn::text("after the cancel"),
         ]),
     );
     let r = drive(
@@ -515,12 +505,12 @@ fn acp_cancel_during_bash_in_an_editor_terminal() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn(
-                "Bash",
+            Turn::call(
                 "toolu_t",
+                "Bash",
                 json!({"command": format!("sleep 30; echo {marker}")}),
             ),
-            text_turn("after the cancel"),
+            Turn::text("after the cancel"),
         ]),
     );
     let r = drive(
@@ -561,8 +551,8 @@ fn acp_cancel_answers_a_pending_permission_prompt() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("Bash", "toolu_ask", json!({"command": "touch never.txt"})),
-            text_turn("ok"),
+            Turn::bash("toolu_ask", "touch never.txt"),
+            Turn::text("ok"),
         ]),
     );
     let r = drive(
@@ -588,10 +578,11 @@ fn acp_session_load_replays_the_conversation_after_a_restart() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            json!({"text": "Let me read.",
-                   "tool_calls": [{"id": "toolu_n", "name": "Read", "input": {"path": "notes.txt"}}]}),
-            text_turn("It says gamma."),
-            text_turn("Still here."),
+            Turn::bare()
+                .say("Let me read.")
+                .calling([Call::read("toolu_n", "notes.txt")]),
+            Turn::text("It says gamma."),
+            Turn::text("Still here."),
         ]),
     );
     let r = drive(
@@ -654,15 +645,15 @@ fn acp_repeated_model_tool_ids_get_their_own_cards() {
     for (file, text) in [("a.txt", "alpha"), ("b.txt", "bravo"), ("c.txt", "charlie")] {
         ws.write(file, &format!("{text}\n"));
     }
-    let read = |path: &str| json!({"id": "call_0", "name": "Read", "input": {"path": path}});
+    let read = |path: &str| Call::read("call_0", path);
     let stub = Stub::start(
         &ws,
         &script(vec![
-            json!({"tool_calls": [read("a.txt")]}),
-            json!({"tool_calls": [read("b.txt")]}),
-            json!({"tool_calls": [read("c.txt"), read("a.txt")]}),
-            text_turn("Read them all."),
-            text_turn("Still here."),
+            Turn::bare().calling([read("a.txt")]),
+            Turn::bare().calling([read("b.txt")]),
+            Turn::bare().calling([read("c.txt"), read("a.txt")]),
+            Turn::text("Read them all."),
+            Turn::text("Still here."),
         ]),
     );
     let r = drive(
@@ -755,8 +746,12 @@ fn acp_model_retries_are_shown_while_they_wait() {
         let ws = Workspace::new("acp-retry");
         let stub = Stub::start(
             &ws,
-            &script(vec![json!({"text": "Back again.",
-                "faults": [{"status": 529, "retry_after": "0"}, {"status": 503, "retry_after": "0"}]})]),
+            &script(vec![
+                Turn::bare()
+                    .say("Back again.")
+                    .fault(Fault::StatusRetryAfter(529, "0".into()))
+                    .fault(Fault::StatusRetryAfter(503, "0".into())),
+            ]),
         );
         let caps = if notices {
             json!({"session": {"notices": {}}})
@@ -822,7 +817,11 @@ fn acp_sessions_are_listed_resumed_and_closed() {
     let ws = Workspace::new("acp-sessions");
     let stub = Stub::start(
         &ws,
-        &script(vec![text_turn("a"), text_turn("b"), text_turn("resumed")]),
+        &script(vec![
+            Turn::text("a"),
+            Turn::text("b"),
+            Turn::text("resumed"),
+        ]),
     );
     let r = drive(&ws, &stub, json!({"scenario": "sessions"}));
     let first = &r["first"];
@@ -859,23 +858,19 @@ fn acp_fs_and_terminal_delegation() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("Read", "toolu_read", json!({"path": "buffered.txt"})),
-            tool_turn(
-                "Edit",
+            Turn::call("toolu_read", "Read", json!({"path": "buffered.txt"})),
+            Turn::call(
                 "toolu_edit",
+                "Edit",
                 json!({"path": "edit.txt", "old_string": "alpha", "new_string": "ALPHA"}),
             ),
-            tool_turn(
-                "Write",
+            Turn::call(
                 "toolu_write",
+                "Write",
                 json!({"path": "sub/new.txt", "content": "brand new\n"}),
             ),
-            tool_turn(
-                "Bash",
-                "toolu_bash",
-                json!({"command": "echo from-the-terminal"}),
-            ),
-            text_turn("All done."),
+            Turn::bash("toolu_bash", "echo from-the-terminal"),
+            Turn::text("All done."),
         ]),
     );
     let buffered = path_str(&ws.path("buffered.txt"));
@@ -990,10 +985,7 @@ fn acp_a_sandboxed_bash_runs_in_caliban_and_may_be_retried_outside() {
     let command = format!("echo x > {}", outside.display());
     let stub = Stub::start(
         &ws,
-        &script(vec![
-            tool_turn("Bash", "toolu_out", json!({"command": command})),
-            text_turn("done"),
-        ]),
+        &script(vec![Turn::bash("toolu_out", &command), Turn::text("done")]),
     );
     // Bash asks (allow), runs in the sandbox and is refused; the retry asks again (allow)
     // and runs outside it.
@@ -1047,8 +1039,8 @@ fn acp_the_sandbox_config_option_narrows_a_session() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("Bash", "toolu_w", json!({"command": "echo x > inside.txt"})),
-            text_turn("done"),
+            Turn::bash("toolu_w", "echo x > inside.txt"),
+            Turn::text("done"),
         ]),
     );
     let r = drive(
@@ -1111,12 +1103,12 @@ fn acp_set_config_option_switches_the_permission_mode() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn(
-                "Write",
+            Turn::call(
                 "toolu_w",
+                "Write",
                 json!({"path": "out.txt", "content": "x"}),
             ),
-            text_turn("written"),
+            Turn::text("written"),
         ]),
     );
     let r = drive(
@@ -1139,23 +1131,23 @@ fn acp_set_config_option_switches_the_permission_mode() {
 fn acp_other_stop_reasons() {
     for (turn, flags, want) in [
         (
-            json!({"text": "cut off", "stop_reason": "max_tokens"}),
+            Turn::bare().say("cut off").stop(Stop::MaxTokens),
             vec![],
             "max_tokens",
         ),
         (
-            json!({"text": "I can't", "stop_reason": "refusal"}),
+            Turn::bare().say("I can't").stop(Stop::Refusal),
             vec![],
             "refusal",
         ),
         (
-            tool_turn("Read", "toolu_m", json!({"path": "."})),
+            Turn::call("toolu_m", "Read", json!({"path": "."})),
             vec!["--max-turns", "1"],
             "max_turn_requests",
         ),
     ] {
         let ws = Workspace::new("acp-stop");
-        let stub = Stub::start(&ws, &script(vec![turn, text_turn("next")]));
+        let stub = Stub::start(&ws, &script(vec![turn, Turn::text("next")]));
         let r = drive(
             &ws,
             &stub,
@@ -1184,8 +1176,8 @@ fn acp_unanswered_permission_is_denied_and_withdrawn() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("Bash", "toolu_late", json!({"command": "touch late.txt"})),
-            text_turn("denied"),
+            Turn::bash("toolu_late", "touch late.txt"),
+            Turn::text("denied"),
         ]),
     );
     let r = drive(
@@ -1242,7 +1234,7 @@ fn raw_prompt_line(id: u64, session: &Value, text: &str) -> String {
 #[test]
 fn acp_raw_wire_errors_are_answered_and_serving_goes_on() {
     let ws = Workspace::new("acp-raw");
-    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let stub = Stub::start(&ws, &script(vec![Turn::text("hi")]));
     let mut raw = start_raw(&ws, &stub, &[]);
     raw.send_line("{nope");
     let e = raw.recv();
@@ -1327,7 +1319,7 @@ fn acp_without_a_provider_answers_initialize_and_says_what_to_set() {
 #[test]
 fn acp_any_json_rpc_id_is_answered_as_sent() {
     let ws = Workspace::new("acp-ids");
-    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let stub = Stub::start(&ws, &script(vec![Turn::text("hi")]));
     let mut raw = start_raw(&ws, &stub, &[]);
     let init = r#""method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}"#;
     for id in [
@@ -1355,9 +1347,9 @@ fn acp_stdin_eof_cancels_the_turn_and_kills_its_tools() {
     let marker = format!("acp-eof-marker-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &script(vec![tool_turn(
-            "Bash",
+        &script(vec![Turn::call(
             "toolu_e",
+            "Bash",
             json!({"command": format!("sleep 30; echo {marker}")}),
         )]),
     );
@@ -1384,9 +1376,9 @@ fn acp_closing_a_session_answers_the_prompt_queued_behind_a_cancel() {
     let marker = format!("acp-close-queued-marker-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &script(vec![tool_turn(
-            "Bash",
+        &script(vec![Turn::call(
             "toolu_c",
+            "Bash",
             json!({"command": format!("sleep 30; echo {marker}")}),
         )]),
     );
@@ -1434,12 +1426,12 @@ fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn(
-                "Bash",
+            Turn::call(
                 "toolu_q",
+                "Bash",
                 json!({"command": format!("sleep 30; echo {marker}")}),
             ),
-            text_turn("the second prompt's answer"),
+            Turn::text("the second prompt's answer"),
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
@@ -1477,7 +1469,7 @@ fn acp_a_prompt_sent_right_after_a_cancel_runs_once_the_turn_has_ended() {
 fn acp_exits_when_the_editor_stops_reading_its_stdout() {
     // An editor that crashed closes our stdout before our stdin: nobody can be answered.
     let ws = Workspace::new("acp-stdout-gone");
-    let stub = Stub::start(&ws, &script(vec![text_turn("hi")]));
+    let stub = Stub::start(&ws, &script(vec![Turn::text("hi")]));
     let mut cmd = caliban(&ws);
     cmd.env("ANTHROPIC_BASE_URL", &stub.url)
         .args(["acp", "serve"])
@@ -1542,12 +1534,12 @@ fn acp_session_mcp_servers_offer_their_tools_to_the_model() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn(
-                "mcp__inner__caliban_status",
+            Turn::call(
                 "toolu_m",
+                "mcp__inner__caliban_status",
                 json!({"run_id": "run-999"}),
             ),
-            text_turn("The inner server does not know that run."),
+            Turn::text("The inner server does not know that run."),
         ]),
     );
     let marker = format!("CALIBAN_ACP_MCP_MARKER={}", std::process::id());
@@ -1629,12 +1621,12 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn(
-                "mcp__inner__caliban_status",
+            Turn::call(
                 "toolu_m",
+                "mcp__inner__caliban_status",
                 json!({"run_id": "run-7"}),
             ),
-            text_turn("ok"),
+            Turn::text("ok"),
         ]),
     );
     ws.write(
@@ -1691,7 +1683,7 @@ fn acp_mcp_servers_run_in_the_sandbox_the_settings_give_them() {
 #[test]
 fn acp_mcp_servers_that_fail_do_not_hold_up_prompts() {
     let ws = Workspace::new("acp-mcp-fail");
-    let stub = Stub::start(&ws, &script(vec![text_turn("no tools, still fine")]));
+    let stub = Stub::start(&ws, &script(vec![Turn::text("no tools, still fine")]));
     let mut raw = start_raw(&ws, &stub, &[]);
     raw_initialize(&mut raw);
     let servers = json!([
@@ -1744,20 +1736,20 @@ fn acp_compaction_auto_and_by_command_survives_session_load() {
     ] {
         crate::print::big_file(&ws, name, marker);
     }
-    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let read = |id: &str, path: &str| Turn::bare().calling([Call::read(id, path)]);
     let stub = Stub::start(
         &ws,
         &script(vec![
             read("ta", "a.txt"),
-            json!({"text": "ok one"}),
+            Turn::bare().say("ok one"),
             read("tb", "b.txt"),
-            json!({"text": "SUMMARY-ONE"}),
+            Turn::bare().say("SUMMARY-ONE"),
             read("tc", "c.txt"),
             read("td", "d.txt"),
-            json!({"text": "SUMMARY-TWO"}),
-            json!({"text": "ok two"}),
-            json!({"text": "SUMMARY-THREE"}),
-            json!({"text": "ok four"}),
+            Turn::bare().say("SUMMARY-TWO"),
+            Turn::bare().say("ok two"),
+            Turn::bare().say("SUMMARY-THREE"),
+            Turn::bare().say("ok four"),
         ]),
     );
     let r = drive(
@@ -1886,7 +1878,7 @@ fn acp_editor_commands_selectors_usage_title_and_delete() {
     );
     let stub = Stub::start(
         &ws,
-        &script(vec![text_turn("hi there"), text_turn("again to you")]),
+        &script(vec![Turn::text("hi there"), Turn::text("again to you")]),
     );
     let r = drive(
         &ws,
@@ -2006,7 +1998,7 @@ fn acp_image_prompts_reach_the_model_and_survive_load() {
     let ws = Workspace::new("acp-image");
     let stub = Stub::start(
         &ws,
-        &script(vec![text_turn("a red dot"), text_turn("still a red dot")]),
+        &script(vec![Turn::text("a red dot"), Turn::text("still a red dot")]),
     );
     let r = drive(
         &ws,
@@ -2047,7 +2039,10 @@ fn acp_failed_compaction_is_shown_and_fails_the_prompt() {
     let ws = Workspace::new("acp-compact-failed");
     let stub = Stub::start(
         &ws,
-        &script(vec![text_turn("ok"), json!({"faults": [{"status": 400}]})]),
+        &script(vec![
+            Turn::text("ok"),
+            Turn::bare().fault(Fault::Status(400)),
+        ]),
     );
     let r = drive(
         &ws,
@@ -2081,8 +2076,8 @@ fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("mcp__web__echo", "toolu_h", json!({"text": "from acp"})),
-            text_turn("done"),
+            Turn::call("toolu_h", "mcp__web__echo", json!({"text": "from acp"})),
+            Turn::text("done"),
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-mode", "bypassPermissions"]);
@@ -2167,7 +2162,7 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
 
     // Rejected: not started, and the session says so on the server's card; the other
     // server is rejected for good.
-    let stub = Stub::start(&ws, &script(vec![text_turn("without it")]));
+    let stub = Stub::start(&ws, &script(vec![Turn::text("without it")]));
     let r = drive(
         &ws,
         &stub,
@@ -2218,9 +2213,9 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            text_turn("first"),
-            tool_turn("mcp__proj__echo", "toolu_p", json!({"text": "approved"})),
-            text_turn("done"),
+            Turn::text("first"),
+            Turn::call("toolu_p", "mcp__proj__echo", json!({"text": "approved"})),
+            Turn::text("done"),
         ]),
     );
     let r = drive(
@@ -2251,8 +2246,8 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("mcp__proj__echo", "toolu_q", json!({"text": "remembered"})),
-            text_turn("done"),
+            Turn::call("toolu_q", "mcp__proj__echo", json!({"text": "remembered"})),
+            Turn::text("done"),
         ]),
     );
     let r = drive(

@@ -409,30 +409,20 @@ fn text_of(lines: &[Value]) -> String {
         .collect()
 }
 
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
-fn tool_turn(id: &str, command: &str) -> Value {
-    json!({"tool_calls": [{"id": id, "name": "Bash", "input": {"command": command}}],
-           "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
 // ---- the NDJSON plane -------------------------------------------------------------------------
 
 #[test]
 fn ndjson_plane_replays_streams_takes_input_and_permits_and_resumes_from_a_cursor() {
     let ws = Workspace::new("agent-ndjson");
     let pki = pki(&ws);
-    let mut slow = text_turn("words arriving slowly over the network");
-    slow["faults"] = json!([{"drip_ms": 150}]);
+    let slow = Turn::text("words arriving slowly over the network").fault(Fault::DripMs(150));
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            text_turn("The first answer."),
-            tool_turn("toolu_echo", "echo permitted-ran"),
+        &script([
+            Turn::text("The first answer."),
+            Turn::bash("toolu_echo", "echo permitted-ran"),
             slow,
-        ]}),
+        ]),
     );
     let spec = json!({"initial_prompt": "start", "interactive": true, "label": "worker-1"});
     let agent = start_tls(&ws, &stub, &pki, &spec, &[]);
@@ -550,14 +540,18 @@ fn ndjson_unattended_asks_nobody_but_deny_rules_still_deny_and_tools_are_limited
     let pki = pki(&ws);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"tool_calls": [
-                {"id": "toolu_ok", "name": "Bash", "input": {"command": "echo unattended-ran"}},
-                {"id": "toolu_rm", "name": "Bash", "input": {"command": "rm -rf nothing-here"}},
-                {"id": "toolu_write", "name": "Write", "input": {"path": "x.txt", "content": "x"}},
-            ]},
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::bare().calling([
+                Call::bash("toolu_ok", "echo unattended-ran"),
+                Call::bash("toolu_rm", "rm -rf nothing-here"),
+                Call::new(
+                    "toolu_write",
+                    "Write",
+                    json!({"path": "x.txt", "content": "x"}),
+                ),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let spec = json!({"initial_prompt": "go", "permission_posture": "unattended",
                       "tool_allowlist": ["Bash", "Read"]});
@@ -610,7 +604,7 @@ fn ndjson_unattended_asks_nobody_but_deny_rules_still_deny_and_tools_are_limited
 fn peers_without_the_token_tls_or_patience_are_refused_and_the_newest_client_wins() {
     let ws = Workspace::new("agent-refused");
     let pki = pki(&ws);
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("hello")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("hello")]));
     let spec = json!({"initial_prompt": "hi", "interactive": true});
     let agent = start_tls(&ws, &stub, &pki, &spec, &["-v"]);
     let addr = agent.addr();
@@ -882,8 +876,10 @@ fn the_unix_socket_is_0600_sigterm_kills_the_running_tool_and_the_socket_goes() 
     let marker = format!("agent-sigterm-marker-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [tool_turn("toolu_sleep", &format!("sleep 30; echo {marker}")),
-                          text_turn("never")]}),
+        &script([
+            Turn::bash("toolu_sleep", &format!("sleep 30; echo {marker}")),
+            Turn::text("never"),
+        ]),
     );
     // Something stale from a process that died is replaced.
     let stale = std::os::unix::net::UnixListener::bind(ws.path("agent.sock")).expect("bind");
@@ -942,7 +938,7 @@ fn the_unix_socket_is_0600_sigterm_kills_the_running_tool_and_the_socket_goes() 
 #[test]
 fn with_no_client_and_nothing_running_the_agent_exits_after_the_idle_timeout() {
     let ws = Workspace::new("agent-idle");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("waiting for you")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("waiting for you")]));
     let spec = json!({"initial_prompt": "hi", "interactive": true}).to_string();
     let socket = path_str(&ws.path("idle.sock"));
     let env = [
@@ -976,15 +972,15 @@ fn acp_over_tls_with_the_official_sdk_prompts_permits_cancels_and_loads_after_a_
     let marker = format!("agent-acp-marker-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            text_turn("Hello over TLS."),
-            tool_turn("toolu_ok", "echo allowed-ran"),
-            text_turn("the command ran"),
-            tool_turn("toolu_no", "echo rejected-ran > rejected.txt"),
-            text_turn("not run then"),
-            tool_turn("toolu_sleep", &format!("sleep 30; echo {marker}")),
-            text_turn("back again"),
-        ]}),
+        &script([
+            Turn::text("Hello over TLS."),
+            Turn::bash("toolu_ok", "echo allowed-ran"),
+            Turn::text("the command ran"),
+            Turn::bash("toolu_no", "echo rejected-ran > rejected.txt"),
+            Turn::text("not run then"),
+            Turn::bash("toolu_sleep", &format!("sleep 30; echo {marker}")),
+            Turn::text("back again"),
+        ]),
     );
     let agent = start_tls(&ws, &stub, &pki, &json!({"drive_protocol": "acp"}), &[]);
     let addr = agent.addr();
@@ -1097,11 +1093,11 @@ fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permiss
     let ws = Workspace::new("agent-acp-back");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn("toolu_wait", "echo asked-again"),
-            text_turn("ran it"),
-            text_turn("and again"),
-        ]}),
+        &script([
+            Turn::bash("toolu_wait", "echo asked-again"),
+            Turn::text("ran it"),
+            Turn::text("and again"),
+        ]),
     );
     let socket = path_str(&ws.path("acp.sock"));
     let spec = json!({"drive_protocol": "acp"}).to_string();
@@ -1176,7 +1172,11 @@ fn ndjson_images_and_compact_lines() {
     let pki = pki(&ws);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("first"), text_turn("a red dot"), text_turn("SUMMARY")]}),
+        &script([
+            Turn::text("first"),
+            Turn::text("a red dot"),
+            Turn::text("SUMMARY"),
+        ]),
     );
     let spec = json!({"initial_prompt": "go", "interactive": true,
                       "permission_posture": "unattended"});
@@ -1220,10 +1220,14 @@ fn ndjson_run_calls_configured_mcp_servers() {
     let pki = pki(&ws);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"tool_calls": [{"id": "toolu_m", "name": "mcp__py__echo", "input": {"text": "net"}}]},
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::bare().calling([Call::new(
+                "toolu_m",
+                "mcp__py__echo",
+                json!({"text": "net"}),
+            )]),
+            Turn::text("done"),
+        ]),
     );
     ws.write(
         "mcp.json",
@@ -1259,13 +1263,13 @@ fn tool_allowlist_limits_mcp_tools_too() {
     let pki = pki(&ws);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"tool_calls": [
-                {"id": "toolu_ok", "name": "mcp__py__echo", "input": {"text": "listed"}},
-                {"id": "toolu_no", "name": "mcp__py__picture", "input": {}},
-            ]},
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::bare().calling([
+                Call::new("toolu_ok", "mcp__py__echo", json!({"text": "listed"})),
+                Call::new("toolu_no", "mcp__py__picture", json!({})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     ws.write(
         "mcp.json",
@@ -1299,7 +1303,7 @@ fn tool_allowlist_limits_mcp_tools_too() {
     // Without an MCP entry no MCP tool is offered.
     drop(client);
     drop(agent);
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("done")]));
     let spec = json!({"initial_prompt": "go", "permission_posture": "unattended",
                       "tool_allowlist": ["Read"]});
     let agent = start_tls(&ws, &stub, &pki, &spec, &["--mcp-config", &cfg]);
@@ -1337,7 +1341,7 @@ fn selfclient_a_preamble_flood_from_one_address_does_not_displace_a_client_from_
     use std::sync::atomic::{AtomicBool, Ordering};
     let ws = Workspace::new("agent-flood");
     let pki = pki(&ws);
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("hello")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("hello")]));
     let spec = json!({"initial_prompt": "hi", "interactive": true});
     let agent = start_tls(&ws, &stub, &pki, &spec, &[]);
     let addr = agent.addr();

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::agent::{Agent, pki_for};
 use crate::util::*;
@@ -109,11 +109,12 @@ fn the_control_plane_creates_an_agent_connects_over_tls_and_streams_a_prompt() {
     let pki = pki_for(&ws, "DNS:*.agents.caliban.svc");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"text": "Let me look.", "tool_calls": [{"id": "toolu_1", "name": "Read",
-                                                     "input": {"path": "answer.txt"}}]},
-            {"text": "The answer is 42."},
-        ]}),
+        &script([
+            Turn::bare()
+                .say("Let me look.")
+                .calling([Call::read("toolu_1", "answer.txt")]),
+            Turn::bare().say("The answer is 42."),
+        ]),
     );
     ws.write("answer.txt", "42\n");
     let fake = ws.path("kubectl");

@@ -21,18 +21,6 @@ const INPUT_REQUIRES: &str = "input requires `text` or `end: true`";
 const NO_PENDING: &str = "no pending permission request for this run";
 const BIND_REFUSED: &str = "refusing to bind a drive surface to a non-loopback address without a bearer token (set CALIBAN_DRIVE_TOKEN)";
 
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
-fn tool_turn(calls: Value) -> Value {
-    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-fn bash(id: &str, command: &str) -> Value {
-    tool_turn(json!([{"id": id, "name": "Bash", "input": {"command": command}}]))
-}
-
 /// Asserts a JSON response with this status and exactly this body.
 fn assert_json(resp: &Response, status: u16, body: Value) {
     assert_eq!(resp.status, status, "{resp:?}");
@@ -257,7 +245,7 @@ fn unique_marker(tag: &str) -> String {
 #[test]
 fn post_runs_answers_200_415_400_422() {
     let ws = Workspace::new("http-post-runs");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("one"), text_turn("two")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("one"), Turn::text("two")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
 
@@ -323,7 +311,7 @@ fn events_route_cursor_rules_and_404() {
     let ws = Workspace::new("http-events");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("alpha beta gamma delta epsilon zeta eta theta")]}),
+        &script([Turn::text("alpha beta gamma delta epsilon zeta eta theta")]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -420,12 +408,12 @@ fn input_and_permit_errors_use_upstream_texts() {
     let ws = Workspace::new("http-input-permit");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            text_turn("ready"),
-            bash("toolu_p", "echo permitted"),
-            text_turn("tool ran"),
-            text_turn("not interactive"),
-        ]}),
+        &script([
+            Turn::text("ready"),
+            Turn::bash("toolu_p", "echo permitted"),
+            Turn::text("tool ran"),
+            Turn::text("not interactive"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -551,13 +539,13 @@ fn parallel_asks_surface_one_prompt_at_a_time_in_order() {
     let ws = Workspace::new("http-prompt-queue");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([
-                {"id": "toolu_1", "name": "Bash", "input": {"command": "echo first-call"}},
-                {"id": "toolu_2", "name": "Bash", "input": {"command": "echo second-call"}},
-            ])),
-            text_turn("both answered"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::bash("toolu_1", "echo first-call"),
+                Call::bash("toolu_2", "echo second-call"),
+            ]),
+            Turn::text("both answered"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -602,7 +590,7 @@ fn parallel_asks_surface_one_prompt_at_a_time_in_order() {
 #[test]
 fn cancel_delete_and_list() {
     let ws = Workspace::new("http-cancel-delete");
-    let stub = Stub::start(&ws, &json!({"turns": [bash("toolu_c", "echo never")]}));
+    let stub = Stub::start(&ws, &script([Turn::bash("toolu_c", "echo never")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     assert_json(&get(addr, "/runs"), 200, json!({"runs": []}));
@@ -676,7 +664,7 @@ fn cancel_delete_and_list() {
 #[test]
 fn healthz_metrics_and_openapi() {
     let ws = Workspace::new("http-meta");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("counted")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("counted")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
 
@@ -790,7 +778,7 @@ fn healthz_metrics_and_openapi() {
 #[test]
 fn unknown_paths_404_and_wrong_methods_405_with_allow() {
     let ws = Workspace::new("http-404-405");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("unused")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     for path in [
@@ -836,7 +824,7 @@ fn interactive_run_lifecycle() {
     let ws = Workspace::new("http-interactive");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("first answer"), text_turn("second answer")]}),
+        &script([Turn::text("first answer"), Turn::text("second answer")]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -966,7 +954,10 @@ fn live_ndjson_stream_with_a_permission_prompt() {
     let ws = Workspace::new("http-follow");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [bash("toolu_live", "echo streamed-bash-output"), text_turn("all done")]}),
+        &script([
+            Turn::bash("toolu_live", "echo streamed-bash-output"),
+            Turn::text("all done"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -1052,15 +1043,15 @@ fn live_ndjson_stream_with_a_permission_prompt() {
 }
 
 /// A run that is still streaming for a second or two: many small deltas, dripped.
-fn dripping_turn() -> Value {
+fn dripping_turn() -> Turn {
     let words: Vec<String> = (0..45).map(|i| format!("word{i}")).collect();
-    json!({"text": words.join(" "), "faults": [{"drip_ms": 100}]})
+    Turn::bare().say(&words.join(" ")).fault(Fault::DripMs(100))
 }
 
 #[test]
 fn ndjson_stream_resumes_after_a_disconnect() {
     let ws = Workspace::new("http-resume");
-    let stub = Stub::start(&ws, &json!({"turns": [dripping_turn()]}));
+    let stub = Stub::start(&ws, &script([dripping_turn()]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "drip"}));
@@ -1108,7 +1099,7 @@ fn ndjson_stream_resumes_after_a_disconnect() {
 #[test]
 fn sse_stream_resumes_with_last_event_id() {
     let ws = Workspace::new("http-sse");
-    let stub = Stub::start(&ws, &json!({"turns": [dripping_turn()]}));
+    let stub = Stub::start(&ws, &script([dripping_turn()]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "drip"}));
@@ -1176,7 +1167,7 @@ fn follow_of_a_finished_run_ends_with_its_terminal_status() {
     let ws = Workspace::new("http-follow-finished");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("one two three four five six seven eight nine")]}),
+        &script([Turn::text("one two three four five six seven eight nine")]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -1205,7 +1196,7 @@ fn follow_of_a_finished_run_ends_with_its_terminal_status() {
 #[test]
 fn a_replay_says_its_opening_status_is_history() {
     let ws = Workspace::new("http-replay-status");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("one two three")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("one two three")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "finish first"}));
@@ -1251,7 +1242,10 @@ fn sse_ids_belong_to_events_only() {
     let ws = Workspace::new("http-sse-ids");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [bash("toolu_s", "echo sse"), text_turn("all done, thanks")]}),
+        &script([
+            Turn::bash("toolu_s", "echo sse"),
+            Turn::text("all done, thanks"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -1317,7 +1311,7 @@ fn sse_ids_belong_to_events_only() {
 #[test]
 fn follow_from_past_the_end_reports_the_clamped_cursor() {
     let ws = Workspace::new("http-follow-past-end");
-    let stub = Stub::start(&ws, &json!({"turns": [bash("toolu_e", "echo never")]}));
+    let stub = Stub::start(&ws, &script([Turn::bash("toolu_e", "echo never")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "wait"}));
@@ -1355,7 +1349,7 @@ fn follow_from_past_the_end_reports_the_clamped_cursor() {
 #[test]
 fn deleting_a_followed_run_ends_the_stream() {
     let ws = Workspace::new("http-delete-followed");
-    let stub = Stub::start(&ws, &json!({"turns": [bash("toolu_d", "echo never")]}));
+    let stub = Stub::start(&ws, &script([Turn::bash("toolu_d", "echo never")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "wait on me"}));
@@ -1394,7 +1388,10 @@ fn unanswered_prompt_times_out_as_a_denial() {
     let ws = Workspace::new("http-prompt-timeout");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [bash("toolu_t", "echo should-not-run"), text_turn("denied then")]}),
+        &script([
+            Turn::bash("toolu_t", "echo should-not-run"),
+            Turn::text("denied then"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &["--permission-timeout", "0.5"], &[]);
     let addr = server.addr;
@@ -1432,10 +1429,10 @@ fn cancel_kills_a_running_bash_child() {
     let marker = unique_marker("sleep");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            bash("toolu_s", &format!("bash -c 'exec -a {marker} sleep 30'")),
-            text_turn("never"),
-        ]}),
+        &script([
+            Turn::bash("toolu_s", &format!("bash -c 'exec -a {marker} sleep 30'")),
+            Turn::text("never"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let addr = server.addr;
@@ -1484,19 +1481,28 @@ fn setsid_children_die_with_their_call_its_cancel_and_the_server() {
     let untagged = unique_marker("setsid-untagged");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
+        &script([
             // The call ends at once, leaving its escapee behind; `kill -0` proves it started.
-            bash("toolu_end", &format!("{} sleep 0.2; kill -0 $! && echo escaped", escapee(&ended))),
-            text_turn("left one behind"),
+            Turn::bash(
+                "toolu_end",
+                &format!("{} sleep 0.2; kill -0 $! && echo escaped", escapee(&ended)),
+            ),
+            Turn::text("left one behind"),
             // The call runs on with its escapee as a child; the run is cancelled.
-            bash("toolu_cancel", &format!("{} sleep 300", escapee(&cancelled))),
+            Turn::bash(
+                "toolu_cancel",
+                &format!("{} sleep 300", escapee(&cancelled)),
+            ),
             // Escapees whose parent (a subshell) already exited, so caliban adopted them while
             // the call still runs; one dropped its environment. The server is then stopped.
-            bash("toolu_exit", &format!(
-                "({}); (setsid env -i bash -c 'exec -a {untagged} sleep 300' </dev/null >/dev/null 2>&1 &); sleep 300",
-                escapee(&orphaned)
-            )),
-        ]}),
+            Turn::bash(
+                "toolu_exit",
+                &format!(
+                    "({}); (setsid env -i bash -c 'exec -a {untagged} sleep 300' </dev/null >/dev/null 2>&1 &); sleep 300",
+                    escapee(&orphaned)
+                ),
+            ),
+        ]),
     );
     let mut server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let addr = server.addr;
@@ -1543,7 +1549,10 @@ fn finished_run_is_listed_after_a_restart() {
     let ws = Workspace::new("http-restart");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("remember me please"), text_turn("after restart")]}),
+        &script([
+            Turn::text("remember me please"),
+            Turn::text("after restart"),
+        ]),
     );
     let mut server = Serve::start(&ws, &stub, &[], &[]);
     let run = start_run(server.addr, json!({"prompt": "persist"}));
@@ -1585,7 +1594,7 @@ fn run_killed_with_the_server_is_failed_interrupted_after_restart() {
     // The model answers only after 30 s, so the run is mid-flight when the server dies.
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "too late", "faults": [{"delay_ms": 30000}]}]}),
+        &script([Turn::bare().say("too late").fault(Fault::DelayMs(30000))]),
     );
     let mut server = Serve::start(&ws, &stub, &[], &[]);
     let run = start_run(server.addr, json!({"prompt": "hang"}));
@@ -1635,7 +1644,7 @@ fn run_killed_with_the_server_is_failed_interrupted_after_restart() {
 #[test]
 fn https_with_the_fixture_certificate() {
     let ws = Workspace::new("http-tls");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("over tls")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("over tls")]));
     let cert = path_str(&fixture("server.pem"));
     let key = path_str(&fixture("server-key.pem"));
     let server = Serve::start(&ws, &stub, &["--tls-cert", &cert, "--tls-key", &key], &[]);
@@ -1690,7 +1699,7 @@ fn assert_public_health(addr: std::net::SocketAddr) {
 #[test]
 fn remote_peers_need_the_bearer_token() {
     let ws = Workspace::new("http-auth");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("authorised")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("authorised")]));
     let remote = ("CALIBAN_TEST_LOOPBACK_IS_REMOTE", "1");
 
     // No token configured: every remote request is refused, whatever it presents, but the
@@ -1762,7 +1771,7 @@ fn remote_peers_need_the_bearer_token() {
 #[test]
 fn loopback_needs_no_token_even_when_one_is_set() {
     let ws = Workspace::new("http-auth-loopback");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("open")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("open")]));
     let server = Serve::start(&ws, &stub, &[], &[("CALIBAN_DRIVE_TOKEN", "s3cret")]);
     let addr = server.addr;
     let resp = get(addr, "/healthz");
@@ -1783,7 +1792,7 @@ fn loopback_needs_no_token_even_when_one_is_set() {
 #[test]
 fn non_loopback_bind_without_token_is_refused() {
     let ws = Workspace::new("http-bind-refused");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("never")]));
     for token in [None, Some("   ")] {
         let mut cmd = caliban(&ws);
         anthropic(&mut cmd, &stub);
@@ -1807,12 +1816,12 @@ fn per_run_fields_only_narrow() {
     let ws = Workspace::new("http-narrow-allow");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            bash("toolu_d", "echo denied-run"),
-            text_turn("ok"),
-            bash("toolu_a", "echo allowed-run"),
-            text_turn("ok"),
-        ]}),
+        &script([
+            Turn::bash("toolu_d", "echo denied-run"),
+            Turn::text("ok"),
+            Turn::bash("toolu_a", "echo allowed-run"),
+            Turn::text("ok"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let addr = server.addr;
@@ -1847,12 +1856,12 @@ fn per_run_fields_only_narrow() {
     let ws = Workspace::new("http-narrow-ask");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            bash("toolu_b", "echo bypass"),
-            text_turn("ok"),
-            bash("toolu_c", "echo allow"),
-            text_turn("ok"),
-        ]}),
+        &script([
+            Turn::bash("toolu_b", "echo bypass"),
+            Turn::text("ok"),
+            Turn::bash("toolu_c", "echo allow"),
+            Turn::text("ok"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -1906,7 +1915,7 @@ fn cwd_outside_the_workspace_is_rejected() {
     ws.write("sub/marker.txt", "here\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [bash("toolu_pwd", "pwd"), text_turn("ok")]}),
+        &script([Turn::bash("toolu_pwd", "pwd"), Turn::text("ok")]),
     );
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let addr = server.addr;
@@ -1944,7 +1953,7 @@ fn cwd_outside_the_workspace_is_rejected() {
 #[test]
 fn pipelined_requests_are_answered_in_order_on_one_connection() {
     let ws = Workspace::new("http-pipeline");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("piped")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("piped")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let mut conn = HttpConn::connect(addr);
@@ -1987,7 +1996,7 @@ fn a_follower_that_never_reads_does_not_block_others() {
     // far beyond what the socket buffers of a reader that never reads can absorb.
     let word = "x".repeat(50_000);
     let text = vec![word.as_str(); 60].join(" ");
-    let stub = Stub::start(&ws, &json!({"turns": [{"text": text}]}));
+    let stub = Stub::start(&ws, &script([Turn::bare().say(&text)]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "flood"}));
@@ -2041,7 +2050,7 @@ fn curl_drives_a_run_to_completion() {
     let words: Vec<String> = (0..12).map(|i| format!("w{i}")).collect();
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": words.join(" "), "faults": [{"drip_ms": 100}]}]}),
+        &script([Turn::bare().say(&words.join(" ")).fault(Fault::DripMs(100))]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let base = format!("http://{}", server.addr);
@@ -2094,7 +2103,7 @@ fn curl_drives_a_run_to_completion() {
 #[test]
 fn browser_requests_to_loopback_are_refused() {
     let ws = Workspace::new("hs-browser");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("x")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     // DNS rebinding: the page's own host name now resolves to 127.0.0.1.
@@ -2138,7 +2147,7 @@ fn a_trickled_request_head_is_cut_off_at_the_head_deadline() {
     // first byte, however steadily the rest trickles in.
     const HEAD_DEADLINE: Duration = Duration::from_secs(20);
     let ws = Workspace::new("hs-slowloris");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("x")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     // A keep-alive client that has not started a request yet is not on that clock.
@@ -2186,7 +2195,7 @@ fn a_trickled_request_head_is_cut_off_at_the_head_deadline() {
 fn a_capped_poll_never_reports_the_end_early() {
     let ws = Workspace::new("hs-capped");
     let words = "word ".repeat(6000);
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn(&words)]}));
+    let stub = Stub::start(&ws, &script([Turn::text(&words)]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "long"}));
@@ -2214,10 +2223,12 @@ fn queued_input_is_bounded_and_nothing_follows_end() {
     let ws = Workspace::new("hs-inputs");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"text": "slow", "faults": [{"delay_ms": 1500}]},
-            text_turn("b"),
-        ], "repeat_last": true}),
+        &Script::new([
+            Turn::bare().say("slow").fault(Fault::DelayMs(1500)),
+            Turn::text("b"),
+        ])
+        .repeat_last()
+        .json(),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -2257,10 +2268,7 @@ fn queued_input_is_bounded_and_nothing_follows_end() {
 #[test]
 fn last_event_id_wins_over_the_urls_cursor() {
     let ws = Workspace::new("hs-lastid");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [text_turn("one two three four five six")]}),
-    );
+    let stub = Stub::start(&ws, &script([Turn::text("one two three four five six")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let run = start_run(addr, json!({"prompt": "x"}));
@@ -2298,10 +2306,7 @@ fn last_event_id_wins_over_the_urls_cursor() {
 #[test]
 fn deleted_run_ids_are_not_reused_after_a_restart() {
     let ws = Workspace::new("hs-reuse");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [text_turn("a")], "repeat_last": true}),
-    );
+    let stub = Stub::start(&ws, &Script::new([Turn::text("a")]).repeat_last().json());
     let mut server = Serve::start(&ws, &stub, &[], &[]);
     let first = start_run(server.addr, json!({"prompt": "first"}));
     let second = start_run(server.addr, json!({"prompt": "second"}));
@@ -2320,7 +2325,7 @@ fn a_prompt_left_pending_by_a_cancel_is_no_longer_waited_on() {
     let ws = Workspace::new("hs-abandoned");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [bash("toolu_a", "echo hi"), text_turn("x")]}),
+        &script([Turn::bash("toolu_a", "echo hi"), Turn::text("x")]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -2372,7 +2377,7 @@ fn vm_rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_quiet_follow_stream_gets_heartbeats() {
     let ws = Workspace::new("hs-heartbeat");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("your turn")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("your turn")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     // An interactive run waiting for input: nothing happens on it until we say so.
@@ -2448,7 +2453,11 @@ fn followers_that_stop_reading_hold_a_small_window_and_are_reaped() {
     let text = vec![word.as_str(); 8000].join(" ");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("warm"), {"text": text}, {"text": text}]}),
+        &script([
+            Turn::text("warm"),
+            Turn::bare().say(&text),
+            Turn::bare().say(&text),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -2529,7 +2538,7 @@ fn unauthenticated_peers_cannot_hold_every_slot() {
     const PER_PEER: usize = 16;
     const SLOTS: usize = 24;
     let ws = Workspace::new("hs-slots");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("served")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("served")]));
     let server = Serve::start(
         &ws,
         &stub,
@@ -2645,7 +2654,7 @@ fn every_run_on_disk_is_listed_page_by_page() {
         )
         .expect("write session");
     }
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("unused")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     let numbers = |page: &Value| -> Vec<u64> {
@@ -2732,11 +2741,16 @@ fn compaction_auto_and_by_input_then_replayed_after_a_restart() {
     ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
     crate::print::big_file(&ws, "a.txt", "AAA");
     crate::print::big_file(&ws, "b.txt", "BBB");
-    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let read = |id: &str, path: &str| Turn::bare().calling([Call::read(id, path)]);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [read("ta", "a.txt"), read("tb", "b.txt"),
-                          {"text": "SUMMARY-ONE"}, {"text": "ok"}, {"text": "SUMMARY-TWO"}]}),
+        &script([
+            read("ta", "a.txt"),
+            read("tb", "b.txt"),
+            Turn::bare().say("SUMMARY-ONE"),
+            Turn::bare().say("ok"),
+            Turn::bare().say("SUMMARY-TWO"),
+        ]),
     );
     let mut server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -2782,7 +2796,7 @@ fn images_on_runs_and_input() {
     let ws = Workspace::new("http-images");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("a red dot"), text_turn("another")]}),
+        &script([Turn::text("a red dot"), Turn::text("another")]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;

@@ -314,12 +314,15 @@ fn in_root(root: &Path, image: &Image, args: &[&str]) -> Command {
 /// The stub's script for the print-mode run: Write in /workspace, then a Bash call, then
 /// the answer.
 fn print_script() -> Value {
-    json!({"turns": [
-        {"tool_calls": [{"id": "toolu_w", "name": "Write",
-                         "input": {"path": "notes.txt", "content": "written in the image\n"}}]},
-        {"tool_calls": [{"id": "toolu_b", "name": "Bash", "input": {"command": "echo hi"}}]},
-        {"text": "No shell here."},
-    ]})
+    script([
+        Turn::bare().calling([Call::new(
+            "toolu_w",
+            "Write",
+            json!({"path": "notes.txt", "content": "written in the image\n"}),
+        )]),
+        Turn::bare().calling([Call::bash("toolu_b", "echo hi")]),
+        Turn::bare().say("No shell here."),
+    ])
 }
 
 /// The print-mode run's arguments, for `print_script`.
@@ -395,7 +398,7 @@ fn the_scratch_image_runs_from_exactly_what_the_containerfile_copies() {
     );
 
     // http serve: /healthz, and a run whose session file lands in the state directory.
-    let stub = Stub::start(&ws, &json!({"turns": [{"text": "served from the image"}]}));
+    let stub = Stub::start(&ws, &script([Turn::bare().say("served from the image")]));
     let mut cmd = in_root(&root, &image, &["http", "serve", "--addr", "127.0.0.1:0"]);
     anthropic(&mut cmd, &stub);
     let server = Serve::spawn(cmd);
@@ -530,7 +533,7 @@ fn the_image_built_by_docker_passes_the_same_checks() {
 
     // http serve as deploy/kubernetes runs it: read-only root, no capabilities, no new
     // privileges, the state directory on a volume (which starts as the image's /data).
-    let stub = Stub::start(&ws, &json!({"turns": [{"text": "served from docker"}]}));
+    let stub = Stub::start(&ws, &script([Turn::bare().say("served from docker")]));
     let name = format!("caliban-test-serve-{}", std::process::id());
     let volume = format!("caliban-test-data-{}", std::process::id());
     let _guard = Container(name.clone());

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::util::*;
 
-fn read(id: &str, path: &str) -> Value {
-    json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]})
+fn read(id: &str, path: &str) -> Turn {
+    Turn::bare().calling([Call::read(id, path)])
 }
 
 /// The connection number of every model request the stub saw, in order.
@@ -53,7 +53,11 @@ fn the_turns_of_a_run_share_one_model_connection() {
     ws.write("b.txt", "beta\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [read("t1", "a.txt"), read("t2", "b.txt"), {"text": "done"}]}),
+        &script([
+            read("t1", "a.txt"),
+            read("t2", "b.txt"),
+            Turn::bare().say("done"),
+        ]),
     );
     run_quietly(&ws, &stub);
     assert_eq!(connections(&stub), [1, 1, 1]);
@@ -66,12 +70,9 @@ fn a_server_that_closes_after_each_response_costs_no_retry() {
     ws.write("b.txt", "beta\n");
     // Every response says keep-alive, then the server closes: the next turn finds the
     // idle connection dead (or its request fails before any byte) and takes a fresh one.
-    let closes = json!([{"close_after": true}]);
-    let mut first = read("t1", "a.txt");
-    first["faults"] = closes.clone();
-    let mut second = read("t2", "b.txt");
-    second["faults"] = closes;
-    let stub = Stub::start(&ws, &json!({"turns": [first, second, {"text": "done"}]}));
+    let first = read("t1", "a.txt").fault(Fault::CloseAfter);
+    let second = read("t2", "b.txt").fault(Fault::CloseAfter);
+    let stub = Stub::start(&ws, &script([first, second, Turn::bare().say("done")]));
     run_quietly(&ws, &stub);
     assert_eq!(connections(&stub), [1, 2, 3]);
 }
@@ -85,10 +86,10 @@ fn a_request_on_a_connection_the_server_just_closed_is_sent_again_unseen() {
     // a new connection, without a retry of the run's policy (there are none to spend).
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
+        &script([
             read("t1", "a.txt"),
-            {"text": "done", "faults": [{"hang_up": true}]},
-        ]}),
+            Turn::bare().say("done").fault(Fault::HangUp),
+        ]),
     );
     run_quietly(&ws, &stub);
     assert_eq!(connections(&stub), [1, 1, 2]);
@@ -104,13 +105,15 @@ fn runs_of_a_server_share_connections_but_not_a_cancelled_one() {
     let ws = Workspace::new("keepalive-serve");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"text": "first"},
-            {"text": "second"},
+        &script([
+            Turn::bare().say("first"),
+            Turn::bare().say("second"),
             // Two events, then the stream goes quiet with the connection open.
-            {"text": "never finished", "faults": [{"stall_after_events": 2}]},
-            {"text": "after the cancel"},
-        ]}),
+            Turn::bare()
+                .say("never finished")
+                .fault(Fault::StallAfterEvents(2)),
+            Turn::bare().say("after the cancel"),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -152,11 +155,10 @@ fn idle_connections_keep_to_a_quarter_of_the_open_file_limit() {
     let ws = Workspace::new("keepalive-fd-cap");
     // Every request of both rounds waits before its answer (a fault serves one request), so
     // a round's requests are all open at once.
-    let faults = vec![json!({"delay_ms": 600}); 2 * RUNS];
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [{"text": "slow", "reuse": true, "faults": faults}]}),
-    );
+    let slow = (0..2 * RUNS).fold(Turn::bare().say("slow").reuse(), |turn, _| {
+        turn.fault(Fault::DelayMs(600))
+    });
+    let stub = Stub::start(&ws, &script([slow]));
     let cmd = serve_command(&ws, &stub, &[], &[]);
     // The limit is set by a shell that then becomes the server (the tests use no unsafe
     // `pre_exec`); hard and soft, so the server cannot raise it.

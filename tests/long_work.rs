@@ -14,18 +14,6 @@ use crate::util::*;
 
 const RECV: Duration = Duration::from_secs(30);
 
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
-fn tool_turn(calls: Value) -> Value {
-    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-fn call(id: &str, name: &str, input: Value) -> Value {
-    json!({"id": id, "name": name, "input": input})
-}
-
 /// The `system` text of every model request the stub received, in order.
 fn systems_sent(stub: &Stub) -> Vec<String> {
     stub.requests()
@@ -148,7 +136,7 @@ fn instructed_workspace(name: &str) -> Workspace {
 #[test]
 fn print_mode_appends_instructions_and_names_them_in_init() {
     let ws = instructed_workspace("instr-print");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("ok"), text_turn("ok")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("ok"), Turn::text("ok")]));
     let sub = path_str(&ws.path("sub"));
     let (out, frames) = print_frames(&ws, &stub, &["-C", &sub, "hi"]);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -193,7 +181,7 @@ fn a_setting_turns_instructions_off_and_the_cap_is_noted() {
         ".caliban/settings.json",
         r#"{"project_instructions": false}"#,
     );
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("ok")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("ok")]));
     let (out, frames) = print_frames(&ws, &stub, &["hi"]);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(frames[0]["instructions"], json!([]));
@@ -201,7 +189,7 @@ fn a_setting_turns_instructions_off_and_the_cap_is_noted() {
 
     let ws = instructed_workspace("instr-cap");
     ws.write("AGENTS.md", &"x".repeat(100 * 1024));
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("ok")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("ok")]));
     let (out, frames) = print_frames(&ws, &stub, &["hi"]);
     assert_eq!(out.code, Some(0), "{out:?}");
     let root = &frames[0]["instructions"][1];
@@ -221,7 +209,7 @@ fn http_mcp_and_acp_name_the_instructions_of_their_runs() {
     let ws = instructed_workspace("instr-surfaces");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("one"), text_turn("two"), text_turn("three")]}),
+        &script([Turn::text("one"), Turn::text("two"), Turn::text("three")]),
     );
 
     let serve = Serve::start(&ws, &stub, &[], &[]);
@@ -264,7 +252,7 @@ fn http_mcp_and_acp_name_the_instructions_of_their_runs() {
     // Without instructions the start replies keep upstream's exact bodies.
     let bare = Workspace::new("instr-none");
     bare.write(".git/HEAD", "ref\n");
-    let stub = Stub::start(&bare, &json!({"turns": [text_turn("ok")]}));
+    let stub = Stub::start(&bare, &script([Turn::text("ok")]));
     let serve = Serve::start(&bare, &stub, &[], &[]);
     assert_eq!(
         http_post(&serve, "/runs", &json!({"prompt": "hi"})),
@@ -280,17 +268,25 @@ fn multi_edit_is_all_or_nothing() {
     ws.write("src/lib.rs", "fn a() {}\nfn b() {}\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([call("m1", "MultiEdit", json!({"path": "src/lib.rs", "edits": [
-                {"old_string": "fn a()", "new_string": "fn alpha()"},
-                {"old_string": "fn b() {}", "new_string": "fn beta() { alpha() }"},
-            ]}))])),
-            tool_turn(json!([call("m2", "MultiEdit", json!({"path": "src/lib.rs", "edits": [
-                {"old_string": "fn alpha()", "new_string": "fn first()"},
-                {"old_string": "fn gamma()", "new_string": "fn third()"},
-            ]}))])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([Call::new(
+                "m1",
+                "MultiEdit",
+                json!({"path": "src/lib.rs", "edits": [
+                    {"old_string": "fn a()", "new_string": "fn alpha()"},
+                    {"old_string": "fn b() {}", "new_string": "fn beta() { alpha() }"},
+                ]}),
+            )]),
+            Turn::calls([Call::new(
+                "m2",
+                "MultiEdit",
+                json!({"path": "src/lib.rs", "edits": [
+                    {"old_string": "fn alpha()", "new_string": "fn first()"},
+                    {"old_string": "fn gamma()", "new_string": "fn third()"},
+                ]}),
+            )]),
+            Turn::text("done"),
+        ]),
     );
     let (out, _) = print_frames(&ws, &stub, &["--allow", "MultiEdit(src/**)", "rename"]);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -316,25 +312,45 @@ fn background_shells_are_read_killed_and_die_with_the_run() {
     let marker = format!("caliban-bg-marker-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([
-                call("b1", "Bash", json!({"background": true,
-                    "command": "echo line-1; echo err-1 >&2; touch ready; exec sleep 60"})),
-                call("b2", "Bash", json!({"background": true,
-                    "command": format!("sleep 60 # {marker}")})),
-            ])),
+        &script([
+            Turn::calls([
+                Call::new(
+                    "b1",
+                    "Bash",
+                    json!({"background": true,
+                    "command": "echo line-1; echo err-1 >&2; touch ready; exec sleep 60"}),
+                ),
+                Call::new(
+                    "b2",
+                    "Bash",
+                    json!({"background": true,
+                    "command": format!("sleep 60 # {marker}")}),
+                ),
+            ]),
             // The first shell's output is in its pipe once `ready` exists.
-            tool_turn(json!([call("w", "Bash", json!({
-                "command": "while [ ! -f ready ]; do sleep 0.02; done"}))])),
-            tool_turn(json!([call("o1", "BashOutput", json!({"shell_id": "shell_1"}))])),
-            tool_turn(json!([call("k1", "KillShell", json!({"shell_id": "shell_1"}))])),
-            tool_turn(json!([
-                call("o2", "BashOutput", json!({"shell_id": "shell_1"})),
-                call("o3", "BashOutput", json!({"shell_id": "shell_1", "since_offset": 0})),
-                call("o4", "BashOutput", json!({"shell_id": "shell_9"})),
-            ])),
-            text_turn("done"),
-        ]}),
+            Turn::calls([Call::new(
+                "w",
+                "Bash",
+                json!({
+                "command": "while [ ! -f ready ]; do sleep 0.02; done"}),
+            )]),
+            Turn::calls([Call::new(
+                "o1",
+                "BashOutput",
+                json!({"shell_id": "shell_1"}),
+            )]),
+            Turn::calls([Call::new("k1", "KillShell", json!({"shell_id": "shell_1"}))]),
+            Turn::calls([
+                Call::new("o2", "BashOutput", json!({"shell_id": "shell_1"})),
+                Call::new(
+                    "o3",
+                    "BashOutput",
+                    json!({"shell_id": "shell_1", "since_offset": 0}),
+                ),
+                Call::new("o4", "BashOutput", json!({"shell_id": "shell_9"})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let (out, frames) = print_frames(&ws, &stub, &["--allow", "Bash", "go"]);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -443,23 +459,23 @@ fn web_fetch_reads_pages_under_the_permission_rules() {
             .as_object_mut()
             .unwrap()
             .extend(extra.as_object().cloned().unwrap_or_default());
-        call(id, "WebFetch", input)
+        Call::new(id, "WebFetch", input)
     };
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([
+        &script([
+            Turn::calls([
                 fetch("f1", "/page", json!({"prompt": "the version"})),
                 fetch("f2", "/moved", json!({})),
                 fetch("f3", "/away", json!({})),
                 fetch("f4", "/missing", json!({})),
                 fetch("f5", "/slow", json!({"timeout_seconds": 1})),
-            ])),
-            text_turn("done"),
+            ]),
+            Turn::text("done"),
             // The second run: no rule allows WebFetch.
-            tool_turn(json!([fetch("g1", "/page", json!({}))])),
-            text_turn("denied"),
-        ]}),
+            Turn::calls([fetch("g1", "/page", json!({}))]),
+            Turn::text("denied"),
+        ]),
     );
     let (out, _) = print_frames(
         &ws,
@@ -521,14 +537,14 @@ fn plan_turns(runs: usize) -> Value {
     ]);
     let mut turns = Vec::new();
     for _ in 0..runs {
-        turns.push(tool_turn(json!([call(
+        turns.push(Turn::calls([Call::new(
             "t1",
             "TodoWrite",
-            json!({"todos": todos})
-        )])));
-        turns.push(text_turn("planned"));
+            json!({"todos": todos}),
+        )]));
+        turns.push(Turn::text("planned"));
     }
-    json!({ "turns": turns })
+    script(turns)
 }
 
 /// The PlanUpdate of `t1` among a run's events, after the call's start and before its end.
@@ -651,11 +667,14 @@ fn print_runs_are_recorded_and_continue() {
     let ws = Workspace::new("continue");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            text_turn("Noted: 7."), text_turn("It was 7."), text_turn("Still 7."),
-            text_turn("From run-1 only."), text_turn("Second line seen."),
-            text_turn("Both lines seen."),
-        ]}),
+        &script([
+            Turn::text("Noted: 7."),
+            Turn::text("It was 7."),
+            Turn::text("Still 7."),
+            Turn::text("From run-1 only."),
+            Turn::text("Second line seen."),
+            Turn::text("Both lines seen."),
+        ]),
     );
     let first = run_stub(
         &ws,
@@ -781,15 +800,15 @@ fn compacted_print_runs_continue_from_the_summary_with_their_plan() {
         {"id": "2", "content": "fix the bug", "status": "in_progress"}]});
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([call("p1", "TodoWrite", plan)])),
-            text_turn("planned"),
-            text_turn("SUMMARY-P"),
-            text_turn("continuing"),
-            text_turn("SUMMARY-Q"),
-            text_turn("ok"),
-            text_turn("fine"),
-        ]}),
+        &script([
+            Turn::calls([Call::new("p1", "TodoWrite", plan)]),
+            Turn::text("planned"),
+            Turn::text("SUMMARY-P"),
+            Turn::text("continuing"),
+            Turn::text("SUMMARY-Q"),
+            Turn::text("ok"),
+            Turn::text("fine"),
+        ]),
     );
     let compact = r#"{"type":"control","subtype":"compact"}"#;
     let user = |text: &str| format!("{{\"type\":\"user\",\"content\":\"{text}\"}}\n");
@@ -861,13 +880,17 @@ fn acp_multi_edit_goes_through_the_editors_buffer() {
     ws.write("a.rs", "on disk\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([call("m1", "MultiEdit", json!({"path": "a.rs", "edits": [
-                {"old_string": "one", "new_string": "uno"},
-                {"old_string": "two", "new_string": "dos"},
-            ]}))])),
-            text_turn("edited"),
-        ]}),
+        &script([
+            Turn::calls([Call::new(
+                "m1",
+                "MultiEdit",
+                json!({"path": "a.rs", "edits": [
+                    {"old_string": "one", "new_string": "uno"},
+                    {"old_string": "two", "new_string": "dos"},
+                ]}),
+            )]),
+            Turn::text("edited"),
+        ]),
     );
     let cmd = caliban_stub(&ws, &stub, &["acp", "serve", "--allow", "MultiEdit"]);
     let mut acp = Peer::spawn(cmd, RECV);

@@ -136,19 +136,6 @@ pub(crate) fn kit() -> &'static Kit {
 
 // ---- stub scripts ------------------------------------------------------------------------
 
-fn text(t: &str) -> Value {
-    json!({"text": t, "usage": {"input_tokens": 10, "output_tokens": 4}})
-}
-
-fn bash(id: &str, command: &str) -> Value {
-    json!({"tool_calls": [{"id": id, "name": "Bash", "input": {"command": command}}],
-           "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-fn script(turns: Vec<Value>) -> Value {
-    json!({ "turns": turns })
-}
-
 /// The environment every `caliban` here gets: nothing from the developer's shell.
 fn caliban_env(ws: &Workspace, stub: &Stub) -> Vec<(String, String)> {
     vec![
@@ -223,7 +210,10 @@ fn mcp_sdk_lists_tools_and_reports_errors() {
 #[test]
 fn mcp_sdk_run_long_polls_to_completion() {
     let ws = Workspace::new("mcp-run");
-    let stub = Stub::start(&ws, &script(vec![text("Hello from the stub.")]));
+    let stub = Stub::start(
+        &ws,
+        &script(vec![Turn::text("Hello from the stub.").usage(10, 4)]),
+    );
     let result = sdk("run_to_completion", &ws, &stub, &[]);
     assert_eq!(result["text"], "Hello from the stub.", "{result}");
     // The run is durable like any drive run.
@@ -241,7 +231,10 @@ fn mcp_sdk_interactive_input_and_progress() {
     let ws = Workspace::new("mcp-interactive");
     let stub = Stub::start(
         &ws,
-        &script(vec![text("first answer"), text("second answer")]),
+        &script(vec![
+            Turn::text("first answer").usage(10, 4),
+            Turn::text("second answer").usage(10, 4),
+        ]),
     );
     let result = sdk("interactive", &ws, &stub, &[]);
     assert!(result["progress"].as_u64().unwrap_or(0) >= 1, "{result}");
@@ -253,8 +246,8 @@ fn mcp_sdk_permission_answered_by_permit() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            bash("toolu_perm", "echo permitted > permitted.txt"),
-            text("wrote it"),
+            Turn::bash("toolu_perm", "echo permitted > permitted.txt"),
+            Turn::text("wrote it").usage(10, 4),
         ]),
     );
     sdk("permit", &ws, &stub, &[]);
@@ -267,10 +260,10 @@ fn mcp_sdk_permission_answered_by_elicitation() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            bash("toolu_a", "echo elicited > elicited.txt"),
-            text("made it"),
-            bash("toolu_b", "echo nope > nope.txt"),
-            text("it was denied"),
+            Turn::bash("toolu_a", "echo elicited > elicited.txt"),
+            Turn::text("made it").usage(10, 4),
+            Turn::bash("toolu_b", "echo nope > nope.txt"),
+            Turn::text("it was denied").usage(10, 4),
         ]),
     );
     let result = sdk("elicitation", &ws, &stub, &[]);
@@ -283,7 +276,13 @@ fn mcp_sdk_permission_answered_by_elicitation() {
 fn mcp_sdk_cancel_kills_the_tool() {
     let ws = Workspace::new("mcp-cancel");
     let marker = "sleep 47.31";
-    let stub = Stub::start(&ws, &script(vec![bash("toolu_s", marker), text("never")]));
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            Turn::bash("toolu_s", marker),
+            Turn::text("never").usage(10, 4),
+        ]),
+    );
     sdk("cancel", &ws, &stub, &["--allow", "Bash"]);
     assert!(
         !process_with_marker_exists(marker),
@@ -295,7 +294,13 @@ fn mcp_sdk_cancel_kills_the_tool() {
 fn mcp_sdk_cancelled_request_stops_the_run() {
     let ws = Workspace::new("mcp-abort");
     let marker = "sleep 48.31";
-    let stub = Stub::start(&ws, &script(vec![bash("toolu_s", marker), text("never")]));
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            Turn::bash("toolu_s", marker),
+            Turn::text("never").usage(10, 4),
+        ]),
+    );
     sdk("abort", &ws, &stub, &["--allow", "Bash"]);
     assert!(
         !process_with_marker_exists(marker),
@@ -309,10 +314,10 @@ fn mcp_sdk_streamable_http_sessions_share_the_core() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            bash("toolu_h", "echo shared > shared.txt"),
-            text("done over http"),
-            text("second run"),
-            text("third"),
+            Turn::bash("toolu_h", "echo shared > shared.txt"),
+            Turn::text("done over http").usage(10, 4),
+            Turn::text("second run").usage(10, 4),
+            Turn::text("third").usage(10, 4),
         ]),
     );
     let result = sdk("shared", &ws, &stub, &[]);
@@ -366,7 +371,7 @@ fn mcp_stdio_negotiates_protocol_versions() {
 #[test]
 fn mcp_stdio_protocol_errors_and_clean_stdout() {
     let ws = Workspace::new("mcp-errors");
-    let stub = Stub::start(&ws, &script(vec![text("fine")]));
+    let stub = Stub::start(&ws, &script(vec![Turn::text("fine").usage(10, 4)]));
     let mut raw = start_raw(&ws, &stub, &[]);
     // Before initialize: ping works, an unknown method is refused at once.
     assert_eq!(raw.request(1, "ping", Value::Null)["result"], json!({}));
@@ -453,7 +458,13 @@ fn mcp_stdio_protocol_errors_and_clean_stdout() {
 fn mcp_stdio_eof_cancels_runs_and_kills_children() {
     let ws = Workspace::new("mcp-eof");
     let marker = "sleep 49.31";
-    let stub = Stub::start(&ws, &script(vec![bash("toolu_s", marker), text("never")]));
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            Turn::bash("toolu_s", marker),
+            Turn::text("never").usage(10, 4),
+        ]),
+    );
     let mut raw = start_raw(&ws, &stub, &["--allow", "Bash"]);
     raw.mcp_initialize("2025-11-25", json!({}), "raw");
     let run = raw.tool_body(1, "caliban_run", json!({"prompt": "sleep"}))["run_id"]
@@ -491,8 +502,8 @@ fn mcp_stdio_elicitation_timeout_denies_and_is_withdrawn() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            bash("toolu_t", "echo late > late.txt"),
-            text("gave up"),
+            Turn::bash("toolu_t", "echo late > late.txt"),
+            Turn::text("gave up").usage(10, 4),
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &["--permission-timeout", "1"]);
@@ -587,12 +598,12 @@ fn mcp_stdio_run_options_only_narrow() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            bash("toolu_d", "echo denied > denied.txt"),
-            text("it was denied"),
-            bash("toolu_p", "echo planned > planned.txt"),
-            text("plan mode said no"),
-            bash("toolu_c", "pwd > where.txt"),
-            text("ran in sub"),
+            Turn::bash("toolu_d", "echo denied > denied.txt"),
+            Turn::text("it was denied").usage(10, 4),
+            Turn::bash("toolu_p", "echo planned > planned.txt"),
+            Turn::text("plan mode said no").usage(10, 4),
+            Turn::bash("toolu_c", "pwd > where.txt"),
+            Turn::text("ran in sub").usage(10, 4),
         ]),
     );
     // The server allows Bash outright; per-run options can take that away, never add.
@@ -727,9 +738,9 @@ fn mcp_http_transport_rules() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            bash("toolu_g", "echo via-get > get.txt"),
-            text("ok"),
-            text("your turn"),
+            Turn::bash("toolu_g", "echo via-get > get.txt"),
+            Turn::text("ok").usage(10, 4),
+            Turn::text("your turn").usage(10, 4),
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &["--listen", "127.0.0.1:0"]);
@@ -1231,9 +1242,9 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            text("first answer"),
-            text("THE-SUMMARY"),
-            json!({"faults": [{"status": 400}]}),
+            Turn::text("first answer").usage(10, 4),
+            Turn::text("THE-SUMMARY").usage(10, 4),
+            Turn::bare().fault(Fault::Status(400)),
         ]),
     );
     let mut raw = start_raw(&ws, &stub, &[]);
@@ -1304,7 +1315,13 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
 fn mcp_images_on_run_and_send_input() {
     use crate::print::{PNG, image_block};
     let ws = Workspace::new("mcp-images");
-    let stub = Stub::start(&ws, &script(vec![text("a red dot"), text("another")]));
+    let stub = Stub::start(
+        &ws,
+        &script(vec![
+            Turn::text("a red dot").usage(10, 4),
+            Turn::text("another").usage(10, 4),
+        ]),
+    );
     let mut raw = start_raw(&ws, &stub, &[]);
     raw.mcp_initialize("2025-06-18", json!({}), "raw");
     let bad = raw.request(
@@ -1371,10 +1388,14 @@ fn mcp_serve_runs_call_configured_mcp_servers() {
     let stub = Stub::start(
         &ws,
         &script(vec![
-            json!({"tool_calls": [{"id": "toolu_e", "name": "mcp__py__echo",
-                                   "input": {"text": "nested"}}],
-                   "usage": {"input_tokens": 1, "output_tokens": 1}}),
-            text("done"),
+            Turn::bare()
+                .calling([Call::new(
+                    "toolu_e",
+                    "mcp__py__echo",
+                    json!({"text": "nested"}),
+                )])
+                .usage(1, 1),
+            Turn::text("done").usage(10, 4),
         ]),
     );
     ws.write(

@@ -150,18 +150,6 @@ pub(crate) fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
 
 // ---- helpers ------------------------------------------------------------------------------
 
-fn calls(calls: Value) -> Value {
-    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-fn call(name: &str, id: &str, input: Value) -> Value {
-    calls(json!([{"id": id, "name": name, "input": input}]))
-}
-
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
 /// Writes an MCP config file (`{"mcpServers": …}`) in the workspace; returns its path.
 fn config(ws: &Workspace, name: &str, servers: Value) -> String {
     ws.write(name, &json!({ "mcpServers": servers }).to_string());
@@ -237,13 +225,13 @@ fn mcp_client_stdio_round_trip_with_images_and_resources() {
     let ws = Workspace::new("mcpc-stdio");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__py__echo", "input": {"text": "hi"}},
-                {"id": "t2", "name": "mcp__py__picture", "input": {}},
-            ])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::new("t1", "mcp__py__echo", json!({"text": "hi"})),
+                Call::new("t2", "mcp__py__picture", json!({})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
     let out = print_mode(&ws, &stub, &["--mcp-config", &cfg, "--allow", "mcp__py__*"]);
@@ -275,19 +263,16 @@ fn mcp_client_streamable_http_resumes_streams_follows_progress_and_list_changed(
     let server = PyHttp::start("http", &ws.root);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__web__echo", "input": {"text": "over http"}},
-                // The server closes this call's event stream mid-call: the answer comes on
-                // the stream resumed with Last-Event-ID.
-                {"id": "t2", "name": "mcp__web__hop", "input": {}},
-                // Longer than the call timeout, with progress all along.
-                {"id": "t3", "name": "mcp__web__ticking", "input": {"seconds": 2.0}},
-            ])),
-            call("mcp__web__grow", "t4", json!({})),
-            call("mcp__web__late", "t5", json!({})),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::new("t1", "mcp__web__echo", json!({"text": "over http"})),
+                Call::new("t2", "mcp__web__hop", json!({})),
+                Call::new("t3", "mcp__web__ticking", json!({"seconds": 2.0})),
+            ]),
+            Turn::call("t4", "mcp__web__grow", json!({})),
+            Turn::call("t5", "mcp__web__late", json!({})),
+            Turn::text("done"),
+        ]),
     );
     let cfg = config(
         &ws,
@@ -335,16 +320,16 @@ fn mcp_client_standalone_stream_is_heard_and_resumed_with_last_event_id() {
     let server = PyHttp::start("http", &ws.root);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
+        &script([
             // Says the list changed on the GET stream (twice, the stream broken between),
             // and answers only once caliban listed again after each.
-            call("mcp__web__announce", "t1", json!({})),
-            calls(json!([
-                {"id": "t2", "name": "mcp__web__early", "input": {}},
-                {"id": "t3", "name": "mcp__web__later", "input": {}},
-            ])),
-            text_turn("done"),
-        ]}),
+            Turn::call("t1", "mcp__web__announce", json!({})),
+            Turn::calls([
+                Call::new("t2", "mcp__web__early", json!({})),
+                Call::new("t3", "mcp__web__later", json!({})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let cfg = http_config(&ws, "web", &server.url);
     let out = print_mode(
@@ -379,10 +364,10 @@ fn mcp_client_streamable_http_over_tls_with_a_private_ca_and_through_a_proxy() {
     );
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            call("mcp__tls__echo", "t1", json!({"text": "over tls"})),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::call("t1", "mcp__tls__echo", json!({"text": "over tls"})),
+            Turn::text("done"),
+        ]),
     );
     let cfg = http_config(&ws, "tls", &server.url);
     let mut cmd = caliban(&ws);
@@ -404,10 +389,10 @@ fn mcp_client_streamable_http_over_tls_with_a_private_ca_and_through_a_proxy() {
     let proxy = crate::tls::connect_proxy(crate::tls::ProxyMode::Tunnel);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            call("mcp__tls__echo", "t2", json!({"text": "via proxy"})),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::call("t2", "mcp__tls__echo", json!({"text": "via proxy"})),
+            Turn::text("done"),
+        ]),
     );
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
@@ -430,7 +415,7 @@ fn mcp_client_streamable_http_over_tls_with_a_private_ca_and_through_a_proxy() {
         "{seen:?}"
     );
     // Without the private CA the server is not trusted: reported, its tools not offered.
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("done")]));
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
     cmd.env("SSL_CERT_FILE", fixture("other-ca.pem"))
@@ -449,13 +434,13 @@ fn mcp_client_streamable_http_json_replies_round_trip() {
     let server = PyHttp::start("http-json", &ws.root);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__web__echo", "input": {"text": "as json"}},
-                {"id": "t2", "name": "mcp__web__slow", "input": {"seconds": 0}},
-            ])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::new("t1", "mcp__web__echo", json!({"text": "as json"})),
+                Call::new("t2", "mcp__web__slow", json!({"seconds": 0})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let cfg = http_config(&ws, "web", &server.url);
     let out = print_mode(
@@ -476,10 +461,10 @@ fn mcp_client_legacy_http_sse_round_trip() {
     let server = PyHttp::start("sse", &ws.root);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            call("mcp__old__echo", "t1", json!({"text": "legacy"})),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::call("t1", "mcp__old__echo", json!({"text": "legacy"})),
+            Turn::text("done"),
+        ]),
     );
     let cfg = config(
         &ws,
@@ -501,14 +486,14 @@ fn mcp_client_server_everything_over_stdio() {
     let ws = Workspace::new("mcpc-everything");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__everything__get-sum", "input": {"a": 2, "b": 3}},
-                {"id": "t2", "name": "mcp__everything__echo", "input": {"message": "hey"}},
-                {"id": "t3", "name": "mcp__everything__get-tiny-image", "input": {}},
-            ])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::new("t1", "mcp__everything__get-sum", json!({"a": 2, "b": 3})),
+                Call::new("t2", "mcp__everything__echo", json!({"message": "hey"})),
+                Call::new("t3", "mcp__everything__get-tiny-image", json!({})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let everything = kit
         .dir
@@ -536,7 +521,7 @@ fn mcp_client_server_everything_over_stdio() {
 #[test]
 fn mcp_client_print_init_frame_names_the_servers_with_their_status() {
     let ws = Workspace::new("mcpc-init");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("done")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("done")]));
     let cfg = config(
         &ws,
         "mcp.json",
@@ -574,11 +559,11 @@ fn mcp_client_slow_call_times_out_and_the_server_is_told() {
     let ws = Workspace::new("mcpc-timeout");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            call("mcp__py__slow", "t1", json!({"seconds": 60})),
-            call("mcp__py__echo", "t2", json!({"text": "still here"})),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::call("t1", "mcp__py__slow", json!({"seconds": 60})),
+            Turn::call("t2", "mcp__py__echo", json!({"text": "still here"})),
+            Turn::text("done"),
+        ]),
     );
     let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
     let out = print_mode(
@@ -612,14 +597,14 @@ fn mcp_client_rules_deny_and_print_mode_denies_what_would_ask() {
     let ws = Workspace::new("mcpc-rules");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "t1", "name": "mcp__py__echo", "input": {"text": "no"}},
-                {"id": "t2", "name": "mcp__py__picture", "input": {}},
-                {"id": "t3", "name": "mcp__py__slow", "input": {"seconds": 0}},
-            ])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::new("t1", "mcp__py__echo", json!({"text": "no"})),
+                Call::new("t2", "mcp__py__picture", json!({})),
+                Call::new("t3", "mcp__py__slow", json!({"seconds": 0})),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
     let out = print_mode(
@@ -678,13 +663,13 @@ fn mcp_client_http_serve_crash_is_reported_and_the_next_run_restarts_the_server(
     let ws = Workspace::new("mcpc-crash");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            call("mcp__py__crash", "t1", json!({})),
-            call("mcp__py__echo", "t2", json!({"text": "after the crash"})),
-            text_turn("first run over"),
-            call("mcp__py__echo", "t3", json!({"text": "restarted"})),
-            text_turn("second run over"),
-        ]}),
+        &script([
+            Turn::call("t1", "mcp__py__crash", json!({})),
+            Turn::call("t2", "mcp__py__echo", json!({"text": "after the crash"})),
+            Turn::text("first run over"),
+            Turn::call("t3", "mcp__py__echo", json!({"text": "restarted"})),
+            Turn::text("second run over"),
+        ]),
     );
     let cfg = config(&ws, "mcp.json", json!({"py": stdio_server(&ws.root)}));
     let serve = Serve::start(
@@ -722,7 +707,7 @@ fn mcp_client_http_serve_crash_is_reported_and_the_next_run_restarts_the_server(
 #[test]
 fn mcp_client_server_that_never_lists_is_given_up_and_the_run_goes_on() {
     let ws = Workspace::new("mcpc-hung");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("went on without it")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("went on without it")]));
     // Reads its input and never answers `initialize`.
     let cfg = config(
         &ws,
@@ -758,12 +743,12 @@ fn mcp_client_relist_that_hangs_is_given_up_and_the_old_tools_stay() {
     let ws = Workspace::new("mcpc-relist-hangs");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            call("mcp__hangs__change", "t1", json!({})),
-            text_turn("first run over"),
-            call("mcp__hangs__echo", "t2", json!({"text": "old list"})),
-            text_turn("second run over"),
-        ]}),
+        &script([
+            Turn::call("t1", "mcp__hangs__change", json!({})),
+            Turn::text("first run over"),
+            Turn::call("t2", "mcp__hangs__echo", json!({"text": "old list"})),
+            Turn::text("second run over"),
+        ]),
     );
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -819,8 +804,10 @@ fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
         let ws = Workspace::new(&format!("mcpc-cancel-{transport}"));
         let stub = Stub::start(
             &ws,
-            &json!({"turns": [call("mcp__py__slow", "t1", json!({"seconds": 60})),
-                              text_turn("x")]}),
+            &script([
+                Turn::call("t1", "mcp__py__slow", json!({"seconds": 60})),
+                Turn::text("x"),
+            ]),
         );
         let http = (transport == "http").then(|| PyHttp::start("http", &ws.root));
         let server = match &http {
@@ -851,7 +838,7 @@ fn mcp_client_http_serve_cancel_sends_notifications_cancelled() {
 #[test]
 fn mcp_client_per_run_servers_are_names_from_the_configuration() {
     let ws = Workspace::new("mcpc-select");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("a"), text_turn("b")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("a"), Turn::text("b")]));
     let cfg = config(
         &ws,
         "mcp.json",
@@ -883,7 +870,7 @@ fn mcp_client_workspace_servers_need_approval_once() {
     let ws = Workspace::new("mcpc-approve");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("a"), text_turn("b"), text_turn("c")]}),
+        &script([Turn::text("a"), Turn::text("b"), Turn::text("c")]),
     );
     ws.write(
         ".mcp.json",

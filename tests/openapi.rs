@@ -93,12 +93,14 @@ fn real_responses_validate_against_the_served_document() {
     let ws = Workspace::new("openapi-live");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"text": "Checking.", "tool_calls": [{"id": "toolu_1", "name": "Bash", "input": {"command": "echo ok"}}]},
-            {"text": "All good."},
-            {"text": "Second run.", "faults": [{"drip_ms": 50}]},
-            {"text": "Third run."},
-        ]}),
+        &script([
+            Turn::bare()
+                .say("Checking.")
+                .calling([Call::bash("toolu_1", "echo ok")]),
+            Turn::bare().say("All good."),
+            Turn::bare().say("Second run.").fault(Fault::DripMs(50)),
+            Turn::bare().say("Third run."),
+        ]),
     );
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
@@ -260,7 +262,9 @@ fn generated_requests_agree_with_the_document() {
     let ws = Workspace::new("openapi-props");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "Done."}], "repeat_last": true}),
+        &Script::new([Turn::bare().say("Done.")])
+            .repeat_last()
+            .json(),
     );
     // The MCP server the document's `mcp_servers` example names (a command that exits at
     // once: the runs that select it are reported a dead server and go on).
@@ -307,8 +311,8 @@ fn generated_requests_agree_with_the_document() {
 fn a_busy_server_answers_a_documented_503() {
     let ws = Workspace::new("openapi-busy");
     // Every model request waits long before its first byte: each run stays at work.
-    let late = json!({"text": "late", "faults": [{"delay_ms": 60000}]});
-    let stub = Stub::start(&ws, &json!({"turns": vec![late; 70]}));
+    let late = Turn::bare().say("late").fault(Fault::DelayMs(60000));
+    let stub = Stub::start(&ws, &script(vec![late; 70]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let addr = server.addr;
     for n in 0..64 {

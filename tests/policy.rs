@@ -11,18 +11,6 @@ use serde_json::{Value, json};
 
 use crate::util::*;
 
-fn bash_call(id: &str, command: &str) -> Value {
-    json!({"id": id, "name": "Bash", "input": {"command": command}})
-}
-
-/// One model turn calling `calls` at once, then a closing answer.
-fn script(calls: Vec<Value>) -> Value {
-    json!({"turns": [
-        {"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}},
-        {"text": "done", "usage": {"input_tokens": 12, "output_tokens": 5}},
-    ]})
-}
-
 /// Each tool result's (text, is_error) by id, from print mode's stream-json frames.
 fn results(out: &Output) -> HashMap<String, (String, bool)> {
     out.frames()
@@ -110,17 +98,21 @@ fn commands_do_not_see_caliban_s_keys_nor_secret_looking_variables() {
             let ws = Workspace::new("pol-env");
             passthrough_settings(&ws);
             let calls = vec![
-                bash_call("fg", "env"),
-                json!({"id": "bg", "name": "Bash",
-                       "input": {"command": "env > bg-env.txt", "background": true}}),
+                Call::bash("fg", "env"),
+                Call::new(
+                    "bg",
+                    "Bash",
+                    json!({"command": "env > bg-env.txt", "background": true}),
+                ),
             ];
-            let script = json!({"turns": [
-                {"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}},
-                {"tool_calls": [bash_call("wait",
-                    "for i in $(seq 100); do [ -s bg-env.txt ] && break; sleep 0.1; done")],
-                 "usage": {"input_tokens": 20, "output_tokens": 8}},
-                {"text": "done", "usage": {"input_tokens": 12, "output_tokens": 5}},
-            ]});
+            let script = script([
+                Turn::calls(calls),
+                Turn::bash(
+                    "wait",
+                    "for i in $(seq 100); do [ -s bg-env.txt ] && break; sleep 0.1; done",
+                ),
+                Turn::text("done"),
+            ]);
             let out = print_with(
                 &ws,
                 &script,
@@ -162,8 +154,7 @@ fn an_mcp_server_gets_its_own_configured_env_but_not_caliban_s_secrets() {
     }}});
     ws.write("mcp.json", &config.to_string());
     let config = path_str(&ws.path("mcp.json"));
-    let script =
-        json!({"turns": [{"text": "done", "usage": {"input_tokens": 1, "output_tokens": 1}}]});
+    let script = script([Turn::bare().say("done").usage(1, 1)]);
     let out = print_with(&ws, &script, &["--mcp-config", &config], SECRETS, None);
     assert_eq!(out.code, Some(0), "{out:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -185,15 +176,18 @@ fn deny_rules_hold_in_bypass_permissions() {
     let ws = Workspace::new("pol-bypass");
     user_settings(&ws, json!({"permissions": {"deny": ["Bash(touch:*)"]}}));
     let calls = vec![
-        bash_call("cli", "echo ran > cli.txt"),
-        bash_call("settings", "touch settings.txt"),
-        json!({"id": "fetch", "name": "WebFetch", "input": {"url": "http://127.0.0.1:9/"}}),
-        json!({"id": "write", "name": "Write",
-               "input": {"path": "written.txt", "content": "x"}}),
+        Call::bash("cli", "echo ran > cli.txt"),
+        Call::bash("settings", "touch settings.txt"),
+        Call::new("fetch", "WebFetch", json!({"url": "http://127.0.0.1:9/"})),
+        Call::new(
+            "write",
+            "Write",
+            json!({"path": "written.txt", "content": "x"}),
+        ),
     ];
     let out = print_with(
         &ws,
-        &script(calls),
+        &calls_then_done(calls),
         &[
             "--permission-mode",
             "bypassPermissions",
@@ -219,7 +213,7 @@ fn deny_rules_hold_in_bypass_permissions() {
 // ---- findings 8 and 11: approvals cover what runs -------------------------------------------
 
 fn text_only() -> Value {
-    json!({"turns": [{"text": "done", "usage": {"input_tokens": 1, "output_tokens": 1}}]})
+    script([Turn::bare().say("done").usage(1, 1)])
 }
 
 fn starts(ws: &Workspace) -> Vec<String> {
@@ -249,12 +243,15 @@ fn a_workspace_server_whose_script_the_model_rewrote_is_asked_about_again() {
         "the approval is remembered"
     );
     // The model's Write, allowed by acceptEdits, rewrites the approved script.
-    let write = json!({"id": "w", "name": "Write",
-                       "input": {"path": "tool_server.sh",
-                                 "content": "echo unconfined >> started.txt\n"}});
+    let write = Call::new(
+        "w",
+        "Write",
+        json!({"path": "tool_server.sh",
+                                 "content": "echo unconfined >> started.txt\n"}),
+    );
     let out = print_with(
         &ws,
-        &script(vec![write]),
+        &calls_then_done(vec![write]),
         &["--permission-mode", "acceptEdits"],
         &[],
         None,
@@ -357,16 +354,16 @@ const LOOPBACK_SPELLINGS: &[&str] = &[
     "localhost.",
 ];
 
-fn fetch_call(id: &str, url: &str) -> Value {
-    json!({"id": id, "name": "WebFetch", "input": {"url": url}})
+fn fetch_call(id: &str, url: &str) -> Call {
+    Call::new(id, "WebFetch", json!({ "url": url }))
 }
 
 fn fetch_all(ws: &Workspace, port: u16, args: &[&str]) -> HashMap<String, (String, bool)> {
-    let calls = LOOPBACK_SPELLINGS
+    let calls: Vec<Call> = LOOPBACK_SPELLINGS
         .iter()
         .map(|host| fetch_call(host, &format!("http://{host}:{port}/")))
         .collect();
-    let out = print_with(ws, &script(calls), args, &[], None);
+    let out = print_with(ws, &calls_then_done(calls), args, &[], None);
     let results = results(&out);
     assert_eq!(results.len(), LOOPBACK_SPELLINGS.len(), "{out:?}");
     results
@@ -421,7 +418,7 @@ fn web_fetch_block_private_refuses_names_that_resolve_to_loopback() {
         && (hostname.as_str(), port)
             .to_socket_addrs()
             .is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback()));
-    let mut calls: Vec<Value> = LOOPBACK_SPELLINGS
+    let mut calls: Vec<Call> = LOOPBACK_SPELLINGS
         .iter()
         .map(|host| fetch_call(host, &format!("http://{host}:{port}/")))
         .collect();
@@ -435,7 +432,13 @@ fn web_fetch_block_private_refuses_names_that_resolve_to_loopback() {
     } else {
         eprintln!("no name but localhost resolves to loopback here; the lookup case is skipped");
     }
-    let out = print_with(&ws, &script(calls), &["--allow", "WebFetch"], &[], None);
+    let out = print_with(
+        &ws,
+        &calls_then_done(calls),
+        &["--allow", "WebFetch"],
+        &[],
+        None,
+    );
     let results = results(&out);
     for (id, (text, error)) in &results {
         assert!(
@@ -532,9 +535,9 @@ fn a_turn_of_many_bash_calls_never_runs_more_than_the_cap_at_once() {
     std::fs::create_dir_all(ws.path("live")).expect("mkdir");
     let n = 40;
     // Each call marks itself live, records how many are live, holds its place, and leaves.
-    let calls: Vec<Value> = (0..n)
+    let calls: Vec<Call> = (0..n)
         .map(|i| {
-            bash_call(
+            Call::bash(
                 &format!("c{i}"),
                 &format!(
                     "touch live/{i}; ls live | wc -l >> counts.txt; sleep 1.5; rm live/{i}; \
@@ -543,7 +546,13 @@ fn a_turn_of_many_bash_calls_never_runs_more_than_the_cap_at_once() {
             )
         })
         .collect();
-    let out = print_with(&ws, &script(calls), &["--allow", "Bash"], &[], None);
+    let out = print_with(
+        &ws,
+        &calls_then_done(calls),
+        &["--allow", "Bash"],
+        &[],
+        None,
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     let results = results(&out);
     for i in 0..n {
@@ -574,10 +583,10 @@ fn cancel_ends_a_run_whose_calls_wait_for_a_place_and_they_never_start() {
     let ws = Workspace::new("pol-cap-cancel");
     std::fs::create_dir_all(ws.path("started")).expect("mkdir");
     let n = PROCESS_CAP + 6;
-    let calls: Vec<Value> = (0..n)
-        .map(|i| bash_call(&format!("c{i}"), &format!("touch started/{i}; sleep 60")))
+    let calls: Vec<Call> = (0..n)
+        .map(|i| Call::bash(&format!("c{i}"), &format!("touch started/{i}; sleep 60")))
         .collect();
-    let stub = Stub::start(&ws, &script(calls));
+    let stub = Stub::start(&ws, &calls_then_done(calls));
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let started = || std::fs::read_dir(ws.path("started")).map_or(0, |d| d.count());
     let run = start_run(server.addr, json!({"prompt": "many"}));
@@ -619,10 +628,10 @@ fn a_workspace_allow_rule_does_not_lift_the_user_s_deny() {
         &json!({"permissions": {"allow": ["Bash"]}}).to_string(),
     );
     let calls = vec![
-        bash_call("touch", "touch t.txt"),
-        bash_call("echo", "echo hi"),
+        Call::bash("touch", "touch t.txt"),
+        Call::bash("echo", "echo hi"),
     ];
-    let out = print_with(&ws, &script(calls), &[], &[], None);
+    let out = print_with(&ws, &calls_then_done(calls), &[], &[], None);
     let results = results(&out);
     assert!(
         results["touch"].1 && results["touch"].0.contains("denied"),
@@ -649,7 +658,7 @@ fn http_serve_does_not_restart_an_approved_server_from_a_rewritten_script() {
     ws.write("tool_server.sh", "echo approved >> started.txt\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn_value("one"), text_turn_value("two")]}),
+        &script([Turn::text("one").usage(1, 1), Turn::text("two").usage(1, 1)]),
     );
     let serve = Serve::start(&ws, &stub, &["--approve-mcp", "proj"], &[]);
     let first = start_run(serve.addr, json!({"prompt": "one"}));
@@ -674,8 +683,4 @@ fn http_serve_does_not_restart_an_approved_server_from_a_rewritten_script() {
         stderr.contains("`tool_server.sh` changed since the server was approved"),
         "{stderr}"
     );
-}
-
-fn text_turn_value(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 1, "output_tokens": 1}})
 }

@@ -4,14 +4,6 @@ use serde_json::{Value, json};
 
 use crate::util::*;
 
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
-fn tool_turn(calls: Value) -> Value {
-    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
 /// All tool_result blocks the model was sent, in order, from the stub's request log.
 fn tool_results_sent(stub: &Stub) -> Vec<Value> {
     let mut out = Vec::new();
@@ -51,10 +43,7 @@ fn result_text_of(block: &Value) -> String {
 #[test]
 fn text_only_turn_prints_the_answer() {
     let ws = Workspace::new("text");
-    let stub = Stub::start(
-        &ws,
-        &json!({"turns": [text_turn("Hello from the stub model.")]}),
-    );
+    let stub = Stub::start(&ws, &script([Turn::text("Hello from the stub model.")]));
     let out = run_stub(&ws, &stub, &["-p", "say hello"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "Hello from the stub model.\n");
@@ -69,7 +58,7 @@ fn text_only_turn_prints_the_answer() {
 #[test]
 fn json_output_is_one_result_object() {
     let ws = Workspace::new("json");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("forty-two")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("forty-two")]));
     let out = run_stub(&ws, &stub, &["-p", "--output-format", "json", "answer"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
     let frames = out.frames();
@@ -90,10 +79,10 @@ fn stream_json_frames_in_order() {
     ws.write("notes.txt", "alpha\nbeta\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_1", "name": "Read", "input": {"path": "notes.txt"}}])),
-            text_turn("The file has two lines."),
-        ]}),
+        &script([
+            Turn::calls([Call::read("toolu_1", "notes.txt")]),
+            Turn::text("The file has two lines."),
+        ]),
     );
     let out = run_stub(
         &ws,
@@ -156,7 +145,9 @@ fn partial_messages_stream_deltas() {
     let ws = Workspace::new("partial");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"thinking": "Let me think.", "text": "one two three four five six"}]}),
+        &script([Turn::bare()
+            .think("Let me think.")
+            .say("one two three four five six")]),
     );
     let out = run_stub(
         &ws,
@@ -195,12 +186,16 @@ fn read_edit_bash_tools_work_on_the_workspace() {
     ws.write("src/lib.txt", "fn answer() -> u32 { 41 }\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_r", "name": "Read", "input": {"path": "src/lib.txt"}}])),
-            tool_turn(json!([{"id": "toolu_e", "name": "Edit", "input": {"path": "src/lib.txt", "old_string": "41", "new_string": "42"}}])),
-            tool_turn(json!([{"id": "toolu_b", "name": "Bash", "input": {"command": "cat src/lib.txt && echo done-42"}}])),
-            text_turn("Fixed: the answer is now 42."),
-        ]}),
+        &script([
+            Turn::calls([Call::read("toolu_r", "src/lib.txt")]),
+            Turn::calls([Call::new(
+                "toolu_e",
+                "Edit",
+                json!({"path": "src/lib.txt", "old_string": "41", "new_string": "42"}),
+            )]),
+            Turn::bash("toolu_b", "cat src/lib.txt && echo done-42"),
+            Turn::text("Fixed: the answer is now 42."),
+        ]),
     );
     let out = run_stub(
         &ws,
@@ -239,14 +234,14 @@ fn parallel_tool_calls_are_answered_in_order() {
     ws.write("b.txt", "BBB\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([
-                {"id": "toolu_1", "name": "Bash", "input": {"command": "sleep 0.3; echo slow"}},
-                {"id": "toolu_2", "name": "Read", "input": {"path": "a.txt"}},
-                {"id": "toolu_3", "name": "Read", "input": {"path": "b.txt"}},
-            ])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::calls([
+                Call::bash("toolu_1", "sleep 0.3; echo slow"),
+                Call::read("toolu_2", "a.txt"),
+                Call::read("toolu_3", "b.txt"),
+            ]),
+            Turn::text("done"),
+        ]),
     );
     let out = run_stub(
         &ws,
@@ -300,10 +295,10 @@ fn ask_in_print_mode_is_denied_with_a_hint() {
     let marker = ws.path("should-not-exist");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_x", "name": "Bash", "input": {"command": format!("touch {}", path_str(&marker))}}])),
-            text_turn("I could not run it."),
-        ]}),
+        &script([
+            Turn::bash("toolu_x", &format!("touch {}", path_str(&marker))),
+            Turn::text("I could not run it."),
+        ]),
     );
     let out = run_stub(
         &ws,
@@ -331,10 +326,7 @@ fn deny_rule_beats_allow() {
     let ws = Workspace::new("denyrule");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_x", "name": "Bash", "input": {"command": "rm -rf build"}}])),
-            text_turn("ok"),
-        ]}),
+        &script([Turn::bash("toolu_x", "rm -rf build"), Turn::text("ok")]),
     );
     let out = run_stub(
         &ws,
@@ -353,10 +345,10 @@ fn openai_wire_with_tools() {
     ws.write("hello.txt", "hi there\n");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "call_1", "name": "Read", "input": {"path": "hello.txt"}}])),
-            text_turn("It says hi."),
-        ]}),
+        &script([
+            Turn::calls([Call::read("call_1", "hello.txt")]),
+            Turn::text("It says hi."),
+        ]),
     );
     let mut cmd = caliban(&ws);
     openai(&mut cmd, &stub);
@@ -394,7 +386,9 @@ fn retries_after_529_with_retry_after() {
     let ws = Workspace::new("retry");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "made it", "faults": [{"status": 529, "retry_after": "1"}]}]}),
+        &script([Turn::bare()
+            .say("made it")
+            .fault(Fault::StatusRetryAfter(529, "1".into()))]),
     );
     let out = run_stub(
         &ws,
@@ -420,7 +414,7 @@ fn non_retryable_status_fails_clearly() {
     let ws = Workspace::new("401");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "x", "faults": [{"status": 401}]}]}),
+        &script([Turn::bare().say("x").fault(Fault::Status(401))]),
     );
     let out = run_stub(&ws, &stub, &["-p", "--output-format", "json", "hi"], "");
     assert_eq!(out.code, Some(1), "{out:?}");
@@ -435,7 +429,9 @@ fn stream_dropped_mid_turn_fails_without_hanging() {
     let ws = Workspace::new("drop");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "this answer will be cut off somewhere in the middle", "faults": [{"drop_after_events": 5}]}]}),
+        &script([Turn::bare()
+            .say("this answer will be cut off somewhere in the middle")
+            .fault(Fault::DropAfterEvents(5))]),
     );
     let out = run_stub(
         &ws,
@@ -465,7 +461,9 @@ fn stalled_stream_hits_the_idle_timeout() {
     let ws = Workspace::new("stall");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "words words words words words", "faults": [{"stall_after_events": 5}]}]}),
+        &script([Turn::bare()
+            .say("words words words words words")
+            .fault(Fault::StallAfterEvents(5))]),
     );
     let out = run_stub(
         &ws,
@@ -491,10 +489,10 @@ fn stalled_stream_hits_the_idle_timeout() {
 fn max_turns_stops_the_run() {
     let ws = Workspace::new("maxturns");
     ws.write("f.txt", "x\n");
-    let read = json!([{"name": "Read", "input": {"path": "f.txt"}}]);
+    let read = Turn::calls([Call::without_id("Read", json!({"path": "f.txt"}))]);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [tool_turn(read.clone()), tool_turn(read.clone()), tool_turn(read), text_turn("never")]}),
+        &script([read.clone(), read.clone(), read, Turn::text("never")]),
     );
     let out = run_stub(
         &ws,
@@ -514,7 +512,7 @@ fn stream_json_input_continues_the_conversation() {
     let ws = Workspace::new("input");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("first answer"), text_turn("second answer")]}),
+        &script([Turn::text("first answer"), Turn::text("second answer")]),
     );
     let cmd = caliban_stub(
         &ws,
@@ -540,7 +538,7 @@ fn stream_json_input_continues_the_conversation() {
 #[test]
 fn malformed_stream_json_input_exits_64() {
     let ws = Workspace::new("badinput");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("x")]));
     let out = run_stub(
         &ws,
         &stub,
@@ -563,10 +561,13 @@ fn sigterm_cancels_and_kills_the_bash_group() {
     let marker = format!("caliban-test-sleep-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_s", "name": "Bash", "input": {"command": format!("bash -c 'exec -a {marker} sleep 30' & sleep 30")}}])),
-            text_turn("never"),
-        ]}),
+        &script([
+            Turn::bash(
+                "toolu_s",
+                &format!("bash -c 'exec -a {marker} sleep 30' & sleep 30"),
+            ),
+            Turn::text("never"),
+        ]),
     );
     let mut cmd = caliban_stub(
         &ws,
@@ -605,10 +606,14 @@ fn bash_timeout_kills_the_command() {
     let ws = Workspace::new("timeout");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_t", "name": "Bash", "input": {"command": "echo started; sleep 20", "timeout_seconds": 1}}])),
-            text_turn("timed out"),
-        ]}),
+        &script([
+            Turn::calls([Call::new(
+                "toolu_t",
+                "Bash",
+                json!({"command": "echo started; sleep 20", "timeout_seconds": 1}),
+            )]),
+            Turn::text("timed out"),
+        ]),
     );
     let out = run_stub(&ws, &stub, &["-p", "--allow", "Bash", "wait"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -625,7 +630,7 @@ fn bash_timeout_kills_the_command() {
 fn stream_json_input_from_a_regular_file() {
     // epoll cannot poll regular files; stdin falls back to a reader thread.
     let ws = Workspace::new("filestdin");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("from a file")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("from a file")]));
     ws.write("input.jsonl", "{\"type\":\"user\",\"content\":\"hi\"}\n");
     let mut cmd = caliban_stub(
         &ws,
@@ -655,10 +660,10 @@ fn project_settings_rules_apply() {
     );
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_1", "name": "Bash", "input": {"command": "echo from-settings"}}])),
-            text_turn("ok"),
-        ]}),
+        &script([
+            Turn::bash("toolu_1", "echo from-settings"),
+            Turn::text("ok"),
+        ]),
     );
     let out = run_stub(&ws, &stub, &["-p", "echo"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -686,7 +691,9 @@ fn openai_wire_retries_a_429_then_streams() {
     let ws = Workspace::new("openai429");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "after the rate limit", "faults": [{"status": 429, "retry_after": "0"}]}]}),
+        &script([Turn::bare()
+            .say("after the rate limit")
+            .fault(Fault::StatusRetryAfter(429, "0".into()))]),
     );
     let mut cmd = caliban(&ws);
     openai(&mut cmd, &stub);
@@ -727,7 +734,7 @@ fn connection_refused_is_retried_then_fails_clearly() {
 #[test]
 fn stream_json_input_with_no_message_exits_66() {
     let ws = Workspace::new("nomsg");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("x")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("x")]));
     let out = run_stub(
         &ws,
         &stub,
@@ -751,10 +758,13 @@ fn a_stalled_stdout_reader_does_not_block_tools_or_sigterm() {
     let long_text = "lorem ipsum dolor sit amet ".repeat(12_000);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"text": long_text, "tool_calls": [{"id": "toolu_s", "name": "Bash", "input": {"command": format!("bash -c 'exec -a {marker} sleep 30'")}}]},
-            text_turn("never"),
-        ]}),
+        &script([
+            Turn::bare().say(&long_text).calling([Call::bash(
+                "toolu_s",
+                &format!("bash -c 'exec -a {marker} sleep 30'"),
+            )]),
+            Turn::text("never"),
+        ]),
     );
     let mut cmd = caliban_stub(
         &ws,
@@ -893,18 +903,34 @@ fn accept_edits_cannot_reach_git_config_or_caliban_settings() {
         ws.write(".git/config", "[core]\n\tbare = false\n");
         let stub = Stub::start(
             &ws,
-            &json!({"turns": [
-                tool_turn(json!([
-                    {"id": "toolu_git", "name": "Write", "input": {"path": "./.git/config",
-                        "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}},
-                    {"id": "toolu_set", "name": "Write", "input": {"path": ".caliban/settings.json",
-                        "content": "{\"permissions\": {\"allow\": [\"Bash\"]}}"}},
-                    {"id": "toolu_edit", "name": "Edit", "input": {"path": "sub/../.GIT/config",
-                        "old_string": "bare = false", "new_string": "fsmonitor = evil"}},
-                    {"id": "toolu_ok", "name": "Write", "input": {"path": "src/ok.txt", "content": "fine\n"}},
-                ])),
-                text_turn("done"),
-            ]}),
+            &script([
+                Turn::calls([
+                    Call::new(
+                        "toolu_git",
+                        "Write",
+                        json!({"path": "./.git/config",
+                        "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}),
+                    ),
+                    Call::new(
+                        "toolu_set",
+                        "Write",
+                        json!({"path": ".caliban/settings.json",
+                        "content": "{\"permissions\": {\"allow\": [\"Bash\"]}}"}),
+                    ),
+                    Call::new(
+                        "toolu_edit",
+                        "Edit",
+                        json!({"path": "sub/../.GIT/config",
+                        "old_string": "bare = false", "new_string": "fsmonitor = evil"}),
+                    ),
+                    Call::new(
+                        "toolu_ok",
+                        "Write",
+                        json!({"path": "src/ok.txt", "content": "fine\n"}),
+                    ),
+                ]),
+                Turn::text("done"),
+            ]),
         );
         let mut cmd = caliban_stub(
             &ws,
@@ -955,12 +981,15 @@ fn a_setsid_child_does_not_outlive_its_call() {
     let marker = format!("caliban-print-setsid-{}", std::process::id());
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            tool_turn(json!([{"id": "toolu_s", "name": "Bash", "input": {"command": format!(
-                "setsid bash -c 'exec -a {marker} sleep 300' & sleep 0.2; kill -0 $! && echo escaped"
-            )}}])),
-            text_turn("done"),
-        ]}),
+        &script([
+            Turn::bash(
+                "toolu_s",
+                &format!(
+                    "setsid bash -c 'exec -a {marker} sleep 300' & sleep 0.2; kill -0 $! && echo escaped"
+                ),
+            ),
+            Turn::text("done"),
+        ]),
     );
     let out = run_stub(
         &ws,
@@ -995,7 +1024,9 @@ fn keep_alives_do_not_hold_a_stream_open() {
     let ws = Workspace::new("pings-idle");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "words words words words words", "faults": [{"ping_after_events": 4}]}]}),
+        &script([Turn::bare()
+            .say("words words words words words")
+            .fault(Fault::PingAfterEvents(4))]),
     );
     let cmd = caliban_stub(
         &ws,
@@ -1013,7 +1044,9 @@ fn keep_alives_do_not_hold_a_stream_open() {
         let ws = Workspace::new("pings-only");
         let stub = Stub::start(
             &ws,
-            &json!({"turns": [{"text": "never", "faults": [{"ping_after_events": after}]}]}),
+            &script([Turn::bare()
+                .say("never")
+                .fault(Fault::PingAfterEvents(after))]),
         );
         let mut cmd = caliban(&ws);
         if wire == "anthropic" {
@@ -1049,7 +1082,7 @@ fn a_stream_that_never_ends_meets_the_request_deadline() {
     let ws = Workspace::new("endless");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"text": "again", "faults": [{"repeat_after_events": 2}]}]}),
+        &script([Turn::bare().say("again").fault(Fault::RepeatAfterEvents(2))]),
     );
     let mut cmd = caliban(&ws);
     openai(&mut cmd, &stub);
@@ -1094,16 +1127,18 @@ fn stream_json_compacts_twice_in_one_run_and_finishes() {
     ] {
         big_file(&ws, name, marker);
     }
-    let read = |id: &str, path: &str| json!({"tool_calls": [{"id": id, "name": "Read", "input": {"path": path}}]});
+    let read = |id: &str, path: &str| Turn::bare().calling([Call::read(id, path)]);
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            read("t1", "a.txt"), read("t2", "b.txt"),
-            {"text": "SUMMARY-ONE: read a.txt and b.txt"},
-            read("t3", "c.txt"), read("t4", "d.txt"),
-            {"text": "SUMMARY-TWO: read all four"},
-            {"text": "done"},
-        ]}),
+        &script([
+            read("t1", "a.txt"),
+            read("t2", "b.txt"),
+            Turn::bare().say("SUMMARY-ONE: read a.txt and b.txt"),
+            read("t3", "c.txt"),
+            read("t4", "d.txt"),
+            Turn::bare().say("SUMMARY-TWO: read all four"),
+            Turn::bare().say("done"),
+        ]),
     );
     let out = run_stub(
         &ws,
@@ -1158,13 +1193,13 @@ fn stream_json_control_compact_and_its_failure() {
     let ws = Workspace::new("compact-control");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"text": "first answer"},
-            {"text": "the summary"},
-            {"text": "second answer"},
-            {"text": "third answer"},
-            {"faults": [{"status": 400}]},
-        ]}),
+        &script([
+            Turn::bare().say("first answer"),
+            Turn::bare().say("the summary"),
+            Turn::bare().say("second answer"),
+            Turn::bare().say("third answer"),
+            Turn::bare().fault(Fault::Status(400)),
+        ]),
     );
     let cmd = caliban_stub(
         &ws,
@@ -1226,7 +1261,11 @@ fn stream_json_images_reach_both_wires() {
         let ws = Workspace::new("image-print");
         let stub = Stub::start(
             &ws,
-            &json!({"turns": [text_turn("a red dot"), text_turn("a jpeg"), text_turn("both")]}),
+            &script([
+                Turn::text("a red dot"),
+                Turn::text("a jpeg"),
+                Turn::text("both"),
+            ]),
         );
         let command = || {
             let mut cmd = caliban(&ws);
@@ -1287,7 +1326,7 @@ fn stream_json_images_reach_both_wires() {
 #[test]
 fn stream_json_refuses_images_it_cannot_send() {
     let ws = Workspace::new("image-refused");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("unused")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("unused")]));
     for (block, why) in [
         (
             image_block("image/tiff", "AAAA"),
@@ -1338,11 +1377,13 @@ fn prompt_too_long_compacts_and_sends_again() {
     let too_long = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 201000 tokens > 200000 maximum"}}"#;
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"tool_calls": [{"id": "t1", "name": "Read", "input": {"path": "a.txt"}}]},
-            {"text": "THE-SUMMARY", "faults": [{"status": 400, "body": too_long}]},
-            {"text": "done"},
-        ]}),
+        &script([
+            Turn::bare().calling([Call::read("t1", "a.txt")]),
+            Turn::bare()
+                .say("THE-SUMMARY")
+                .fault(Fault::StatusBody(400, too_long.into())),
+            Turn::bare().say("done"),
+        ]),
     );
     let out = run_stub(
         &ws,

@@ -57,27 +57,15 @@ impl Drop for Outside {
     }
 }
 
-fn bash_call(id: &str, command: &str) -> Value {
-    json!({"id": id, "name": "Bash", "input": {"command": command}})
-}
-
-/// One model turn calling `calls` at once, then a closing answer.
-fn script(calls: Vec<Value>) -> Value {
-    json!({"turns": [
-        {"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}},
-        {"text": "done", "usage": {"input_tokens": 12, "output_tokens": 5}},
-    ]})
-}
-
 /// The print-mode run of `calls` with every tool allowed, its output and each call's
 /// result text by id.
 fn print_run(
     ws: &Workspace,
-    calls: Vec<Value>,
+    calls: Vec<Call>,
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Output, std::collections::HashMap<String, String>) {
-    print_script_run(ws, &script(calls), args, env)
+    print_script_run(ws, &calls_then_done(calls), args, env)
 }
 
 /// `print_run` of a whole stub script.
@@ -165,12 +153,12 @@ fn write_inside_and_outside(mode: &str) -> (Workspace, Outside, Output, Vec<Stri
     let ws = Workspace::new(&format!("sbx-{mode}"));
     let outside = Outside::new(mode);
     let calls = vec![
-        bash_call("in", "echo inside > inside.txt && cat inside.txt"),
-        bash_call(
+        Call::bash("in", "echo inside > inside.txt && cat inside.txt"),
+        Call::bash(
             "out",
             &format!("echo outside > {}", outside.display("f.txt")),
         ),
-        bash_call(
+        Call::bash(
             "tmp",
             &format!("echo temp > /tmp/caliban-sbx-{}-{mode}", std::process::id()),
         ),
@@ -269,10 +257,10 @@ fn fake_home(tag: &str) -> Outside {
 
 fn home_reads(ws: &Workspace, home: &Outside, env: &[(&str, &str)]) -> Vec<String> {
     let calls = vec![
-        bash_call("key", "cat ~/.ssh/id_*"),
-        bash_call("netrc", "cat ~/.netrc"),
-        bash_call("settings", "cat ~/.config/caliban/settings.json"),
-        bash_call("notes", "cat ~/notes.txt"),
+        Call::bash("key", "cat ~/.ssh/id_*"),
+        Call::bash("netrc", "cat ~/.netrc"),
+        Call::bash("settings", "cat ~/.config/caliban/settings.json"),
+        Call::bash("notes", "cat ~/notes.txt"),
     ];
     let home_str = path_str(&home.0);
     let mut env = env.to_vec();
@@ -314,7 +302,7 @@ fn the_deny_list_keeps_keys_and_caliban_settings_from_commands() {
 fn commands_see_no_process_outside_the_sandbox_nor_caliban_s_environment() {
     let ws = Workspace::new("sbx-proc");
     let secret = format!("CALIBAN_TEST_SECRET_{}", std::process::id());
-    let calls = vec![bash_call(
+    let calls = vec![Call::bash(
         "proc",
         "cat /proc/$PPID/environ; ls -d /proc/$PPID; ls /proc | grep -c '^[0-9]'",
     )];
@@ -348,12 +336,12 @@ fn without_a_private_proc_caliban_s_environment_is_still_out_of_reach() {
             if let Some(user) = user {
                 ws.give_to(user);
             }
-            let calls = vec![bash_call(
+            let calls = vec![Call::bash(
                 "proc",
                 "ls -d /proc/$PPID && tr '\\0' '\\n' < /proc/$PPID/environ",
             )];
             let envs = [env, (marker.as_str(), "visible")];
-            let (_, results) = print_script_run_as(&ws, &script(calls), &[], &envs, user);
+            let (_, results) = print_script_run_as(&ws, &calls_then_done(calls), &[], &envs, user);
             let text = &results["proc"];
             assert!(!text.contains("visible"), "{env:?} {user:?}: {text}");
             assert!(
@@ -378,8 +366,8 @@ fn in_a_user_namespace_as_without_privilege_the_fences_hold() {
     );
     git_init(&ws);
     let calls = vec![
-        bash_call("git", "git config core.fsmonitor 'touch pwned'"),
-        bash_call(
+        Call::bash("git", "git config core.fsmonitor 'touch pwned'"),
+        Call::bash(
             "new",
             "echo c > new-at-the-root.txt && cat new-at-the-root.txt",
         ),
@@ -406,9 +394,9 @@ fn without_a_mount_namespace_landlock_alone_holds_the_deny_list_and_protected_pa
     git_init(&ws);
     ws.write("src/a.txt", "a\n");
     let calls = vec![
-        bash_call("git", "git config core.fsmonitor 'touch pwned'"),
-        bash_call("edit", "echo b > src/a.txt && cat src/a.txt"),
-        bash_call("new", "echo c > new-at-the-root.txt"),
+        Call::bash("git", "git config core.fsmonitor 'touch pwned'"),
+        Call::bash("edit", "echo b > src/a.txt && cat src/a.txt"),
+        Call::bash("new", "echo c > new-at-the-root.txt"),
     ];
     let (_, results) = print_run(&ws, calls, &[], &env);
     assert!(
@@ -478,7 +466,7 @@ fn python_connect(mode: &str) -> (String, usize) {
     );
     let (_, results) = print_run(
         &ws,
-        vec![bash_call("net", &command)],
+        vec![Call::bash("net", &command)],
         &["--sandbox", mode],
         &[],
     );
@@ -518,8 +506,8 @@ fn network_ports_limit_where_tcp_may_connect() {
         )
     };
     let calls = vec![
-        bash_call("open", &connect(open.port)),
-        bash_call("closed", &connect(closed.port)),
+        Call::bash("open", &connect(open.port)),
+        Call::bash("closed", &connect(closed.port)),
     ];
     let (_, results) = print_run(&ws, calls, &["--sandbox", "network"], &[]);
     assert!(results["open"].starts_with("ok\n"), "{}", results["open"]);
@@ -543,7 +531,7 @@ fn descendants_in_sessions_of_their_own_stay_confined() {
         b = outside.display("nohup"),
         c = outside.display("background"),
     );
-    let (_, results) = print_run(&ws, vec![bash_call("s", &command)], &[], &[]);
+    let (_, results) = print_run(&ws, vec![Call::bash("s", &command)], &[], &[]);
     // They ran (their writes inside landed) …
     assert!(ws.path("setsid-ran").exists(), "{}", results["s"]);
     assert!(ws.path("nohup-ran").exists(), "{}", results["s"]);
@@ -567,13 +555,23 @@ fn a_background_shell_is_confined_like_a_foreground_command() {
         "echo bg > bg-inside.txt; echo x > {}; touch bg-done",
         outside.display("bg.txt")
     );
-    let script = json!({"turns": [
-        {"tool_calls": [{"id": "bg", "name": "Bash",
-                         "input": {"command": background, "background": true}}]},
-        {"tool_calls": [bash_call("wait", "while [ ! -e bg-done ]; do sleep 0.02; done")]},
-        {"tool_calls": [{"id": "read", "name": "BashOutput", "input": {"shell_id": "shell_1"}}]},
-        {"text": "done"},
-    ]});
+    let script = script([
+        Turn::bare().calling([Call::new(
+            "bg",
+            "Bash",
+            json!({"command": background, "background": true}),
+        )]),
+        Turn::bare().calling([Call::bash(
+            "wait",
+            "while [ ! -e bg-done ]; do sleep 0.02; done",
+        )]),
+        Turn::bare().calling([Call::new(
+            "read",
+            "BashOutput",
+            json!({"shell_id": "shell_1"}),
+        )]),
+        Turn::bare().say("done"),
+    ]);
     let args = ["--sandbox", "workspace-write"];
     let (out, results) = print_script_run(&ws, &script, &args, &[]);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -606,8 +604,11 @@ fn web_fetch_is_not_a_command_the_sandbox_confines() {
     // governed by the permission rules, so it works even in read-only.
     let ws = Workspace::new("sbx-webfetch");
     let site = crate::long_work::web_server();
-    let calls = vec![json!({"id": "f", "name": "WebFetch",
-                            "input": {"url": format!("{site}/page")}})];
+    let calls = vec![Call::new(
+        "f",
+        "WebFetch",
+        json!({"url": format!("{site}/page")}),
+    )];
     let (out, results) = print_run(
         &ws,
         calls,
@@ -650,15 +651,23 @@ fn the_fsmonitor_escalation_is_blocked_even_in_bypass_permissions() {
     let hook = format!("touch {}", outside.display("pwned"));
     let config = format!("{before}[core]\n\tfsmonitor = {hook}\n");
     let calls = vec![
-        bash_call("cmd", &format!("git config core.fsmonitor '{hook}'")),
-        bash_call(
+        Call::bash("cmd", &format!("git config core.fsmonitor '{hook}'")),
+        Call::bash(
             "redirect",
             &format!("printf '[core]\\n\\tfsmonitor = {hook}\\n' >> .git/config"),
         ),
-        json!({"id": "write", "name": "Write", "input": {"path": ".git/config", "content": config}}),
-        json!({"id": "multi", "name": "MultiEdit", "input": {"path": ".git/config", "edits": [
-            {"old_string": "[core]", "new_string": format!("[core]\n\tfsmonitor = {hook}")},
-        ]}}),
+        Call::new(
+            "write",
+            "Write",
+            json!({"path": ".git/config", "content": config}),
+        ),
+        Call::new(
+            "multi",
+            "MultiEdit",
+            json!({"path": ".git/config", "edits": [
+                {"old_string": "[core]", "new_string": format!("[core]\n\tfsmonitor = {hook}")},
+            ]}),
+        ),
     ];
     let args = ["--permission-mode", "bypassPermissions"];
     let (out, results) = print_run(&ws, calls, &args, &[]);
@@ -699,7 +708,7 @@ fn the_fsmonitor_escalation_is_blocked_even_in_bypass_permissions() {
     .unwrap();
     let (_, results) = print_run(
         &ws,
-        vec![bash_call("status", "git status --short")],
+        vec![Call::bash("status", "git status --short")],
         &[],
         &[],
     );
@@ -715,7 +724,7 @@ fn protected_paths_can_be_made_writable_by_the_user() {
         "home/.config/caliban/settings.json",
         r#"{"sandbox": {"protected_writable": [".git/"]}}"#,
     );
-    let calls = vec![bash_call("cmd", "git config user.name caliban-test")];
+    let calls = vec![Call::bash("cmd", "git config user.name caliban-test")];
     let (_, results) = print_run(&ws, calls, &[], &[]);
     assert!(
         results["cmd"].ends_with("[exit code: 0]"),
@@ -729,7 +738,7 @@ fn protected_paths_can_be_made_writable_by_the_user() {
 fn without_landlock_the_default_runs_unconfined_and_says_so() {
     let ws = Workspace::new("sbx-nolandlock");
     let outside = Outside::new("nolandlock");
-    let calls = vec![bash_call(
+    let calls = vec![Call::bash(
         "out",
         &format!("echo x > {}", outside.display("f")),
     )];
@@ -771,7 +780,7 @@ fn without_landlock_a_chosen_sandbox_refuses_commands() {
         r#"{"sandbox": {"unavailable": "refuse"}}"#,
     );
     for args in [&["--sandbox", "workspace-write"][..], &[][..]] {
-        let (out, results) = print_run(&ws, vec![bash_call("out", &command)], args, &env);
+        let (out, results) = print_run(&ws, vec![Call::bash("out", &command)], args, &env);
         assert_eq!(
             init_frame(&out)["sandbox"]["commands"],
             "refused",
@@ -799,7 +808,7 @@ fn http_a_refused_command_asks_to_run_outside_the_sandbox() {
     let ws = Workspace::new("sbx-http-retry");
     let outside = Outside::new("http-retry");
     let command = format!("echo x > {}", outside.display("f"));
-    let stub = Stub::start(&ws, &script(vec![bash_call("b", &command)]));
+    let stub = Stub::start(&ws, &calls_then_done(vec![Call::bash("b", &command)]));
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let run = start_run(server.addr, json!({"prompt": "go"}));
     let prompt = wait_prompt(server.addr, &run);
@@ -839,7 +848,10 @@ fn session_header(ws: &Workspace, run: &str) -> Value {
 #[test]
 fn http_a_run_may_narrow_the_sandbox_not_widen_it() {
     let ws = Workspace::new("sbx-http-narrow");
-    let stub = Stub::start(&ws, &script(vec![bash_call("b", "echo x > inside.txt")]));
+    let stub = Stub::start(
+        &ws,
+        &calls_then_done(vec![Call::bash("b", "echo x > inside.txt")]),
+    );
     let server = Serve::start(&ws, &stub, &["--allow", "Bash"], &[]);
     let unknown = post_json(
         server.addr,
@@ -871,7 +883,7 @@ fn http_a_run_may_narrow_the_sandbox_not_widen_it() {
 
     // As with permission_mode, asking for more than the server allows has no effect.
     let ws = Workspace::new("sbx-http-wider");
-    let stub = Stub::start(&ws, &json!({"turns": [{"text": "hi"}]}));
+    let stub = Stub::start(&ws, &script([Turn::bare().say("hi")]));
     let server = Serve::start(&ws, &stub, &[], &[]);
     let wider = start_run(server.addr, json!({"prompt": "go", "sandbox": "off"}));
     wait_terminal(server.addr, &wider);
@@ -1008,15 +1020,15 @@ fn metadata_cannot_change(env: &[(&str, &str)]) {
         };
         let tmp = format!("/tmp/caliban-sbx-meta-{}", std::process::id());
         let calls = vec![
-            bash_call("chmod", &format!("chmod u+s,a+w {f}")),
-            bash_call("chown", &chown),
-            bash_call("touch", &format!("touch -d 2001-01-01 {f}")),
-            bash_call(
+            Call::bash("chmod", &format!("chmod u+s,a+w {f}")),
+            Call::bash("chown", &chown),
+            Call::bash("touch", &format!("touch -d 2001-01-01 {f}")),
+            Call::bash(
                 "xattr",
                 &format!("python3 -c \"import os; os.setxattr('{f}', 'user.x', b'1')\""),
             ),
-            bash_call("chattr", &chattr),
-            bash_call(
+            Call::bash("chattr", &chattr),
+            Call::bash(
                 "inside",
                 &format!(
                     "echo in > in.txt && chmod 600 in.txt && touch -d 2001-01-01 in.txt && \
@@ -1025,7 +1037,7 @@ fn metadata_cannot_change(env: &[(&str, &str)]) {
                 ),
             ),
         ];
-        let (out, results) = print_script_run_as(&ws, &script(calls), &[], env, user);
+        let (out, results) = print_script_run_as(&ws, &calls_then_done(calls), &[], env, user);
         assert_eq!(init_frame(&out)["sandbox"]["enforced"], true, "{out:?}");
         for id in ["chmod", "chown", "touch", "xattr", "chattr"] {
             let text = &results[id];
@@ -1052,20 +1064,20 @@ fn metadata_cannot_change(env: &[(&str, &str)]) {
 }
 
 /// Commands that make the protected entries a workspace does not have yet.
-fn make_missing_protected(id: &str) -> Vec<Value> {
+fn make_missing_protected(id: &str) -> Vec<Call> {
     vec![
-        bash_call(
+        Call::bash(
             &format!("{id}-caliban"),
             "mkdir -p .caliban && echo '{\"permissions\":{\"allow\":[\"Bash\"]}}' > \
              .caliban/settings.json",
         ),
-        bash_call(&format!("{id}-mcp"), "echo {} > .mcp.json"),
-        bash_call(&format!("{id}-claude"), "mkdir .claude"),
-        bash_call(
+        Call::bash(&format!("{id}-mcp"), "echo {} > .mcp.json"),
+        Call::bash(&format!("{id}-claude"), "mkdir .claude"),
+        Call::bash(
             &format!("{id}-vscode"),
             "mkdir -p .vscode && echo {} > .vscode/tasks.json",
         ),
-        bash_call(&format!("{id}-new"), "touch new-file && echo made"),
+        Call::bash(&format!("{id}-new"), "touch new-file && echo made"),
     ]
 }
 
@@ -1074,11 +1086,14 @@ fn a_command_may_start_a_repository_where_there_is_none() {
     // `.git` is protected once it exists, but `git init` (and `cargo new`, which runs it)
     // must work in a workspace that has none: no placeholder is made for it.
     let ws = Workspace::new("sbx-git-init");
-    let script = json!({"turns": [
-        {"tool_calls": [bash_call("init", "git init -q . && echo inited")]},
-        {"tool_calls": [bash_call("config", "git config core.fsmonitor 'touch pwned'")]},
-        {"text": "done"},
-    ]});
+    let script = script([
+        Turn::bare().calling([Call::bash("init", "git init -q . && echo inited")]),
+        Turn::bare().calling([Call::bash(
+            "config",
+            "git config core.fsmonitor 'touch pwned'",
+        )]),
+        Turn::bare().say("done"),
+    ]);
     let (_, results) = print_script_run(&ws, &script, &[], &[]);
     assert!(
         results["init"].starts_with("inited\n"),
@@ -1119,8 +1134,13 @@ fn commands_cannot_create_the_protected_files_a_workspace_lacks() {
         if let Some(user) = user {
             ws.give_to(user);
         }
-        let (out, results) =
-            print_script_run_as(&ws, &script(make_missing_protected("m")), &[], &[], user);
+        let (out, results) = print_script_run_as(
+            &ws,
+            &calls_then_done(make_missing_protected("m")),
+            &[],
+            &[],
+            user,
+        );
         assert_eq!(out.code, Some(0), "{out:?}");
         let how = format!("mount namespace, {user:?}");
         assert_no_protected_made(&ws, &results, "m", &how);
@@ -1170,12 +1190,15 @@ fn a_placeholder_stays_while_a_process_that_outlived_its_call_may_hold_it() {
         let daemon = "setsid nohup env -i PATH=\"$PATH\" sh -c 'sleep 1; mkdir -p .caliban && \
                       echo {} > .caliban/settings.json && echo WROTE > wrote.txt; touch tried' \
                       >/dev/null 2>&1 & sleep 0.5; echo started";
-        let script = json!({"turns": [
-            {"tool_calls": [bash_call("daemon", daemon)]},
-            {"tool_calls": [bash_call("wait", "for i in $(seq 100); do [ -e tried ] && break; \
-                                               sleep 0.05; done; ls tried")]},
-            {"text": "done"},
-        ]});
+        let script = script([
+            Turn::bare().calling([Call::bash("daemon", daemon)]),
+            Turn::bare().calling([Call::bash(
+                "wait",
+                "for i in $(seq 100); do [ -e tried ] && break; \
+                                               sleep 0.05; done; ls tried",
+            )]),
+            Turn::bare().say("done"),
+        ]);
         let (out, results) = print_script_run_as(&ws, &script, &[], &[], user);
         assert_eq!(out.code, Some(0), "{out:?}");
         assert!(results["daemon"].starts_with("started"), "{results:?}");
@@ -1201,14 +1224,24 @@ fn a_placeholder_stays_while_another_command_still_uses_it() {
                       mkdir -p .caliban && echo '{}' > .caliban/settings.json && echo WROTE; \
                       touch bg-done";
     let foreground = "while [ ! -e started ]; do sleep 0.02; done; ls -d .caliban; touch fg-done";
-    let script = json!({"turns": [
-        {"tool_calls": [{"id": "bg", "name": "Bash",
-                         "input": {"command": background, "background": true}}]},
-        {"tool_calls": [bash_call("fg", foreground)]},
-        {"tool_calls": [bash_call("wait", "while [ ! -e bg-done ]; do sleep 0.02; done")]},
-        {"tool_calls": [{"id": "read", "name": "BashOutput", "input": {"shell_id": "shell_1"}}]},
-        {"text": "done"},
-    ]});
+    let script = script([
+        Turn::bare().calling([Call::new(
+            "bg",
+            "Bash",
+            json!({"command": background, "background": true}),
+        )]),
+        Turn::bare().calling([Call::bash("fg", foreground)]),
+        Turn::bare().calling([Call::bash(
+            "wait",
+            "while [ ! -e bg-done ]; do sleep 0.02; done",
+        )]),
+        Turn::bare().calling([Call::new(
+            "read",
+            "BashOutput",
+            json!({"shell_id": "shell_1"}),
+        )]),
+        Turn::bare().say("done"),
+    ]);
     let (out, results) = print_script_run(&ws, &script, &[], &[]);
     assert_eq!(out.code, Some(0), "{out:?}");
     // The foreground command saw the placeholder the background shell holds.
@@ -1231,10 +1264,14 @@ fn a_placeholder_stays_while_another_command_still_uses_it() {
 #[test]
 fn a_file_tool_still_may_not_write_a_missing_protected_file() {
     let ws = Workspace::new("sbx-missing-tool");
-    let calls = vec![json!({"id": "w", "name": "Write", "input": {
-        "path": ".caliban/settings.json",
-        "content": "{\"permissions\":{\"allow\":[\"Bash\"]}}",
-    }})];
+    let calls = vec![Call::new(
+        "w",
+        "Write",
+        json!({
+            "path": ".caliban/settings.json",
+            "content": "{\"permissions\":{\"allow\":[\"Bash\"]}}",
+        }),
+    )];
     let (_, results) = print_run(&ws, calls, &[], &[]);
     assert!(results["w"].contains("is protected"), "{}", results["w"]);
     assert!(ws.path(".caliban").symlink_metadata().is_err());
@@ -1243,11 +1280,14 @@ fn a_file_tool_still_may_not_write_a_missing_protected_file() {
 #[test]
 fn a_background_shell_killed_at_the_end_of_the_run_leaves_no_placeholder() {
     let ws = Workspace::new("sbx-placeholder-exit");
-    let script = json!({"turns": [
-        {"tool_calls": [{"id": "bg", "name": "Bash",
-                         "input": {"command": "sleep 30", "background": true}}]},
-        {"text": "done"},
-    ]});
+    let script = script([
+        Turn::bare().calling([Call::new(
+            "bg",
+            "Bash",
+            json!({"command": "sleep 30", "background": true}),
+        )]),
+        Turn::bare().say("done"),
+    ]);
     let (out, _) = print_script_run(&ws, &script, &[], &[]);
     assert_eq!(out.code, Some(0), "{out:?}");
     let left: Vec<String> = std::fs::read_dir(&ws.root)
@@ -1311,40 +1351,48 @@ fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize, usize) {
     }
     let swap = "python3 swap.py race/d race/l hook/d hook/l";
     let mut turns = vec![
-        json!({"tool_calls": [{"id": "bg", "name": "Bash",
-                               "input": {"command": swap, "background": true}}]}),
-        json!({"tool_calls": [bash_call(
+        Turn::bare().calling([Call::new(
+            "bg",
+            "Bash",
+            json!({"command": swap, "background": true}),
+        )]),
+        Turn::bare().calling([Call::bash(
             "ready",
-            "for i in $(seq 500); do [ -e swap-ready ] && break; sleep 0.02; done; ls swap-ready"
-        )]}),
+            "for i in $(seq 500); do [ -e swap-ready ] && break; sleep 0.02; done; ls swap-ready",
+        )]),
     ];
     for turn in 0..RACE_TURNS {
-        let calls: Vec<Value> = (0..RACE_WRITES_PER_TURN)
+        let calls: Vec<Call> = (0..RACE_WRITES_PER_TURN)
             .flat_map(|i| {
                 ["race", "hook"].map(|dir| {
-                    json!({"id": format!("{dir}-{turn}-{i}"), "name": "Write",
-                           "input": {"path": format!("{dir}/d/f{turn}-{i}.sh"),
-                                     "content": "#!/bin/sh\necho pwned\n"}})
+                    Call::new(
+                        &format!("{dir}-{turn}-{i}"),
+                        "Write",
+                        json!({"path": format!("{dir}/d/f{turn}-{i}.sh"),
+                                     "content": "#!/bin/sh\necho pwned\n"}),
+                    )
                 })
             })
             .chain((0..RACE_READS_PER_TURN).flat_map(|i| {
                 [
-                    json!({"id": format!("read-{turn}-{i}"), "name": "Read",
-                           "input": {"path": "race/d/secret.txt"}}),
-                    json!({"id": format!("grep-{turn}-{i}"), "name": "Grep",
-                           "input": {"pattern": "SECRET", "path": "race"}}),
+                    Call::read(&format!("read-{turn}-{i}"), "race/d/secret.txt"),
+                    Call::new(
+                        &format!("grep-{turn}-{i}"),
+                        "Grep",
+                        json!({"pattern": "SECRET", "path": "race"}),
+                    ),
                 ]
             }))
             .collect();
-        turns.push(json!({ "tool_calls": calls }));
+        turns.push(Turn::bare().calling(calls));
     }
-    turns.push(json!({"tool_calls": [bash_call(
+    turns.push(Turn::bare().calling([Call::bash(
         "stop",
-        "touch swap-stop; for i in $(seq 500); do [ -e swap-done ] && break; sleep 0.02; done"
-    )]}));
-    turns.push(json!({"text": "done"}));
+        "touch swap-stop; for i in $(seq 500); do [ -e swap-done ] && break; sleep 0.02; done",
+    )]));
+    turns.push(Turn::bare().say("done"));
     let args = ["--sandbox", "workspace-write"];
-    let (out, results) = print_script_run_as(&ws, &json!({ "turns": turns }), &args, &[], user);
+    let (out, results) = print_script_run_as(&ws, &script(turns), &args, &[], user);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(
         results["ready"].contains("swap-ready"),
@@ -1429,12 +1477,15 @@ fn workspace_swap(user: Option<(u32, u32)>, env: &[(&str, &str)]) {
         "cd .. && mv ws moved && ln -s {} ws && echo swapped",
         outside.0.display()
     );
-    let script = json!({"turns": [
-        {"tool_calls": [bash_call("swap", &swap)]},
-        {"tool_calls": [{"id": "w", "name": "Write",
-                         "input": {"path": "pwned.txt", "content": "x\n"}}]},
-        {"text": "done"},
-    ]});
+    let script = script([
+        Turn::bare().calling([Call::bash("swap", &swap)]),
+        Turn::bare().calling([Call::new(
+            "w",
+            "Write",
+            json!({"path": "pwned.txt", "content": "x\n"}),
+        )]),
+        Turn::bare().say("done"),
+    ]);
     let args = ["--sandbox", "workspace-write"];
     let (_, results) = print_script_run_as(&ws, &script, &args, env, user);
     let landed = outside.path("pwned.txt").exists();

@@ -106,7 +106,7 @@ enum Launch {
     Daemon,
 }
 
-fn attack_turn(launch: Launch, args: &str) -> Value {
+fn attack_turn(launch: Launch, args: &str) -> Turn {
     let (command, background) = match launch {
         Launch::Background => (format!("python3 attack.py {args}"), true),
         Launch::Daemon => (
@@ -117,19 +117,12 @@ fn attack_turn(launch: Launch, args: &str) -> Value {
             false,
         ),
     };
-    json!({"tool_calls": [{"id": "toolu_attack", "name": "Bash",
-                           "input": {"command": command, "background": background}}],
-           "usage": {"input_tokens": 20, "output_tokens": 8}})
+    let input = json!({"command": command, "background": background});
+    Turn::call("toolu_attack", "Bash", input)
 }
 
-fn escape_turn() -> Value {
-    json!({"tool_calls": [{"id": "toolu_esc", "name": "Bash",
-                           "input": {"command": "touch escaped"}}],
-           "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
+fn escape_turn() -> Turn {
+    Turn::bash("toolu_esc", "touch escaped")
 }
 
 fn workspace(name: &str, user: Option<(u32, u32)>) -> Workspace {
@@ -289,8 +282,11 @@ fn agent_socket_case(sandbox: &str, launch: Launch, user: Option<(u32, u32)>) {
     let socket = path_str(&ws.path("agent.sock"));
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [attack_turn(launch, &format!("unix {socket}")), escape_turn(),
-                          text_turn("done")]}),
+        &script([
+            attack_turn(launch, &format!("unix {socket}")),
+            escape_turn(),
+            Turn::text("done"),
+        ]),
     );
     let agent = start_agent(&ws, &stub, &socket, sandbox, user);
     let mut supervisor = Lines::connect(Path::new(&socket));
@@ -375,8 +371,11 @@ fn http_case_with(mode: &str, sandbox: &str, launch: Launch, user: Option<(u32, 
     let ws = workspace("selfclient-http", user);
     // The run's id is the first the server hands out; the attacker is told it.
     let stub_script = |addr: &str| {
-        json!({"turns": [attack_turn(launch, &format!("{mode} {addr} run-1")), escape_turn(),
-                          text_turn("done")]})
+        script([
+            attack_turn(launch, &format!("{mode} {addr} run-1")),
+            escape_turn(),
+            Turn::text("done"),
+        ])
     };
     // The port is known once the server listens: start the stub's script after, through a
     // fixed port picked now.
@@ -490,11 +489,13 @@ fn mcp_case(user: Option<(u32, u32)>) {
     let addr = format!("127.0.0.1:{port}");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [attack_turn(Launch::Background, &format!("mcp {addr}")),
-                          json!({"tool_calls": [{"id": "toolu_wait", "name": "Bash",
-                                  "input": {"command": "sleep 3"}}],
-                                 "usage": {"input_tokens": 1, "output_tokens": 1}}),
-                          text_turn("done")]}),
+        &script([
+            attack_turn(Launch::Background, &format!("mcp {addr}")),
+            Turn::bare()
+                .calling([Call::bash("toolu_wait", "sleep 3")])
+                .usage(1, 1),
+            Turn::text("done"),
+        ]),
     );
     let mut cmd = caliban_stub(
         &ws,
@@ -564,7 +565,7 @@ fn selfclient_a_replaced_client_is_told_before_its_connection_closes() {
     // The NDJSON plane: the supervisor waits on a prompt when a newer client comes.
     let ws = Workspace::new("selfclient-replaced");
     let socket = path_str(&ws.path("agent.sock"));
-    let stub = Stub::start(&ws, &json!({"turns": [escape_turn(), text_turn("done")]}));
+    let stub = Stub::start(&ws, &script([escape_turn(), Turn::text("done")]));
     let spec = json!({"initial_prompt": "go", "permission_posture": "supervised"});
     let agent = start_socket_agent(&ws, &stub, &socket, &spec);
     let mut first = Lines::connect(Path::new(&socket));
@@ -586,7 +587,7 @@ fn selfclient_a_replaced_client_is_told_before_its_connection_closes() {
     // ACP over the socket: a JSON-RPC notification of caliban's own.
     let ws = Workspace::new("selfclient-replaced-acp");
     let socket = path_str(&ws.path("acp.sock"));
-    let stub = Stub::start(&ws, &json!({"turns": []}));
+    let stub = Stub::start(&ws, &script([]));
     let spec = json!({"drive_protocol": "acp"});
     let _agent = start_socket_agent(&ws, &stub, &socket, &spec);
     let mut first = Lines::connect(Path::new(&socket));
@@ -607,10 +608,12 @@ fn selfclient_the_agents_socket_is_hidden_from_a_sandboxed_command() {
         format!("if [ -S {socket} ]; then echo SOCKET-VISIBLE; else echo SOCKET-HIDDEN; fi");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [{"tool_calls": [{"id": "toolu_probe", "name": "Bash",
-                                           "input": {"command": probe}}],
-                           "usage": {"input_tokens": 1, "output_tokens": 1}},
-                          text_turn("done")]}),
+        &script([
+            Turn::bare()
+                .calling([Call::bash("toolu_probe", &probe)])
+                .usage(1, 1),
+            Turn::text("done"),
+        ]),
     );
     let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
     let agent = start_socket_agent(&ws, &stub, &socket, &spec);
@@ -640,7 +643,7 @@ fn selfclient_the_agents_socket_is_hidden_from_a_sandboxed_command() {
 fn selfclient_a_socket_client_may_send_resume_a_moment_after_connecting() {
     let ws = Workspace::new("selfclient-resume");
     let socket = path_str(&ws.path("agent.sock"));
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("one two three")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("one two three")]));
     let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
     let agent = start_socket_agent(&ws, &stub, &socket, &spec);
     // The whole run, to know its events.

@@ -29,10 +29,6 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn text_turn(text: &str) -> Value {
-    json!({"text": text, "usage": {"input_tokens": 12, "output_tokens": 5}})
-}
-
 fn would_block(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -329,7 +325,7 @@ fn run_failing(mut cmd: Command) -> (Output, Duration) {
 #[test]
 fn https_model_endpoint_through_tls_relay() {
     let ws = Workspace::new("tls-ok");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello over TLS.")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("Hello over TLS.")]));
     let relay = tls_relay(stub_addr(&stub));
     let base = format!("https://localhost:{}", relay.port());
     let mut cmd = https_cmd(&ws, &base, "ca.pem");
@@ -354,7 +350,7 @@ fn https_model_endpoint_through_tls_relay() {
 #[test]
 fn https_ip_address_endpoint_on_openai_wire() {
     let ws = Workspace::new("tls-ip");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello by address.")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("Hello by address.")]));
     let relay = tls_relay(stub_addr(&stub));
     let mut cmd = caliban(&ws);
     cmd.env(
@@ -381,7 +377,9 @@ fn https_large_request_body_is_sent_whole() {
     let ws = Workspace::new("tls-big");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("Got it all.")], "repeat_last": true}),
+        &Script::new([Turn::text("Got it all.")])
+            .repeat_last()
+            .json(),
     );
     let line = "the quick brown fox jumps over the lazy dog 0123456789\n";
     let prompt = line.repeat(1024 * 1024 / line.len());
@@ -436,7 +434,7 @@ fn unusable_ssl_cert_file_is_a_config_error() {
 #[test]
 fn server_cert_from_an_untrusted_ca_is_rejected() {
     let ws = Workspace::new("tls-untrusted");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("never")]));
     let relay = tls_relay(stub_addr(&stub));
     let base = format!("https://localhost:{}", relay.port());
     let (out, took) = run_failing(https_cmd(&ws, &base, "other-ca.pem"));
@@ -456,7 +454,7 @@ fn server_cert_from_an_untrusted_ca_is_rejected() {
 fn certificate_errors_are_not_retried() {
     // An untrusted certificate fails the same way every time: no backoff, no api_retry.
     let ws = Workspace::new("tls-noretry");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("never")]));
     let relay = tls_relay(stub_addr(&stub));
     let base = format!("https://localhost:{}", relay.port());
     let mut cmd = https_cmd(&ws, &base, "other-ca.pem");
@@ -474,7 +472,7 @@ fn certificate_errors_are_not_retried() {
 fn wrong_host_name_is_rejected() {
     // The relay's cert names localhost and 127.0.0.1 only; 127.0.0.2 is also loopback.
     let ws = Workspace::new("tls-name");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("never")]));
     let listener = TcpListener::bind("127.0.0.2:0");
     let Ok(listener) = listener else {
         eprintln!("skipping: cannot bind 127.0.0.2");
@@ -503,7 +501,7 @@ fn wrong_host_name_is_rejected() {
 #[test]
 fn https_proxy_tunnels_with_connect() {
     let ws = Workspace::new("tls-proxy");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("Hello via proxy.")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("Hello via proxy.")]));
     let relay = tls_relay(stub_addr(&stub));
     let proxy = connect_proxy(ProxyMode::Tunnel);
     let base = format!("https://localhost:{}", relay.port());
@@ -525,7 +523,7 @@ fn https_proxy_tunnels_with_connect() {
 #[test]
 fn lowercase_https_proxy_and_scheme_less_url_work() {
     let ws = Workspace::new("tls-proxy-lc");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("lower case")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("lower case")]));
     let relay = tls_relay(stub_addr(&stub));
     let proxy = connect_proxy(ProxyMode::Tunnel);
     let base = format!("https://127.0.0.1:{}", relay.port());
@@ -543,7 +541,7 @@ fn lowercase_https_proxy_and_scheme_less_url_work() {
 #[test]
 fn http_proxy_tunnels_plain_http() {
     let ws = Workspace::new("http-proxy");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("plain via proxy")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("plain via proxy")]));
     let proxy = connect_proxy(ProxyMode::Tunnel);
     let mut cmd = caliban(&ws);
     anthropic(&mut cmd, &stub);
@@ -560,7 +558,7 @@ fn http_proxy_tunnels_plain_http() {
 fn connect_brackets_ipv6_targets() {
     // The proxy stands in for the IPv6 route, so this host needs no IPv6 at all.
     let ws = Workspace::new("proxy-v6");
-    let stub = Stub::start(&ws, &json!({"turns": [text_turn("v6 via proxy")]}));
+    let stub = Stub::start(&ws, &script([Turn::text("v6 via proxy")]));
     let proxy = connect_proxy(ProxyMode::TunnelTo(stub_addr(&stub)));
     let mut cmd = caliban(&ws);
     cmd.env("ANTHROPIC_BASE_URL", "http://[::1]:8099")
@@ -578,7 +576,7 @@ fn no_proxy_bypasses_the_proxy() {
     let ws = Workspace::new("tls-noproxy");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("direct")], "repeat_last": true}),
+        &Script::new([Turn::text("direct")]).repeat_last().json(),
     );
     let relay = tls_relay(stub_addr(&stub));
     let proxy = connect_proxy(ProxyMode::Tunnel);
@@ -605,7 +603,7 @@ fn no_proxy_bypasses_the_proxy() {
 fn proxy_refusing_connect_fails_clearly() {
     for status in ["407 Proxy Authentication Required", "403 Forbidden"] {
         let ws = Workspace::new("tls-refused");
-        let stub = Stub::start(&ws, &json!({"turns": [text_turn("never")]}));
+        let stub = Stub::start(&ws, &script([Turn::text("never")]));
         let relay = tls_relay(stub_addr(&stub));
         let proxy = connect_proxy(ProxyMode::Refuse(status));
         let base = format!("https://localhost:{}", relay.port());
@@ -656,17 +654,17 @@ fn web_fetch_over_https_verifies_the_site() {
     let site = crate::long_work::web_server();
     let relay = tls_relay(site.trim_start_matches("http://").parse().expect("site"));
     let fetch = |id: &str, host: &str| {
-        json!({"id": id, "name": "WebFetch",
-               "input": {"url": format!("https://{host}:{}/page", relay.port())}})
+        let url = format!("https://{host}:{}/page", relay.port());
+        Call::new(id, "WebFetch", json!({ "url": url }))
     };
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            {"tool_calls": [fetch("f1", "localhost")]},
-            text_turn("read it"),
-            {"tool_calls": [fetch("f2", "localhost")]},
-            text_turn("refused"),
-        ]}),
+        &script([
+            Turn::bare().calling([fetch("f1", "localhost")]),
+            Turn::text("read it"),
+            Turn::bare().calling([fetch("f2", "localhost")]),
+            Turn::text("refused"),
+        ]),
     );
     for (ca, id) in [("ca.pem", "f1"), ("other-ca.pem", "f2")] {
         let mut cmd = caliban(&ws);
@@ -692,11 +690,11 @@ fn web_fetch_over_https_verifies_the_site() {
 /// proxy one tunnel (one CONNECT).
 #[test]
 fn https_turns_share_one_connection_and_one_tunnel() {
-    let read = json!({"tool_calls": [{"id": "t1", "name": "Read", "input": {"path": "a.txt"}}]});
+    let read = Turn::bare().calling([Call::read("t1", "a.txt")]);
     for via_proxy in [false, true] {
         let ws = Workspace::new("tls-keepalive");
         ws.write("a.txt", "alpha\n");
-        let stub = Stub::start(&ws, &json!({"turns": [read.clone(), text_turn("done")]}));
+        let stub = Stub::start(&ws, &script([read.clone(), Turn::text("done")]));
         let relay = tls_relay(stub_addr(&stub));
         let proxy = connect_proxy(ProxyMode::Tunnel);
         let base = format!("https://localhost:{}", relay.port());

@@ -25,12 +25,11 @@ fn picture_server(ws: &Workspace) -> String {
 /// Print mode on `wire`, the model calling the picture server's `tools` (ids t1, t2, …)
 /// in one turn and then finishing; the run's output and the stub that recorded it.
 fn call_pictures(ws: &Workspace, wire: &str, tools: &[&str]) -> (Output, Stub) {
-    let batch: Vec<Value> = tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| json!({"id": format!("t{}", i + 1), "name": format!("mcp__pics__{tool}"), "input": {}}))
-        .collect();
-    let stub = Stub::start(ws, &json!({"turns": [calls(json!(batch)), done()]}));
+    let batch = tools.iter().enumerate().map(|(i, tool)| {
+        let (id, name) = (format!("t{}", i + 1), format!("mcp__pics__{tool}"));
+        Call::new(&id, &name, json!({}))
+    });
+    let stub = Stub::start(ws, &calls_then_done(batch));
     let cfg = picture_server(ws);
     let out = print_run(
         ws,
@@ -39,14 +38,6 @@ fn call_pictures(ws: &Workspace, wire: &str, tools: &[&str]) -> (Output, Stub) {
         &["--mcp-config", &cfg, "--allow", "mcp__pics__*"],
     );
     (out, stub)
-}
-
-fn calls(calls: Value) -> Value {
-    json!({"tool_calls": calls, "usage": {"input_tokens": 20, "output_tokens": 8}})
-}
-
-fn done() -> Value {
-    json!({"text": "done", "usage": {"input_tokens": 12, "output_tokens": 5}})
 }
 
 /// Print mode against the stub on `wire` ("anthropic" or "openai"), streaming frames.
@@ -206,14 +197,11 @@ fn tool_results_read_of_a_png_reaches_the_model_and_survives_continue() {
     std::fs::write(ws.path("big.png"), big).unwrap();
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([
-                {"id": "r1", "name": "Read", "input": {"path": "shot.png"}},
-                {"id": "r2", "name": "Read", "input": {"path": "big.png"}},
-            ])),
-            done(),
-            done(),
-        ]}),
+        &script([
+            Turn::calls([Call::read("r1", "shot.png"), Call::read("r2", "big.png")]),
+            Turn::text("done"),
+            Turn::text("done"),
+        ]),
     );
     print_run(&ws, &stub, "anthropic", &[]);
     let data = "iVBORw0KGgowMTIz";
@@ -245,14 +233,14 @@ fn tool_results_read_of_a_png_reaches_the_model_and_survives_continue() {
 
 #[test]
 fn tool_results_acp_cards_show_the_picture_read_here_not_in_the_editor() {
-    use crate::acp::{drive, script, text_turn, tool_turn, tool_updates};
+    use crate::acp::{drive, tool_updates};
     let ws = Workspace::new("results-acp");
     std::fs::write(ws.path("shot.png"), b"\x89PNG\r\n\x1a\n0123").unwrap();
     let stub = Stub::start(
         &ws,
         &script(vec![
-            tool_turn("Read", "toolu_img", json!({"path": "shot.png"})),
-            text_turn("A picture."),
+            Turn::call("toolu_img", "Read", json!({"path": "shot.png"})),
+            Turn::text("A picture."),
         ]),
     );
     // The editor offers its files: a text file would be read through it, a picture is not
@@ -287,14 +275,10 @@ fn tool_results_a_text_only_server_gets_the_turn_again_without_its_images() {
     // llama.cpp's `llama-server` with a model that has no vision part answers so (a 500).
     let refusal = json!({"error": {"code": 500, "type": "server_error",
         "message": "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"}});
-    let mut answer = done();
-    answer["faults"] = json!([{"status": 500, "body": refusal.to_string()}]);
+    let answer = Turn::text("done").fault(Fault::StatusBody(500, refusal.to_string()));
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [
-            calls(json!([{"id": "r1", "name": "Read", "input": {"path": "shot.png"}}])),
-            answer,
-        ]}),
+        &script([Turn::calls([Call::read("r1", "shot.png")]), answer]),
     );
     print_run(&ws, &stub, "openai", &[]);
     let requests = stub.requests();

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod script;
+pub use script::*;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_caliban");
 /// The longest any single caliban invocation may take in a test.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);

@@ -6,9 +6,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde_json::Value;
-
-use super::{bash_call, script};
 use crate::util::*;
 
 /// The first syscall number the filter has not reviewed (`sys::FIRST_UNREVIEWED_SYSCALL`).
@@ -57,11 +54,11 @@ fn workspace(tag: &str, files: &[(&str, &str)], user: Option<(u32, u32)>) -> Wor
 /// The print-mode run of `calls` in `mode` as `user`; each call's result text by id.
 fn run_calls(
     ws: &Workspace,
-    calls: Vec<Value>,
+    calls: Vec<Call>,
     mode: &str,
     user: Option<(u32, u32)>,
 ) -> HashMap<String, String> {
-    let stub = Stub::start(ws, &script(calls));
+    let stub = Stub::start(ws, &calls_then_done(calls));
     let mut cmd = caliban(ws);
     anthropic(&mut cmd, &stub);
     cmd.args(["-p", "go", "--output-format", "stream-json"])
@@ -104,7 +101,12 @@ fn open_tree_attr_clone3_and_unreviewed_syscalls_are_refused() {
     for user in users() {
         let ws = workspace("sbx-syscalls", &[("syscalls.py", SYSCALLS_PY)], user);
         let command = format!("{} syscalls.py {FIRST_UNREVIEWED}", python());
-        let results = run_calls(&ws, vec![bash_call("s", &command)], "workspace-write", user);
+        let results = run_calls(
+            &ws,
+            vec![Call::bash("s", &command)],
+            "workspace-write",
+            user,
+        );
         let text = &results["s"];
         for line in [
             "open_tree_attr Operation not permitted",
@@ -137,8 +139,8 @@ for name, flags in [("newuser", 0x10000000), ("newnet", 0x40000000 | 0x20000)]:
     for user in users() {
         let ws = workspace("sbx-ns", &[("clone.py", &clone_py)], user);
         let calls = vec![
-            bash_call("clone", &format!("{} clone.py", python())),
-            bash_call("unshare", "unshare -U true; unshare -r -n true"),
+            Call::bash("clone", &format!("{} clone.py", python())),
+            Call::bash("unshare", "unshare -U true; unshare -r -n true"),
         ];
         let results = run_calls(&ws, calls, "workspace-write", user);
         let text = &results["clone"];
@@ -187,7 +189,10 @@ fn socket_families_are_an_allowlist_in_every_mode() {
     let ws = workspace("sbx-families", &[("sockets.py", SOCKETS_PY)], None);
     for mode in ["read-only", "workspace-write", "network"] {
         let command = format!("{} sockets.py", python());
-        let calls = vec![bash_call("s", &command), bash_call("ip", "ip link show lo")];
+        let calls = vec![
+            Call::bash("s", &command),
+            Call::bash("ip", "ip link show lo"),
+        ];
         let results = run_calls(&ws, calls, mode, None);
         let text = &results["s"];
         let inet = if mode == "network" {
@@ -227,16 +232,16 @@ print("settime", "ok" if r == 0 else os.strerror(ctypes.get_errno()))
 fn a_command_of_caliban_run_as_root_holds_no_capability() {
     for user in users() {
         let ws = workspace("sbx-caps", &[("priv.py", PRIVILEGED_PY), ("f", "")], user);
-        let mut calls = vec![bash_call("status", "grep -E '^Cap' /proc/self/status")];
+        let mut calls = vec![Call::bash("status", "grep -E '^Cap' /proc/self/status")];
         if user.is_none() {
             // Each would succeed with root's capabilities and changes nothing that matters
             // here (`lo` is up already, the hostname stays the same).
             calls.extend([
-                bash_call("chown", "chown 1:1 f"),
-                bash_call("time", &format!("{} priv.py", python())),
-                bash_call("chattr", "chattr +i f"),
-                bash_call("ip", "ip link set lo up"),
-                bash_call("hostname", "hostname \"$(hostname)\""),
+                Call::bash("chown", "chown 1:1 f"),
+                Call::bash("time", &format!("{} priv.py", python())),
+                Call::bash("chattr", "chattr +i f"),
+                Call::bash("ip", "ip link set lo up"),
+                Call::bash("hostname", "hostname \"$(hostname)\""),
             ]);
         }
         let results = run_calls(&ws, calls, "workspace-write", user);
@@ -318,8 +323,8 @@ fn the_process_limit_stops_a_fork_loop() {
     for user in users {
         let ws = workspace("sbx-nproc", &[("loop.py", FORK_LOOP_PY)], user);
         let calls = vec![
-            bash_call("ulimit", "ulimit -u; ulimit -Hu"),
-            bash_call("loop", &format!("{} loop.py {NPROC_LIMIT}", python())),
+            Call::bash("ulimit", "ulimit -u; ulimit -Hu"),
+            Call::bash("loop", &format!("{} loop.py {NPROC_LIMIT}", python())),
         ];
         let results = run_calls(&ws, calls, "workspace-write", user);
         let text = &results["loop"];
