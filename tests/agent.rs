@@ -18,7 +18,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use serde_json::{Value, json};
 
-use crate::rpc::Peer;
+use crate::util::rpc::Peer;
 use crate::util::*;
 
 /// The longest any single line may take to arrive.
@@ -984,7 +984,7 @@ fn acp_over_tls_with_the_official_sdk_prompts_permits_cancels_and_loads_after_a_
     );
     let agent = start_tls(&ws, &stub, &pki, &json!({"drive_protocol": "acp"}), &[]);
     let addr = agent.addr();
-    let dir = crate::acp::sdk_dir();
+    let dir = crate::util::acp::sdk_dir();
     let args = json!({
         "host": "127.0.0.1", "port": addr.port(), "ca": path_str(&pki.ca),
         "servername": "localhost", "token": TOKEN, "cwd": path_str(&ws.root),
@@ -1167,7 +1167,7 @@ fn acp_client_that_comes_back_loads_its_session_and_is_asked_the_pending_permiss
 /// `Compact` line, which compacts the conversation: a `Compaction` event line follows.
 #[test]
 fn ndjson_images_and_compact_lines() {
-    use crate::print::{PNG, image_block};
+    use crate::util::{PNG, image_block};
     let ws = Workspace::new("agent-long");
     let pki = pki(&ws);
     let stub = Stub::start(
@@ -1319,7 +1319,7 @@ fn tls_connect_from(
     addr: SocketAddr,
     config: &Arc<ClientConfig>,
 ) -> Result<StreamOwned<ClientConnection, TcpStream>, String> {
-    let tcp = crate::http_util::connect_from(from, addr);
+    let tcp = crate::util::http::connect_from(from, addr);
     tcp.set_read_timeout(Some(RECV)).expect("timeout");
     let server = ServerName::try_from("localhost".to_owned()).expect("server name");
     let conn = ClientConnection::new(Arc::clone(config), server).expect("client");
@@ -1363,7 +1363,7 @@ fn selfclient_a_preamble_flood_from_one_address_does_not_displace_a_client_from_
                         }
                     } else {
                         connected
-                            .push_back(crate::http_util::connect_from([127, 0, 0, 2].into(), addr));
+                            .push_back(crate::util::http::connect_from([127, 0, 0, 2].into(), addr));
                     }
                     made += 1;
                     while handshaked.len() > 24 {

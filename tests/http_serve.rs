@@ -8,11 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_util::*;
+use crate::util::http::*;
 use crate::util::*;
-
-/// The longest any condition polled for may take to become true.
-const WAIT: Duration = Duration::from_secs(30);
 
 const NOT_INTERACTIVE: &str =
     "cannot send input: drive session is not interactive; it accepts no input";
@@ -36,117 +33,8 @@ fn assert_error(resp: &Response, status: u16, message: &str) {
     assert_json(resp, status, json!({ "error": message }));
 }
 
-pub(crate) fn start_run(addr: SocketAddr, body: Value) -> String {
-    let resp = post_json(addr, "/runs", &body);
-    assert_eq!(resp.status, 200, "{resp:?}");
-    let id = resp.json()["run_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no run_id in {resp:?}"))
-        .to_owned();
-    assert_eq!(resp.json(), json!({ "run_id": id }));
-    id
-}
-
-/// One `GET /runs/:id/events?cursor=N` page, checked for upstream's shape: every event in
-/// the `{"v":1,"event":…}` envelope, and `next_cursor`, `status` and `permission_request`
-/// always present.
-pub(crate) fn events_page(addr: SocketAddr, run: &str, cursor: u64) -> Value {
-    let resp = get(addr, &format!("/runs/{run}/events?cursor={cursor}"));
-    assert_eq!(resp.status, 200, "{resp:?}");
-    let page = resp.json();
-    let obj = page.as_object().expect("events page is an object");
-    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-    keys.sort_unstable();
-    assert_eq!(
-        keys,
-        ["events", "next_cursor", "permission_request", "status"],
-        "{page}"
-    );
-    for env in page["events"].as_array().expect("events array") {
-        let env = env.as_object().expect("envelope object");
-        assert_eq!(env.len(), 2, "{env:?}");
-        assert_eq!(env["v"], 1, "{env:?}");
-        assert!(env["event"]["type"].is_string(), "{env:?}");
-    }
-    assert!(page["next_cursor"].is_u64(), "{page}");
-    assert!(page["status"]["state"].is_string(), "{page}");
-    page
-}
-
-/// Every event of the run so far, polled page by page from cursor 0.
-pub(crate) fn all_events(addr: SocketAddr, run: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    loop {
-        let page = events_page(addr, run, out.len() as u64);
-        let batch = page["events"].as_array().expect("events").clone();
-        if batch.is_empty() {
-            assert_eq!(page["next_cursor"], out.len() as u64, "{page}");
-            return out;
-        }
-        out.extend(batch.into_iter().map(|e| e["event"].clone()));
-        assert_eq!(page["next_cursor"], out.len() as u64, "{page}");
-    }
-}
-
-pub(crate) fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-pub(crate) fn status_of(addr: SocketAddr, run: &str) -> Value {
-    let resp = get(addr, &format!("/runs/{run}/status"));
-    assert_eq!(resp.status, 200, "{resp:?}");
-    let body = resp.json();
-    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{body}");
-    body["status"].clone()
-}
-
-fn wait_state(addr: SocketAddr, run: &str, state: &str) -> Value {
-    wait_for(&format!("{run} to be {state}"), || {
-        let status = status_of(addr, run);
-        (status["state"] == state).then_some(status)
-    })
-}
-
-pub(crate) fn is_terminal(status: &Value) -> bool {
-    status["state"] == "done" || status["state"] == "failed"
-}
-
-pub(crate) fn wait_terminal(addr: SocketAddr, run: &str) -> Value {
-    wait_for(&format!("{run} to end"), || {
-        let status = status_of(addr, run);
-        is_terminal(&status).then_some(status)
-    })
-}
-
-/// Waits until the run surfaces a permission prompt, and returns it.
-pub(crate) fn wait_prompt(addr: SocketAddr, run: &str) -> Value {
-    wait_for(&format!("a permission prompt on {run}"), || {
-        let page = events_page(addr, run, u64::MAX);
-        assert!(
-            !is_terminal(&page["status"]),
-            "{run} ended while a prompt was awaited: {page}"
-        );
-        let prompt = page["permission_request"].clone();
-        (!prompt.is_null()).then_some(prompt)
-    })
-}
-
 fn of_type<'a>(events: &'a [Value], ty: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == ty).collect()
-}
-
-pub(crate) fn tool_end<'a>(events: &'a [Value], id: &str) -> &'a Value {
-    events
-        .iter()
-        .find(|e| e["type"] == "ToolCallEnd" && e["tool_use_id"] == id)
-        .unwrap_or_else(|| panic!("no ToolCallEnd for {id} in {events:#?}"))
 }
 
 fn run_end(events: &[Value]) -> &Value {
@@ -226,10 +114,6 @@ fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
 
 fn follow_path(run: &str, cursor: u64) -> String {
     format!("/runs/{run}/events?cursor={cursor}&follow=1")
-}
-
-pub(crate) fn session_file(ws: &Workspace, run: &str) -> std::path::PathBuf {
-    ws.path(&format!("home/.state/caliban/sessions/{run}.jsonl"))
 }
 
 fn unique_marker(tag: &str) -> String {
@@ -2739,8 +2623,8 @@ fn every_run_on_disk_is_listed_page_by_page() {
 fn compaction_auto_and_by_input_then_replayed_after_a_restart() {
     let ws = Workspace::new("http-compact");
     ws.write(".caliban/settings.json", r#"{"context_window": 10000}"#);
-    crate::print::big_file(&ws, "a.txt", "AAA");
-    crate::print::big_file(&ws, "b.txt", "BBB");
+    crate::util::big_file(&ws, "a.txt", "AAA");
+    crate::util::big_file(&ws, "b.txt", "BBB");
     let read = |id: &str, path: &str| Turn::bare().calling([Call::read(id, path)]);
     let stub = Stub::start(
         &ws,
@@ -2792,7 +2676,7 @@ fn compaction_auto_and_by_input_then_replayed_after_a_restart() {
 /// that says why.
 #[test]
 fn images_on_runs_and_input() {
-    use crate::print::{PNG, image_block};
+    use crate::util::{PNG, image_block};
     let ws = Workspace::new("http-images");
     let stub = Stub::start(
         &ws,

@@ -2,14 +2,12 @@
 //! background shells, WebFetch), TodoWrite plans and print-mode sessions that continue, each
 //! on every surface where it shows, against the real binary and `caliban stub-model`.
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Serve, get, post_json};
-use crate::rpc::Peer;
+use crate::util::http::{Serve, get, post_json};
+use crate::util::rpc::Peer;
 use crate::util::*;
 
 const RECV: Duration = Duration::from_secs(30);
@@ -20,27 +18,6 @@ fn systems_sent(stub: &Stub) -> Vec<String> {
         .iter()
         .map(|req| req["body"]["system"].to_string())
         .collect()
-}
-
-/// Every tool_result block the model was sent, by tool_use_id, as text.
-pub(crate) fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
-    for req in stub.requests().iter().rev() {
-        for message in req["body"]["messages"].as_array().into_iter().flatten() {
-            for block in message["content"].as_array().into_iter().flatten() {
-                if block["type"] == "tool_result" && block["tool_use_id"] == id {
-                    let text = block["content"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|b| b["text"].as_str())
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                    return (block["is_error"] == true, text);
-                }
-            }
-        }
-    }
-    panic!("no tool_result for {id} was sent to the model");
 }
 
 fn print_frames(ws: &Workspace, stub: &Stub, args: &[&str]) -> (Output, Vec<Value>) {
@@ -390,63 +367,6 @@ fn background_shells_are_read_killed_and_die_with_the_run() {
     );
     // The second shell was never killed by the model: the run's end killed it.
     assert!(!process_with_marker_exists(&marker));
-}
-
-/// A loopback web server for WebFetch, on a thread of the test: `/page` (HTML), `/moved`
-/// (a same-site redirect to `/page`), `/away` (a redirect to another site), `/missing`
-/// (404), `/slow` (never answers). Nothing reaches beyond loopback.
-pub(crate) fn web_server() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            std::thread::spawn(move || {
-                conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
-                    match conn.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                let head = String::from_utf8_lossy(&head);
-                let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                let (status, extra, body): (&str, String, String) = match path.as_str() {
-                    "/page" => (
-                        "200 OK",
-                        "content-type: text/html; charset=utf-8\r\n".into(),
-                        "<html><head><title>Fixture</title><script>var x = '<p>no';</script>\
-                         </head><body><h1>Release notes</h1><p>Version <b>4.2</b> &amp; more.\
-                         </p><a href=\"/docs\">docs</a></body></html>"
-                            .into(),
-                    ),
-                    "/moved" => ("302 Found", "location: /page\r\n".into(), String::new()),
-                    "/away" => (
-                        "301 Moved Permanently",
-                        "location: http://elsewhere.invalid/x\r\n".into(),
-                        String::new(),
-                    ),
-                    "/slow" => {
-                        std::thread::sleep(Duration::from_secs(10));
-                        return;
-                    }
-                    _ => (
-                        "404 Not Found",
-                        "content-type: text/plain\r\n".into(),
-                        "no such page".into(),
-                    ),
-                };
-                let _ = write!(
-                    conn,
-                    "HTTP/1.1 {status}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    format!("http://{addr}")
 }
 
 #[test]

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Follow, HttpConn, Response, fixture, request};
-use crate::rpc::Peer;
+use crate::util::http::{Follow, HttpConn, Response, fixture, request};
+use crate::util::rpc::Peer;
 use crate::util::*;
 
 /// How long any one message may take to arrive.
@@ -1313,7 +1313,7 @@ fn mcp_send_input_compact_and_a_failed_compaction() {
 /// is refused with the reason.
 #[test]
 fn mcp_images_on_run_and_send_input() {
-    use crate::print::{PNG, image_block};
+    use crate::util::{PNG, image_block};
     let ws = Workspace::new("mcp-images");
     let stub = Stub::start(
         &ws,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Serve, request};
+use crate::util::http::{Serve, request};
 use crate::util::*;
 
 /// How long anything observed from outside (a marker file, a port) may take to appear.

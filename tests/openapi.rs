@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_util::{Follow, Serve, get, post_json, request};
+use crate::util::http::{Follow, Serve, get, post_json, request};
 use crate::util::*;
 
 /// The venv's python with the validators (`tests/requirements-openapi.txt`).

@@ -459,7 +459,7 @@ fn web_fetch_block_private_refuses_names_that_resolve_to_loopback() {
 
 /// Mislabelled images: a PNG claimed as JPEG, and bytes that are no image claimed as PNG.
 fn mislabelled() -> [(Value, &'static str); 2] {
-    use crate::print::{PNG, image_block};
+    use crate::util::{PNG, image_block};
     [
         (
             image_block("image/jpeg", PNG),
@@ -475,7 +475,7 @@ fn mislabelled() -> [(Value, &'static str); 2] {
 
 #[test]
 fn http_serve_refuses_a_prompt_image_that_is_not_what_it_claims() {
-    use crate::http_util::{Serve, post_json};
+    use crate::util::http::{Serve, post_json};
     let ws = Workspace::new("pol-img-http");
     let stub = Stub::start(&ws, &text_only());
     let server = Serve::start(&ws, &stub, &[], &[]);
@@ -578,8 +578,8 @@ fn a_turn_of_many_bash_calls_never_runs_more_than_the_cap_at_once() {
 
 #[test]
 fn cancel_ends_a_run_whose_calls_wait_for_a_place_and_they_never_start() {
-    use crate::http_serve::{start_run, status_of, wait_for, wait_terminal};
-    use crate::http_util::{Serve, request};
+    use crate::util::http::{start_run, status_of, wait_for, wait_terminal};
+    use crate::util::http::{Serve, request};
     let ws = Workspace::new("pol-cap-cancel");
     std::fs::create_dir_all(ws.path("started")).expect("mkdir");
     let n = PROCESS_CAP + 6;
@@ -646,8 +646,8 @@ fn a_workspace_allow_rule_does_not_lift_the_user_s_deny() {
 
 #[test]
 fn http_serve_does_not_restart_an_approved_server_from_a_rewritten_script() {
-    use crate::http_serve::{start_run, wait_terminal};
-    use crate::http_util::Serve;
+    use crate::util::http::{start_run, wait_terminal};
+    use crate::util::http::Serve;
     let ws = Workspace::new("pol-approve-restart");
     ws.write(
         ".mcp.json",

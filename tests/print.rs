@@ -1106,12 +1106,6 @@ fn a_stream_that_never_ends_meets_the_request_deadline() {
 
 // ---- context compaction (issue 14) ----------------------------------------------------------
 
-/// A 12 KiB file whose lines all carry `marker`: one Read of it is ~3,400 tokens.
-pub(crate) fn big_file(ws: &Workspace, name: &str, marker: &str) {
-    let line = format!("{marker} lorem ipsum dolor sit amet, consectetur\n");
-    ws.write(name, &line.repeat(12 * 1024 / line.len()));
-}
-
 /// Four Reads of big files in one run with a 10,000-token window (compacted past 7,500):
 /// every second Read pushes the next request past the limit, so the run compacts twice,
 /// each time summarising what came before, and goes on to finish.
@@ -1243,14 +1237,6 @@ fn stream_json_control_compact_and_its_failure() {
 }
 
 // ---- images in prompts (issue 14) -----------------------------------------------------------
-
-/// A 1×1 PNG, base64.
-pub(crate) const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
-
-/// An image block in upstream's shape.
-pub(crate) fn image_block(media_type: &str, data: &str) -> Value {
-    json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
-}
 
 /// Images in stream-json input reach both providers in their own formats, and the run's
 /// session file keeps them (the first message's and a later one's), so `--continue` sends

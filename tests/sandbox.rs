@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_serve::{
+use crate::util::http::{
     all_events, session_file, start_run, tool_end, wait_prompt, wait_terminal,
 };
-use crate::http_util::*;
+use crate::util::http::*;
 use crate::util::*;
 
 mod kernel;
@@ -603,7 +603,7 @@ fn web_fetch_is_not_a_command_the_sandbox_confines() {
     // The sandbox takes the network from commands; WebFetch is caliban's own request,
     // governed by the permission rules, so it works even in read-only.
     let ws = Workspace::new("sbx-webfetch");
-    let site = crate::long_work::web_server();
+    let site = crate::util::web_server();
     let calls = vec![Call::new(
         "f",
         "WebFetch",

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::http_serve::{events_page, start_run};
-use crate::http_util::{Serve, get, post_json, serve_command};
+use crate::util::http::{events_page, start_run};
+use crate::util::http::{Serve, get, post_json, serve_command};
 use crate::util::*;
 
 const RECV: Duration = Duration::from_secs(20);
@@ -514,7 +514,7 @@ fn mcp_case(user: Option<(u32, u32)>) {
     if let Some(user) = user {
         as_user(&mut cmd, user);
     }
-    let mut peer = crate::rpc::Peer::spawn(cmd, RECV);
+    let mut peer = crate::util::rpc::Peer::spawn(cmd, RECV);
     let sock = peer.listen_addr("caliban mcp serve");
     peer.mcp_initialize("2025-06-18", json!({}), "supervisor");
     let started = peer.tool_body(2, "caliban_run", json!({"prompt": "go"}));
@@ -529,7 +529,7 @@ fn mcp_case(user: Option<(u32, u32)>) {
         );
     }
     // The test's own loopback client is served.
-    let init = crate::http_util::request(
+    let init = crate::util::http::request(
         sock,
         "POST",
         "/mcp",

@@ -651,7 +651,7 @@ fn unreachable_proxy_fails_clearly() {
 #[test]
 fn web_fetch_over_https_verifies_the_site() {
     let ws = Workspace::new("tls-webfetch");
-    let site = crate::long_work::web_server();
+    let site = crate::util::web_server();
     let relay = tls_relay(site.trim_start_matches("http://").parse().expect("site"));
     let fetch = |id: &str, host: &str| {
         let url = format!("https://{host}:{}/page", relay.port());
@@ -673,7 +673,7 @@ fn web_fetch_over_https_verifies_the_site() {
             .args(["-p", "--allow", "WebFetch(domain:localhost)", "fetch"]);
         let out = run(cmd, "");
         assert_eq!(out.code, Some(0), "{out:?}");
-        let (failed, text) = crate::long_work::tool_result(&stub, id);
+        let (failed, text) = crate::util::tool_result(&stub, id);
         if id == "f1" {
             assert!(!failed, "{text}");
             assert!(

@@ -233,7 +233,7 @@ fn tool_results_read_of_a_png_reaches_the_model_and_survives_continue() {
 
 #[test]
 fn tool_results_acp_cards_show_the_picture_read_here_not_in_the_editor() {
-    use crate::acp::{drive, tool_updates};
+    use crate::util::acp::{drive, tool_updates};
     let ws = Workspace::new("results-acp");
     std::fs::write(ws.path("shot.png"), b"\x89PNG\r\n\x1a\n0123").unwrap();
     let stub = Stub::start(

@@ -14,7 +14,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod acp;
+mod content;
+pub mod http;
+pub mod rpc;
 mod script;
+
+pub use content::*;
 pub use script::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_caliban");
@@ -172,6 +178,27 @@ impl Drop for Stub {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Every tool_result block the model was sent, by tool_use_id, as text.
+pub fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
+    for req in stub.requests().iter().rev() {
+        for message in req["body"]["messages"].as_array().into_iter().flatten() {
+            for block in message["content"].as_array().into_iter().flatten() {
+                if block["type"] == "tool_result" && block["tool_use_id"] == id {
+                    let text = block["content"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|b| b["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    return (block["is_error"] == true, text);
+                }
+            }
+        }
+    }
+    panic!("no tool_result for {id} was sent to the model");
 }
 
 pub struct Output {

@@ -5,8 +5,6 @@
 //! streams that yields one NDJSON line or one SSE event at a time and can be dropped
 //! mid-stream to act as a client that vanished.
 
-#![allow(dead_code)]
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -14,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::util::*;
+use super::*;
 
 /// How long the server may take to print its listening line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -720,4 +718,123 @@ impl Follow {
             });
         }
     }
+}
+
+// ---- runs over the HTTP API ------------------------------------------------------------------
+
+/// The longest any condition polled for (`wait_for`) may take to become true.
+const WAIT: Duration = Duration::from_secs(30);
+
+pub fn start_run(addr: SocketAddr, body: Value) -> String {
+    let resp = post_json(addr, "/runs", &body);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let id = resp.json()["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no run_id in {resp:?}"))
+        .to_owned();
+    assert_eq!(resp.json(), json!({ "run_id": id }));
+    id
+}
+
+/// One `GET /runs/:id/events?cursor=N` page, checked for upstream's shape: every event in
+/// the `{"v":1,"event":…}` envelope, and `next_cursor`, `status` and `permission_request`
+/// always present.
+pub fn events_page(addr: SocketAddr, run: &str, cursor: u64) -> Value {
+    let resp = get(addr, &format!("/runs/{run}/events?cursor={cursor}"));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let page = resp.json();
+    let obj = page.as_object().expect("events page is an object");
+    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["events", "next_cursor", "permission_request", "status"],
+        "{page}"
+    );
+    for env in page["events"].as_array().expect("events array") {
+        let env = env.as_object().expect("envelope object");
+        assert_eq!(env.len(), 2, "{env:?}");
+        assert_eq!(env["v"], 1, "{env:?}");
+        assert!(env["event"]["type"].is_string(), "{env:?}");
+    }
+    assert!(page["next_cursor"].is_u64(), "{page}");
+    assert!(page["status"]["state"].is_string(), "{page}");
+    page
+}
+
+/// Every event of the run so far, polled page by page from cursor 0.
+pub fn all_events(addr: SocketAddr, run: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let page = events_page(addr, run, out.len() as u64);
+        let batch = page["events"].as_array().expect("events").clone();
+        if batch.is_empty() {
+            assert_eq!(page["next_cursor"], out.len() as u64, "{page}");
+            return out;
+        }
+        out.extend(batch.into_iter().map(|e| e["event"].clone()));
+        assert_eq!(page["next_cursor"], out.len() as u64, "{page}");
+    }
+}
+
+pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn status_of(addr: SocketAddr, run: &str) -> Value {
+    let resp = get(addr, &format!("/runs/{run}/status"));
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let body = resp.json();
+    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{body}");
+    body["status"].clone()
+}
+
+pub fn wait_state(addr: SocketAddr, run: &str, state: &str) -> Value {
+    wait_for(&format!("{run} to be {state}"), || {
+        let status = status_of(addr, run);
+        (status["state"] == state).then_some(status)
+    })
+}
+
+pub fn is_terminal(status: &Value) -> bool {
+    status["state"] == "done" || status["state"] == "failed"
+}
+
+pub fn wait_terminal(addr: SocketAddr, run: &str) -> Value {
+    wait_for(&format!("{run} to end"), || {
+        let status = status_of(addr, run);
+        is_terminal(&status).then_some(status)
+    })
+}
+
+/// Waits until the run surfaces a permission prompt, and returns it.
+pub fn wait_prompt(addr: SocketAddr, run: &str) -> Value {
+    wait_for(&format!("a permission prompt on {run}"), || {
+        let page = events_page(addr, run, u64::MAX);
+        assert!(
+            !is_terminal(&page["status"]),
+            "{run} ended while a prompt was awaited: {page}"
+        );
+        let prompt = page["permission_request"].clone();
+        (!prompt.is_null()).then_some(prompt)
+    })
+}
+
+pub fn tool_end<'a>(events: &'a [Value], id: &str) -> &'a Value {
+    events
+        .iter()
+        .find(|e| e["type"] == "ToolCallEnd" && e["tool_use_id"] == id)
+        .unwrap_or_else(|| panic!("no ToolCallEnd for {id} in {events:#?}"))
+}
+
+/// Where the session file of `run` lies, under the workspace's state dir.
+pub fn session_file(ws: &Workspace, run: &str) -> std::path::PathBuf {
+    ws.path(&format!("home/.state/caliban/sessions/{run}.jsonl"))
 }

@@ -6,8 +6,6 @@
 //! in between (notifications, server→client requests) in `seen`, or answers the server's
 //! requests through a callback.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -17,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::{StderrLog, wait_for_exit};
+use super::{StderrLog, wait_for_exit};
 
 /// A JSON-RPC connection: to a spawned server on piped stdio (SIGKILLed on drop), or over a
 /// stream.
