@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::rpc::Peer;
 use crate::util::acp::*;
+use crate::util::rpc::Peer;
 use crate::util::*;
 
 /// The longest any single frame may take to arrive on the raw wire.
@@ -25,7 +25,6 @@ fn of_kind<'a>(updates: &'a Value, kind: &str) -> Vec<&'a Value> {
         .map(|u| u.iter().filter(|u| u["sessionUpdate"] == kind).collect())
         .unwrap_or_default()
 }
-
 
 fn text_of(updates: &Value, kind: &str) -> String {
     of_kind(updates, kind)
@@ -1946,7 +1945,7 @@ fn acp_failed_compaction_is_shown_and_fails_the_prompt() {
 #[test]
 fn acp_session_http_mcp_server_is_called_and_capabilities_say_so() {
     let ws = Workspace::new("acp-mcp-http");
-    let server = crate::mcp_client::PyHttp::start("http", &ws.root);
+    let server = crate::util::mcp::PyHttp::start("http", &ws.root);
     let stub = Stub::start(
         &ws,
         &script(vec![
@@ -2010,8 +2009,8 @@ fn acp_workspace_mcp_servers_are_approved_by_the_editor_once() {
     let ws = Workspace::new("acp-mcp-approve");
     ws.write(
         ".mcp.json",
-        &json!({"mcpServers": {"proj": crate::mcp_client::stdio_server(&ws.root),
-                                "zother": crate::mcp_client::stdio_server(&ws.root)}})
+        &json!({"mcpServers": {"proj": crate::util::mcp::stdio_server(&ws.root),
+                                "zother": crate::util::mcp::stdio_server(&ws.root)}})
         .to_string(),
     );
     let approvals = ws.path("home/.state/caliban/mcp-approvals.json");

@@ -7,10 +7,9 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
-use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
@@ -18,6 +17,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use serde_json::{Value, json};
 
+use crate::util::agent::*;
 use crate::util::rpc::Peer;
 use crate::util::*;
 
@@ -29,205 +29,6 @@ const PREAMBLE_DEADLINE: Duration = Duration::from_secs(20);
 const TOKEN: &str = "agent-test-token";
 /// The longest one SDK scenario may take.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(90);
-
-// ---- a test CA, made by openssl ---------------------------------------------------------------
-
-pub(crate) struct Pki {
-    pub(crate) ca: PathBuf,
-    pub(crate) cert: PathBuf,
-    pub(crate) key: PathBuf,
-    /// A CA that signed nothing here.
-    other_ca: PathBuf,
-    /// A key that does not belong to `cert`.
-    other_key: PathBuf,
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = output_within(
-        Command::new("openssl").args(args).current_dir(dir),
-        "openssl is needed to make the test CA",
-        Duration::from_secs(30),
-    );
-    assert_eq!(out.code, Some(0), "openssl {args:?}: {out:?}");
-}
-
-/// A CA, a server certificate for `localhost` and 127.0.0.1 signed by it, an unrelated CA
-/// and a stray key, in `ws/pki`.
-fn pki(ws: &Workspace) -> Pki {
-    pki_for(ws, "DNS:localhost,IP:127.0.0.1")
-}
-
-/// The same, the server certificate's subjectAltName being `san` (openssl's syntax).
-pub(crate) fn pki_for(ws: &Workspace, san: &str) -> Pki {
-    let dir = ws.path("pki");
-    std::fs::create_dir_all(&dir).expect("mkdir pki");
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let ca_ext = [
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-    ];
-    for (name, cn) in [("ca", "agent test CA"), ("other-ca", "unrelated CA")] {
-        let (key, cert, subj) = (
-            format!("{name}-key.pem"),
-            format!("{name}.pem"),
-            format!("/CN={cn}"),
-        );
-        let mut args = vec!["req", "-x509"];
-        args.extend(ec);
-        args.extend(["-keyout", &key, "-out", &cert, "-days", "2", "-subj", &subj]);
-        args.extend(ca_ext);
-        openssl(&dir, &args);
-    }
-    let mut args = vec!["req", "-new"];
-    args.extend(ec);
-    args.extend([
-        "-keyout",
-        "key.pem",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    openssl(&dir, &args);
-    std::fs::write(
-        dir.join("server.ext"),
-        format!(
-            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
-             extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
-        ),
-    )
-    .expect("write ext");
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAcreateserial",
-            "-out",
-            "cert.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            "other-key.pem",
-        ],
-    );
-    Pki {
-        ca: dir.join("ca.pem"),
-        cert: dir.join("cert.pem"),
-        key: dir.join("key.pem"),
-        other_ca: dir.join("other-ca.pem"),
-        other_key: dir.join("other-key.pem"),
-    }
-}
-
-// ---- the agent --------------------------------------------------------------------------------
-
-pub(crate) struct Agent {
-    child: Child,
-    /// `tls://ADDR` or `unix:PATH`, from the start-up line.
-    endpoint: String,
-    stderr: StderrLog,
-}
-
-impl Agent {
-    /// Starts `caliban agent serve` with `flags`, the stub as its model and `env`, and waits
-    /// for its start-up line.
-    pub(crate) fn start(
-        ws: &Workspace,
-        stub: &Stub,
-        flags: &[&str],
-        env: &[(&str, &str)],
-    ) -> Agent {
-        let mut cmd = caliban_stub(ws, stub, &["agent", "serve"]);
-        cmd.args(flags).envs(env.iter().copied());
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn caliban agent serve");
-        let (tx, rx) = channel();
-        let stderr = StderrLog::start(
-            child.stderr.take().expect("stderr"),
-            Some(("listening on ", tx)),
-        );
-        let endpoint = match rx.recv_timeout(RECV) {
-            Ok(endpoint) => endpoint,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no start-up line within {RECV:?}:\n{}", stderr.text());
-            }
-        };
-        Agent {
-            child,
-            endpoint,
-            stderr,
-        }
-    }
-
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.endpoint
-            .strip_prefix("tls://")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("not a TLS endpoint: {}", self.endpoint))
-    }
-
-    pub(crate) fn stderr(&self) -> String {
-        self.stderr.text()
-    }
-
-    /// Waits for the agent to exit on its own; its exit code.
-    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        wait_for_exit(&mut self.child, within)
-            .unwrap_or_else(|| {
-                panic!(
-                    "the agent did not exit within {within:?}:\n{}",
-                    self.stderr()
-                )
-            })
-            .code()
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn tls_env(pki: &Pki) -> Vec<(&'static str, String)> {
     vec![
@@ -1231,7 +1032,7 @@ fn ndjson_run_calls_configured_mcp_servers() {
     );
     ws.write(
         "mcp.json",
-        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+        &json!({"mcpServers": {"py": crate::util::mcp::stdio_server(&ws.root)}}).to_string(),
     );
     let cfg = path_str(&ws.path("mcp.json"));
     let spec = json!({"initial_prompt": "go", "permission_posture": "unattended"});
@@ -1273,7 +1074,7 @@ fn tool_allowlist_limits_mcp_tools_too() {
     );
     ws.write(
         "mcp.json",
-        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+        &json!({"mcpServers": {"py": crate::util::mcp::stdio_server(&ws.root)}}).to_string(),
     );
     let cfg = path_str(&ws.path("mcp.json"));
     let spec = json!({"initial_prompt": "go", "permission_posture": "unattended",
@@ -1362,8 +1163,10 @@ fn selfclient_a_preamble_flood_from_one_address_does_not_displace_a_client_from_
                             handshaked.push_back(s);
                         }
                     } else {
-                        connected
-                            .push_back(crate::util::http::connect_from([127, 0, 0, 2].into(), addr));
+                        connected.push_back(crate::util::http::connect_from(
+                            [127, 0, 0, 2].into(),
+                            addr,
+                        ));
                     }
                     made += 1;
                     while handshaked.len() > 24 {

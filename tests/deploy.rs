@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::agent::{Agent, pki_for};
+use crate::util::agent::{Agent, pki_for};
 use crate::util::*;
 
 /// The venv's python with the validator (`tests/requirements-kubernetes.txt`).

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::util::http::{start_run, wait_terminal};
 use crate::util::http::{Serve, request};
+use crate::util::http::{start_run, wait_terminal};
 use crate::util::*;
 
 const CONTAINERFILE: &str = include_str!("../Containerfile");

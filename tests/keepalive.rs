@@ -99,8 +99,8 @@ fn a_request_on_a_connection_the_server_just_closed_is_sent_again_unseen() {
 /// middle of its model stream closes its connection, and the next run does not get it.
 #[test]
 fn runs_of_a_server_share_connections_but_not_a_cancelled_one() {
-    use crate::util::http::{start_run, wait_for, wait_terminal};
     use crate::util::http::{Serve, request};
+    use crate::util::http::{start_run, wait_for, wait_terminal};
 
     let ws = Workspace::new("keepalive-serve");
     let stub = Stub::start(
@@ -147,8 +147,8 @@ fn runs_of_a_server_share_connections_but_not_a_cancelled_one() {
 /// at least 10 new ones (with no cap all 60 would be reused).
 #[test]
 fn idle_connections_keep_to_a_quarter_of_the_open_file_limit() {
-    use crate::util::http::{start_run, wait_terminal};
     use crate::util::http::{Serve, serve_command};
+    use crate::util::http::{start_run, wait_terminal};
     use std::collections::HashSet;
 
     const RUNS: usize = 60;

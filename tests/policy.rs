@@ -578,8 +578,8 @@ fn a_turn_of_many_bash_calls_never_runs_more_than_the_cap_at_once() {
 
 #[test]
 fn cancel_ends_a_run_whose_calls_wait_for_a_place_and_they_never_start() {
-    use crate::util::http::{start_run, status_of, wait_for, wait_terminal};
     use crate::util::http::{Serve, request};
+    use crate::util::http::{start_run, status_of, wait_for, wait_terminal};
     let ws = Workspace::new("pol-cap-cancel");
     std::fs::create_dir_all(ws.path("started")).expect("mkdir");
     let n = PROCESS_CAP + 6;
@@ -646,8 +646,8 @@ fn a_workspace_allow_rule_does_not_lift_the_user_s_deny() {
 
 #[test]
 fn http_serve_does_not_restart_an_approved_server_from_a_rewritten_script() {
-    use crate::util::http::{start_run, wait_terminal};
     use crate::util::http::Serve;
+    use crate::util::http::{start_run, wait_terminal};
     let ws = Workspace::new("pol-approve-restart");
     ws.write(
         ".mcp.json",

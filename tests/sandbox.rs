@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::util::http::*;
 use crate::util::http::{
     all_events, session_file, start_run, tool_end, wait_prompt, wait_terminal,
 };
-use crate::util::http::*;
 use crate::util::*;
 
 mod kernel;

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::http::{events_page, start_run};
 use crate::util::http::{Serve, get, post_json, serve_command};
+use crate::util::http::{events_page, start_run};
 use crate::util::*;
 
 const RECV: Duration = Duration::from_secs(20);

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::mcp_client::python;
+use crate::util::mcp::python;
 use crate::util::*;
 
 /// The 1×1 PNG `server.py` sends, as base64.

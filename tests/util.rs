@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod acp;
+pub mod agent;
 mod content;
 pub mod http;
+pub mod mcp;
 pub mod rpc;
 mod script;
+pub mod tls;
 
 pub use content::*;
 pub use script::*;
