@@ -52,14 +52,11 @@ fn results(stub: &Stub) -> Vec<(String, bool, String)> {
                 if !seen.insert(id.clone()) {
                     continue;
                 }
-                let text = block["content"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|b| b["text"].as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                out.push((id, block["is_error"] == json!(true), text));
+                out.push((
+                    id,
+                    block["is_error"] == json!(true),
+                    texts(&block["content"]),
+                ));
             }
         }
     }

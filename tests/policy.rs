@@ -17,13 +17,7 @@ fn results(out: &Output) -> HashMap<String, (String, bool)> {
         .into_iter()
         .filter(|f| f["type"] == "tool_result")
         .map(|f| {
-            let text = f["content"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|b| b["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n");
+            let text = texts(&f["content"]);
             let id = f["tool_use_id"].as_str().unwrap_or_default().to_owned();
             (id, (text, f["is_error"] == json!(true)))
         })

@@ -81,16 +81,6 @@ fn anthropic_image(media_type: &str, data: &str) -> Value {
     json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
 }
 
-fn texts(blocks: &Value) -> String {
-    blocks
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn tool_results_mcp_images_reach_the_model_on_the_anthropic_wire() {
     let ws = Workspace::new("results-anthropic");

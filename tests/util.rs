@@ -189,19 +189,23 @@ pub fn tool_result(stub: &Stub, id: &str) -> (bool, String) {
         for message in req["body"]["messages"].as_array().into_iter().flatten() {
             for block in message["content"].as_array().into_iter().flatten() {
                 if block["type"] == "tool_result" && block["tool_use_id"] == id {
-                    let text = block["content"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|b| b["text"].as_str())
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                    return (block["is_error"] == true, text);
+                    return (block["is_error"] == true, texts(&block["content"]));
                 }
             }
         }
     }
     panic!("no tool_result for {id} was sent to the model");
+}
+
+/// The text blocks of a content array (a tool result's, say), one per line.
+pub fn texts(blocks: &Value) -> String {
+    blocks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub struct Output {
