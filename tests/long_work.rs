@@ -295,13 +295,13 @@ fn background_shells_are_read_killed_and_die_with_the_run() {
                     "b1",
                     "Bash",
                     json!({"background": true,
-                    "command": "echo line-1; echo err-1 >&2; touch ready; exec sleep 60"}),
+                           "command": "echo line-1; echo err-1 >&2; touch ready; exec sleep 60"}),
                 ),
                 Call::new(
                     "b2",
                     "Bash",
                     json!({"background": true,
-                    "command": format!("sleep 60 # {marker}")}),
+                           "command": format!("sleep 60 # {marker}")}),
                 ),
             ]),
             // The first shell's output is in its pipe once `ready` exists.
@@ -309,7 +309,7 @@ fn background_shells_are_read_killed_and_die_with_the_run() {
                 "w",
                 "Bash",
                 json!({
-                "command": "while [ ! -f ready ]; do sleep 0.02; done"}),
+                    "command": "while [ ! -f ready ]; do sleep 0.02; done"}),
             )]),
             Turn::calls([Call::new(
                 "o1",

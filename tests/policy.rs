@@ -241,7 +241,7 @@ fn a_workspace_server_whose_script_the_model_rewrote_is_asked_about_again() {
         "w",
         "Write",
         json!({"path": "tool_server.sh",
-                                 "content": "echo unconfined >> started.txt\n"}),
+               "content": "echo unconfined >> started.txt\n"}),
     );
     let out = print_with(
         &ws,

@@ -909,19 +909,19 @@ fn accept_edits_cannot_reach_git_config_or_caliban_settings() {
                         "toolu_git",
                         "Write",
                         json!({"path": "./.git/config",
-                        "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}),
+                               "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"}),
                     ),
                     Call::new(
                         "toolu_set",
                         "Write",
                         json!({"path": ".caliban/settings.json",
-                        "content": "{\"permissions\": {\"allow\": [\"Bash\"]}}"}),
+                               "content": "{\"permissions\": {\"allow\": [\"Bash\"]}}"}),
                     ),
                     Call::new(
                         "toolu_edit",
                         "Edit",
                         json!({"path": "sub/../.GIT/config",
-                        "old_string": "bare = false", "new_string": "fsmonitor = evil"}),
+                               "old_string": "bare = false", "new_string": "fsmonitor = evil"}),
                     ),
                     Call::new(
                         "toolu_ok",

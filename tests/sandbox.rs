@@ -1369,7 +1369,7 @@ fn file_tool_race(user: Option<(u32, u32)>) -> (usize, usize, usize) {
                         &format!("{dir}-{turn}-{i}"),
                         "Write",
                         json!({"path": format!("{dir}/d/f{turn}-{i}.sh"),
-                                     "content": "#!/bin/sh\necho pwned\n"}),
+                               "content": "#!/bin/sh\necho pwned\n"}),
                     )
                 })
             })

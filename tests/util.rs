@@ -1,6 +1,9 @@
 //! The test harness: temp workspaces, a stub model process, and a runner for `caliban` with
 //! a sanitised environment and a deadline on everything (a hung child fails the test with
-//! its stderr instead of hanging the suite).
+//! its stderr instead of hanging the suite). Every helper more than one test module uses
+//! lives here or in a module below, so test modules never import each other: typed stub
+//! scripts (`script`, re-exported here), fixtures (`content`, re-exported), and the peers
+//! and servers of one surface each (`http`, `rpc`, `acp`, `mcp`, `agent`, `tls`).
 
 #![allow(dead_code)]
 
