@@ -16,8 +16,8 @@ on a shared machine and page-cache state fall on both alike:
   `CALIBAN_BIN` set to the build: CPU µs per event of the surface process for http, mcp and
   acp, beside the bench's own raw relay. The relay bench is built once with
   `cargo bench --bench relay --no-run` (or given with --relay-bench); its stub model is its
-  own build for both. RELAY_RUNS, RELAY_EVENTS (here 100 unless set) and the other knobs
-  of relay.rs pass through.
+  own build for both. RELAY_RUNS, RELAY_EVENTS (here 100 unless set), RELAY_LEAD_MS (here
+  20,000) and the other knobs of relay.rs pass through; its warnings are printed as notes.
 
 Medians over the rounds. The output is a Markdown table for bench/RESULTS.md.
 """
@@ -63,14 +63,21 @@ def relay_bench():
     sys.exit("cargo bench --bench relay --no-run named no executable")
 
 
-def relay_cpu(bench, binary):
-    """{way: CPU µs per event}, flat out, from one run of the relay bench."""
+def relay_cpu(bench, binary, notes):
+    """{way: CPU µs per event}, flat out, from one run of the relay bench. Its warnings (a
+    way whose clients attached after the first byte, so part of the stream went unmeasured,
+    or events that never arrived) go to `notes`: such a sample reads low."""
     # CPU time is read in 10 ms ticks: 100 events per run (100,000 in all by default) keep
-    # a surface's figure to a few per cent of it.
-    env = {"RELAY_EVENTS": "100", **os.environ, "CALIBAN_BIN": binary, "RELAY_PHASES": "flat"}
+    # a surface's figure to a few per cent of it. CPU is counted from the moment every client
+    # has attached; on a loaded machine setting up 1,000 runs over HTTP took longer than
+    # relay.rs's default lead, so the first events went uncounted: 20 s of lead.
+    env = {"RELAY_EVENTS": "100", "RELAY_LEAD_MS": "20000", **os.environ,
+           "CALIBAN_BIN": binary, "RELAY_PHASES": "flat"}
     out = subprocess.run([bench], env=env, check=True, capture_output=True, text=True).stdout
     cpu = {}
     for line in out.splitlines():
+        if line.startswith(" ") and "(" in line:
+            notes.append(f"{os.path.basename(binary)}: {line.strip()}")
         parts = line.split()
         if len(parts) >= 7 and parts[0] in RELAY_WAYS and parts[1] == "flat":
             try:
@@ -102,6 +109,7 @@ def main():
     idle = {(b, s): [] for b in builds for s in SURFACES}
     pss = {b: [] for b in builds}
     relay = {(b, w): [] for b in builds for w in RELAY_WAYS}
+    notes = []
     load_start = open("/proc/loadavg").read().split()[:3]
     with tempfile.TemporaryDirectory() as tmp:
         for b in builds:
@@ -121,7 +129,7 @@ def main():
         bench = a.relay_bench or relay_bench()
         for r in range(a.relay_rounds):
             for b in alternate(r, builds):
-                for way, us in relay_cpu(bench, b).items():
+                for way, us in relay_cpu(bench, b, notes).items():
                     relay[(b, way)].append(us)
     load_end = open("/proc/loadavg").read().split()[:3]
 
@@ -160,6 +168,13 @@ def main():
         sign = "+" if delta > 0 else "−" if delta < 0 else "±"
         print(f"| {label} | {fmt.format(va)} | {fmt.format(vb)} | "
               f"{sign}{fmt.format(abs(delta))} |")
+    print()
+    for way in RELAY_WAYS:
+        samples = [" ".join(f"{v:.1f}" for v in relay[(b, way)]) for b in builds]
+        if any(samples):
+            print(f"relay {way} µs/event per round: A {samples[0]}; B {samples[1]}")
+    for note in notes:
+        print(f"note: {note}")
 
 
 if __name__ == "__main__":
