@@ -9,11 +9,11 @@ exit. Spawning `true` the same way is the floor any process pays on this machine
 Medians and 90th percentiles over the rounds.
 
     python3 bench/initialize.py [BINARY] [--surface acp|mcp] [--rounds N] [--state XDG_STATE_HOME]
-                                [--max-rss KIB]
 
 RSS is VmRSS right after the reply, as for the peers; the anonymous part (heap, stack,
-written data: RssAnon) is printed beside it, the rest being pages of the binary itself.
-`--max-rss` exits 1 when the median RSS is above it (`.ci/run` holds DESIGN's 2.5 MB bar).
+written data: RssAnon) is printed beside it, the rest being pages of the binary itself,
+shared by every process that runs it. What CI holds is private memory and the PSS of many
+agents (bench/footprint.py), not RSS.
 
 BINARY defaults to the static release build (target/x86_64-unknown-linux-gnu/release/caliban)
 or else target/release/caliban. The environment is empty apart from a throwaway state
@@ -112,7 +112,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--surface", choices=["acp", "mcp"], default="acp")
     ap.add_argument("--state", help="XDG_STATE_HOME to use (say, one holding many sessions)")
-    ap.add_argument("--max-rss", type=int, metavar="KIB", help="fail above this median RSS")
     a = ap.parse_args()
     binary = os.path.abspath(a.binary or default_binary())
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,8 +145,6 @@ def main():
     print(f"stdin EOF → exit               ms  {summary(exits)}")
     print(f"RSS after initialize          KiB  median {statistics.median(rss):7.0f}"
           f"  (anonymous {statistics.median(anon):.0f})")
-    if a.max_rss is not None and statistics.median(rss) > a.max_rss:
-        sys.exit(f"RSS after initialize is above {a.max_rss} KiB")
 
 
 if __name__ == "__main__":
