@@ -738,7 +738,6 @@ pub struct Engine<K: HostKey> {
     reactor: Reactor,
     config: EngineConfig,
     runs: BTreeMap<RunId, RunSlot>,
-    next_run: u64,
     owners: HashMap<Token, Owner<K>>,
     timers: HashMap<TimerId, TimerOwner<K>>,
     tx: Sender<Completion>,
@@ -790,7 +789,6 @@ impl<K: HostKey> Engine<K> {
             reactor,
             config,
             runs: BTreeMap::new(),
-            next_run: 1,
             owners: HashMap::new(),
             timers: HashMap::new(),
             tx,
@@ -833,25 +831,15 @@ impl<K: HostKey> Engine<K> {
         self.owners.insert(token, Owner::Stdout);
     }
 
-    /// Adds a run; nothing happens until input arrives through `HostAction::SendInput`.
-    pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
-        let id = RunId(self.next_run);
-        self.next_run += 1;
+    /// Starts the MCP servers a run with `selection` is given, now, and names them with
+    /// their state (`Hub::status`): print mode's init frame shows them before its run starts,
+    /// and the run, started later, finds them running.
+    pub fn mcp_select(&mut self, selection: &Selection) -> Vec<(String, &'static str)> {
         let (hub, mut io) = self.mcp_io();
-        let servers = hub.select(&mut io, &Selection::default());
-        self.runs
-            .insert(id, RunSlot::new(run, workspace, servers, true));
-        id
-    }
-
-    /// The MCP servers of run `run`, by name, with their state (`Hub::status`).
-    pub fn mcp_status(&self, run: RunId) -> Vec<(String, &'static str)> {
-        self.runs.get(&run).map_or_else(Vec::new, |slot| {
-            slot.mcp
-                .iter()
-                .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
-                .collect()
-        })
+        let ids = hub.select(&mut io, selection);
+        ids.iter()
+            .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
+            .collect()
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
