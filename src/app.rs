@@ -444,6 +444,8 @@ fn run_print(args: PrintArgs) -> u8 {
         history,
         continues,
         extra_header: header,
+        // Stdout is the run's output; its file only lets it be continued.
+        record_best_effort: true,
         ..Default::default()
     };
     let config = drive::table::DriveConfig {

@@ -583,6 +583,8 @@ pub struct EventLog {
     /// it has one: a header naming it is ours, so its lock does not keep us off the file
     /// (`reopen_for_append`).
     own_writer: Option<Arc<str>>,
+    /// Appends are refused from now on (`stop_appending`).
+    stopped: bool,
     /// Event lines `stage_event` took and `flush` has not written yet (see STAGING).
     staged: Vec<u8>,
     /// Per staged event: where its line starts in `staged`, and where its JSON sits.
@@ -620,6 +622,7 @@ impl EventLog {
             ignored: 0,
             dir_synced: false,
             own_writer: None,
+            stopped: false,
             staged: Vec::new(),
             staged_events: Vec::new(),
         }
@@ -709,8 +712,9 @@ impl EventLog {
         &mut self,
         write: impl FnOnce(&mut Vec<u8>) -> io::Result<()>,
     ) -> io::Result<u64> {
-        if let Access::Detached = self.access {
-            // Opening a loaded run's file reads what was written since: cursors follow it.
+        if self.stopped || matches!(self.access, Access::Detached) {
+            // A stopped log refuses here. Opening a loaded run's file reads what was written
+            // since: cursors follow it.
             self.writer()?;
         }
         let cursor = self.events + self.staged_events.len() as u64;
@@ -1011,8 +1015,21 @@ impl EventLog {
         Err(error)
     }
 
+    /// Refuses every later append, while reads go on: for a run that carries on unrecorded
+    /// once its file could not be written, rather than leave a file with a hole in it.
+    pub fn stop_appending(&mut self) {
+        self.stopped = true;
+        self.release_staging();
+    }
+
     /// The descriptor to append to, opening a loaded run's file the first time.
     fn writer(&mut self) -> io::Result<&mut File> {
+        if self.stopped {
+            return Err(io::Error::other(format!(
+                "{}: recording stopped after a failed write",
+                self.run_id
+            )));
+        }
         if let Access::Detached = self.access {
             self.reopen_for_append()?;
         }
@@ -2533,6 +2550,21 @@ mod tests {
         let err = log.append_status(&json!({"state": "done"})).unwrap_err();
         assert!(err.to_string().contains("failed part-way"), "{err}");
         assert_eq!(log.last_status(), None);
+    }
+
+    #[test]
+    fn a_stopped_log_refuses_appends_and_still_reads() {
+        let tmp = TempDir::new("stopped");
+        let mut store = tmp.store("sessions");
+        let mut log = store.create(header("p")).unwrap();
+        log.append_event(&delta(0, "x")).unwrap();
+        let size = fs::metadata(log.path()).unwrap().len();
+        log.stop_appending();
+        assert!(log.stage_event(&delta(1, "x")).is_err());
+        assert!(log.append_status(&json!({"state": "done"})).is_err());
+        assert!(log.append_input(&json!({"type": "end_input"})).is_err());
+        assert_eq!(fs::metadata(log.path()).unwrap().len(), size);
+        assert_eq!((log.len(), all_events(&log).len()), (1, 1));
     }
 
     #[test]
