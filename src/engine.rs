@@ -1,7 +1,7 @@
 //! The engine owns the reactor and every run's I/O: model exchanges, tool processes and
 //! worker threads. Runs (`agent::run::Run`) decide; the engine performs their `Effect`s and
-//! feeds the results back. A `Host` (print mode's `Printer`, or `surface::host::DriveHost`
-//! for the drive surfaces) sees the events and answers permission prompts; it talks back
+//! feeds the results back. A `Host` (`surface::host::DriveHost`, under which every surface,
+//! print mode included, runs) sees the events and answers permission prompts; it talks back
 //! only through `HostAction`s queued on its `Ctx`, and names its own sources and timers by
 //! a key type of its choosing (`Host::Key`).
 //!

@@ -434,8 +434,9 @@ impl Printer {
             self.awaiting_input = false;
             let Some(run) = self.run else {
                 if let Err(e) = self.start(cx.core, queued) {
-                    crate::log::error(&format!("cannot start the run: {e}"));
-                    cx.act(HostAction::Quit);
+                    // A runtime error, as the model's refusal of an empty message would be.
+                    let why = StopCondition::ProviderError(format!("cannot start the run: {e}"));
+                    self.end_unstarted(cx, &why);
                 }
                 return;
             };
