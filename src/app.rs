@@ -421,14 +421,14 @@ fn run_print(args: PrintArgs) -> u8 {
     engine.attach_stdout();
     // The run goes through the drive core, which records it like any driven run, so a later
     // `--continue` or `--resume` can go on with it.
-    let (store, unrecorded) = match session_store() {
+    let (store, _scratch) = match session_store() {
         Ok(store) => (store, None),
         Err(e) => {
             log::warn(&format!(
                 "{e}; this run is not recorded and cannot be continued"
             ));
             match scratch_store() {
-                Ok((store, dir)) => (store, Some(dir)),
+                Ok((store, scratch)) => (store, Some(scratch)),
                 Err(e) => {
                     log::error(&e);
                     return exit::RUNTIME;
@@ -501,29 +501,32 @@ fn run_print(args: PrintArgs) -> u8 {
             }
         }
     }
-    let ran = engine.run_loop(&mut host);
-    let code = host.surface.exit_code;
-    drop(host);
-    if let Some(dir) = unrecorded {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    if let Err(e) = ran {
+    if let Err(e) = engine.run_loop(&mut host) {
         log::error(&format!("event loop failed: {e}"));
         return exit::RUNTIME;
     }
-    code
+    host.surface.exit_code
 }
 
 /// Where a print run is kept when the session store cannot be opened: a private directory
-/// of its own, removed when the run ends, so the run goes on without being resumable.
-fn scratch_store() -> Result<(drive::session::SessionStore, PathBuf), String> {
+/// of its own, removed when print mode returns (after the core and its store, declared
+/// later, are gone), so the run goes on without being resumable.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch_store() -> Result<(drive::session::SessionStore, Scratch), String> {
     let dir = std::env::temp_dir().join(format!(
         "caliban-print-{}-{}",
         std::process::id(),
         crate::clock::now_ms()
     ));
     drive::session::SessionStore::open(dir.clone())
-        .map(|store| (store, dir))
+        .map(|store| (store, Scratch(dir)))
         .map_err(|e| format!("cannot keep the run even in a scratch directory: {e}"))
 }
 

@@ -1,12 +1,14 @@
 //! The drive host: the one `engine::Host` every drive surface runs under. It owns the
-//! `DriveCore` and a `Surface` (HTTP, MCP, ACP, print mode, …), gives every engine callback to the core
-//! first and the surface second, performs the actions the core queued, and routes timers
-//! and readiness by a typed key, so no surface forwards callbacks or carves key ranges by
-//! hand.
+//! `DriveCore` and a `Surface` (HTTP, MCP, ACP, print mode, …), gives every engine callback
+//! to the core first and the surface second, performs the actions the core queued, and
+//! routes timers and readiness by a typed key, so no surface forwards callbacks or carves
+//! key ranges by hand.
 //!
 //! Architecture Invariant: the core sees a run's event, prompt, turn boundary and end before
 //! the surface does, so whatever a surface reads from the core in a callback is already up
-//! to date; and the core's queued actions are performed after every callback, in order.
+//! to date (a permission request a surface answers itself, `Surface::answer_ask`, is no
+//! prompt and never reaches the core); and the core's queued actions are performed after
+//! every callback, in order.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
