@@ -738,6 +738,9 @@ pub struct Engine<K: HostKey> {
     reactor: Reactor,
     config: EngineConfig,
     runs: BTreeMap<RunId, RunSlot>,
+    /// Servers `mcp_select` started ahead of a run, for the next run started with that
+    /// selection.
+    selected: Option<(Selection, Vec<crate::mcp_client::ServerId>)>,
     owners: HashMap<Token, Owner<K>>,
     timers: HashMap<TimerId, TimerOwner<K>>,
     tx: Sender<Completion>,
@@ -789,6 +792,7 @@ impl<K: HostKey> Engine<K> {
             reactor,
             config,
             runs: BTreeMap::new(),
+            selected: None,
             owners: HashMap::new(),
             timers: HashMap::new(),
             tx,
@@ -832,14 +836,18 @@ impl<K: HostKey> Engine<K> {
     }
 
     /// Starts the MCP servers a run with `selection` is given, now, and names them with
-    /// their state (`Hub::status`): print mode's init frame shows them before its run starts,
-    /// and the run, started later, finds them running.
+    /// their state (`Hub::status`): print mode's init frame shows them before its run starts.
+    /// The next run started with the same selection takes these very servers, so one that
+    /// already failed is not started a second time.
     pub fn mcp_select(&mut self, selection: &Selection) -> Vec<(String, &'static str)> {
         let (hub, mut io) = self.mcp_io();
         let ids = hub.select(&mut io, selection);
-        ids.iter()
+        let named = ids
+            .iter()
             .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
-            .collect()
+            .collect();
+        self.selected = Some((selection.clone(), ids));
+        named
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
@@ -1050,8 +1058,13 @@ impl<K: HostKey> Engine<K> {
                 workspace,
                 mcp,
             } => {
-                let (hub, mut io) = self.mcp_io();
-                let servers = hub.select(&mut io, &mcp);
+                let servers = match self.selected.take() {
+                    Some((selection, ids)) if selection == mcp => ids,
+                    _ => {
+                        let (hub, mut io) = self.mcp_io();
+                        hub.select(&mut io, &mcp)
+                    }
+                };
                 let all = mcp.configured.is_none();
                 self.runs
                     .insert(id, RunSlot::new(*run, workspace, servers, all));
