@@ -15,6 +15,7 @@ use crate::model::retry::RetryPolicy;
 use crate::model::{self, Provider, ProviderKind};
 use crate::permissions::{Mode, Policy};
 use crate::print::{self, Printer};
+use crate::surface::host::DriveHost;
 use crate::surface::{self, ListenConfig, http_api};
 use crate::{
     agent, auth, drive, exit, http, instructions, log, reaper, sandbox, settings, stub_model, sys,
@@ -370,13 +371,15 @@ fn run_print(args: PrintArgs) -> u8 {
         provider,
         mode,
         policy,
-        mut run_config,
+        run_config,
         engine_config,
         instructions,
+        context_windows,
         ..
     } = setup;
+    // For the init frame; the core loads them again for the run's system prompt and its
+    // session header, as it does for every run it starts.
     let loaded = instructions.load(&workspace);
-    run_config.system = loaded.system_prompt(&run_config.system);
     let (history, continues, session_id) = match resumed {
         Some(point) => (point.history, Some(point.run), point.session_id),
         None => (Vec::new(), None, auth::new_uuid()),
@@ -416,71 +419,115 @@ fn run_print(args: PrintArgs) -> u8 {
         }
     };
     engine.attach_stdout();
-    // Said in the init frame and in the session header alike.
-    let sandbox = sandbox::describe(policy.sandbox());
-    let model_name = run_config.model.clone();
-    let run = agent::run::Run::new(run_config, policy.clone(), history);
-    let run_id = engine.add_run(run, workspace.clone());
-    let mut printer = Printer::new(
-        run_id,
+    // The run goes through the drive core, which records it like any driven run, so a later
+    // `--continue` or `--resume` can go on with it.
+    let (store, _scratch) = match session_store() {
+        Ok(store) => (store, None),
+        Err(e) => {
+            log::warn(&format!(
+                "{e}; this run is not recorded and cannot be continued"
+            ));
+            match scratch_store() {
+                Ok((store, scratch)) => (store, Some(scratch)),
+                Err(e) => {
+                    log::error(&e);
+                    return exit::RUNTIME;
+                }
+            }
+        }
+    };
+    let mut header = serde_json::Map::new();
+    header.insert("surface".into(), json!("print"));
+    header.insert("session_id".into(), json!(session_id));
+    let spec = drive::table::RunSpec {
+        interactive,
+        history,
+        continues,
+        extra_header: header,
+        // Stdout is the run's output; its file only lets it be continued.
+        record_best_effort: true,
+        ..Default::default()
+    };
+    let config = drive::table::DriveConfig {
+        system_prompt: Some(run_config.system.clone()),
+        run: run_config,
+        policy: policy.clone(),
+        workspace: workspace.clone(),
+        provider: provider.kind.as_str(),
+        permission_timeout: drive::table::DEFAULT_PERMISSION_TIMEOUT,
+        instructions,
+        max_working_runs: 1,
+        max_live_runs: 1,
+        context_windows,
+        models: Vec::new(),
+        mcp_names: Vec::new(),
+    };
+    let core = drive::table::DriveCore::new(store.without_syncs(), config);
+    let printer = Printer::new(
+        spec,
         args.output_format,
         args.input_format,
         args.include_partial_messages,
-        session_id.clone(),
+        session_id,
         provider.kind.as_str(),
         provider.model.clone(),
-        policy,
+        policy.clone(),
     );
-    // Recorded like a driven run, so a later `--continue` or `--resume` can go on with it.
-    match session_store() {
-        Ok(store) => {
-            let mut header = serde_json::Map::new();
-            header.insert("surface".into(), json!("print"));
-            header.insert("session_id".into(), json!(session_id));
-            header.insert("interactive".into(), json!(interactive));
-            header.insert("cwd".into(), json!(workspace_str));
-            header.insert("model".into(), json!(model_name));
-            header.insert("provider".into(), json!(provider.kind.as_str()));
-            header.insert("sandbox".into(), sandbox.clone());
-            if let Some(previous) = continues {
-                header.insert("continues".into(), json!(previous.to_string()));
-            }
-            if !loaded.is_empty() {
-                header.insert("instructions".into(), loaded.to_json());
-            }
-            printer.record(print::Recorder::new(store, header));
-        }
-        Err(e) => log::warn(&format!(
-            "{e}; this run is not recorded and cannot be continued"
-        )),
-    }
-    let mcp_servers = engine.mcp_status(run_id);
-    printer.init_frame(
+    let mut host = DriveHost::new(core, printer);
+    let mcp_servers = engine.mcp_select(&Default::default());
+    host.surface.init_frame(
         &tool_names,
         &mcp_servers,
         &workspace_str,
         mode.as_str(),
-        sandbox,
+        sandbox::describe(policy.sandbox()),
         &loaded,
     );
     match prompt {
         Some(prompt) => {
-            let action = printer.start_text(prompt);
-            engine.push_action(action);
+            if let Err(e) = host.surface.start_text(&mut host.core, prompt) {
+                log::error(&format!("cannot start the run: {e}"));
+                return exit::RUNTIME;
+            }
+            for action in host.take_engine_actions() {
+                engine.push_action(action);
+            }
         }
         None => {
-            printer.wait_for_first_line();
+            host.surface.wait_for_first_line();
             if let Err(e) = engine.attach_stdin() {
                 log::error(&format!("cannot read stdin: {e}"));
                 return exit::RUNTIME;
             }
         }
     }
-    if let Err(e) = engine.run_loop(&mut printer) {
+    if let Err(e) = engine.run_loop(&mut host) {
         log::error(&format!("event loop failed: {e}"));
         return exit::RUNTIME;
     }
-    printer.exit_code
+    host.surface.exit_code
+}
+
+/// Where a print run is kept when the session store cannot be opened: a private directory
+/// of its own, removed when print mode returns (after the core and its store, declared
+/// later, are gone), so the run goes on without being resumable.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch_store() -> Result<(drive::session::SessionStore, Scratch), String> {
+    let dir = std::env::temp_dir().join(format!(
+        "caliban-print-{}-{}",
+        std::process::id(),
+        crate::clock::now_ms()
+    ));
+    drive::session::SessionStore::open(dir.clone())
+        .map(|store| (store, Scratch(dir)))
+        .map_err(|e| format!("cannot keep the run even in a scratch directory: {e}"))
 }
 
 /// The session files' store: `$XDG_STATE_HOME/caliban/sessions`.

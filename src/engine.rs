@@ -1,7 +1,7 @@
 //! The engine owns the reactor and every run's I/O: model exchanges, tool processes and
 //! worker threads. Runs (`agent::run::Run`) decide; the engine performs their `Effect`s and
-//! feeds the results back. A `Host` (print mode's `Printer`, or `surface::host::DriveHost`
-//! for the drive surfaces) sees the events and answers permission prompts; it talks back
+//! feeds the results back. A `Host` (`surface::host::DriveHost`, under which every surface,
+//! print mode included, runs) sees the events and answers permission prompts; it talks back
 //! only through `HostAction`s queued on its `Ctx`, and names its own sources and timers by
 //! a key type of its choosing (`Host::Key`).
 //!
@@ -738,7 +738,9 @@ pub struct Engine<K: HostKey> {
     reactor: Reactor,
     config: EngineConfig,
     runs: BTreeMap<RunId, RunSlot>,
-    next_run: u64,
+    /// Servers `mcp_select` started ahead of a run, for the next run started with that
+    /// selection.
+    selected: Option<(Selection, Vec<crate::mcp_client::ServerId>)>,
     owners: HashMap<Token, Owner<K>>,
     timers: HashMap<TimerId, TimerOwner<K>>,
     tx: Sender<Completion>,
@@ -790,7 +792,7 @@ impl<K: HostKey> Engine<K> {
             reactor,
             config,
             runs: BTreeMap::new(),
-            next_run: 1,
+            selected: None,
             owners: HashMap::new(),
             timers: HashMap::new(),
             tx,
@@ -833,25 +835,19 @@ impl<K: HostKey> Engine<K> {
         self.owners.insert(token, Owner::Stdout);
     }
 
-    /// Adds a run; nothing happens until input arrives through `HostAction::SendInput`.
-    pub fn add_run(&mut self, run: Run, workspace: PathBuf) -> RunId {
-        let id = RunId(self.next_run);
-        self.next_run += 1;
+    /// Starts the MCP servers a run with `selection` is given, now, and names them with
+    /// their state (`Hub::status`): print mode's init frame shows them before its run starts.
+    /// The next run started with the same selection takes these very servers, so one that
+    /// already failed is not started a second time.
+    pub fn mcp_select(&mut self, selection: &Selection) -> Vec<(String, &'static str)> {
         let (hub, mut io) = self.mcp_io();
-        let servers = hub.select(&mut io, &Selection::default());
-        self.runs
-            .insert(id, RunSlot::new(run, workspace, servers, true));
-        id
-    }
-
-    /// The MCP servers of run `run`, by name, with their state (`Hub::status`).
-    pub fn mcp_status(&self, run: RunId) -> Vec<(String, &'static str)> {
-        self.runs.get(&run).map_or_else(Vec::new, |slot| {
-            slot.mcp
-                .iter()
-                .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
-                .collect()
-        })
+        let ids = hub.select(&mut io, selection);
+        let named = ids
+            .iter()
+            .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
+            .collect();
+        self.selected = Some((selection.clone(), ids));
+        named
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
@@ -1062,8 +1058,13 @@ impl<K: HostKey> Engine<K> {
                 workspace,
                 mcp,
             } => {
-                let (hub, mut io) = self.mcp_io();
-                let servers = hub.select(&mut io, &mcp);
+                let servers = match self.selected.take() {
+                    Some((selection, ids)) if selection == mcp => ids,
+                    _ => {
+                        let (hub, mut io) = self.mcp_io();
+                        hub.select(&mut io, &mcp)
+                    }
+                };
                 let all = mcp.configured.is_none();
                 self.runs
                     .insert(id, RunSlot::new(*run, workspace, servers, all));

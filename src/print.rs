@@ -2,10 +2,11 @@
 //! one JSON result, or upstream's stream-json frames (`reference/upstream-caliban.md` §6.3),
 //! ending with the exit codes of upstream's headless protocol.
 //!
-//! It is a `Host` of the engine: it renders events and answers Asks (always "deny, here is
-//! how to allow it": nobody can be asked). It holds no agent logic. Its run is recorded in a
-//! session file exactly as the drive core records a driven run (`Recorder`), which is what
-//! `--continue` and `--resume` read back.
+//! It is a drive `Surface` (`surface::host`): its run is started and fed through the drive
+//! core, which records it in a session file as it records every run (that is what
+//! `--continue` and `--resume` read back), and it renders the core's events. It answers Asks
+//! itself (always "deny, here is how to allow it": nobody can be asked). It holds no agent
+//! logic.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -16,14 +17,14 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::agent::tool_input::{StreamedCall, ToolInputs};
 use crate::cli::{InputFormat, OutputFormat};
-use crate::drive::session::{EventLog, SessionStore};
-use crate::drive::table::{DriveStatus, Inbound};
-use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, RunId};
+use crate::drive::table::{DriveCore, Inbound, RunSpec};
+use crate::engine::{AskReply, HostAction, RetryNotice, RunId};
 use crate::exit;
 use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Usage};
 use crate::permissions::Policy;
 use crate::reactor::Signal;
 use crate::stdio::{self, StdinItem};
+use crate::surface::host::{Cx, Surface};
 
 /// The largest prompt read from stdin in text mode (upstream's cap).
 pub const MAX_STDIN_PROMPT: usize = 10 * 1024 * 1024;
@@ -36,7 +37,11 @@ enum Queued {
 }
 
 pub struct Printer {
-    run: RunId,
+    /// The run, once the core started it: text mode starts it before the loop, stream-json
+    /// input with its first line.
+    run: Option<RunId>,
+    /// What the run is started with (everything but its first input), until it is.
+    spec: Option<RunSpec>,
     output: OutputFormat,
     input: InputFormat,
     partial: bool,
@@ -45,7 +50,8 @@ pub struct Printer {
     model: String,
     started: Instant,
     /// stream-json input: messages (and compactions) that arrived while a turn was still
-    /// running.
+    /// running. Held here rather than in the core's queue, which is bounded for clients
+    /// that can be told to wait: a file piped to stdin cannot.
     queued: VecDeque<Queued>,
     stdin_done: bool,
     awaiting_input: bool,
@@ -65,128 +71,15 @@ pub struct Printer {
     turns_without_edit: u32,
     /// The run's permission policy, to tell the model how an Ask could be allowed.
     policy: Policy,
-    /// Where the run is recorded, unless no session directory could be opened.
-    recorder: Option<Recorder>,
     pub exit_code: u8,
 }
 
-/// A print run's session file, written line by line as `drive::table::DriveCore` writes a
-/// driven run's (header, statuses, events, inputs), so everything that reads runs back (`GET
-/// /runs`, `DriveCore::messages` for `--continue`) reads it the same way. A write that fails
-/// is reported once and recording stops; the run goes on.
-pub struct Recorder {
-    store: SessionStore,
-    /// The header's fields; the prompt is added when the first user message arrives.
-    header: serde_json::Map<String, Value>,
-    log: Option<EventLog>,
-    broken: bool,
-}
-
-impl Recorder {
-    pub fn new(store: SessionStore, header: serde_json::Map<String, Value>) -> Recorder {
-        Recorder {
-            store,
-            header,
-            log: None,
-            broken: false,
-        }
-    }
-
-    fn failed(&mut self, what: &str, error: std::io::Error) {
-        if !self.broken {
-            self.broken = true;
-            crate::log::warn(&format!(
-                "cannot {what} the session file ({error}); this run will not be resumable"
-            ));
-        }
-    }
-
-    /// Starts the file at the run's first record, with `prompt` as the header's.
-    fn open(&mut self, prompt: &str, images: &[ContentBlock]) -> std::io::Result<()> {
-        let mut header = self.header.clone();
-        header.insert("prompt".into(), json!(prompt));
-        if !images.is_empty() {
-            header.insert(
-                "images".into(),
-                Value::Array(images.iter().map(ContentBlock::to_json).collect()),
-            );
-        }
-        let mut log = self.store.create(header)?;
-        log.append_status(&DriveStatus::Starting.to_json())?;
-        log.append_status(&DriveStatus::Running.to_json())?;
-        self.log = Some(log);
-        Ok(())
-    }
-
-    /// A user message: the first one starts the file (it is the header's `prompt` and
-    /// `images`), later ones are input lines, as the drive core writes them.
-    fn user(&mut self, content: &[ContentBlock]) {
-        if self.broken {
-            return;
-        }
-        let text = Message {
-            role: crate::model::types::Role::User,
-            content: content.to_vec(),
-        }
-        .text();
-        let images: Vec<ContentBlock> = content
-            .iter()
-            .filter(|b| matches!(b, ContentBlock::Image { .. }))
-            .cloned()
-            .collect();
-        let written = match self.log.as_mut() {
-            Some(log) => log
-                .append_input(&Inbound::UserMessage { text, images }.to_json())
-                .and_then(|()| log.append_status(&DriveStatus::Running.to_json())),
-            None => self.open(&text, &images),
-        };
-        if let Err(e) = written {
-            self.failed("write", e);
-        }
-    }
-
-    /// An event; one before any user message (a compaction of what `--continue` brought)
-    /// starts the file with an empty prompt.
-    fn event(&mut self, event: &TurnEvent) {
-        if self.broken {
-            return;
-        }
-        if self.log.is_none()
-            && let Err(e) = self.open("", &[])
-        {
-            self.failed("write", e);
-            return;
-        }
-        if let Some(log) = self.log.as_mut()
-            && let Err(e) = log.append_event(&event.to_json())
-        {
-            self.failed("append to", e);
-        }
-    }
-
-    fn status(&mut self, status: &DriveStatus) {
-        if let Some(log) = self.log.as_mut().filter(|_| !self.broken)
-            && let Err(e) = log.append_status(&status.to_json())
-        {
-            self.failed("append to", e);
-        }
-    }
-
-    /// The run ended: its last status, then the file is closed. Unlike a server's finished
-    /// run it is not fsynced: every line is already written (a crash of this process loses
-    /// nothing), and waiting for the disk at exit cost about 20 ms a run here, more than the
-    /// rest of a short print run; only a power cut right after a run can lose its end.
-    fn finish(&mut self, why: &StopCondition) {
-        self.status(&DriveStatus::ended(why));
-        // Dropping the log closes its descriptor, which releases its lock.
-        self.log = None;
-    }
-}
-
 impl Printer {
+    /// `spec` is the run to start, but for its first input (`prompt`, `images` or
+    /// `compact_first`), which the printer fills in.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        run: RunId,
+        spec: RunSpec,
         output: OutputFormat,
         input: InputFormat,
         partial: bool,
@@ -196,7 +89,8 @@ impl Printer {
         policy: Policy,
     ) -> Printer {
         Printer {
-            run,
+            run: None,
+            spec: Some(spec),
             output,
             input,
             partial,
@@ -218,14 +112,8 @@ impl Printer {
             got_input: false,
             turns_without_edit: 0,
             policy,
-            recorder: None,
             exit_code: exit::RUNTIME,
         }
-    }
-
-    /// Records the run in a session file (see `Recorder`).
-    pub fn record(&mut self, recorder: Recorder) {
-        self.recorder = Some(recorder);
     }
 
     /// Writes one stream-json frame (only in that format).
@@ -359,101 +247,8 @@ impl Printer {
         }
     }
 
-    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Queued>, String> {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
-        }
-        let value: Value =
-            serde_json::from_slice(line).map_err(|e| format!("stream-json input: {e}"))?;
-        let obj = value
-            .as_object()
-            .ok_or("stream-json input: each line must be a JSON object")?;
-        match obj.get("type").and_then(Value::as_str) {
-            Some("user") => {
-                if let Some(extra) = obj.keys().find(|k| *k != "type" && *k != "content") {
-                    return Err(format!(
-                        "stream-json input: unexpected field `{extra}` in a user message"
-                    ));
-                }
-                let content = match obj.get("content") {
-                    Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
-                    Some(Value::Array(blocks)) => {
-                        let images = blocks.iter().filter(|b| b["type"] == "image").count();
-                        if images > MAX_IMAGES {
-                            return Err(format!(
-                                "stream-json input: {images} images in one message; at most {MAX_IMAGES}"
-                            ));
-                        }
-                        blocks
-                            .iter()
-                            .map(|b| match ContentBlock::from_json(b) {
-                                Ok(block @ ContentBlock::Text { .. }) => Ok(block),
-                                Ok(block @ ContentBlock::Image { .. }) => block
-                                    .check_prompt_image()
-                                    .map(|()| block)
-                                    .map_err(|e| format!("stream-json input: an image {e}")),
-                                Ok(_) => Err("stream-json input: only text and image blocks \
-                                              are accepted"
-                                    .to_owned()),
-                                Err(e) => Err(format!("stream-json input: {e}")),
-                            })
-                            .collect::<Result<Vec<_>, _>>()?
-                    }
-                    _ => return Err(
-                        "stream-json input: `content` must be a string or an array of text and image blocks"
-                            .into(),
-                    ),
-                };
-                Ok(Some(Queued::Message(content)))
-            }
-            Some("control") => match obj.get("subtype").and_then(Value::as_str) {
-                Some("interrupt") => Err(String::new()),
-                Some("compact") => Ok(Some(Queued::Compact)),
-                other => Err(format!(
-                    "stream-json input: unknown control subtype {other:?}"
-                )),
-            },
-            Some(other) => Err(format!("stream-json input: unknown message type `{other}`")),
-            None => Err("stream-json input: missing `type`".into()),
-        }
-    }
-
-    fn feed_pending(&mut self) -> Vec<HostAction> {
-        if !self.awaiting_input {
-            return Vec::new();
-        }
-        if let Some(queued) = self.queued.pop_front() {
-            self.awaiting_input = false;
-            return vec![match queued {
-                Queued::Message(content) => {
-                    if let Some(recorder) = self.recorder.as_mut() {
-                        recorder.user(&content);
-                    }
-                    HostAction::SendInput(self.run, content)
-                }
-                Queued::Compact => HostAction::Compact(self.run),
-            }];
-        }
-        if self.stdin_done {
-            self.awaiting_input = false;
-            return vec![HostAction::EndInput(self.run)];
-        }
-        Vec::new()
-    }
-}
-
-impl Host for Printer {
-    /// Print mode registers no sources of its own.
-    type Key = ();
-
-    fn write_output(&mut self, out: &mut Vec<u8>) {
-        out.append(&mut self.out);
-    }
-
-    fn on_event(&mut self, _ctx: &mut Ctx<()>, _run: RunId, event: &TurnEvent) {
-        if let Some(recorder) = self.recorder.as_mut() {
-            recorder.event(event);
-        }
+    /// The frames (or the text kept for the result) an event makes.
+    fn render(&mut self, event: &TurnEvent) {
         match event {
             TurnEvent::AssistantTextDelta { text, .. } if self.partial => {
                 self.frame(json!({"type": "text", "delta": text}));
@@ -542,11 +337,189 @@ impl Host for Printer {
         }
     }
 
-    fn on_ask(&mut self, _ctx: &mut Ctx<()>, _run: RunId, call: &ToolCall) -> AskReply {
-        AskReply::Deny(self.policy.ask_denied_message(&call.name, &call.input))
+    fn parse_input_line(&mut self, line: &[u8]) -> Result<Option<Queued>, String> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let value: Value =
+            serde_json::from_slice(line).map_err(|e| format!("stream-json input: {e}"))?;
+        let obj = value
+            .as_object()
+            .ok_or("stream-json input: each line must be a JSON object")?;
+        match obj.get("type").and_then(Value::as_str) {
+            Some("user") => {
+                if let Some(extra) = obj.keys().find(|k| *k != "type" && *k != "content") {
+                    return Err(format!(
+                        "stream-json input: unexpected field `{extra}` in a user message"
+                    ));
+                }
+                let content = match obj.get("content") {
+                    Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
+                    Some(Value::Array(blocks)) => {
+                        let images = blocks.iter().filter(|b| b["type"] == "image").count();
+                        if images > MAX_IMAGES {
+                            return Err(format!(
+                                "stream-json input: {images} images in one message; at most {MAX_IMAGES}"
+                            ));
+                        }
+                        blocks
+                            .iter()
+                            .map(|b| match ContentBlock::from_json(b) {
+                                Ok(block @ ContentBlock::Text { .. }) => Ok(block),
+                                Ok(block @ ContentBlock::Image { .. }) => block
+                                    .check_prompt_image()
+                                    .map(|()| block)
+                                    .map_err(|e| format!("stream-json input: an image {e}")),
+                                Ok(_) => Err("stream-json input: only text and image blocks \
+                                              are accepted"
+                                    .to_owned()),
+                                Err(e) => Err(format!("stream-json input: {e}")),
+                            })
+                            .collect::<Result<Vec<_>, _>>()?
+                    }
+                    _ => return Err(
+                        "stream-json input: `content` must be a string or an array of text and image blocks"
+                            .into(),
+                    ),
+                };
+                Ok(Some(Queued::Message(content)))
+            }
+            Some("control") => match obj.get("subtype").and_then(Value::as_str) {
+                Some("interrupt") => Err(String::new()),
+                Some("compact") => Ok(Some(Queued::Compact)),
+                other => Err(format!(
+                    "stream-json input: unknown control subtype {other:?}"
+                )),
+            },
+            Some(other) => Err(format!("stream-json input: unknown message type `{other}`")),
+            None => Err("stream-json input: missing `type`".into()),
+        }
     }
 
-    fn on_retry(&mut self, _ctx: &mut Ctx<()>, _run: RunId, notice: &RetryNotice) {
+    /// Starts the run in the core with its first input: the message is the session's
+    /// `prompt` (its text) and `images`; a compaction first starts it with none, compacting
+    /// what `--continue` or `--resume` brought.
+    fn start(&mut self, core: &mut DriveCore, first: Queued) -> Result<(), String> {
+        let Some(mut spec) = self.spec.take() else {
+            return Err("the print run was already started".into());
+        };
+        match first {
+            Queued::Message(content) => {
+                let (text, images) = split_message(content);
+                spec.prompt = text;
+                spec.images = images;
+            }
+            Queued::Compact => spec.compact_first = true,
+        }
+        let run = core.start_run(spec).map_err(|e| e.to_string())?;
+        self.run = Some(run);
+        Ok(())
+    }
+
+    /// Text input: the prompt is the run's one message; no more input will come.
+    pub fn start_text(&mut self, core: &mut DriveCore, prompt: String) -> Result<(), String> {
+        self.start(core, Queued::Message(vec![ContentBlock::text(prompt)]))
+    }
+
+    /// stream-json input: the run starts with the first user line.
+    pub fn wait_for_first_line(&mut self) {
+        self.awaiting_input = true;
+    }
+
+    fn feed_pending(&mut self, cx: &mut Cx<()>) {
+        if !self.awaiting_input {
+            return;
+        }
+        if let Some(queued) = self.queued.pop_front() {
+            self.awaiting_input = false;
+            let Some(run) = self.run else {
+                if let Err(e) = self.start(cx.core, queued) {
+                    // A runtime error, as the model's refusal of an empty message would be.
+                    let why = StopCondition::ProviderError(format!("cannot start the run: {e}"));
+                    self.end_unstarted(cx, &why);
+                }
+                return;
+            };
+            let input = match queued {
+                Queued::Message(content) => {
+                    let (text, images) = split_message(content);
+                    Inbound::UserMessage { text, images }
+                }
+                Queued::Compact => Inbound::Compact,
+            };
+            if let Err(e) = cx.core.send_input(run, input) {
+                crate::log::warn(&format!("stream-json input not delivered: {e}"));
+            }
+            return;
+        }
+        if self.stdin_done {
+            self.awaiting_input = false;
+            match self.run {
+                Some(run) => {
+                    if let Err(e) = cx.core.send_input(run, Inbound::EndInput) {
+                        crate::log::warn(&format!("cannot end the run's input: {e}"));
+                    }
+                }
+                // Nothing ever started a run: the result says why (no input).
+                None => self.end_unstarted(cx, &StopCondition::EndOfTurn),
+            }
+        }
+    }
+
+    /// Stops the run's turn (or the run, when it waits for input); before there is a run,
+    /// ends print mode as a cancelled run would.
+    fn cancel(&mut self, cx: &mut Cx<()>) {
+        match self.run {
+            Some(run) => {
+                let _ = cx.core.cancel(run);
+            }
+            None => self.end_unstarted(cx, &StopCondition::Cancelled),
+        }
+    }
+
+    /// The end of a print run that never started (stdin ended or was refused before its
+    /// first line): the same result a run started with nothing would report.
+    fn end_unstarted(&mut self, cx: &mut Cx<()>, why: &StopCondition) {
+        self.spec = None;
+        self.result(why);
+        cx.act(HostAction::Quit);
+    }
+}
+
+/// A message as the drive core takes and records it: its text, and its images.
+fn split_message(content: Vec<ContentBlock>) -> (String, Vec<ContentBlock>) {
+    let images = content
+        .iter()
+        .filter(|b| matches!(b, ContentBlock::Image { .. }))
+        .cloned()
+        .collect();
+    let text = Message {
+        role: crate::model::types::Role::User,
+        content,
+    }
+    .text();
+    (text, images)
+}
+
+impl Surface for Printer {
+    /// Print mode registers no sources of its own.
+    type Key = ();
+
+    fn write_output(&mut self, out: &mut Vec<u8>) {
+        out.append(&mut self.out);
+    }
+
+    fn on_event(&mut self, _cx: &mut Cx<()>, _run: RunId, event: &TurnEvent) {
+        self.render(event);
+    }
+
+    fn answer_ask(&mut self, _cx: &mut Cx<()>, _run: RunId, call: &ToolCall) -> Option<AskReply> {
+        Some(AskReply::Deny(
+            self.policy.ask_denied_message(&call.name, &call.input),
+        ))
+    }
+
+    fn on_retry(&mut self, _cx: &mut Cx<()>, _run: RunId, notice: &RetryNotice) {
         let mut frame = json!({
             "type": "system", "subtype": "api_retry", "attempt": notice.attempt,
             "max_retries": notice.max_retries, "retry_delay_ms": notice.delay.as_millis() as u64,
@@ -558,29 +531,21 @@ impl Host for Printer {
         self.frame(frame);
     }
 
-    fn on_await_input(&mut self, ctx: &mut Ctx<()>, _run: RunId) {
+    fn on_await_input(&mut self, cx: &mut Cx<()>, _run: RunId) {
         self.awaiting_input = true;
-        if let Some(recorder) = self.recorder.as_mut() {
-            recorder.status(&DriveStatus::AwaitingInput);
-        }
-        for action in self.feed_pending() {
-            ctx.act(action);
-        }
+        self.feed_pending(cx);
     }
 
-    fn on_finished(&mut self, ctx: &mut Ctx<()>, _run: RunId, why: &StopCondition) {
-        if let Some(recorder) = self.recorder.as_mut() {
-            recorder.finish(why);
-        }
+    fn on_finished(&mut self, cx: &mut Cx<()>, _run: RunId, why: &StopCondition) {
         self.result(why);
-        ctx.act(HostAction::Quit);
+        cx.act(HostAction::Quit);
     }
 
-    fn on_stdin(&mut self, ctx: &mut Ctx<()>, item: StdinItem) {
+    fn on_stdin(&mut self, cx: &mut Cx<()>, item: StdinItem) {
         if self.input != InputFormat::StreamJson {
             return;
         }
-        let actions = match item {
+        match item {
             StdinItem::Eof => {
                 self.stdin_done = true;
                 if !self.got_input && self.input_error.is_none() {
@@ -589,7 +554,7 @@ impl Host for Printer {
                         "no input: stdin ended before any user message".to_owned(),
                     ));
                 }
-                self.feed_pending()
+                self.feed_pending(cx);
             }
             StdinItem::Oversized => {
                 self.input_error = Some((
@@ -599,60 +564,41 @@ impl Host for Printer {
                         stdio::MAX_LINE
                     ),
                 ));
-                vec![HostAction::Cancel(self.run)]
+                self.cancel(cx);
             }
             StdinItem::Line(line) => match self.parse_input_line(&line) {
-                Ok(None) => Vec::new(),
+                Ok(None) => {}
                 // A compaction is not a message: before any, it compacts what `--continue`
                 // or `--resume` brought (a fresh run has nothing to compact and waits on).
                 Ok(Some(Queued::Compact)) => {
                     self.queued.push_back(Queued::Compact);
-                    self.feed_pending()
+                    self.feed_pending(cx);
                 }
                 Ok(Some(queued)) => {
                     self.got_input = true;
                     self.queued.push_back(queued);
-                    self.feed_pending()
+                    self.feed_pending(cx);
                 }
                 // `control/interrupt`: stop the current turn, like a first Ctrl-C.
-                Err(e) if e.is_empty() => vec![HostAction::Cancel(self.run)],
+                Err(e) if e.is_empty() => self.cancel(cx),
                 Err(e) => {
                     self.input_error = Some((exit::USAGE, e));
-                    vec![HostAction::Cancel(self.run)]
+                    self.cancel(cx);
                 }
             },
-        };
-        for action in actions {
-            ctx.act(action);
         }
     }
 
-    fn on_signal(&mut self, ctx: &mut Ctx<()>, signal: Signal) {
+    fn on_signal(&mut self, cx: &mut Cx<()>, signal: Signal) {
         if signal == Signal::Interrupt {
             self.interrupts += 1;
         }
         if self.interrupts >= 2 {
             self.exit_code = exit::INTERRUPTED_TWICE;
-            ctx.act(HostAction::Quit);
+            cx.act(HostAction::Quit);
             return;
         }
-        ctx.act(HostAction::Cancel(self.run));
-    }
-}
-
-impl Printer {
-    /// Marks the printer as started by a text-mode prompt: no more input will come.
-    pub fn start_text(&mut self, prompt: String) -> HostAction {
-        let content = vec![ContentBlock::text(prompt)];
-        if let Some(recorder) = self.recorder.as_mut() {
-            recorder.user(&content);
-        }
-        HostAction::SendInput(self.run, content)
-    }
-
-    /// stream-json input: the run starts with the first user line.
-    pub fn wait_for_first_line(&mut self) {
-        self.awaiting_input = true;
+        self.cancel(cx);
     }
 }
 
@@ -665,6 +611,30 @@ fn cost_usd(model: &str, usage: &Usage) -> Value {
 mod tests {
     use super::*;
     use crate::agent::tool_input::MAX_TOOL_INPUT_BYTES;
+    use crate::drive::table::{CoreAction, DriveConfig};
+
+    fn printer(output: OutputFormat, partial: bool) -> Printer {
+        let mut header = serde_json::Map::new();
+        header.insert("surface".into(), json!("print"));
+        header.insert("session_id".into(), json!("s"));
+        Printer::new(
+            RunSpec {
+                extra_header: header,
+                ..RunSpec::default()
+            },
+            output,
+            InputFormat::Text,
+            partial,
+            "s".into(),
+            "anthropic",
+            "m".into(),
+            Policy::new(
+                Vec::new(),
+                crate::permissions::Mode::Default,
+                std::path::PathBuf::from("/ws"),
+            ),
+        )
+    }
 
     fn frames(printer: &mut Printer) -> Vec<Value> {
         let mut out = Vec::new();
@@ -675,22 +645,28 @@ mod tests {
             .collect()
     }
 
+    fn turn_end(text: &str) -> TurnEvent {
+        TurnEvent::TurnEnd {
+            turn_index: 0,
+            assistant_message: Message {
+                role: crate::model::types::Role::Assistant,
+                content: vec![ContentBlock::text(text.to_owned())],
+            },
+            tool_results: Vec::new(),
+            stop_reason: crate::model::types::StopReason::EndTurn,
+            usage: Usage {
+                input_tokens: 12,
+                output_tokens: 5,
+                ..Usage::default()
+            },
+            ttft: None,
+            tbt: None,
+        }
+    }
+
     #[test]
     fn tool_use_frames_hold_streamed_input_to_the_cap() {
-        let mut printer = Printer::new(
-            RunId(1),
-            OutputFormat::StreamJson,
-            InputFormat::Text,
-            false,
-            "s".into(),
-            "anthropic",
-            "m".into(),
-            Policy::new(
-                Vec::new(),
-                crate::permissions::Mode::Default,
-                std::path::PathBuf::from("/ws"),
-            ),
-        );
+        let mut printer = printer(OutputFormat::StreamJson, false);
         let inputs = &mut printer.pending_tool_inputs;
         inputs.start("big", "Write");
         inputs.start("small", "Read");
@@ -720,5 +696,193 @@ mod tests {
         );
         printer.flush_tool_uses();
         assert!(frames(&mut printer).is_empty(), "each call is shown once");
+    }
+
+    #[test]
+    fn partial_messages_show_deltas_and_whole_ones_the_message() {
+        let delta = TurnEvent::AssistantTextDelta {
+            turn_index: 0,
+            content_block_index: 0,
+            text: "hi".into(),
+        };
+        let mut partial = printer(OutputFormat::StreamJson, true);
+        partial.render(&delta);
+        partial.render(&turn_end("hi"));
+        assert_eq!(
+            frames(&mut partial),
+            [json!({"type": "text", "delta": "hi"})]
+        );
+
+        let mut whole = printer(OutputFormat::StreamJson, false);
+        whole.render(&delta);
+        whole.render(&turn_end("hi"));
+        assert_eq!(
+            frames(&mut whole),
+            [json!({"type": "message", "role": "assistant",
+                    "content": [{"type": "text", "text": "hi"}]})]
+        );
+    }
+
+    #[test]
+    fn the_result_counts_turns_and_usage_and_sets_the_exit_code() {
+        let mut printer = printer(OutputFormat::Json, false);
+        printer.render(&turn_end("first"));
+        printer.render(&turn_end("second"));
+        printer.result(&StopCondition::EndOfTurn);
+        let [result] = &frames(&mut printer)[..] else {
+            panic!("one result object");
+        };
+        assert_eq!(
+            (
+                &result["subtype"],
+                &result["result"],
+                &result["num_turns"],
+                &result["total_input_tokens"],
+                &result["is_error"]
+            ),
+            (
+                &json!("success"),
+                &json!("second"),
+                &json!(2),
+                &json!(24),
+                &json!(false)
+            )
+        );
+        assert_eq!(printer.exit_code, exit::OK);
+    }
+
+    #[test]
+    fn an_input_error_outranks_how_the_run_ended() {
+        let mut printer = printer(OutputFormat::Json, false);
+        printer.render(&turn_end("partial answer"));
+        printer.input_error = Some((exit::USAGE, "stream-json input: missing `type`".into()));
+        printer.result(&StopCondition::Cancelled);
+        let result = &frames(&mut printer)[0];
+        assert_eq!(result["subtype"], "error");
+        assert_eq!(result["error"], "stream-json input: missing `type`");
+        assert_eq!(result["last_assistant_text"], "partial answer");
+        assert_eq!(printer.exit_code, exit::USAGE);
+    }
+
+    #[test]
+    fn a_message_is_taken_as_its_text_and_its_images() {
+        let image = ContentBlock::from_json(&json!({"type": "image", "source":
+            {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}))
+        .expect("an image block");
+        let (text, images) = split_message(vec![
+            ContentBlock::text("look ".to_owned()),
+            image.clone(),
+            ContentBlock::text("here".to_owned()),
+        ]);
+        assert_eq!((text.as_str(), images), ("look here", vec![image]));
+    }
+
+    /// A fresh sessions directory and workspace under the temp dir, removed on drop.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir()
+                .join(format!("caliban-print-test-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(dir.join("ws")).expect("create the workspace");
+            Scratch(dir.canonicalize().expect("canonical"))
+        }
+
+        fn core(&self) -> DriveCore {
+            let store = crate::drive::session::SessionStore::open(self.0.join("sessions"))
+                .expect("open the store");
+            let workspace = self.0.join("ws");
+            let config = DriveConfig {
+                run: crate::agent::run::RunConfig {
+                    model: "m".into(),
+                    max_tokens: 8192,
+                    max_turns: 50,
+                    system: String::new(),
+                    tools: std::sync::Arc::default(),
+                    interactive: false,
+                    context_window: None,
+                    effort: None,
+                    sandbox_retry: false,
+                    mcp_allowlist: None,
+                },
+                policy: Policy::new(
+                    Vec::new(),
+                    crate::permissions::Mode::Default,
+                    workspace.clone(),
+                ),
+                workspace,
+                provider: "anthropic",
+                permission_timeout: crate::drive::table::DEFAULT_PERMISSION_TIMEOUT,
+                system_prompt: Some("system".into()),
+                instructions: Default::default(),
+                max_working_runs: 1,
+                max_live_runs: 1,
+                context_windows: Default::default(),
+                models: Vec::new(),
+                mcp_names: Vec::new(),
+            };
+            DriveCore::new(store.without_syncs(), config)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn engine_actions(core: &mut DriveCore) -> Vec<&'static str> {
+        core.take_actions()
+            .into_iter()
+            .map(|action| match action {
+                CoreAction::Engine(HostAction::StartRun { .. }) => "start",
+                CoreAction::Engine(HostAction::SendInput(..)) => "input",
+                CoreAction::Engine(HostAction::Compact(..)) => "compact",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_text_prompt_starts_the_run_through_the_core_which_records_it() {
+        let scratch = Scratch::new("text");
+        let mut core = scratch.core();
+        let mut printer = printer(OutputFormat::Text, false);
+        printer
+            .start_text(&mut core, "say hi".into())
+            .expect("started");
+        assert_eq!(engine_actions(&mut core), ["start", "input"]);
+        let run = printer.run.expect("a run");
+        let header = core.header(run).expect("a header");
+        assert_eq!(
+            (
+                &header["surface"],
+                &header["session_id"],
+                &header["prompt"],
+                &header["interactive"]
+            ),
+            (
+                &json!("print"),
+                &json!("s"),
+                &json!("say hi"),
+                &json!(false)
+            )
+        );
+        assert!(
+            printer.start_text(&mut core, "again".into()).is_err(),
+            "one run per printer"
+        );
+    }
+
+    #[test]
+    fn a_compaction_first_starts_the_run_with_no_prompt() {
+        let scratch = Scratch::new("compact");
+        let mut core = scratch.core();
+        let mut printer = printer(OutputFormat::StreamJson, false);
+        printer.start(&mut core, Queued::Compact).expect("started");
+        assert_eq!(engine_actions(&mut core), ["start", "compact"]);
+        let header = core.header(printer.run.expect("a run")).expect("a header");
+        assert_eq!(header["prompt"], "");
     }
 }

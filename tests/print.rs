@@ -1398,3 +1398,78 @@ fn prompt_too_long_compacts_and_sends_again() {
         "{resent}"
     );
 }
+
+/// The session file's records, as `kind state-or-input`, events left out.
+fn session_records(ws: &Workspace, run: &str) -> Vec<String> {
+    ws.read(&format!("home/.state/caliban/sessions/{run}.jsonl"))
+        .lines()
+        .filter_map(|line| {
+            let v: Value = serde_json::from_str(line).expect("a session line");
+            match v["kind"].as_str()? {
+                "status" => Some(format!("status {}", v["status"]["state"].as_str()?)),
+                "input" => Some(format!("input {}", v["input"]["type"].as_str()?)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// A print run is recorded by the drive core as any driven run is: its lifecycle, and each
+/// stream-json line as the input it was, delivered at a turn boundary.
+#[test]
+fn print_runs_are_recorded_with_the_drive_cores_lifecycle() {
+    let ws = Workspace::new("print-lifecycle");
+    let stub = Stub::start(
+        &ws,
+        &json!({"turns": [text_turn("first"), text_turn("second"), text_turn("third")]}),
+    );
+    let out = run_stub(&ws, &stub, &["-p", "once"], "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        session_records(&ws, "run-1"),
+        ["status starting", "status running", "status done"]
+    );
+    let input =
+        "{\"type\":\"user\",\"content\":\"one\"}\n{\"type\":\"user\",\"content\":\"two\"}\n";
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "json",
+        ],
+        input,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        session_records(&ws, "run-2"),
+        [
+            "status starting",
+            "status running",
+            "status awaiting_input",
+            "input user_message",
+            "status running",
+            "status awaiting_input",
+            "input end_input",
+            "status done"
+        ]
+    );
+    let header: Value = serde_json::from_str(
+        ws.read("home/.state/caliban/sessions/run-2.jsonl")
+            .lines()
+            .next()
+            .expect("a header"),
+    )
+    .expect("a JSON header");
+    assert_eq!(
+        (
+            &header["prompt"],
+            &header["interactive"],
+            &header["session_id"]
+        ),
+        (&json!("one"), &json!(true), &out.result()["session_id"])
+    );
+}

@@ -257,6 +257,10 @@ pub struct RunSpec {
     /// The MCP servers whose tools the run is offered: by default every configured one;
     /// a client may name a subset (`mcp_servers`), a surface add its own (ACP's session).
     pub mcp: crate::mcp_client::Selection,
+    /// The run's output reaches its client another way (print mode's stdout), so a session
+    /// file that cannot be written costs only resuming it: the run is warned about once and
+    /// goes on unrecorded, where a driven run would be stopped.
+    pub record_best_effort: bool,
 }
 
 /// The server-wide template every run starts from.
@@ -298,6 +302,8 @@ struct RunRecord {
     ended: bool,
     /// Appending to the session file failed; the run is stopped and reported failed.
     write_error: Option<String>,
+    /// What a failed append stops: the run, or only its recording.
+    recording: Recording,
     /// The prompt that was still surfaced when the run ended.
     abandoned_prompt: Option<String>,
     created_ms: u64,
@@ -305,6 +311,17 @@ struct RunRecord {
     /// When the run was last started, read back or asked for by id (`DriveCore::use_now`):
     /// the finished runs used least recently are the ones evicted.
     used: u64,
+}
+
+/// What a run's failed append stops (`RunSpec::record_best_effort`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recording {
+    /// The run: an event nobody can read back must not pass unseen.
+    Required,
+    /// Only the recording.
+    BestEffort,
+    /// The recording has stopped; the run goes on.
+    Stopped,
 }
 
 /// One run as listed by `GET /runs`.
@@ -531,6 +548,7 @@ impl DriveCore {
                 inputs: VecDeque::new(),
                 ended: true,
                 write_error: None,
+                recording: Recording::Required,
                 abandoned_prompt: None,
                 created_ms: header["created_ms"].as_u64().unwrap_or(0),
                 prompt: header["prompt"].as_str().unwrap_or_default().to_owned(),
@@ -687,6 +705,11 @@ impl DriveCore {
                 inputs: VecDeque::new(),
                 ended: false,
                 write_error: None,
+                recording: if spec.record_best_effort {
+                    Recording::BestEffort
+                } else {
+                    Recording::Required
+                },
                 abandoned_prompt: None,
                 created_ms,
                 prompt: spec.prompt,
@@ -1210,10 +1233,24 @@ impl DriveCore {
     /// An event that cannot be recorded is lost to every reader: stop the run rather than let
     /// it finish with a hole nobody can see (its end says why).
     fn write_failed(&mut self, run: RunId, e: &std::io::Error, at_run_end: bool) {
-        log::error(&format!("cannot append to {run}: {e}"));
         let Some(rec) = self.runs.get_mut(&run) else {
+            log::error(&format!("cannot append to {run}: {e}"));
             return;
         };
+        match rec.recording {
+            Recording::Required => {}
+            Recording::BestEffort => {
+                // Later appends fail quietly: the file keeps the readable prefix it has.
+                rec.log.stop_appending();
+                rec.recording = Recording::Stopped;
+                log::warn(&format!(
+                    "cannot write the session file of {run} ({e}); this run will not be resumable"
+                ));
+                return;
+            }
+            Recording::Stopped => return,
+        }
+        log::error(&format!("cannot append to {run}: {e}"));
         if rec.write_error.is_none() {
             rec.write_error = Some(format!("the session file could not be written: {e}"));
             if rec.live && !at_run_end {
@@ -2340,6 +2377,42 @@ mod tests {
             core.update_policy(id, Some(Mode::Plan), None),
             Err(DriveError::Input(ENDED.into()))
         );
+        assert!(actions(&mut core).is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_stops_a_driven_run_but_only_the_recording_of_a_best_effort_one() {
+        let tmp = TempDir::new("best-effort");
+        let mut core = tmp.core();
+        let driven = start(&mut core, "driven", false);
+        let printed = core
+            .start_run(RunSpec {
+                record_best_effort: true,
+                ..spec("printed", false)
+            })
+            .expect("start_run");
+        assert_eq!(actions(&mut core).len(), 2);
+        for id in [driven, printed] {
+            core.on_event(id, &delta(0));
+            core.after_batch();
+            // What a full disk does to the next write.
+            core.runs
+                .get_mut(&id)
+                .expect("a record")
+                .log
+                .stop_appending();
+            core.on_event(id, &delta(1));
+            core.after_batch();
+        }
+        assert_eq!(actions(&mut core), [format!("cancel {driven}")]);
+        for id in [driven, printed] {
+            core.on_event(id, &run_end(StopCondition::EndOfTurn));
+            core.on_finished(id, &StopCondition::EndOfTurn);
+        }
+        assert!(matches!(core.status(driven), Ok(DriveStatus::Failed(_))));
+        assert_eq!(core.status(printed), Ok(DriveStatus::Done));
+        // The file keeps what was written before the failure, and nothing after it.
+        assert_eq!(core.event_count(printed), Ok(1));
         assert!(actions(&mut core).is_empty());
     }
 

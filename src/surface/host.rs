@@ -1,12 +1,14 @@
 //! The drive host: the one `engine::Host` every drive surface runs under. It owns the
-//! `DriveCore` and a `Surface` (HTTP, MCP, ACP, …), gives every engine callback to the core
-//! first and the surface second, performs the actions the core queued, and routes timers
-//! and readiness by a typed key, so no surface forwards callbacks or carves key ranges by
-//! hand.
+//! `DriveCore` and a `Surface` (HTTP, MCP, ACP, print mode, …), gives every engine callback
+//! to the core first and the surface second, performs the actions the core queued, and
+//! routes timers and readiness by a typed key, so no surface forwards callbacks or carves
+//! key ranges by hand.
 //!
 //! Architecture Invariant: the core sees a run's event, prompt, turn boundary and end before
 //! the surface does, so whatever a surface reads from the core in a callback is already up
-//! to date; and the core's queued actions are performed after every callback, in order.
+//! to date (a permission request a surface answers itself, `Surface::answer_ask`, is no
+//! prompt and never reaches the core); and the core's queued actions are performed after
+//! every callback, in order.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -109,6 +111,16 @@ pub trait Surface {
     type Key: HostKey;
     /// The core has recorded `event`.
     fn on_event(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _event: &TurnEvent) {}
+    /// A tool call needs permission. A surface with nobody to ask (print mode) answers it
+    /// here, and the core records no prompt; otherwise (`None`) `on_ask` follows.
+    fn answer_ask(
+        &mut self,
+        _cx: &mut Cx<Self::Key>,
+        _run: RunId,
+        _call: &ToolCall,
+    ) -> Option<AskReply> {
+        None
+    }
     /// A tool call needs permission; the core queues the prompt right after this.
     fn on_ask(&mut self, _cx: &mut Cx<Self::Key>, _run: RunId, _call: &ToolCall) {}
     /// The run's model request failed before any output and is retried after
@@ -165,6 +177,20 @@ impl<S: Surface> DriveHost<S> {
         result
     }
 
+    /// What the core queued before the loop runs (print mode's first prompt), for
+    /// `Engine::push_action`. Only a surfaced permission prompt arms a timer, and none can be
+    /// surfaced before the loop.
+    pub fn take_engine_actions(&mut self) -> Vec<HostAction> {
+        let mut engine = Vec::new();
+        for action in self.core.take_actions() {
+            match action {
+                CoreAction::Engine(action) => engine.push(action),
+                CoreAction::Arm(..) => debug_assert!(false, "a core timer before the loop"),
+            }
+        }
+        engine
+    }
+
     fn perform(&mut self, ctx: &mut Ctx<Key<S::Key>>) {
         for action in self.core.take_actions() {
             match action {
@@ -186,6 +212,9 @@ impl<S: Surface> Host for DriveHost<S> {
     }
 
     fn on_ask(&mut self, ctx: &mut Ctx<Self::Key>, run: RunId, call: &ToolCall) -> AskReply {
+        if let Some(reply) = self.with(ctx, |s, cx| s.answer_ask(cx, run, call)) {
+            return reply;
+        }
         self.with(ctx, |s, cx| s.on_ask(cx, run, call));
         let reply = self.core.on_ask(run, call);
         self.perform(ctx);
