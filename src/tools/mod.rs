@@ -6,6 +6,7 @@
 pub mod bash;
 pub(crate) mod beneath;
 pub mod fs;
+pub mod mcp_name;
 pub mod spec;
 pub(crate) mod table;
 pub mod todo;
