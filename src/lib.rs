@@ -40,6 +40,7 @@ mod mcp_client;
 mod model;
 mod netaddr;
 mod permissions;
+mod policy;
 mod print;
 mod reactor;
 mod reaper;
