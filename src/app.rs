@@ -124,17 +124,35 @@ fn setup_sandbox(
     settings: &settings::Settings,
     key_files: &[PathBuf],
 ) -> sandbox::Mode {
-    let mut deny: Vec<PathBuf> = key_files.to_vec();
-    deny.extend(env_var("CALIBAN_AGENT_TLS_KEY").map(PathBuf::from));
-    let deny: Vec<PathBuf> = deny
-        .into_iter()
-        .map(|path| path.canonicalize().unwrap_or(path))
-        .collect();
-    let config = sandbox::Config::new(args.sandbox, &settings.sandbox, &deny, &env_var);
+    let own = own_files(key_files, &env_var);
+    let config = sandbox::Config::new(args.sandbox, &settings.sandbox, &own, &env_var);
     let mode = config.mode;
     sandbox::install(config);
     sandbox::announce(mode);
     mode
+}
+
+/// What of caliban's own commands may not read: its settings, its state (session files,
+/// the agent's socket) and the keys it was given (`key_files`, `CALIBAN_AGENT_TLS_KEY`).
+/// The sandbox is told, since it is below the modules that know where these live.
+fn own_files(key_files: &[PathBuf], env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+    let mut own: Vec<PathBuf> = settings::user_config_dir(env)
+        .map(|dir| dir.join("caliban"))
+        .into_iter()
+        .collect();
+    own.extend(
+        drive::session::default_dir(env)
+            .ok()
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf),
+    );
+    let keys = key_files
+        .iter()
+        .cloned()
+        .chain(env("CALIBAN_AGENT_TLS_KEY").map(PathBuf::from));
+    own.extend(keys.map(|path| path.canonicalize().unwrap_or(path)));
+    own
 }
 
 /// `caliban sandbox check`: what the sandbox can do here, tested live.
@@ -863,4 +881,31 @@ fn read_stdin_prompt() -> Result<String, u8> {
         return Err(exit::USAGE);
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_kept_from_calibans_settings_state_and_keys() {
+        let env = |name: &str| match name {
+            "HOME" => Some("/home/u".to_owned()),
+            "CALIBAN_AGENT_TLS_KEY" => Some("/nonexistent/agent.key".to_owned()),
+            _ => None,
+        };
+        let own = own_files(&[PathBuf::from("/nonexistent/front.key")], &env);
+        assert_eq!(
+            own,
+            [
+                "/home/u/.config/caliban",
+                "/home/u/.local/state/caliban",
+                "/nonexistent/front.key",
+                "/nonexistent/agent.key",
+            ]
+            .map(PathBuf::from)
+        );
+        let config = sandbox::Config::new(None, &sandbox::Settings::default(), &own, &env);
+        assert!(own.iter().all(|path| config.deny.contains(path)));
+    }
 }

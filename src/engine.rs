@@ -1186,7 +1186,7 @@ impl<K: HostKey> Engine<K> {
                 // neither the tool nor an editor can do what a command may not.
                 let mode = slot.run.sandbox_for(&call.id);
                 if let Err(why) =
-                    sandbox::check_file_tool(mode, &call.name, &call.input, &slot.workspace)
+                    crate::tools::check_in_sandbox(mode, &call.name, &call.input, &slot.workspace)
                 {
                     let output = ToolOutput::error(format!("{}: {why}", call.name));
                     let effects =

@@ -1,14 +1,7 @@
 //! caliban: a coding agent that other programs drive. The binary (`main.rs`) only calls
 //! `app::main`; every other module is private to the crate, so the compiler sees (and
-//! flags) code that nothing uses. ARCHITECTURE.md is the map.
-//!
-//! Layers, each depending only on those below it:
-//! `app` (the command line) → `print`, `surface` (the drive surfaces over `surface::host`) →
-//! `drive` (run table, sessions, operation decoders) → `engine` (performs effects) →
-//! `mcp_client` (MCP servers the runs call) → `agent` (decides) → `model`, `tools`, `permissions`, `settings` → `http`, `transport`,
-//! `stdio`, `jsonrpc`, `reactor` → `workers` (bounded pools for blocking calls), `reaper`
-//! (descendants that outlive their parents), `sys` (every `unsafe` and libc call), `log`,
-//! `clock`, `text`, `exit`.
+//! flags) code that nothing uses. ARCHITECTURE.md is the map; its "Layers" table is the one
+//! list of which module may use which, and the `layers` test holds the code to it.
 
 // Every `unsafe` block and libc call lives in `sys`, each with a SAFETY note; the rest of
 // the crate cannot write one.
@@ -35,11 +28,14 @@ mod glob;
 mod http;
 mod instructions;
 mod jsonrpc;
+#[cfg(test)]
+mod layers;
 mod log;
 mod mcp_client;
 mod model;
 mod netaddr;
 mod permissions;
+mod policy;
 mod print;
 mod reactor;
 mod reaper;

@@ -15,7 +15,7 @@
 //! `network` (that plus outbound TCP, optionally to some ports only, and UDP for DNS), `off`.
 //! Every mode but `off` reads everywhere except the deny list (`~/.ssh`, cloud credentials,
 //! caliban's own settings and state) and keeps protected paths (`.git/`, settings files;
-//! `permissions::PROTECTED`) read-only to commands unless `sandbox.protected_writable`
+//! `policy::PROTECTED`) read-only to commands unless `sandbox.protected_writable`
 //! names them. A run may only narrow the configured mode (`Mode::narrowed`).
 //!
 //! Without a mount namespace (no privilege and no user namespaces) Landlock alone fences
@@ -38,82 +38,14 @@ use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Value, json};
 
-use crate::permissions::{PROTECTED, protected_path};
+// The mode is the sandbox's word; it lives in `policy` so that the permission policy and
+// the tool table, which must not reach up into the sandbox, share it.
+pub use crate::policy::Mode;
+use crate::policy::{PROTECTED, protected_path};
 use crate::sys::{
     self, Confinement, LandlockRuleset, MountNs, MountPlan, SeccompFilter, SocketPolicy,
     landlock as ll,
 };
-use crate::tools::table::{self, Class, Subject};
-
-/// How much a command may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mode {
-    ReadOnly,
-    WorkspaceWrite,
-    Network,
-    Off,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 4] = [
-        Mode::ReadOnly,
-        Mode::WorkspaceWrite,
-        Mode::Network,
-        Mode::Off,
-    ];
-
-    pub fn parse(name: &str) -> Option<Mode> {
-        Mode::ALL.into_iter().find(|mode| mode.as_str() == name)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::ReadOnly => "read-only",
-            Mode::WorkspaceWrite => "workspace-write",
-            Mode::Network => "network",
-            Mode::Off => "off",
-        }
-    }
-
-    fn strictness(self) -> u8 {
-        match self {
-            Mode::Off => 0,
-            Mode::Network => 1,
-            Mode::WorkspaceWrite => 2,
-            Mode::ReadOnly => 3,
-        }
-    }
-
-    /// The stricter of the two: what a run that asks for `other` gets.
-    pub fn narrowed(self, other: Mode) -> Mode {
-        if other.strictness() > self.strictness() {
-            other
-        } else {
-            self
-        }
-    }
-
-    /// Whether this mode allows no more than `than` does.
-    pub fn is_within(self, than: Mode) -> bool {
-        self.strictness() >= than.strictness()
-    }
-
-    /// "read-only, workspace-write, network or off", for error messages.
-    pub fn names() -> String {
-        let names: Vec<&str> = Mode::ALL.iter().map(|mode| mode.as_str()).collect();
-        format!(
-            "{} or {}",
-            names[..names.len() - 1].join(", "),
-            names[names.len() - 1]
-        )
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What to do with commands when the kernel cannot confine them (no Landlock).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,11 +162,14 @@ impl Config {
     /// Resolves the configuration: `--sandbox` wins; else the user's settings (or the
     /// default, `workspace-write`), narrowed by the workspace's settings. Where the kernel
     /// cannot confine commands, a mode someone chose is refused and the default runs
-    /// unconfined, unless `sandbox.unavailable` says otherwise.
+    /// unconfined, unless `sandbox.unavailable` says otherwise. `own` is what caliban keeps
+    /// from commands besides the usual credentials: its settings and state directories and
+    /// the keys it was given, which the caller knows (the sandbox knows no other module's
+    /// files).
     pub fn new(
         cli: Option<Mode>,
         settings: &Settings,
-        extra_deny: &[PathBuf],
+        own: &[PathBuf],
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Config {
         let mut mode = cli.or(settings.mode).unwrap_or(Mode::WorkspaceWrite);
@@ -258,17 +193,7 @@ impl Config {
             .iter()
             .flat_map(|home| HOME_DENY.iter().map(move |rel| home.join(rel)))
             .collect();
-        if let Some(config) = crate::settings::user_config_dir(env) {
-            deny.push(config.join("caliban"));
-        }
-        if let Some(state) = crate::drive::session::default_dir(env)
-            .ok()
-            .as_deref()
-            .and_then(Path::parent)
-        {
-            deny.push(state.to_path_buf());
-        }
-        deny.extend(extra_deny.iter().cloned());
+        deny.extend(own.iter().cloned());
         deny.extend(settings.deny_read.iter().filter_map(expand));
         deny.retain(|path| !allowed.contains(path));
         deny.dedup();
@@ -335,8 +260,9 @@ pub fn install(config: Config) {
     let _ = CONFIG.set(config);
 }
 
-/// The process-wide configuration (the defaults from the environment if none was
-/// installed).
+/// The process-wide configuration: the installed one, or the environment's defaults (with
+/// none of caliban's own files, which only `app` knows: every command installs one first,
+/// so only unit tests see these).
 pub fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
         Config::new(None, &Settings::default(), &[], &|name| {
@@ -825,61 +751,46 @@ pub fn mcp_server(cwd: &Path) -> io::Result<Option<Confined>> {
     prepare(config().mcp_servers, cwd, cwd).map_err(io::Error::other)
 }
 
-/// The sandbox's answer for a file tool's call (`Write`, `Edit`, `Read`, …): the same
-/// policy as for commands, so a file tool cannot do what a command may not. `Err` is why
-/// not, for the model. It needs no kernel support, so it holds even where commands run
-/// unconfined.
+/// The sandbox's answer for a file tool's call (`Write`, `Edit`, `Read`, …) on the path
+/// the tool resolved (`abs`; `rel` to the workspace), which it `edits` or only reads: the
+/// same policy as for commands, so a file tool cannot do what a command may not. `Err` is
+/// why not, for the model. It needs no kernel support, so it holds even where commands run
+/// unconfined. Which tools touch which path is the tool table's (`tools::check_in_sandbox`).
 pub fn check_file_tool(
     mode: Mode,
     tool: &str,
-    input: &Value,
-    workspace: &Path,
+    abs: &Path,
+    rel: &str,
+    edits: bool,
 ) -> Result<(), String> {
     if mode == Mode::Off {
         return Ok(());
     }
-    let Some(permission) = table::permission(tool) else {
-        return Ok(());
-    };
-    let Subject::Path { field, default } = permission.subject else {
-        return Ok(());
-    };
-    let Some(raw) = input.get(field).and_then(Value::as_str).or(default) else {
-        return Ok(());
-    };
-    // A path the tool itself refuses is refused by the tool, with its own words.
-    let Ok(path) = crate::tools::fs::resolve_path(workspace, raw) else {
-        return Ok(());
-    };
     let config = config();
     let denied = config.deny.iter().find(|spelled| {
         spelled.symlink_metadata().is_ok()
             && spelled
                 .canonicalize()
-                .is_ok_and(|real| path.abs.starts_with(real))
+                .is_ok_and(|real| abs.starts_with(real))
     });
     if let Some(spelled) = denied {
         return Err(format!(
-            "{tool} of `{}` blocked by the sandbox ({mode}): {} is on its deny list",
-            path.rel,
+            "{tool} of `{rel}` blocked by the sandbox ({mode}): {} is on its deny list",
             config.show(spelled)
         ));
     }
-    if permission.class != Class::EditsFile {
+    if !edits {
         return Ok(());
     }
     if mode == Mode::ReadOnly {
         return Err(format!(
-            "write to `{}` blocked by the sandbox (read-only): nothing may be written",
-            path.rel
+            "write to `{rel}` blocked by the sandbox (read-only): nothing may be written"
         ));
     }
-    if let Some(entry) = protected_path(&path.rel).filter(|e| !config.protected_allowed(&e.shown()))
-    {
+    if let Some(entry) = protected_path(rel).filter(|e| !config.protected_allowed(&e.shown())) {
         return Err(format!(
-            "write to `{}` blocked by the sandbox ({mode}): {} is a protected path ({}), \
+            "write to `{rel}` blocked by the sandbox ({mode}): {} is a protected path ({}), \
              read-only unless sandbox.protected_writable lists it",
-            path.rel,
             entry.shown(),
             entry.why
         ));
@@ -1534,23 +1445,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn modes_narrow_and_never_widen() {
-        for a in Mode::ALL {
-            assert_eq!(Mode::parse(a.as_str()), Some(a));
-            for b in Mode::ALL {
-                let n = a.narrowed(b);
-                assert!(n.is_within(a) && n.is_within(b), "{a} {b}");
-                assert!(n == a || n == b);
-            }
-        }
-        assert_eq!(Mode::Off.narrowed(Mode::Network), Mode::Network);
-        assert_eq!(Mode::ReadOnly.narrowed(Mode::Off), Mode::ReadOnly);
-        assert!(!Mode::Off.is_within(Mode::WorkspaceWrite));
-        assert_eq!(Mode::parse("workspace_write"), None);
-        assert_eq!(Mode::names(), "read-only, workspace-write, network or off");
-    }
-
-    #[test]
     fn the_configuration_resolves_flag_settings_and_defaults() {
         let env = |name: &str| match name {
             "HOME" => Some("/home/u".to_owned()),
@@ -1561,16 +1455,6 @@ mod tests {
         assert_eq!(default.mode, Mode::WorkspaceWrite);
         assert_eq!(default.fallback, Fallback::Unconfined);
         assert!(default.deny.contains(&PathBuf::from("/home/u/.ssh")));
-        assert!(
-            default
-                .deny
-                .contains(&PathBuf::from("/home/u/.config/caliban"))
-        );
-        assert!(
-            default
-                .deny
-                .contains(&PathBuf::from("/home/u/.local/state/caliban"))
-        );
         assert_eq!(default.mcp_servers, Mode::Off);
 
         // A workspace may narrow, never widen; the user's own choice is refused, not

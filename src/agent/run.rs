@@ -29,8 +29,7 @@ use crate::model::types::{
 };
 use crate::permissions::{Action, Mode, Policy};
 use crate::sandbox;
-use crate::tools::table;
-use crate::tools::{MAX_RESULT_IMAGES_BASE64, ToolOutput};
+use crate::tools::{MAX_RESULT_IMAGES_BASE64, ToolOutput, mcp_name, table};
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -259,7 +258,7 @@ impl Run {
     /// and calls are checked against them.
     pub fn set_extra_tools(&mut self, mut extra: Vec<ToolSpec>) {
         if let Some(allowed) = &self.config.mcp_allowlist {
-            extra.retain(|t| crate::mcp_client::client::allowlist_admits(allowed, &t.name));
+            extra.retain(|t| mcp_name::allowlist_admits(allowed, &t.name));
         }
         if extra.is_empty() && self.tools.len() == self.configured_tools {
             return;

@@ -924,7 +924,7 @@ impl DriveCore {
             .retain(|tool| names.iter().any(|n| *n == tool.name));
         let mcp: Vec<String> = names
             .iter()
-            .filter(|n| crate::mcp_client::client::is_allowlist_entry(n))
+            .filter(|n| crate::tools::mcp_name::is_allowlist_entry(n))
             .cloned()
             .collect();
         self.config.run.mcp_allowlist = Some(mcp.into());

@@ -37,8 +37,6 @@ use config::{ServerConfig, Transport};
 use http::HttpConn;
 use stdio::StdioConn;
 
-pub use client::TOOL_PREFIX;
-
 /// Default per-call timeout: long enough for a real tool (a build, a search over a large
 /// index), short enough that a server that never answers frees its run. A progress
 /// notification restarts it.

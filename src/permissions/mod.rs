@@ -7,12 +7,11 @@
 //! What a single pattern means lives in `pattern` (the grammar and matching one call), and
 //! how a Bash command breaks into the pieces an allow rule must each cover lives in `shell`,
 //! and which paths no rule or mode but `bypassPermissions` lets the model edit without asking
-//! lives in `protected`; this module combines them into decisions. What the policy knows of each tool (the field a
+//! is `policy::PROTECTED`; this module combines them into decisions. What the policy knows of each tool (the field a
 //! rule matches, its default, whether it edits files or only reads) is its row in
 //! `tools::table`, so no tool name is spelled here.
 
 mod pattern;
-mod protected;
 mod shell;
 
 use std::fmt;
@@ -22,11 +21,10 @@ use serde_json::Value;
 
 pub use pattern::PatternError;
 use pattern::{FieldKind, Matcher, Subject, escape_glob, first_arg, normalize_abs, path_view};
-use protected::Protected;
-pub(crate) use protected::{PROTECTED, find as protected_path};
 // Crate-visible for the fuzz entry points (`crate::fuzzing`) only.
 pub(crate) use shell::split_command;
 
+use crate::policy::{self, Protected};
 use crate::tools::table::{self, Class, DefaultAction};
 
 /// Most pieces a Bash command may have and still be allowed by allow rules. Each piece is
@@ -217,7 +215,7 @@ pub struct Policy {
     cwd_str: Option<String>,
     /// What the run's commands may do once a rule lets them run (`crate::sandbox`):
     /// behind the rules, never instead of them.
-    sandbox: crate::sandbox::Mode,
+    sandbox: policy::Mode,
 }
 
 /// A narrowing layer: its own rules ending in `*` → allow, and optionally its own mode.
@@ -242,22 +240,22 @@ impl Policy {
             workspace_str,
             profiles: Vec::new(),
             cwd_str: None,
-            sandbox: crate::sandbox::Mode::Off,
+            sandbox: policy::Mode::Off,
         }
     }
 
     /// The policy with its commands in the `sandbox` mode (the configured one, at start).
-    pub fn with_sandbox(mut self, sandbox: crate::sandbox::Mode) -> Policy {
+    pub fn with_sandbox(mut self, sandbox: policy::Mode) -> Policy {
         self.sandbox = sandbox;
         self
     }
 
     /// Sets the run's sandbox; the caller checked it is within the server's.
-    pub fn set_sandbox(&mut self, sandbox: crate::sandbox::Mode) {
+    pub fn set_sandbox(&mut self, sandbox: policy::Mode) {
         self.sandbox = sandbox;
     }
 
-    pub fn sandbox(&self) -> crate::sandbox::Mode {
+    pub fn sandbox(&self) -> policy::Mode {
         self.sandbox
     }
 
@@ -537,7 +535,7 @@ fn protected_edit<'a>(call: &Subject<'a>) -> Option<(&'a str, &'static Protected
     let raw = call.input.get(field.name)?.as_str()?;
     let view = path_view(call.workspace, call.base, raw);
     let judged = view.rel.as_deref().unwrap_or(&view.abs);
-    protected::find(judged).map(|entry| (raw, entry))
+    policy::protected_path(judged).map(|entry| (raw, entry))
 }
 
 fn denied_for(tool: &str) -> String {

@@ -25,7 +25,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::permissions::{PROTECTED, protected_path};
+use crate::policy::{PROTECTED, protected_path};
 use crate::sys::{self, OpenAs};
 
 /// Entries of a protected directory recorded by identity, so a hard link to one of them is
@@ -89,7 +89,7 @@ impl Refusal {
 /// What a fenced identity is.
 #[derive(Debug)]
 enum Fenced {
-    /// A protected path (`permissions::PROTECTED`) of the workspace; `shown` is its name.
+    /// A protected path (`policy::PROTECTED`) of the workspace; `shown` is its name.
     Protected { shown: String },
     /// A path on the sandbox's deny list, canonical.
     Denied { real: PathBuf },

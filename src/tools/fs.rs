@@ -1741,10 +1741,10 @@ fn resolve(workspace: &Path, raw: &str) -> Result<Resolved, String> {
 /// named (it cannot follow symlinks); a symlink that leads from an ordinary name to a
 /// protected file (`hooks -> .git/hooks`) would edit that file under an approval given for
 /// another, so such an edit is refused and the model told to name the file itself, which
-/// then asks (`permissions::protected_path`).
+/// then asks (`policy::protected_path`).
 fn resolve_for_edit(workspace: &Path, raw: &str) -> Result<Resolved, String> {
     let target = resolve(workspace, raw)?;
-    if let Some(entry) = crate::permissions::protected_path(&target.rel)
+    if let Some(entry) = crate::policy::protected_path(&target.rel)
         && !target.named.eq_ignore_ascii_case(&target.rel)
     {
         return Err(format!(

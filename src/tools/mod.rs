@@ -6,17 +6,55 @@
 pub mod bash;
 pub(crate) mod beneath;
 pub mod fs;
+pub mod mcp_name;
 pub mod spec;
 pub(crate) mod table;
 pub mod todo;
 pub mod web;
 
+use std::path::Path;
+
+use serde_json::Value;
+
 use crate::model::types::{ContentBlock, MAX_IMAGES};
+use crate::sandbox::{self, Mode};
+use table::{Class, Subject};
 
 /// The most base64 the images of one model message of tool results carry together, and so
 /// of one tool's result: a turn's results travel in one `TurnEnd` event, one session-file
 /// line (`drive::session::MAX_LINE_BYTES`, 16 MiB), which must still hold that turn's text.
 pub const MAX_RESULT_IMAGES_BASE64: usize = 8 << 20;
+
+/// The sandbox's answer for a call of `tool` with `input` in a run under `mode`, before it
+/// runs: for a tool whose permission subject is a path (its row in `table`), the sandbox's
+/// verdict on that path (`sandbox::check_file_tool`); every other call is the sandbox's
+/// business only once it spawns a process. `Err` is why not, for the model.
+pub fn check_in_sandbox(
+    mode: Mode,
+    tool: &str,
+    input: &Value,
+    workspace: &Path,
+) -> Result<(), String> {
+    // Nothing to check, so no path to resolve on the file system.
+    if mode == Mode::Off {
+        return Ok(());
+    }
+    let Some(permission) = table::permission(tool) else {
+        return Ok(());
+    };
+    let Subject::Path { field, default } = permission.subject else {
+        return Ok(());
+    };
+    let Some(raw) = input.get(field).and_then(Value::as_str).or(default) else {
+        return Ok(());
+    };
+    // A path the tool itself refuses is refused by the tool, with its own words.
+    let Ok(path) = fs::resolve_path(workspace, raw) else {
+        return Ok(());
+    };
+    let edits = permission.class == Class::EditsFile;
+    sandbox::check_file_tool(mode, tool, &path.abs, &path.rel, edits)
+}
 
 /// What a tool hands back to the model: its text, already capped by the tool, and the images
 /// beside it (`ContentBlock::Image` only, checked by `ContentBlock::image`, at most

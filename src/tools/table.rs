@@ -12,7 +12,8 @@
 //!
 //! The tools MCP servers offer (`mcp__<server>__<tool>`) are the table's one dynamic
 //! extension: their specs come from the servers at run time (`mcp_client`), and every one
-//! of them shares the row `MCP`, which `lookup` answers for the `mcp__` prefix. That row
+//! of them shares the row `MCP`, which `lookup` answers for the `mcp__` prefix (the naming
+//! the MCP client writes and this reads lives in `mcp_name`, below both). That row
 //! says they run on their server (`Runs::Mcp`), ask before they run unless a rule says
 //! otherwise (`mcp__server__tool`, `mcp__server__*`), are stopped by plan mode, and show
 //! as "other" in an editor, titled by their name.
@@ -29,6 +30,7 @@ use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
 use crate::tools::bash::{self, BashInput, BashJob, ShellOp};
 use crate::tools::fs::{self, Delegated};
+use crate::tools::mcp_name;
 use crate::tools::todo::{self, Todo};
 use crate::tools::web::{self, FetchRequest};
 
@@ -405,7 +407,7 @@ pub(crate) static BUILTINS: &[Tool] = &[
 
 /// The row every MCP server's tool shares (see the module's comment).
 pub(crate) static MCP: Tool = Tool {
-    name: crate::mcp_client::TOOL_PREFIX,
+    name: mcp_name::PREFIX,
     spec: mcp_spec,
     runs: Runs::Mcp,
     permission: Permission {
@@ -426,7 +428,7 @@ pub(crate) static MCP: Tool = Tool {
 /// The family row has no spec of its own: each server's tool brings its own.
 fn mcp_spec() -> ToolSpec {
     ToolSpec {
-        name: std::borrow::Cow::Borrowed(crate::mcp_client::TOOL_PREFIX),
+        name: std::borrow::Cow::Borrowed(mcp_name::PREFIX),
         description: std::borrow::Cow::Borrowed("A tool an MCP server offers."),
         input_schema: serde_json::json!({"type": "object"}),
     }
@@ -445,11 +447,10 @@ pub(crate) static PLANNED: &[(&str, Permission)] = &[
 /// The row for `name`: a built-in tool's, the `MCP` row for an MCP server's tool
 /// (`mcp__<server>__<tool>`), `None` for anything else.
 pub(crate) fn lookup(name: &str) -> Option<&'static Tool> {
-    BUILTINS.iter().find(|tool| tool.name == name).or_else(|| {
-        crate::mcp_client::client::server_part(name)
-            .is_some()
-            .then_some(&MCP)
-    })
+    BUILTINS
+        .iter()
+        .find(|tool| tool.name == name)
+        .or_else(|| mcp_name::server_part(name).is_some().then_some(&MCP))
 }
 
 /// The permission facts for `name`, built in or planned; `None` for any other tool, which

@@ -137,7 +137,7 @@ pub(crate) fn parse(text: &str, tools: &[&str]) -> Result<Spec, String> {
                         crate::text::json_kind(item)
                     ));
                 };
-                let mcp = crate::mcp_client::client::is_allowlist_entry(name);
+                let mcp = crate::tools::mcp_name::is_allowlist_entry(name);
                 if !mcp && !tools.contains(&name.as_str()) {
                     return Err(format!(
                         "unknown tool `{name}` in tool_allowlist: expected some of {}, or MCP \
