@@ -1421,7 +1421,11 @@ fn print_runs_are_recorded_with_the_drive_cores_lifecycle() {
     let ws = Workspace::new("print-lifecycle");
     let stub = Stub::start(
         &ws,
-        &json!({"turns": [text_turn("first"), text_turn("second"), text_turn("third")]}),
+        &script([
+            Turn::text("first"),
+            Turn::text("second"),
+            Turn::text("third"),
+        ]),
     );
     let out = run_stub(&ws, &stub, &["-p", "once"], "");
     assert_eq!(out.code, Some(0), "{out:?}");
