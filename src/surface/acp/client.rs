@@ -21,7 +21,7 @@ impl AcpServe {
     /// client loads that session again, so no update goes to a client that has not asked
     /// for the session.
     pub(crate) fn client_gone(&mut self) {
-        self.pending.clear();
+        self.pending.drain();
         self.caps = ClientCaps::default();
         for session in self.sessions.values_mut() {
             session.asked = None;

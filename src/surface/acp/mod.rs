@@ -47,7 +47,7 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
 use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
-use crate::jsonrpc::{self, Id, Message, RpcError, notification};
+use crate::jsonrpc::{self, Id, Ledger, Message, RpcError, notification};
 use crate::log;
 use crate::reactor::Signal;
 use crate::stdio::StdinItem;
@@ -133,8 +133,8 @@ pub struct AcpServe {
     /// The session of each run this process started and still runs.
     runs: HashMap<RunId, String>,
     outbox: Outbox,
-    next_request: i64,
-    pending: HashMap<i64, Pending>,
+    /// Our requests to the client, each with what its answer is for.
+    pending: Ledger<Pending>,
     /// Delegated calls' deadlines: timer key → (session, tool call).
     timers: HashMap<u64, (String, String)>,
     next_timer: u64,
@@ -170,8 +170,7 @@ impl AcpServe {
             sessions: HashMap::new(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
-            next_request: 1,
-            pending: HashMap::new(),
+            pending: Ledger::default(),
             timers: HashMap::new(),
             next_timer: 0,
             quitting: false,
@@ -190,14 +189,8 @@ impl AcpServe {
     }
 
     fn request(&mut self, method: &str, params: Value, pending: Pending) -> i64 {
-        let id = self.next_request;
-        self.next_request += 1;
-        self.pending.insert(id, pending);
-        self.outbox.frame(Message::Request {
-            id: Id::Num(id),
-            method: method.to_owned(),
-            params,
-        });
+        let (id, message) = self.pending.request(method, params, pending);
+        self.outbox.frame(message);
         id
     }
 
@@ -206,7 +199,7 @@ impl AcpServe {
     }
 
     fn withdraw(&mut self, request: i64) {
-        self.pending.remove(&request);
+        self.pending.withdraw(request);
         self.outbox.frame(notification(
             "$/cancel_request",
             json!({"requestId": request}),
@@ -299,10 +292,7 @@ impl AcpServe {
     }
 
     fn on_response(&mut self, ctx: &mut Cx<AcpKey>, id: &Id, result: Result<Value, RpcError>) {
-        let Id::Num(id) = *id else {
-            return;
-        };
-        let Some(pending) = self.pending.remove(&id) else {
+        let Some((id, pending)) = self.pending.answer(id) else {
             return;
         };
         match pending {
