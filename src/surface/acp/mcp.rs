@@ -9,6 +9,7 @@
 
 use serde_json::{Value, json};
 
+use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
 use crate::jsonrpc::RpcError;
 use crate::log;
@@ -18,8 +19,13 @@ use crate::surface::host::Cx;
 impl AcpServe {
     /// Starts the servers a `session/new`, `session/load` or `session/resume` names; they
     /// replace the session's earlier ones. Without `mcpServers` the session keeps its own.
-    pub(super) fn connect_servers(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, params: &Value) {
-        let Some(list) = params.get("mcpServers") else {
+    pub(super) fn connect_servers(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        sid: &str,
+        servers: Option<&[Value]>,
+    ) {
+        let Some(list) = servers else {
             return;
         };
         let Some(session) = self.sessions.get_mut(sid) else {
@@ -28,7 +34,6 @@ impl AcpServe {
         let old = std::mem::take(&mut session.mcp);
         let cwd = session.cwd.clone();
         Self::stop_servers(ctx, old);
-        let list = list.as_array().map(Vec::as_slice).unwrap_or_default();
         let (configs, warnings) = config::parse_array(list, config::Origin::Client);
         for warning in warnings {
             log::warn(&warning);
@@ -95,14 +100,10 @@ impl AcpServe {
         card: &str,
         answer: Result<Value, RpcError>,
     ) {
-        let outcome = answer.as_ref().ok().map(|v| &v["outcome"]);
-        let chosen = outcome
-            .filter(|o| o["outcome"] == "selected")
-            .and_then(|o| o["optionId"].as_str());
-        let decision = match chosen {
-            Some("allow") => Approval::Once,
-            Some("allow_always") => Approval::Always,
-            Some("reject_always") => Approval::RefusedAlways,
+        let decision = match answer.as_ref().map(Outcome::decode) {
+            Ok(Outcome::Selected("allow")) => Approval::Once,
+            Ok(Outcome::Selected("allow_always")) => Approval::Always,
+            Ok(Outcome::Selected("reject_always")) => Approval::RefusedAlways,
             _ => Approval::Refused,
         };
         if let Err(e) = ctx.mcp_decide(server, decision) {

@@ -33,6 +33,7 @@ mod convo;
 mod delegate;
 mod mcp;
 mod outbox;
+mod params;
 mod permission;
 mod prompt;
 mod session;
@@ -153,13 +154,6 @@ fn unknown_session(id: &str) -> RpcError {
     RpcError::new(RESOURCE_NOT_FOUND, format!("unknown sessionId: {id}"))
 }
 
-fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
-    params
-        .get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid_params(format!("`{key}` is required and must be a string")))
-}
-
 impl AcpServe {
     pub(crate) fn new() -> AcpServe {
         AcpServe {
@@ -223,39 +217,14 @@ impl AcpServe {
     }
 
     fn on_request(&mut self, ctx: &mut Cx<AcpKey>, id: Id, method: &str, params: &Value) {
-        let result = match method {
-            "initialize" => self.initialize(params),
-            "authenticate" => Ok(json!({})),
-            "session/new" => self
-                .needs_model()
-                .and_then(|()| self.new_session(ctx, params)),
-            "session/load" => self.open_session(ctx, params, true),
-            "session/resume" => self.open_session(ctx, params, false),
-            "session/list" => self.list_sessions(ctx.core, params),
-            "session/close" => self.close_session(ctx, params),
-            "session/delete" => self.delete_session(ctx, params),
-            "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
-            "session/set_config_option" => self.set_config_option(ctx, params),
-            "session/prompt" => match self
-                .needs_model()
-                .and_then(|()| self.prompt(ctx, &id, params))
-            {
-                // Answered when the turn ends.
-                Ok(()) => return,
-                Err(e) => Err(e),
-            },
-            _ => Err(RpcError::method_not_found(method)),
-        };
         // A session just opened gets its commands and title after the answer (Zed drops
         // updates for a session it does not know yet).
-        let opened = match (method, &result) {
-            ("session/new", Ok(answer)) => {
-                answer["sessionId"].as_str().map(|s| (s.to_owned(), None))
-            }
-            ("session/load" | "session/resume", Ok(_)) => params["sessionId"]
-                .as_str()
-                .map(|s| (s.to_owned(), AcpServe::stored_title(ctx.core, s))),
-            _ => None,
+        let mut opened = None;
+        let result = match self.answer(ctx, &id, method, params, &mut opened) {
+            // Answered when the turn ends.
+            Ok(None) => return,
+            Ok(Some(answer)) => Ok(answer),
+            Err(e) => Err(e),
         };
         self.reply(id, result);
         if let Some((sid, title)) = opened {
@@ -264,17 +233,63 @@ impl AcpServe {
         }
     }
 
+    /// A request's answer, `None` for one answered later (a prompt); `opened` is set to the
+    /// session (and its stored title) a request opened.
+    fn answer(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        id: &Id,
+        method: &str,
+        params: &Value,
+        opened: &mut Option<(String, Option<String>)>,
+    ) -> Result<Option<Value>, RpcError> {
+        let answer = match method {
+            "initialize" => self.initialize(params::Initialize::decode(params)?),
+            "authenticate" => json!({}),
+            "session/new" => {
+                self.needs_model()?;
+                let answer = self.new_session(ctx, params::NewSession::decode(params)?)?;
+                *opened = answer["sessionId"].as_str().map(|s| (s.to_owned(), None));
+                answer
+            }
+            "session/load" | "session/resume" => {
+                let open = params::OpenSession::decode(params)?;
+                let sid = open.session_id;
+                let answer = self.open_session(ctx, open, method == "session/load")?;
+                *opened = Some((sid.to_owned(), AcpServe::stored_title(ctx.core, sid)));
+                answer
+            }
+            "session/list" => self.list_sessions(ctx.core, params::ListSessions::decode(params)),
+            "session/close" => self.close_session(ctx, params::session_id(params)?)?,
+            "session/delete" => self.delete_session(ctx, params::session_id(params)?)?,
+            "session/set_mode" => {
+                self.set_mode(ctx, params::SetMode::decode(params)?)?;
+                json!({})
+            }
+            "session/set_config_option" => {
+                self.set_config_option(ctx, params::SetConfigOption::decode(params)?)?
+            }
+            "session/prompt" => {
+                self.needs_model()?;
+                self.prompt(ctx, id, params::Prompt::decode(params)?)?;
+                return Ok(None);
+            }
+            _ => return Err(RpcError::method_not_found(method)),
+        };
+        Ok(Some(answer))
+    }
+
     fn on_notification(&mut self, ctx: &mut Cx<AcpKey>, method: &str, params: &Value) {
         match method {
             "session/cancel" => {
-                if let Some(session) = params.get("sessionId").and_then(Value::as_str) {
+                if let Some(session) = params::cancelled_session(params) {
                     let session = session.to_owned();
                     self.cancel_turn(ctx, &session);
                 }
             }
             // The client withdraws one of its requests: for a prompt, that is a cancel.
             "$/cancel_request" => {
-                let Some(request) = params.get("requestId") else {
+                let Some(request) = params::withdrawn_request(params) else {
                     return;
                 };
                 let found = self
@@ -316,21 +331,11 @@ impl AcpServe {
         }
     }
 
-    fn initialize(&mut self, params: &Value) -> Result<Value, RpcError> {
-        if !params.get("protocolVersion").is_some_and(Value::is_u64) {
-            return Err(invalid_params(
-                "`protocolVersion` is required and must be an integer",
-            ));
-        }
-        let caps = &params["clientCapabilities"];
-        self.caps = ClientCaps {
-            read: caps["fs"]["readTextFile"] == true,
-            write: caps["fs"]["writeTextFile"] == true,
-            terminal: caps["terminal"] == true,
-        };
-        self.notices = caps["session"]["notices"].is_object();
-        self.compaction = caps["session"]["compaction"].is_object();
-        Ok(json!({
+    fn initialize(&mut self, params: params::Initialize) -> Value {
+        self.caps = params.caps;
+        self.notices = params.notices;
+        self.compaction = params.compaction;
+        json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": true,
@@ -340,7 +345,7 @@ impl AcpServe {
             },
             "authMethods": [],
             "agentInfo": {"name": "caliban", "title": "Caliban", "version": crate::cli::VERSION},
-        }))
+        })
     }
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop

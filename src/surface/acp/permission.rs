@@ -9,6 +9,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::card::{self, OldText};
+use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
 use crate::drive::table::Prompt;
 use crate::engine::RunId;
@@ -185,30 +186,28 @@ impl AcpServe {
             return;
         }
         session.asked = None;
-        let outcome = answer.as_ref().ok().map(|v| &v["outcome"]);
-        let chosen = outcome
-            .filter(|o| o["outcome"] == "selected")
-            .and_then(|o| o["optionId"].as_str());
         let mut cancel_turn = false;
-        let (allow, reason, always) = match (chosen, &answer) {
-            (Some("allow"), _) => (true, None, None),
-            (Some("allow_always"), _) => (true, None, Some(Action::Allow)),
-            (Some("reject"), _) => (false, Some("the user rejected this tool call".into()), None),
-            (Some("reject_always"), _) => (
+        let (allow, reason, always) = match answer.as_ref().map(Outcome::decode) {
+            Ok(Outcome::Selected("allow")) => (true, None, None),
+            Ok(Outcome::Selected("allow_always")) => (true, None, Some(Action::Allow)),
+            Ok(Outcome::Selected("reject")) => {
+                (false, Some("the user rejected this tool call".into()), None)
+            }
+            Ok(Outcome::Selected("reject_always")) => (
                 false,
                 Some(format!(
                     "the user rejected this tool call, and every {pattern} call in this session"
                 )),
                 Some(Action::Deny),
             ),
-            (Some(other), _) => (
+            Ok(Outcome::Selected(other)) => (
                 false,
                 Some(format!(
                     "the editor answered with an unknown option `{other}`"
                 )),
                 None,
             ),
-            (None, Err(e)) => (
+            Err(e) => (
                 false,
                 Some(format!(
                     "the editor could not ask for permission: {}",
@@ -216,9 +215,9 @@ impl AcpServe {
                 )),
                 None,
             ),
-            (None, Ok(_)) => {
+            Ok(outcome @ (Outcome::Cancelled | Outcome::Unreadable)) => {
                 // `cancelled` is reserved for a cancelled turn: stop it.
-                cancel_turn = outcome.is_some_and(|o| o["outcome"] == "cancelled");
+                cancel_turn = outcome == Outcome::Cancelled;
                 (
                     false,
                     Some("the permission request was cancelled".into()),

@@ -13,11 +13,12 @@ use serde_json::{Value, json};
 
 use super::call_ids::CallIds;
 use super::commands::title_of;
+use super::params::{ListSessions, NewSession, OpenSession, SetConfigOption, SetMode};
 use super::permission::Asked;
 use super::prompt::PromptState;
 use super::tasks::Task;
 use super::updates::Card;
-use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
+use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, unknown_session};
 use crate::drive::table::DriveCore;
 use crate::engine::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
@@ -186,8 +187,7 @@ fn with_instructions(result: &mut Value, core: &DriveCore, cwd: &Path) {
 impl AcpServe {
     /// A session's directory: absolute, existing, inside the workspace caliban serves (its
     /// settings and permission rules are that workspace's).
-    fn session_cwd(core: &DriveCore, params: &Value) -> Result<PathBuf, RpcError> {
-        let raw = str_param(params, "cwd")?;
+    fn session_cwd(core: &DriveCore, raw: &str) -> Result<PathBuf, RpcError> {
         let path = Path::new(raw);
         if !path.is_absolute() {
             return Err(invalid_params(format!(
@@ -211,9 +211,9 @@ impl AcpServe {
     pub(super) fn new_session(
         &mut self,
         ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        params: NewSession,
     ) -> Result<Value, RpcError> {
-        let cwd = Self::session_cwd(ctx.core, params)?;
+        let cwd = Self::session_cwd(ctx.core, params.cwd)?;
         let id = crate::auth::new_uuid();
         let mode = ctx.core.config().policy.mode();
         let model = ctx.core.config().run.model.clone();
@@ -221,7 +221,7 @@ impl AcpServe {
         let session = Session::new(cwd, mode, sandbox, None, model);
         let options = self.config_options(ctx, &session);
         self.sessions.insert(id.clone(), session);
-        self.connect_servers(ctx, &id, params);
+        self.connect_servers(ctx, &id, params.mcp_servers);
         let mut result =
             json!({"sessionId": id, "modes": modes_json(mode), "configOptions": options});
         with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
@@ -233,11 +233,11 @@ impl AcpServe {
     pub(super) fn open_session(
         &mut self,
         ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        params: OpenSession,
         replay: bool,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let cwd = Self::session_cwd(ctx.core, params)?;
+        let id = params.session_id.to_owned();
+        let cwd = Self::session_cwd(ctx.core, params.cwd)?;
         let newest = match self.sessions.get(&id) {
             Some(session) if !session.prompt.is_idle() => {
                 return Err(RpcError::new(
@@ -298,20 +298,16 @@ impl AcpServe {
             Some(session) => self.config_options(ctx, session),
             None => json!([]),
         };
-        self.connect_servers(ctx, &id, params);
+        self.connect_servers(ctx, &id, params.mcp_servers);
         let mut result = json!({"modes": modes_json(mode), "configOptions": options});
         with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
         Ok(result)
     }
 
-    pub(super) fn list_sessions(
-        &mut self,
-        core: &mut DriveCore,
-        params: &Value,
-    ) -> Result<Value, RpcError> {
+    pub(super) fn list_sessions(&mut self, core: &mut DriveCore, params: ListSessions) -> Value {
         core.load_existing();
         // Headers record the canonical directory.
-        let cwd = params.get("cwd").and_then(Value::as_str).map(|c| {
+        let cwd = params.cwd.map(|c| {
             Path::new(c)
                 .canonicalize()
                 .map_or_else(|_| c.to_owned(), |p| p.display().to_string())
@@ -342,19 +338,18 @@ impl AcpServe {
                 json!({"sessionId": id, "cwd": cwd, "title": title, "updatedAt": iso8601(updated)})
             })
             .collect();
-        Ok(json!({"sessions": sessions}))
+        json!({"sessions": sessions})
     }
 
     pub(super) fn close_session(
         &mut self,
         ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        id: &str,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let Some(mut session) = self.sessions.remove(&id) else {
-            return Err(unknown_session(&id));
+        let Some(mut session) = self.sessions.remove(id) else {
+            return Err(unknown_session(id));
         };
-        self.runs.retain(|_, s| *s != id);
+        self.runs.retain(|_, s| s != id);
         if let Some(run) = session.run
             && ctx.core.is_live(run)
         {
@@ -375,7 +370,7 @@ impl AcpServe {
         if let Some(asked) = session.asked.take() {
             self.withdraw(asked.request);
         }
-        self.abandon_tasks(ctx, &id, &mut session);
+        self.abandon_tasks(ctx, id, &mut session);
         Self::stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
     }
@@ -383,21 +378,18 @@ impl AcpServe {
     pub(super) fn set_mode(
         &mut self,
         ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        params: SetMode,
     ) -> Result<(), RpcError> {
-        let id = str_param(params, "sessionId")?;
-        let mode_id = str_param(params, "modeId")?;
-        self.switch_mode(ctx, id, mode_id)
+        self.switch_mode(ctx, params.session_id, params.mode_id)
     }
 
     pub(super) fn set_config_option(
         &mut self,
         ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        params: SetConfigOption,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let option = str_param(params, "configId")?;
-        let value = str_param(params, "value")?;
+        let id = params.session_id.to_owned();
+        let (option, value) = (params.config_id, params.value);
         match option {
             "mode" => self.switch_mode(ctx, &id, value)?,
             "model" => self.set_model(ctx, &id, Some(value), None)?,
@@ -455,17 +447,16 @@ impl AcpServe {
     pub(super) fn delete_session(
         &mut self,
         ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        id: &str,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let open = self.sessions.contains_key(&id);
+        let open = self.sessions.contains_key(id);
         if open {
-            self.close_session(ctx, params)?;
+            self.close_session(ctx, id)?;
         }
         ctx.core.load_existing();
         let runs = ctx.core.find_by_header(SESSION_FIELD, &json!(id));
         if runs.is_empty() && !open {
-            return Err(unknown_session(&id));
+            return Err(unknown_session(id));
         }
         for run in runs {
             ctx.core
