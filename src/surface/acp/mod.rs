@@ -17,13 +17,18 @@
 //! callbacks (`on_await_input`, `on_finished`), so cancels and permission answers are read
 //! while it runs.
 //!
-//! One module per concern: `session` (the registry and the session requests), `prompt`
-//! (the prompt lifecycle), `permission` (permission prompts and "always" rules), `updates`
-//! (events as `session/update`s and tool-call cards), `tasks` (where a tool call runs, and
-//! the calls the editor carries out), `mcp` (the session's MCP servers, and the editor's
-//! approval of the workspace's), `outbox` (the ordered frames), `client` (a client that
-//! goes away and comes back). This file holds the server's state, the dispatch of the
-//! client's messages and the `Surface` callbacks.
+//! One module per concern, each adding its part of `AcpServe` and importing only rooms
+//! listed before it: `call_ids` (session-unique tool-call ids on the wire), `card` (how a tool
+//! call and its output look in an editor), `delegate` (the sans-IO machine of calls the
+//! editor carries out), `outbox` (the ordered frames), `convo` (prompt content in, history
+//! out and replayed), `params` (each method's params, decoded once), `commands` (slash
+//! commands, config choices, titles), `updates` (events as `session/update`s and tool-call
+//! cards), `permission` (permission prompts and "always" rules), `tasks` (where a tool call
+//! runs, and the calls the editor carries out), `prompt` (the prompt lifecycle), `mcp` (the
+//! session's MCP servers, and the editor's approval of the workspace's), `client` (a client
+//! that goes away and comes back), `session` (the registry and the session requests). This
+//! file holds the server's state, the dispatch of the client's messages and the `Surface`
+//! callbacks.
 
 mod call_ids;
 mod card;

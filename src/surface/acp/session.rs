@@ -3,8 +3,8 @@
 //! and configure one: `session/new`, `session/load` (which replays the conversation),
 //! `session/resume`, `session/list`, `session/close`, `session/delete`, `session/set_mode`
 //! and `session/set_config_option` (the permission mode, the model, the thinking effort and
-//! the sandbox of its commands). A session's run carries its model and effort into the next
-//! run it starts.
+//! the sandbox of its commands), and the config options a session shows. A session's run
+//! carries its model and effort into the next run it starts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::call_ids::CallIds;
-use super::commands::title_of;
+use super::commands::{EFFORTS, MODES, SANDBOXES, title_of};
 use super::params::{ListSessions, NewSession, OpenSession, SetConfigOption, SetMode};
 use super::permission::Asked;
 use super::prompt::PromptState;
@@ -23,38 +23,10 @@ use crate::drive::table::DriveCore;
 use crate::engine::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
+use crate::model::types::Effort;
 use crate::permissions::{Mode, Rule};
 use crate::sandbox::Mode as SandboxMode;
 use crate::surface::host::Cx;
-
-/// The permission modes a session can be switched to, as `session/new` advertises them.
-pub(super) const MODES: [(Mode, &str, &str); 5] = [
-    (
-        Mode::Default,
-        "Default",
-        "Ask before running commands and changing files",
-    ),
-    (
-        Mode::AcceptEdits,
-        "Accept edits",
-        "Change files in the workspace without asking; still ask for commands",
-    ),
-    (
-        Mode::Plan,
-        "Plan",
-        "Read only: look around and plan, change nothing",
-    ),
-    (
-        Mode::DontAsk,
-        "Don't ask",
-        "Run whatever would ask, without asking; deny rules still deny",
-    ),
-    (
-        Mode::BypassPermissions,
-        "Bypass permissions",
-        "Skip every permission check, deny rules included",
-    ),
-];
 
 pub(super) struct Session {
     pub(super) cwd: PathBuf,
@@ -142,30 +114,6 @@ fn modes_json(current: Mode) -> Value {
     })
 }
 
-/// What each sandbox mode lets commands do, as a select option describes it.
-pub(super) const SANDBOXES: [(SandboxMode, &str, &str); 4] = [
-    (
-        SandboxMode::ReadOnly,
-        "Read-only",
-        "Commands read the machine but write nothing",
-    ),
-    (
-        SandboxMode::WorkspaceWrite,
-        "Workspace",
-        "Commands write only in the workspace and temp directories, with no network",
-    ),
-    (
-        SandboxMode::Network,
-        "Workspace and network",
-        "Commands write in the workspace and reach the network over TCP",
-    ),
-    (
-        SandboxMode::Off,
-        "Unsandboxed",
-        "Commands run with your full rights",
-    ),
-];
-
 /// The session's directory (known: the session was just opened).
 fn cwd_of(sessions: &HashMap<String, Session>, id: &str) -> PathBuf {
     sessions
@@ -185,6 +133,51 @@ fn with_instructions(result: &mut Value, core: &DriveCore, cwd: &Path) {
 }
 
 impl AcpServe {
+    /// The session's config options: the permission mode, the model (among the configured
+    /// ones, `settings.models`) and the thinking effort. Always the complete list.
+    pub(super) fn config_options(&self, ctx: &Cx<AcpKey>, session: &Session) -> Value {
+        let mut models = ctx.core.config().models.clone();
+        if !models.contains(&session.model) {
+            models.push(session.model.clone());
+        }
+        let effort = session.effort.map_or("off", Effort::as_str);
+        let server = ctx.core.config().policy.sandbox();
+        json!([
+            {
+                "id": "mode", "name": "Mode",
+                "description": "What caliban may do without asking",
+                "category": "mode", "type": "select", "currentValue": session.mode.as_str(),
+                "options": MODES.iter().map(|(mode, name, description)| json!({
+                    "value": mode.as_str(), "name": name, "description": description}))
+                    .collect::<Vec<_>>(),
+            },
+            {
+                "id": "model", "name": "Model", "description": "The model the agent uses",
+                "category": "model", "type": "select", "currentValue": session.model,
+                "options": models.iter().map(|m| json!({"value": m, "name": m}))
+                    .collect::<Vec<_>>(),
+            },
+            {
+                "id": "thought_level", "name": "Thinking",
+                "description": "How much the model thinks before answering",
+                "category": "thought_level", "type": "select", "currentValue": effort,
+                "options": EFFORTS.iter().map(|(value, name)| json!({
+                    "value": value, "name": name})).collect::<Vec<_>>(),
+            },
+            {
+                // The server's sandbox or a stricter one: an editor may narrow it, never
+                // widen it.
+                "id": "sandbox", "name": "Sandbox",
+                "description": "What commands may do once allowed to run",
+                "type": "select", "currentValue": session.sandbox.as_str(),
+                "options": SANDBOXES.iter().filter(|(mode, ..)| mode.is_within(server))
+                    .map(|(mode, name, description)| json!({
+                        "value": mode.as_str(), "name": name, "description": description}))
+                    .collect::<Vec<_>>(),
+            },
+        ])
+    }
+
     /// A session's directory: absolute, existing, inside the workspace caliban serves (its
     /// settings and permission rules are that workspace's).
     fn session_cwd(core: &DriveCore, raw: &str) -> Result<PathBuf, RpcError> {
@@ -370,7 +363,7 @@ impl AcpServe {
         if let Some(asked) = session.asked.take() {
             self.withdraw(asked.request);
         }
-        self.abandon_tasks(ctx, id, &mut session);
+        self.abandon_tasks(ctx, id, std::mem::take(&mut session.tasks));
         Self::stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
     }

@@ -3,10 +3,11 @@
 //! the terminals killed when nobody waits for them any more. `delegate` is the sans-IO
 //! machine; this is its I/O.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 
 use super::delegate::{self, Advance, ClientCaps, Step};
-use super::session::Session;
 use super::{AcpKey, AcpServe, Pending};
 use crate::agent::run::ToolCall;
 use crate::engine::{HostAction, RunId, ToolPlacement};
@@ -211,8 +212,14 @@ impl AcpServe {
         }
     }
 
-    pub(super) fn abandon_tasks(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, session: &mut Session) {
-        let mut tasks: Vec<(String, Task)> = session.tasks.drain().collect();
+    /// Drops a session's delegated calls (`drop_task`), in a fixed order.
+    pub(super) fn abandon_tasks(
+        &mut self,
+        ctx: &mut Cx<AcpKey>,
+        sid: &str,
+        tasks: HashMap<String, Task>,
+    ) {
+        let mut tasks: Vec<(String, Task)> = tasks.into_iter().collect();
         tasks.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, task) in tasks {
             self.drop_task(ctx, sid, task);

@@ -12,7 +12,6 @@ use crate::agent::tool_input::ToolInput;
 use crate::engine::RetryNotice;
 use crate::model::types::ContentBlock;
 use crate::surface::host::Cx;
-use crate::tools::todo::{Todo, TodoStatus};
 
 /// How a compaction ended, for `show_compaction`.
 #[derive(Debug, PartialEq)]
@@ -33,22 +32,6 @@ pub(super) struct Card {
     described: bool,
     /// Content later updates keep (a diff, an embedded terminal).
     pub(super) content: Vec<Value>,
-}
-
-/// A `TodoWrite` plan as ACP's `plan` update: the whole list, which the editor shows in place
-/// of the last one. ACP has no `cancelled` status and upstream's items no priority, so
-/// cancelled items are left out (a plan shows what is still meant to happen) and every
-/// entry is `medium`.
-pub(super) fn plan_update(todos: &[Todo]) -> Value {
-    let entries: Vec<Value> = todos
-        .iter()
-        .filter(|todo| todo.status != TodoStatus::Cancelled)
-        .map(|todo| {
-            json!({"content": todo.content, "priority": "medium",
-                   "status": todo.status.as_str()})
-        })
-        .collect();
-    json!({"sessionUpdate": "plan", "entries": entries})
 }
 
 fn text_content(text: &str) -> Value {
@@ -134,7 +117,7 @@ impl AcpServe {
                     result
                         .iter()
                         .filter(|b| matches!(b, ContentBlock::Image { .. }))
-                        .map(|b| super::convo::image_content(&b.to_json())),
+                        .map(|b| card::image_content(&b.to_json())),
                 );
                 let mut update = json!({
                     "sessionUpdate": "tool_call_update",
@@ -190,9 +173,9 @@ impl AcpServe {
                     }
                     self.outbox.update(sid, update);
                 }
-                if let Some(mut session) = self.sessions.remove(sid) {
-                    self.abandon_tasks(ctx, sid, &mut session);
-                    self.sessions.insert(sid.to_owned(), session);
+                if let Some(session) = self.sessions.get_mut(sid) {
+                    let tasks = std::mem::take(&mut session.tasks);
+                    self.abandon_tasks(ctx, sid, tasks);
                 }
             }
             TurnEvent::TurnEnd { usage, .. } => {
@@ -216,7 +199,9 @@ impl AcpServe {
                 self.show_usage(ctx, sid, *post_tokens);
             }
             TurnEvent::TurnStart { .. } => {}
-            TurnEvent::PlanUpdate { todos, .. } => self.outbox.update(sid, plan_update(todos)),
+            TurnEvent::PlanUpdate { todos, .. } => {
+                self.outbox.update(sid, card::plan_update(todos))
+            }
         }
     }
 
