@@ -9,6 +9,7 @@
 use serde_json::{Value, json};
 
 use super::{AcpKey, AcpServe, invalid_params, unknown_session};
+use crate::engine::HostKey;
 use crate::jsonrpc::{Id, RpcError};
 use crate::model::types::Effort;
 use crate::permissions::Mode;
@@ -131,7 +132,7 @@ pub(super) fn title_of(prompt: &str) -> String {
         .collect()
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// After `session/new`, `load` or `resume` is answered: the commands the editor
     /// completes after `/`, and the title of a session that has one.
     pub(super) fn announce_session(&mut self, sid: &str, title: Option<String>) {
@@ -152,7 +153,7 @@ impl AcpServe {
     /// them, and so does every later run of the session.
     pub(super) fn set_model(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         model: Option<&str>,
         effort: Option<&str>,
@@ -191,7 +192,7 @@ impl AcpServe {
     /// the updates an editor keeps its selectors in step with.
     pub(super) fn run_command(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &Id,
         sid: &str,
         command: Command,

@@ -11,17 +11,18 @@ use serde_json::{Value, json};
 
 use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
+use crate::engine::HostKey;
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::mcp_client::{Approval, ServerId, config};
 use crate::surface::host::Cx;
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Starts the servers a `session/new`, `session/load` or `session/resume` names; they
     /// replace the session's earlier ones. Without `mcpServers` the session keeps its own.
     pub(super) fn connect_servers(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         servers: Option<&[Value]>,
     ) {
@@ -53,7 +54,7 @@ impl AcpServe {
     /// reject" records that too, so later starts do not ask. An approved
     /// server joins the live runs from their next turn (`HostAction::McpApproved`); a turn
     /// already under way when the answer comes goes on without it.
-    pub(super) fn ask_server_approvals(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
+    pub(super) fn ask_server_approvals(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str) {
         for server in ctx.mcp_awaiting() {
             if !self.approvals_asked.insert(server.name.clone()) {
                 continue;
@@ -94,7 +95,7 @@ impl AcpServe {
     /// The editor's answer about a workspace server; its card says what became of it.
     pub(super) fn on_server_approval(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         server: &str,
         card: &str,
@@ -156,7 +157,7 @@ impl AcpServe {
 
     /// Stops servers (their process groups killed, their HTTP sessions dropped); their
     /// calls in flight are answered as failed.
-    pub(super) fn stop_servers(ctx: &mut Cx<AcpKey>, servers: Vec<ServerId>) {
+    pub(super) fn stop_servers(ctx: &mut Cx<AcpKey<H>>, servers: Vec<ServerId>) {
         for id in servers {
             ctx.mcp_stop(id);
         }

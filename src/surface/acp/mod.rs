@@ -46,13 +46,14 @@ mod tasks;
 mod updates;
 
 use std::collections::{BTreeSet, HashMap};
+use std::marker::PhantomData;
 
 use serde_json::{Value, json};
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
-use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
+use crate::engine::{Engine, HostAction, HostKey, RetryNotice, RunId, ToolPlacement};
 use crate::jsonrpc::{self, Id, Ledger, Message, RpcError, notification};
 use crate::log;
 use crate::reactor::Signal;
@@ -73,12 +74,13 @@ pub const AUTH_REQUIRED: i64 = -32000;
 /// The session-header field that ties a run to its ACP session.
 pub const SESSION_FIELD: &str = "acp_session";
 /// What this surface registers on the loop: deadlines of delegated calls (numbered by
-/// `AcpServe::next_timer`); and the networked agent's connections (`Net`, handled there).
+/// `AcpServe::next_timer`); and `Host`, the keys of a surface that serves this one inside
+/// its own (the networked agent's connections), which it handles before they reach here.
 /// The sessions' MCP servers are the engine's (`mcp_client`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AcpKey {
+pub enum AcpKey<H> {
     Task(u64),
-    Net(crate::surface::agent::NetKey),
+    Host(H),
 }
 
 /// Serves ACP on stdin/stdout until stdin closes or a signal arrives. Runs still going are
@@ -87,8 +89,11 @@ pub enum AcpKey {
 /// `provider_problem` says why no model can be reached (none configured): the agent still
 /// answers `initialize`, lists and loads sessions, and refuses `session/new` and prompts
 /// with that message, so the editor shows it instead of a crashed agent.
-pub fn run(
-    mut engine: Engine<Key<AcpKey>>,
+///
+/// `H` is the host slot of the keys (`AcpKey::Host`): nothing comes back on it here, and the
+/// caller picks the one the networked agent uses, so both compile to one engine and one ACP.
+pub fn run<H: HostKey>(
+    mut engine: Engine<Key<AcpKey<H>>>,
     core: DriveCore,
     provider_problem: Option<String>,
 ) -> u8 {
@@ -127,7 +132,7 @@ enum Pending {
     Ignore,
 }
 
-pub struct AcpServe {
+pub struct AcpServe<H> {
     caps: ClientCaps,
     /// The client shows `notice` updates (`clientCapabilities.session.notices`).
     notices: bool,
@@ -149,6 +154,7 @@ pub struct AcpServe {
     provider_problem: Option<String>,
     /// Workspace MCP servers the editor was asked about (once per server per process).
     approvals_asked: BTreeSet<String>,
+    host: PhantomData<H>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -159,8 +165,8 @@ fn unknown_session(id: &str) -> RpcError {
     RpcError::new(RESOURCE_NOT_FOUND, format!("unknown sessionId: {id}"))
 }
 
-impl AcpServe {
-    pub(crate) fn new() -> AcpServe {
+impl<H: HostKey> AcpServe<H> {
+    pub(crate) fn new() -> AcpServe<H> {
         AcpServe {
             caps: ClientCaps::default(),
             notices: false,
@@ -175,6 +181,7 @@ impl AcpServe {
             quitting: false,
             provider_problem: None,
             approvals_asked: BTreeSet::new(),
+            host: PhantomData,
         }
     }
 
@@ -207,7 +214,7 @@ impl AcpServe {
 
     // ---- the client's messages -----------------------------------------------------------
 
-    fn on_line(&mut self, ctx: &mut Cx<AcpKey>, line: &[u8]) {
+    fn on_line(&mut self, ctx: &mut Cx<AcpKey<H>>, line: &[u8]) {
         match jsonrpc::parse(line) {
             Ok(None) => {}
             Ok(Some(Message::Request { id, method, params })) => {
@@ -221,7 +228,7 @@ impl AcpServe {
         }
     }
 
-    fn on_request(&mut self, ctx: &mut Cx<AcpKey>, id: Id, method: &str, params: &Value) {
+    fn on_request(&mut self, ctx: &mut Cx<AcpKey<H>>, id: Id, method: &str, params: &Value) {
         // A session just opened gets its commands and title after the answer (Zed drops
         // updates for a session it does not know yet).
         let mut opened = None;
@@ -242,7 +249,7 @@ impl AcpServe {
     /// session (and its stored title) a request opened.
     fn answer(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &Id,
         method: &str,
         params: &Value,
@@ -261,7 +268,7 @@ impl AcpServe {
                 let open = params::OpenSession::decode(params)?;
                 let sid = open.session_id;
                 let answer = self.open_session(ctx, open, method == "session/load")?;
-                *opened = Some((sid.to_owned(), AcpServe::stored_title(ctx.core, sid)));
+                *opened = Some((sid.to_owned(), Self::stored_title(ctx.core, sid)));
                 answer
             }
             "session/list" => self.list_sessions(ctx.core, params::ListSessions::decode(params)),
@@ -284,7 +291,7 @@ impl AcpServe {
         Ok(Some(answer))
     }
 
-    fn on_notification(&mut self, ctx: &mut Cx<AcpKey>, method: &str, params: &Value) {
+    fn on_notification(&mut self, ctx: &mut Cx<AcpKey<H>>, method: &str, params: &Value) {
         match method {
             "session/cancel" => {
                 if let Some(session) = params::cancelled_session(params) {
@@ -311,7 +318,7 @@ impl AcpServe {
         }
     }
 
-    fn on_response(&mut self, ctx: &mut Cx<AcpKey>, id: &Id, result: Result<Value, RpcError>) {
+    fn on_response(&mut self, ctx: &mut Cx<AcpKey<H>>, id: &Id, result: Result<Value, RpcError>) {
         let Some((id, pending)) = self.pending.answer(id) else {
             return;
         };
@@ -355,7 +362,7 @@ impl AcpServe {
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
-    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey<H>>) {
         if self.quitting {
             return;
         }
@@ -378,23 +385,23 @@ impl AcpServe {
     }
 }
 
-impl Surface for AcpServe {
-    type Key = AcpKey;
+impl<H: HostKey> Surface for AcpServe<H> {
+    type Key = AcpKey<H>;
 
-    fn on_event(&mut self, ctx: &mut Cx<AcpKey>, run: RunId, event: &TurnEvent) {
+    fn on_event(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId, event: &TurnEvent) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             self.translate(ctx, &sid, event);
         }
     }
 
-    fn on_ask(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
+    fn on_ask(&mut self, _ctx: &mut Cx<AcpKey<H>>, run: RunId, call: &ToolCall) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             let wire = self.wire_id(&sid, &call.id);
             self.show_input(&sid, &wire, &call.input);
         }
     }
 
-    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey<H>>, run: RunId, notice: &RetryNotice) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             self.show_retry(&sid, notice);
         }
@@ -402,7 +409,7 @@ impl Surface for AcpServe {
 
     fn on_compaction_started(
         &mut self,
-        _ctx: &mut Cx<AcpKey>,
+        _ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         trigger: crate::agent::compact::Trigger,
     ) {
@@ -413,7 +420,7 @@ impl Surface for AcpServe {
 
     fn on_tool_start(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         call: &ToolCall,
         confined: bool,
@@ -421,15 +428,15 @@ impl Surface for AcpServe {
         self.place_tool(ctx, run, call, confined)
     }
 
-    fn on_await_input(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {
+    fn on_await_input(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId) {
         self.on_turn_end(ctx, run);
     }
 
-    fn on_finished(&mut self, ctx: &mut Cx<AcpKey>, run: RunId, why: &StopCondition) {
+    fn on_finished(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId, why: &StopCondition) {
         self.on_run_finished(ctx, run, why);
     }
 
-    fn on_stdin(&mut self, ctx: &mut Cx<AcpKey>, item: StdinItem) {
+    fn on_stdin(&mut self, ctx: &mut Cx<AcpKey<H>>, item: StdinItem) {
         match item {
             StdinItem::Line(line) => self.on_line(ctx, &line),
             StdinItem::Oversized => self.reply(
@@ -443,19 +450,19 @@ impl Surface for AcpServe {
         }
     }
 
-    fn on_signal(&mut self, ctx: &mut Cx<AcpKey>, signal: Signal) {
+    fn on_signal(&mut self, ctx: &mut Cx<AcpKey<H>>, signal: Signal) {
         log::info(&format!("{signal:?}: cancelling runs and shutting down"));
         self.shutdown(ctx);
     }
 
-    fn on_timer(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
+    fn on_timer(&mut self, ctx: &mut Cx<AcpKey<H>>, key: AcpKey<H>) {
         match key {
             AcpKey::Task(key) => self.on_task_deadline(ctx, key),
-            AcpKey::Net(_) => {}
+            AcpKey::Host(_) => {}
         }
     }
 
-    fn after_batch(&mut self, ctx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+    fn after_batch(&mut self, ctx: &mut Cx<AcpKey<H>>, changed: &BTreeSet<RunId>) {
         self.sync_permissions(ctx, changed);
     }
 

@@ -12,7 +12,7 @@ use super::card::{self, OldText};
 use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
 use crate::drive::table::Prompt;
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::permissions::{Action, Mode, Policy, Rule, RuleSource};
@@ -38,13 +38,13 @@ fn always_patterns(tool: &str, input: &Value) -> Vec<String> {
     rules
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Surfaces the core's prompts: one `session/request_permission` per run at a time, and
     /// a `$/cancel_request` for one the core resolved on its own (a timeout, the run ended).
     ///
     /// A prompt an "always" answer already covers (a call queued in the same turn, before
     /// the rule existed) is answered without asking again.
-    pub(super) fn sync_permissions(&mut self, ctx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+    pub(super) fn sync_permissions(&mut self, ctx: &mut Cx<AcpKey<H>>, changed: &BTreeSet<RunId>) {
         for &run in changed {
             let Some(sid) = self.runs.get(&run).cloned() else {
                 continue;
@@ -171,7 +171,7 @@ impl AcpServe {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_permission_answer(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         request: i64,
         sid: &str,
         run: RunId,

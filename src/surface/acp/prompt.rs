@@ -14,7 +14,7 @@ use super::params::Prompt;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, unknown_session};
 use crate::agent::event::StopCondition;
 use crate::drive::table::{DriveStatus, Inbound, RunSpec};
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
 use crate::mcp_client::Selection;
 use crate::surface::host::Cx;
@@ -222,12 +222,12 @@ impl PromptState {
     }
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Takes a prompt: input at the session's turn boundary, or a new run that continues the
     /// conversation. The answer comes when the turn ends.
     pub(super) fn prompt(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &Id,
         prompt: Prompt,
     ) -> Result<(), RpcError> {
@@ -367,7 +367,7 @@ impl AcpServe {
     /// `session/cancel`: stops the turn in flight (the run ends; its model stream is dropped
     /// and its tools killed), and the prompt is answered `cancelled` once the run has ended.
     /// A cancel with no turn in flight does nothing, so a stale one never hits the next turn.
-    pub(super) fn cancel_turn(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
+    pub(super) fn cancel_turn(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -389,7 +389,7 @@ impl AcpServe {
     }
 
     /// Sends a prompt's answer, then takes the prompt queued behind it.
-    fn send_answer(&mut self, ctx: &mut Cx<AcpKey>, answer: Answer) {
+    fn send_answer(&mut self, ctx: &mut Cx<AcpKey<H>>, answer: Answer) {
         self.reply(answer.request, answer.result);
         if let Some(next) = answer.next {
             self.take_deferred(ctx, next);
@@ -398,14 +398,14 @@ impl AcpServe {
 
     /// Takes a prompt that waited for a cancelled turn to end as if it came now; a refusal
     /// answers it.
-    fn take_deferred(&mut self, ctx: &mut Cx<AcpKey>, deferred: Deferred) {
+    fn take_deferred(&mut self, ctx: &mut Cx<AcpKey<H>>, deferred: Deferred) {
         if let Err(e) = self.prompt(ctx, &deferred.request, deferred.prompt) {
             self.reply(deferred.request, Err(e));
         }
     }
 
     /// The run waits for input: the turn is over and its prompt is answered.
-    pub(super) fn on_turn_end(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {
+    pub(super) fn on_turn_end(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId) {
         let Some(session) = self
             .runs
             .get(&run)
@@ -421,7 +421,7 @@ impl AcpServe {
     /// The run ended: its prompt, if one is in flight, is answered with the stop reason.
     pub(super) fn on_run_finished(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         why: &StopCondition,
     ) {

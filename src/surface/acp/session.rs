@@ -20,7 +20,7 @@ use super::tasks::Task;
 use super::updates::Card;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, unknown_session};
 use crate::drive::table::DriveCore;
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
 use crate::model::types::Effort;
@@ -132,10 +132,10 @@ fn with_instructions(result: &mut Value, core: &DriveCore, cwd: &Path) {
     }
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// The session's config options: the permission mode, the model (among the configured
     /// ones, `settings.models`) and the thinking effort. Always the complete list.
-    pub(super) fn config_options(&self, ctx: &Cx<AcpKey>, session: &Session) -> Value {
+    pub(super) fn config_options(&self, ctx: &Cx<AcpKey<H>>, session: &Session) -> Value {
         let mut models = ctx.core.config().models.clone();
         if !models.contains(&session.model) {
             models.push(session.model.clone());
@@ -203,7 +203,7 @@ impl AcpServe {
 
     pub(super) fn new_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         params: NewSession,
     ) -> Result<Value, RpcError> {
         let cwd = Self::session_cwd(ctx.core, params.cwd)?;
@@ -225,7 +225,7 @@ impl AcpServe {
     /// an earlier one, found by its runs' session headers.
     pub(super) fn open_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         params: OpenSession,
         replay: bool,
     ) -> Result<Value, RpcError> {
@@ -336,7 +336,7 @@ impl AcpServe {
 
     pub(super) fn close_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &str,
     ) -> Result<Value, RpcError> {
         let Some(mut session) = self.sessions.remove(id) else {
@@ -370,7 +370,7 @@ impl AcpServe {
 
     pub(super) fn set_mode(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         params: SetMode,
     ) -> Result<(), RpcError> {
         self.switch_mode(ctx, params.session_id, params.mode_id)
@@ -378,7 +378,7 @@ impl AcpServe {
 
     pub(super) fn set_config_option(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         params: SetConfigOption,
     ) -> Result<Value, RpcError> {
         let id = params.session_id.to_owned();
@@ -398,7 +398,7 @@ impl AcpServe {
     /// the live run at once and for every run after it.
     fn switch_sandbox(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &str,
         value: &str,
     ) -> Result<(), RpcError> {
@@ -423,7 +423,7 @@ impl AcpServe {
     /// to that run at once.
     fn session_and_live_run(
         &mut self,
-        ctx: &Cx<AcpKey>,
+        ctx: &Cx<AcpKey<H>>,
         id: &str,
     ) -> Result<(&mut Session, Option<RunId>), RpcError> {
         let session = self
@@ -439,7 +439,7 @@ impl AcpServe {
     /// `session/load` finds it again.
     pub(super) fn delete_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &str,
     ) -> Result<Value, RpcError> {
         let open = self.sessions.contains_key(id);
@@ -468,7 +468,7 @@ impl AcpServe {
 
     pub(super) fn switch_mode(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &str,
         mode_id: &str,
     ) -> Result<(), RpcError> {

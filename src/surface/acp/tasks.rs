@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::delegate::{self, Advance, ClientCaps, Step};
 use super::{AcpKey, AcpServe, Pending};
 use crate::agent::run::ToolCall;
-use crate::engine::{HostAction, RunId, ToolPlacement};
+use crate::engine::{HostAction, HostKey, RunId, ToolPlacement};
 use crate::jsonrpc::RpcError;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;
@@ -26,12 +26,12 @@ pub(super) struct Task {
     timer: Option<(TimerId, u64)>,
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Shows the call as started and picks where it runs: an MCP server of the session, the
     /// editor (when it can and the call is one it carries out), or here.
     pub(super) fn place_tool(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         call: &ToolCall,
         confined: bool,
@@ -84,7 +84,7 @@ impl AcpServe {
 
     fn send_task_request(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         tool: &str,
         request: delegate::Request,
@@ -118,7 +118,7 @@ impl AcpServe {
         }
     }
 
-    fn advance(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, tool: &str, next: Advance) {
+    fn advance(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, tool: &str, next: Advance) {
         if let Some(terminal) = next.show_terminal {
             let content = vec![json!({"type": "terminal", "terminalId": terminal})];
             if let Some(card) = self
@@ -164,7 +164,7 @@ impl AcpServe {
 
     pub(super) fn on_tool_answer(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         request: i64,
         sid: &str,
         tool: &str,
@@ -201,7 +201,7 @@ impl AcpServe {
     }
 
     /// Forgets a call the run no longer waits for; its terminal is killed and released.
-    pub(super) fn drop_task(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, task: Task) {
+    pub(super) fn drop_task(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, task: Task) {
         if let Some((timer, key)) = task.timer {
             ctx.cancel_timer(timer);
             self.timers.remove(&key);
@@ -215,7 +215,7 @@ impl AcpServe {
     /// Drops a session's delegated calls (`drop_task`), in a fixed order.
     pub(super) fn abandon_tasks(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         tasks: HashMap<String, Task>,
     ) {
@@ -227,7 +227,7 @@ impl AcpServe {
     }
 
     /// A delegated call's deadline passed.
-    pub(super) fn on_task_deadline(&mut self, ctx: &mut Cx<AcpKey>, key: u64) {
+    pub(super) fn on_task_deadline(&mut self, ctx: &mut Cx<AcpKey<H>>, key: u64) {
         let Some((sid, tool)) = self.timers.remove(&key) else {
             return;
         };

@@ -9,7 +9,7 @@ use super::{AcpKey, AcpServe};
 use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
-use crate::engine::RetryNotice;
+use crate::engine::{HostKey, RetryNotice};
 use crate::model::types::ContentBlock;
 use crate::surface::host::Cx;
 
@@ -38,8 +38,8 @@ fn text_content(text: &str) -> Value {
     json!({"type": "content", "content": {"type": "text", "text": text}})
 }
 
-impl AcpServe {
-    pub(super) fn translate(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, event: &TurnEvent) {
+impl<H: HostKey> AcpServe<H> {
+    pub(super) fn translate(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, event: &TurnEvent) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -277,7 +277,7 @@ impl AcpServe {
     /// `usage_update`: the context's size against the model's window, and what the session
     /// cost so far where the model's price is known. Not sent for a model whose window is
     /// unknown (`size` is required).
-    pub(super) fn show_usage(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, used: u64) {
+    pub(super) fn show_usage(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, used: u64) {
         let Some(session) = self.sessions.get(sid) else {
             return;
         };
