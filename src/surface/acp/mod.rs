@@ -470,3 +470,84 @@ impl<H: HostKey> Surface for AcpServe<H> {
         self.outbox.write_to(out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The rooms low to high, as the module doc lists them, with their source.
+    const ROOMS: [(&str, &str); 14] = [
+        ("call_ids", include_str!("call_ids.rs")),
+        ("card", include_str!("card.rs")),
+        ("delegate", include_str!("delegate.rs")),
+        ("outbox", include_str!("outbox.rs")),
+        ("convo", include_str!("convo.rs")),
+        ("params", include_str!("params.rs")),
+        ("commands", include_str!("commands.rs")),
+        ("updates", include_str!("updates.rs")),
+        ("permission", include_str!("permission.rs")),
+        ("tasks", include_str!("tasks.rs")),
+        ("prompt", include_str!("prompt.rs")),
+        ("mcp", include_str!("mcp.rs")),
+        ("client", include_str!("client.rs")),
+        ("session", include_str!("session.rs")),
+    ];
+
+    /// Every room this file declares is listed (a new one must take its place in the order).
+    #[test]
+    fn every_room_is_in_the_order() {
+        let declared: Vec<&str> = include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+            .filter(|room| *room != "tests")
+            .collect();
+        let mut listed: Vec<&str> = ROOMS.iter().map(|(room, _)| *room).collect();
+        listed.sort_unstable();
+        assert_eq!(declared, listed);
+    }
+
+    /// The rooms `code` names: `super::room` and `acp::room` paths, and the names in a
+    /// `super::{…}` group.
+    fn named(code: &str) -> Vec<&str> {
+        let mut names = Vec::new();
+        for prefix in ["super::", "acp::"] {
+            for (i, _) in code.match_indices(prefix) {
+                let rest = &code[i + prefix.len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    names.extend(
+                        group
+                            .split(',')
+                            .map(|n| n.trim().split("::").next().unwrap_or_default()),
+                    );
+                } else {
+                    let end = rest
+                        .find(|c: char| c != '_' && !c.is_ascii_alphanumeric())
+                        .unwrap_or(rest.len());
+                    names.push(&rest[..end]);
+                }
+            }
+        }
+        names
+    }
+
+    /// A room names only rooms below it (outside its tests), so the rooms form no cycle;
+    /// all of them build on this file's `AcpServe`.
+    #[test]
+    fn rooms_import_only_rooms_below_them() {
+        for (at, (room, source)) in ROOMS.iter().enumerate() {
+            let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+            let names = named(code);
+            for (other, _) in &ROOMS[at..] {
+                assert!(
+                    !names.contains(other),
+                    "{room} names `{other}`, a room not below it"
+                );
+            }
+        }
+        assert_eq!(
+            named(
+                "use super::{AcpKey, convo};\nsuper::updates::plan(x); crate::surface::acp::card::f"
+            ),
+            ["AcpKey", "convo", "updates", "card"]
+        );
+    }
+}
