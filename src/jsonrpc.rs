@@ -1,5 +1,7 @@
 //! JSON-RPC 2.0 messages as MCP and ACP use them: newline-delimited, one object per line.
-//! Sans-IO: a line in, a `Message` out; a `Message` in, a line out. It knows no methods.
+//! Sans-IO: a line in, a `Message` out; a `Message` in, a line out; and the `Ledger` that
+//! matches the answers to our own requests, for ACP and the MCP client alike. It knows no
+//! methods.
 
 use std::collections::HashMap;
 

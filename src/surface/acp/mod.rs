@@ -154,6 +154,7 @@ pub struct AcpServe<H> {
     provider_problem: Option<String>,
     /// Workspace MCP servers the editor was asked about (once per server per process).
     approvals_asked: BTreeSet<String>,
+    /// Only the keys carry `H`; no state of this surface is the host's.
     host: PhantomData<H>,
 }
 
