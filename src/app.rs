@@ -833,7 +833,11 @@ fn run_stdio_surface(args: ServeArgs) -> u8 {
             Err(code) => code,
         },
         _ => match stdio_engine(engine_config) {
-            Ok(engine) => surface::acp::run(engine, core, provider_problem),
+            // With the networked agent's keys, `acp serve` and `agent serve`'s ACP are one
+            // compiled engine and surface.
+            Ok(engine) => {
+                surface::acp::run::<surface::agent::NetKey>(engine, core, provider_problem)
+            }
             Err(code) => code,
         },
     }

@@ -1,5 +1,9 @@
 //! JSON-RPC 2.0 messages as MCP and ACP use them: newline-delimited, one object per line.
-//! Sans-IO: a line in, a `Message` out; a `Message` in, a line out. It knows no methods.
+//! Sans-IO: a line in, a `Message` out; a `Message` in, a line out; and the `Ledger` that
+//! matches the answers to our own requests, for ACP and the MCP client alike. It knows no
+//! methods.
+
+use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
@@ -340,9 +344,158 @@ pub fn notification(method: &str, params: Value) -> Message {
     }
 }
 
+/// Our own requests to the peer still waiting for their answers, each with what its answer
+/// is for (`P`): the one place ids are handed out and answers matched. Ids are numbers from
+/// 1, never reused, so a late answer to a withdrawn request finds nothing rather than another
+/// request's purpose. It keeps no time: a caller that times requests out keeps the clock in
+/// `P` (an MCP call's last progress) or in its own timers (an ACP delegated call).
+pub struct Ledger<P> {
+    next: i64,
+    pending: HashMap<i64, P>,
+}
+
+impl<P> Default for Ledger<P> {
+    fn default() -> Ledger<P> {
+        Ledger {
+            next: 1,
+            pending: HashMap::new(),
+        }
+    }
+}
+
+impl<P> Ledger<P> {
+    /// The id the next request gets, for params that name their own request (an MCP
+    /// progress token).
+    pub fn next_id(&self) -> i64 {
+        self.next
+    }
+
+    /// A request waiting for its answer, for `purpose`: the message to send and its id.
+    /// A caller that cannot send it `withdraw`s the id.
+    pub fn request(&mut self, method: &str, params: Value, purpose: P) -> (i64, Message) {
+        let id = self.next;
+        self.next += 1;
+        self.pending.insert(id, purpose);
+        let message = Message::Request {
+            id: Id::Num(id),
+            method: method.to_owned(),
+            params,
+        };
+        (id, message)
+    }
+
+    /// What the answer with `id` is for, once: an id we never used, or one already answered
+    /// or withdrawn, is `None` (the peer's mistake or a late answer, to be dropped).
+    pub fn answer(&mut self, id: &Id) -> Option<(i64, P)> {
+        let Id::Num(id) = *id else {
+            return None;
+        };
+        self.pending.remove(&id).map(|purpose| (id, purpose))
+    }
+
+    /// Gives up waiting for request `id`; its purpose, if it still waited.
+    pub fn withdraw(&mut self, id: i64) -> Option<P> {
+        self.pending.remove(&id)
+    }
+
+    pub fn get(&self, id: i64) -> Option<&P> {
+        self.pending.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: i64) -> Option<&mut P> {
+        self.pending.get_mut(&id)
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        self.pending.contains_key(&id)
+    }
+
+    /// The waiting requests, in the order they were sent.
+    pub fn ids(&self, mut keep: impl FnMut(&P) -> bool) -> Vec<i64> {
+        let mut ids: Vec<i64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| keep(p))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Stops waiting for the requests `keep` refuses.
+    pub fn retain(&mut self, mut keep: impl FnMut(&P) -> bool) {
+        self.pending.retain(|_, p| keep(p));
+    }
+
+    /// Stops waiting for every request: their purposes, in the order they were sent. Ids
+    /// go on from where they were, so an answer that comes late matches nothing.
+    pub fn drain(&mut self) -> Vec<(i64, P)> {
+        let mut all: Vec<(i64, P)> = self.pending.drain().collect();
+        all.sort_unstable_by_key(|(id, _)| *id);
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ledger_matches_each_answer_to_its_request_once() {
+        let mut ledger = Ledger::default();
+        assert_eq!(ledger.next_id(), 1);
+        let (a, sent) = ledger.request("fs/read_text_file", json!({"path": "/x"}), "read");
+        let (b, _) = ledger.request("terminal/kill", Value::Null, "kill");
+        assert_eq!((a, b, ledger.next_id()), (1, 2, 3));
+        assert_eq!(
+            sent,
+            Message::Request {
+                id: Id::Num(1),
+                method: "fs/read_text_file".into(),
+                params: json!({"path": "/x"})
+            }
+        );
+        // Only our own numeric ids match; each answer is taken once.
+        assert_eq!(ledger.answer(&Id::Str("1".into())), None);
+        assert_eq!(ledger.answer(&Id::Null), None);
+        assert_eq!(ledger.answer(&Id::Num(2)), Some((2, "kill")));
+        assert_eq!(ledger.answer(&Id::Num(2)), None);
+        assert_eq!(ledger.answer(&Id::Num(9)), None);
+        assert!(ledger.contains(1));
+    }
+
+    #[test]
+    fn a_withdrawn_request_is_not_answered_and_its_id_is_not_reused() {
+        let mut ledger = Ledger::default();
+        let (a, _) = ledger.request("session/request_permission", json!({}), 'p');
+        assert_eq!(ledger.withdraw(a), Some('p'));
+        assert_eq!(ledger.withdraw(a), None);
+        assert_eq!(ledger.answer(&Id::Num(a)), None);
+        let (b, _) = ledger.request("session/request_permission", json!({}), 'q');
+        assert_ne!(a, b);
+        assert_eq!(ledger.get(b), Some(&'q'));
+        *ledger.get_mut(b).unwrap() = 'r';
+        assert_eq!(ledger.answer(&Id::Num(b)), Some((b, 'r')));
+    }
+
+    #[test]
+    fn the_ledger_lists_and_drains_in_the_order_sent() {
+        let mut ledger = Ledger::default();
+        for n in 0..20 {
+            ledger.request("tools/call", Value::Null, n);
+        }
+        assert_eq!(ledger.ids(|n| n % 5 == 0), vec![1, 6, 11, 16]);
+        ledger.retain(|n| n % 2 == 0);
+        let drained = ledger.drain();
+        assert_eq!(drained.len(), 10);
+        assert!(drained.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(drained[0], (1, 0));
+        assert_eq!(ledger.drain(), Vec::new());
+        // After a drain, ids go on: an answer to a drained request finds nothing new.
+        let (next, _) = ledger.request("ping", Value::Null, 99);
+        assert_eq!(next, 21);
+        assert_eq!(ledger.answer(&Id::Num(1)), None);
+    }
 
     #[test]
     fn a_session_notification_is_written_as_to_line_writes_it() {

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::jsonrpc::{self, Id, Message, RpcError};
+use crate::jsonrpc::{self, Ledger, Message, RpcError};
 use crate::model::types::ToolSpec;
 use crate::tools::ToolOutput;
 use crate::tools::mcp_name::{sanitize, server_part, tool_name};
@@ -68,8 +68,8 @@ pub enum Event {
 pub struct Client {
     server: String,
     phase: Phase,
-    next_id: i64,
-    pending: HashMap<i64, Pending>,
+    /// Our requests to the server, each with what its answer is for.
+    pending: Ledger<Pending>,
     pages: usize,
     tools: Vec<ToolSpec>,
     /// The list being read after `list_changed`: it replaces `tools` when complete, so a
@@ -95,8 +95,7 @@ impl Client {
         let mut client = Client {
             server: server.to_owned(),
             phase: Phase::Starting,
-            next_id: 1,
-            pending: HashMap::new(),
+            pending: Ledger::default(),
             pages: 0,
             tools: Vec::new(),
             relist: None,
@@ -157,7 +156,7 @@ impl Client {
         }
         self.relist_again = false;
         // Once `Ready`, every `tools/list` in flight is a re-list's.
-        self.pending.retain(|_, p| !matches!(p, Pending::List));
+        self.pending.retain(|p| !matches!(p, Pending::List));
         true
     }
 
@@ -197,17 +196,13 @@ impl Client {
     }
 
     fn send_request(&mut self, method: &str, params: Value, pending: Pending) -> Option<i64> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let sent = self.send(&Message::Request {
-            id: Id::Num(id),
-            method: method.to_owned(),
-            params,
-        });
-        sent.then(|| {
-            self.pending.insert(id, pending);
-            id
-        })
+        let (id, request) = self.pending.request(method, params, pending);
+        if self.send(&request) {
+            Some(id)
+        } else {
+            self.pending.withdraw(id);
+            None
+        }
     }
 
     /// Calls a tool by its model-facing name: the request's id, or the answer for a call
@@ -240,7 +235,7 @@ impl Client {
         } else {
             json!({})
         };
-        let id = self.next_id;
+        let id = self.pending.next_id();
         self.send_request(
             "tools/call",
             json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": id}}),
@@ -259,7 +254,7 @@ impl Client {
 
     /// When call `id` was sent or last reported progress; `None` once it is answered.
     pub fn call_active_since(&self, id: i64) -> Option<Instant> {
-        match self.pending.get(&id) {
+        match self.pending.get(id) {
             Some(Pending::Call { active, .. }) => Some(*active),
             _ => None,
         }
@@ -267,7 +262,7 @@ impl Client {
 
     /// Whether request `id` still waits for its answer.
     pub fn is_pending(&self, id: i64) -> bool {
-        self.pending.contains_key(&id)
+        self.pending.contains(id)
     }
 
     /// Whether `model_name` is named for this server (`mcp__<server>__…`), offered or not.
@@ -278,7 +273,7 @@ impl Client {
     /// Gives up on call `id`: the server is told with `notifications/cancelled` and its late
     /// answer is ignored. The call's key, if it was still open.
     pub fn cancel(&mut self, id: i64, reason: &str) -> Option<CallKey> {
-        let Some(Pending::Call { key, .. }) = self.pending.remove(&id) else {
+        let Some(Pending::Call { key, .. }) = self.pending.withdraw(id) else {
             return None;
         };
         self.send(&jsonrpc::notification(
@@ -290,16 +285,8 @@ impl Client {
 
     /// The open calls of run `run`, by request id.
     pub fn calls_of(&self, run: u64) -> Vec<i64> {
-        let mut ids: Vec<i64> = self
-            .pending
-            .iter()
-            .filter_map(|(id, p)| match p {
-                Pending::Call { key, .. } if key.run == run => Some(*id),
-                _ => None,
-            })
-            .collect();
-        ids.sort_unstable();
-        ids
+        self.pending
+            .ids(|p| matches!(p, Pending::Call { key, .. } if key.run == run))
     }
 
     /// The server is gone (its output ended, it was killed, its session ended): every open
@@ -313,9 +300,7 @@ impl Client {
         if self.failure.is_none() {
             self.failure = Some(why.to_owned());
         }
-        let mut calls: Vec<(i64, Pending)> = self.pending.drain().collect();
-        calls.sort_by_key(|c| c.0);
-        for (_, pending) in calls {
+        for (_, pending) in self.pending.drain() {
             if let Pending::Call { key, .. } = pending {
                 events.push(Event::CallDone {
                     key,
@@ -345,14 +330,10 @@ impl Client {
 
     fn on_message(&mut self, message: Message) -> Vec<Event> {
         match message {
-            Message::Response {
-                id: Id::Num(id),
-                result,
-            } => match self.pending.remove(&id) {
-                Some(pending) => self.on_response(pending, result),
+            Message::Response { id, result } => match self.pending.answer(&id) {
+                Some((_, pending)) => self.on_response(pending, result),
                 None => Vec::new(),
             },
-            Message::Response { .. } => Vec::new(),
             Message::Request { id, method, .. } => {
                 // We offer no client features (roots, sampling, elicitation); a ping is
                 // answered.
@@ -368,7 +349,7 @@ impl Client {
                 "notifications/progress" => {
                     let token = params.get("progressToken").and_then(Value::as_i64);
                     if let Some(Pending::Call { active, .. }) =
-                        token.and_then(|t| self.pending.get_mut(&t))
+                        token.and_then(|t| self.pending.get_mut(t))
                     {
                         *active = Instant::now();
                     }

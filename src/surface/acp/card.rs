@@ -1,7 +1,9 @@
 //! Tool-call cards: how a tool call looks in an editor. From a tool's row in `tools::table`
 //! and a call's input this derives the ACP `kind`, a title, the file `locations` and `diff`
-//! content, and it finds the moment a streamed input is complete. Pure functions; the only
-//! I/O is a bounded read of the file a whole-file write would replace, for its diff.
+//! content, and it finds the moment a streamed input is complete; and what a call's output
+//! shows (its images, a `TodoWrite` plan), live (`updates`) and replayed (`convo`) alike.
+//! Pure functions; the only I/O is a bounded read of the file a whole-file write would
+//! replace, for its diff.
 
 use std::io::Read as _;
 use std::path::Path;
@@ -10,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::tools::fs::resolve_path;
 use crate::tools::table::{self, Diff, Kind, text_field};
+use crate::tools::todo::{Todo, TodoStatus};
 
 /// A diff larger than this (old and new text together) is left out of the card: the result
 /// text still says what changed, and a frame this size would choke some clients.
@@ -190,6 +193,30 @@ impl JsonEnd {
         }
         false
     }
+}
+
+/// An image as ACP tool-call content (a `content` item holding an `image` block), from an
+/// image block in upstream's shape (`source.media_type`, `source.data`).
+pub(super) fn image_content(block: &Value) -> Value {
+    let source = block.get("source").unwrap_or(&Value::Null);
+    json!({"type": "content", "content": {"type": "image", "mimeType": source["media_type"],
+                                           "data": source["data"]}})
+}
+
+/// A `TodoWrite` plan as ACP's `plan` update: the whole list, which the editor shows in place
+/// of the last one. ACP has no `cancelled` status and upstream's items no priority, so
+/// cancelled items are left out (a plan shows what is still meant to happen) and every
+/// entry is `medium`.
+pub(super) fn plan_update(todos: &[Todo]) -> Value {
+    let entries: Vec<Value> = todos
+        .iter()
+        .filter(|todo| todo.status != TodoStatus::Cancelled)
+        .map(|todo| {
+            json!({"content": todo.content, "priority": "medium",
+                   "status": todo.status.as_str()})
+        })
+        .collect();
+    json!({"sessionUpdate": "plan", "entries": entries})
 }
 
 #[cfg(test)]

@@ -10,10 +10,10 @@ use std::collections::BTreeSet;
 use super::delegate::ClientCaps;
 use super::prompt::PromptState;
 use super::{AcpKey, AcpServe};
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::surface::host::Cx;
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// The client's connection closed. Its prompts are no longer answered (a turn in flight
     /// runs on), its permission and delegated requests are dropped (a surfaced prompt stays
     /// with the core, which denies it after the permission timeout unless a client that
@@ -21,7 +21,7 @@ impl AcpServe {
     /// client loads that session again, so no update goes to a client that has not asked
     /// for the session.
     pub(crate) fn client_gone(&mut self) {
-        self.pending.clear();
+        self.pending.drain();
         self.caps = ClientCaps::default();
         for session in self.sessions.values_mut() {
             session.asked = None;
@@ -35,7 +35,7 @@ impl AcpServe {
     /// Asks the client about any prompt surfaced for a linked run that it has not been
     /// asked about (after `session/load` linked a run whose prompt came while no client was
     /// there). Idempotent: a prompt already asked is left alone.
-    pub(crate) fn ask_pending(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn ask_pending(&mut self, ctx: &mut Cx<AcpKey<H>>) {
         let linked: BTreeSet<RunId> = self.runs.keys().copied().collect();
         self.sync_permissions(ctx, &linked);
     }

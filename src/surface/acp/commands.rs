@@ -1,27 +1,83 @@
 //! What an editor shows around the conversation: the slash commands
 //! (`available_commands_update`; `/compact`, `/model`, `/mode` and one per permission mode),
-//! the session's config options (permission mode, model, thinking effort), its title
+//! the choices of the session's config options (permission modes, sandboxes, thinking
+//! efforts; `session` builds the options from them and the session), its title
 //! (`session_info_update`), and the commands that are answered here without a model turn.
-//! `/compact` is not one of those: it goes to the run (`prompt`).
+//! `/compact` is not one of those: it goes to the run (`prompt`). It knows no `Session`, so
+//! `session` and `prompt` both build on it.
 
 use serde_json::{Value, json};
 
-use super::session::{MODES, SANDBOXES, Session};
 use super::{AcpKey, AcpServe, invalid_params, unknown_session};
+use crate::engine::HostKey;
 use crate::jsonrpc::{Id, RpcError};
 use crate::model::types::Effort;
 use crate::permissions::Mode;
+use crate::sandbox::Mode as SandboxMode;
 use crate::surface::host::Cx;
 
 /// The longest title a session gets from its first prompt.
 pub(super) const MAX_TITLE_CHARS: usize = 80;
 
 /// `thought_level` values, in the order the editor lists them; `off` asks for nothing.
-const EFFORTS: [(&str, &str); 4] = [
+pub(super) const EFFORTS: [(&str, &str); 4] = [
     ("off", "No extended thinking"),
     ("low", "Think briefly"),
     ("medium", "Think"),
     ("high", "Think hard"),
+];
+
+/// The permission modes a session can be switched to, as `session/new` advertises them.
+pub(super) const MODES: [(Mode, &str, &str); 5] = [
+    (
+        Mode::Default,
+        "Default",
+        "Ask before running commands and changing files",
+    ),
+    (
+        Mode::AcceptEdits,
+        "Accept edits",
+        "Change files in the workspace without asking; still ask for commands",
+    ),
+    (
+        Mode::Plan,
+        "Plan",
+        "Read only: look around and plan, change nothing",
+    ),
+    (
+        Mode::DontAsk,
+        "Don't ask",
+        "Run whatever would ask, without asking; deny rules still deny",
+    ),
+    (
+        Mode::BypassPermissions,
+        "Bypass permissions",
+        "Skip every permission check, deny rules included",
+    ),
+];
+
+/// What each sandbox mode lets commands do, as a select option describes it.
+pub(super) const SANDBOXES: [(SandboxMode, &str, &str); 4] = [
+    (
+        SandboxMode::ReadOnly,
+        "Read-only",
+        "Commands read the machine but write nothing",
+    ),
+    (
+        SandboxMode::WorkspaceWrite,
+        "Workspace",
+        "Commands write only in the workspace and temp directories, with no network",
+    ),
+    (
+        SandboxMode::Network,
+        "Workspace and network",
+        "Commands write in the workspace and reach the network over TCP",
+    ),
+    (
+        SandboxMode::Off,
+        "Unsandboxed",
+        "Commands run with your full rights",
+    ),
 ];
 
 /// A slash command typed as a prompt.
@@ -76,7 +132,7 @@ pub(super) fn title_of(prompt: &str) -> String {
         .collect()
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// After `session/new`, `load` or `resume` is answered: the commands the editor
     /// completes after `/`, and the title of a session that has one.
     pub(super) fn announce_session(&mut self, sid: &str, title: Option<String>) {
@@ -93,56 +149,11 @@ impl AcpServe {
         }
     }
 
-    /// The session's config options: the permission mode, the model (among the configured
-    /// ones, `settings.models`) and the thinking effort. Always the complete list.
-    pub(super) fn config_options(&self, ctx: &Cx<AcpKey>, session: &Session) -> Value {
-        let mut models = ctx.core.config().models.clone();
-        if !models.contains(&session.model) {
-            models.push(session.model.clone());
-        }
-        let effort = session.effort.map_or("off", Effort::as_str);
-        let server = ctx.core.config().policy.sandbox();
-        json!([
-            {
-                "id": "mode", "name": "Mode",
-                "description": "What caliban may do without asking",
-                "category": "mode", "type": "select", "currentValue": session.mode.as_str(),
-                "options": MODES.iter().map(|(mode, name, description)| json!({
-                    "value": mode.as_str(), "name": name, "description": description}))
-                    .collect::<Vec<_>>(),
-            },
-            {
-                "id": "model", "name": "Model", "description": "The model the agent uses",
-                "category": "model", "type": "select", "currentValue": session.model,
-                "options": models.iter().map(|m| json!({"value": m, "name": m}))
-                    .collect::<Vec<_>>(),
-            },
-            {
-                "id": "thought_level", "name": "Thinking",
-                "description": "How much the model thinks before answering",
-                "category": "thought_level", "type": "select", "currentValue": effort,
-                "options": EFFORTS.iter().map(|(value, name)| json!({
-                    "value": value, "name": name})).collect::<Vec<_>>(),
-            },
-            {
-                // The server's sandbox or a stricter one: an editor may narrow it, never
-                // widen it.
-                "id": "sandbox", "name": "Sandbox",
-                "description": "What commands may do once allowed to run",
-                "type": "select", "currentValue": session.sandbox.as_str(),
-                "options": SANDBOXES.iter().filter(|(mode, ..)| mode.is_within(server))
-                    .map(|(mode, name, description)| json!({
-                        "value": mode.as_str(), "name": name, "description": description}))
-                    .collect::<Vec<_>>(),
-            },
-        ])
-    }
-
     /// Sets the session's model (`Some`) and/or effort; the live run's next request uses
     /// them, and so does every later run of the session.
     pub(super) fn set_model(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         model: Option<&str>,
         effort: Option<&str>,
@@ -181,7 +192,7 @@ impl AcpServe {
     /// the updates an editor keeps its selectors in step with.
     pub(super) fn run_command(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &Id,
         sid: &str,
         command: Command,

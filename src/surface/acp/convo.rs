@@ -7,11 +7,11 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::call_ids::CallIds;
+use super::card::{self, OldText};
 use crate::agent::compact;
 use crate::log;
 use crate::model::types::{ContentBlock, MAX_IMAGES, Message, Role};
-use crate::surface::acp::call_ids::CallIds;
-use crate::surface::acp::card::{self, OldText};
 use crate::tools::table;
 
 /// The user text of a `session/prompt` and its images: text blocks as they are, mentions
@@ -115,14 +115,6 @@ fn text_content(text: &str) -> Value {
     json!({"type": "content", "content": {"type": "text", "text": text}})
 }
 
-/// An image as ACP tool-call content (a `content` item holding an `image` block), from an
-/// image block in upstream's shape (`source.media_type`, `source.data`).
-pub(super) fn image_content(block: &Value) -> Value {
-    let source = block.get("source").unwrap_or(&Value::Null);
-    json!({"type": "content", "content": {"type": "image", "mimeType": source["media_type"],
-                                           "data": source["data"]}})
-}
-
 /// The image blocks among a tool result's content, as ACP tool-call content.
 fn result_images(content: &Value) -> impl Iterator<Item = Value> + '_ {
     content
@@ -130,7 +122,7 @@ fn result_images(content: &Value) -> impl Iterator<Item = Value> + '_ {
         .into_iter()
         .flatten()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("image"))
-        .map(image_content)
+        .map(card::image_content)
 }
 
 /// The `session/update`s that replay a conversation: user and agent text, thoughts, and one
@@ -184,7 +176,7 @@ pub fn replay(
                 // The plan a compaction carried over, shown as the live session last showed it.
                 ("user", Some("text")) if carried_plan.is_some() => {
                     let todos = carried_plan.unwrap_or_default();
-                    updates.push(super::updates::plan_update(&todos));
+                    updates.push(card::plan_update(&todos));
                 }
                 ("user", Some("image")) => {
                     let source = block.get("source").unwrap_or(&Value::Null);
@@ -251,7 +243,7 @@ pub fn replay(
                     if table::lookup(name).is_some_and(|t| matches!(t.runs, table::Runs::Plan(_)))
                         && let Ok(todos) = crate::tools::todo::parse_input(&input)
                     {
-                        updates.push(super::updates::plan_update(&todos));
+                        updates.push(card::plan_update(&todos));
                     }
                 }
                 _ => {}

@@ -9,17 +9,24 @@
 
 use serde_json::{Value, json};
 
+use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
+use crate::engine::HostKey;
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::mcp_client::{Approval, ServerId, config};
 use crate::surface::host::Cx;
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Starts the servers a `session/new`, `session/load` or `session/resume` names; they
     /// replace the session's earlier ones. Without `mcpServers` the session keeps its own.
-    pub(super) fn connect_servers(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, params: &Value) {
-        let Some(list) = params.get("mcpServers") else {
+    pub(super) fn connect_servers(
+        &mut self,
+        ctx: &mut Cx<AcpKey<H>>,
+        sid: &str,
+        servers: Option<&[Value]>,
+    ) {
+        let Some(list) = servers else {
             return;
         };
         let Some(session) = self.sessions.get_mut(sid) else {
@@ -28,7 +35,6 @@ impl AcpServe {
         let old = std::mem::take(&mut session.mcp);
         let cwd = session.cwd.clone();
         Self::stop_servers(ctx, old);
-        let list = list.as_array().map(Vec::as_slice).unwrap_or_default();
         let (configs, warnings) = config::parse_array(list, config::Origin::Client);
         for warning in warnings {
             log::warn(&warning);
@@ -48,7 +54,7 @@ impl AcpServe {
     /// reject" records that too, so later starts do not ask. An approved
     /// server joins the live runs from their next turn (`HostAction::McpApproved`); a turn
     /// already under way when the answer comes goes on without it.
-    pub(super) fn ask_server_approvals(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
+    pub(super) fn ask_server_approvals(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str) {
         for server in ctx.mcp_awaiting() {
             if !self.approvals_asked.insert(server.name.clone()) {
                 continue;
@@ -89,20 +95,16 @@ impl AcpServe {
     /// The editor's answer about a workspace server; its card says what became of it.
     pub(super) fn on_server_approval(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         server: &str,
         card: &str,
         answer: Result<Value, RpcError>,
     ) {
-        let outcome = answer.as_ref().ok().map(|v| &v["outcome"]);
-        let chosen = outcome
-            .filter(|o| o["outcome"] == "selected")
-            .and_then(|o| o["optionId"].as_str());
-        let decision = match chosen {
-            Some("allow") => Approval::Once,
-            Some("allow_always") => Approval::Always,
-            Some("reject_always") => Approval::RefusedAlways,
+        let decision = match answer.as_ref().map(Outcome::decode) {
+            Ok(Outcome::Selected("allow")) => Approval::Once,
+            Ok(Outcome::Selected("allow_always")) => Approval::Always,
+            Ok(Outcome::Selected("reject_always")) => Approval::RefusedAlways,
             _ => Approval::Refused,
         };
         if let Err(e) = ctx.mcp_decide(server, decision) {
@@ -155,7 +157,7 @@ impl AcpServe {
 
     /// Stops servers (their process groups killed, their HTTP sessions dropped); their
     /// calls in flight are answered as failed.
-    pub(super) fn stop_servers(ctx: &mut Cx<AcpKey>, servers: Vec<ServerId>) {
+    pub(super) fn stop_servers(ctx: &mut Cx<AcpKey<H>>, servers: Vec<ServerId>) {
         for id in servers {
             ctx.mcp_stop(id);
         }

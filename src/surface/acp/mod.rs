@@ -17,13 +17,18 @@
 //! callbacks (`on_await_input`, `on_finished`), so cancels and permission answers are read
 //! while it runs.
 //!
-//! One module per concern: `session` (the registry and the session requests), `prompt`
-//! (the prompt lifecycle), `permission` (permission prompts and "always" rules), `updates`
-//! (events as `session/update`s and tool-call cards), `tasks` (where a tool call runs, and
-//! the calls the editor carries out), `mcp` (the session's MCP servers, and the editor's
-//! approval of the workspace's), `outbox` (the ordered frames), `client` (a client that
-//! goes away and comes back). This file holds the server's state, the dispatch of the
-//! client's messages and the `Surface` callbacks.
+//! One module per concern, each adding its part of `AcpServe` and importing only rooms
+//! listed before it: `call_ids` (session-unique tool-call ids on the wire), `card` (how a tool
+//! call and its output look in an editor), `delegate` (the sans-IO machine of calls the
+//! editor carries out), `outbox` (the ordered frames), `convo` (prompt content in, history
+//! out and replayed), `params` (each method's params, decoded once), `commands` (slash
+//! commands, config choices, titles), `updates` (events as `session/update`s and tool-call
+//! cards), `permission` (permission prompts and "always" rules), `tasks` (where a tool call
+//! runs, and the calls the editor carries out), `prompt` (the prompt lifecycle), `mcp` (the
+//! session's MCP servers, and the editor's approval of the workspace's), `client` (a client
+//! that goes away and comes back), `session` (the registry and the session requests). This
+//! file holds the server's state, the dispatch of the client's messages and the `Surface`
+//! callbacks.
 
 mod call_ids;
 mod card;
@@ -33,6 +38,7 @@ mod convo;
 mod delegate;
 mod mcp;
 mod outbox;
+mod params;
 mod permission;
 mod prompt;
 mod session;
@@ -40,14 +46,15 @@ mod tasks;
 mod updates;
 
 use std::collections::{BTreeSet, HashMap};
+use std::marker::PhantomData;
 
 use serde_json::{Value, json};
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::DriveCore;
-use crate::engine::{Engine, HostAction, RetryNotice, RunId, ToolPlacement};
-use crate::jsonrpc::{self, Id, Message, RpcError, notification};
+use crate::engine::{Engine, HostAction, HostKey, RetryNotice, RunId, ToolPlacement};
+use crate::jsonrpc::{self, Id, Ledger, Message, RpcError, notification};
 use crate::log;
 use crate::reactor::Signal;
 use crate::stdio::StdinItem;
@@ -67,12 +74,13 @@ pub const AUTH_REQUIRED: i64 = -32000;
 /// The session-header field that ties a run to its ACP session.
 pub const SESSION_FIELD: &str = "acp_session";
 /// What this surface registers on the loop: deadlines of delegated calls (numbered by
-/// `AcpServe::next_timer`); and the networked agent's connections (`Net`, handled there).
+/// `AcpServe::next_timer`); and `Host`, the keys of a surface that serves this one inside
+/// its own (the networked agent's connections), which it handles before they reach here.
 /// The sessions' MCP servers are the engine's (`mcp_client`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AcpKey {
+pub enum AcpKey<H> {
     Task(u64),
-    Net(crate::surface::agent::NetKey),
+    Host(H),
 }
 
 /// Serves ACP on stdin/stdout until stdin closes or a signal arrives. Runs still going are
@@ -81,8 +89,11 @@ pub enum AcpKey {
 /// `provider_problem` says why no model can be reached (none configured): the agent still
 /// answers `initialize`, lists and loads sessions, and refuses `session/new` and prompts
 /// with that message, so the editor shows it instead of a crashed agent.
-pub fn run(
-    mut engine: Engine<Key<AcpKey>>,
+///
+/// `H` is the host slot of the keys (`AcpKey::Host`): nothing comes back on it here, and the
+/// caller picks the one the networked agent uses, so both compile to one engine and one ACP.
+pub fn run<H: HostKey>(
+    mut engine: Engine<Key<AcpKey<H>>>,
     core: DriveCore,
     provider_problem: Option<String>,
 ) -> u8 {
@@ -121,7 +132,7 @@ enum Pending {
     Ignore,
 }
 
-pub struct AcpServe {
+pub struct AcpServe<H> {
     caps: ClientCaps,
     /// The client shows `notice` updates (`clientCapabilities.session.notices`).
     notices: bool,
@@ -133,8 +144,8 @@ pub struct AcpServe {
     /// The session of each run this process started and still runs.
     runs: HashMap<RunId, String>,
     outbox: Outbox,
-    next_request: i64,
-    pending: HashMap<i64, Pending>,
+    /// Our requests to the client, each with what its answer is for.
+    pending: Ledger<Pending>,
     /// Delegated calls' deadlines: timer key → (session, tool call).
     timers: HashMap<u64, (String, String)>,
     next_timer: u64,
@@ -143,6 +154,8 @@ pub struct AcpServe {
     provider_problem: Option<String>,
     /// Workspace MCP servers the editor was asked about (once per server per process).
     approvals_asked: BTreeSet<String>,
+    /// Only the keys carry `H`; no state of this surface is the host's.
+    host: PhantomData<H>,
 }
 
 fn invalid_params(message: impl Into<String>) -> RpcError {
@@ -153,15 +166,8 @@ fn unknown_session(id: &str) -> RpcError {
     RpcError::new(RESOURCE_NOT_FOUND, format!("unknown sessionId: {id}"))
 }
 
-fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
-    params
-        .get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid_params(format!("`{key}` is required and must be a string")))
-}
-
-impl AcpServe {
-    pub(crate) fn new() -> AcpServe {
+impl<H: HostKey> AcpServe<H> {
+    pub(crate) fn new() -> AcpServe<H> {
         AcpServe {
             caps: ClientCaps::default(),
             notices: false,
@@ -170,13 +176,13 @@ impl AcpServe {
             sessions: HashMap::new(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
-            next_request: 1,
-            pending: HashMap::new(),
+            pending: Ledger::default(),
             timers: HashMap::new(),
             next_timer: 0,
             quitting: false,
             provider_problem: None,
             approvals_asked: BTreeSet::new(),
+            host: PhantomData,
         }
     }
 
@@ -190,14 +196,8 @@ impl AcpServe {
     }
 
     fn request(&mut self, method: &str, params: Value, pending: Pending) -> i64 {
-        let id = self.next_request;
-        self.next_request += 1;
-        self.pending.insert(id, pending);
-        self.outbox.frame(Message::Request {
-            id: Id::Num(id),
-            method: method.to_owned(),
-            params,
-        });
+        let (id, message) = self.pending.request(method, params, pending);
+        self.outbox.frame(message);
         id
     }
 
@@ -206,7 +206,7 @@ impl AcpServe {
     }
 
     fn withdraw(&mut self, request: i64) {
-        self.pending.remove(&request);
+        self.pending.withdraw(request);
         self.outbox.frame(notification(
             "$/cancel_request",
             json!({"requestId": request}),
@@ -215,7 +215,7 @@ impl AcpServe {
 
     // ---- the client's messages -----------------------------------------------------------
 
-    fn on_line(&mut self, ctx: &mut Cx<AcpKey>, line: &[u8]) {
+    fn on_line(&mut self, ctx: &mut Cx<AcpKey<H>>, line: &[u8]) {
         match jsonrpc::parse(line) {
             Ok(None) => {}
             Ok(Some(Message::Request { id, method, params })) => {
@@ -229,40 +229,15 @@ impl AcpServe {
         }
     }
 
-    fn on_request(&mut self, ctx: &mut Cx<AcpKey>, id: Id, method: &str, params: &Value) {
-        let result = match method {
-            "initialize" => self.initialize(params),
-            "authenticate" => Ok(json!({})),
-            "session/new" => self
-                .needs_model()
-                .and_then(|()| self.new_session(ctx, params)),
-            "session/load" => self.open_session(ctx, params, true),
-            "session/resume" => self.open_session(ctx, params, false),
-            "session/list" => self.list_sessions(ctx.core, params),
-            "session/close" => self.close_session(ctx, params),
-            "session/delete" => self.delete_session(ctx, params),
-            "session/set_mode" => self.set_mode(ctx, params).map(|()| json!({})),
-            "session/set_config_option" => self.set_config_option(ctx, params),
-            "session/prompt" => match self
-                .needs_model()
-                .and_then(|()| self.prompt(ctx, &id, params))
-            {
-                // Answered when the turn ends.
-                Ok(()) => return,
-                Err(e) => Err(e),
-            },
-            _ => Err(RpcError::method_not_found(method)),
-        };
+    fn on_request(&mut self, ctx: &mut Cx<AcpKey<H>>, id: Id, method: &str, params: &Value) {
         // A session just opened gets its commands and title after the answer (Zed drops
         // updates for a session it does not know yet).
-        let opened = match (method, &result) {
-            ("session/new", Ok(answer)) => {
-                answer["sessionId"].as_str().map(|s| (s.to_owned(), None))
-            }
-            ("session/load" | "session/resume", Ok(_)) => params["sessionId"]
-                .as_str()
-                .map(|s| (s.to_owned(), AcpServe::stored_title(ctx.core, s))),
-            _ => None,
+        let mut opened = None;
+        let result = match self.answer(ctx, &id, method, params, &mut opened) {
+            // Answered when the turn ends.
+            Ok(None) => return,
+            Ok(Some(answer)) => Ok(answer),
+            Err(e) => Err(e),
         };
         self.reply(id, result);
         if let Some((sid, title)) = opened {
@@ -271,17 +246,63 @@ impl AcpServe {
         }
     }
 
-    fn on_notification(&mut self, ctx: &mut Cx<AcpKey>, method: &str, params: &Value) {
+    /// A request's answer, `None` for one answered later (a prompt); `opened` is set to the
+    /// session (and its stored title) a request opened.
+    fn answer(
+        &mut self,
+        ctx: &mut Cx<AcpKey<H>>,
+        id: &Id,
+        method: &str,
+        params: &Value,
+        opened: &mut Option<(String, Option<String>)>,
+    ) -> Result<Option<Value>, RpcError> {
+        let answer = match method {
+            "initialize" => self.initialize(params::Initialize::decode(params)?),
+            "authenticate" => json!({}),
+            "session/new" => {
+                self.needs_model()?;
+                let answer = self.new_session(ctx, params::NewSession::decode(params)?)?;
+                *opened = answer["sessionId"].as_str().map(|s| (s.to_owned(), None));
+                answer
+            }
+            "session/load" | "session/resume" => {
+                let open = params::OpenSession::decode(params)?;
+                let sid = open.session_id;
+                let answer = self.open_session(ctx, open, method == "session/load")?;
+                *opened = Some((sid.to_owned(), Self::stored_title(ctx.core, sid)));
+                answer
+            }
+            "session/list" => self.list_sessions(ctx.core, params::ListSessions::decode(params)),
+            "session/close" => self.close_session(ctx, params::session_id(params)?)?,
+            "session/delete" => self.delete_session(ctx, params::session_id(params)?)?,
+            "session/set_mode" => {
+                self.set_mode(ctx, params::SetMode::decode(params)?)?;
+                json!({})
+            }
+            "session/set_config_option" => {
+                self.set_config_option(ctx, params::SetConfigOption::decode(params)?)?
+            }
+            "session/prompt" => {
+                self.needs_model()?;
+                self.prompt(ctx, id, params::Prompt::decode(params)?)?;
+                return Ok(None);
+            }
+            _ => return Err(RpcError::method_not_found(method)),
+        };
+        Ok(Some(answer))
+    }
+
+    fn on_notification(&mut self, ctx: &mut Cx<AcpKey<H>>, method: &str, params: &Value) {
         match method {
             "session/cancel" => {
-                if let Some(session) = params.get("sessionId").and_then(Value::as_str) {
+                if let Some(session) = params::cancelled_session(params) {
                     let session = session.to_owned();
                     self.cancel_turn(ctx, &session);
                 }
             }
             // The client withdraws one of its requests: for a prompt, that is a cancel.
             "$/cancel_request" => {
-                let Some(request) = params.get("requestId") else {
+                let Some(request) = params::withdrawn_request(params) else {
                     return;
                 };
                 let found = self
@@ -298,11 +319,8 @@ impl AcpServe {
         }
     }
 
-    fn on_response(&mut self, ctx: &mut Cx<AcpKey>, id: &Id, result: Result<Value, RpcError>) {
-        let Id::Num(id) = *id else {
-            return;
-        };
-        let Some(pending) = self.pending.remove(&id) else {
+    fn on_response(&mut self, ctx: &mut Cx<AcpKey<H>>, id: &Id, result: Result<Value, RpcError>) {
+        let Some((id, pending)) = self.pending.answer(id) else {
             return;
         };
         match pending {
@@ -326,21 +344,11 @@ impl AcpServe {
         }
     }
 
-    fn initialize(&mut self, params: &Value) -> Result<Value, RpcError> {
-        if !params.get("protocolVersion").is_some_and(Value::is_u64) {
-            return Err(invalid_params(
-                "`protocolVersion` is required and must be an integer",
-            ));
-        }
-        let caps = &params["clientCapabilities"];
-        self.caps = ClientCaps {
-            read: caps["fs"]["readTextFile"] == true,
-            write: caps["fs"]["writeTextFile"] == true,
-            terminal: caps["terminal"] == true,
-        };
-        self.notices = caps["session"]["notices"].is_object();
-        self.compaction = caps["session"]["compaction"].is_object();
-        Ok(json!({
+    fn initialize(&mut self, params: params::Initialize) -> Value {
+        self.caps = params.caps;
+        self.notices = params.notices;
+        self.compaction = params.compaction;
+        json!({
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": true,
@@ -350,12 +358,12 @@ impl AcpServe {
             },
             "authMethods": [],
             "agentInfo": {"name": "caliban", "title": "Caliban", "version": crate::cli::VERSION},
-        }))
+        })
     }
 
     /// Stdin closed or a signal came: every run is cancelled (its tools killed) and the loop
     /// ends once the answers are written.
-    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey>) {
+    pub(crate) fn shutdown(&mut self, ctx: &mut Cx<AcpKey<H>>) {
         if self.quitting {
             return;
         }
@@ -378,23 +386,23 @@ impl AcpServe {
     }
 }
 
-impl Surface for AcpServe {
-    type Key = AcpKey;
+impl<H: HostKey> Surface for AcpServe<H> {
+    type Key = AcpKey<H>;
 
-    fn on_event(&mut self, ctx: &mut Cx<AcpKey>, run: RunId, event: &TurnEvent) {
+    fn on_event(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId, event: &TurnEvent) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             self.translate(ctx, &sid, event);
         }
     }
 
-    fn on_ask(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
+    fn on_ask(&mut self, _ctx: &mut Cx<AcpKey<H>>, run: RunId, call: &ToolCall) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             let wire = self.wire_id(&sid, &call.id);
             self.show_input(&sid, &wire, &call.input);
         }
     }
 
-    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+    fn on_retry(&mut self, _ctx: &mut Cx<AcpKey<H>>, run: RunId, notice: &RetryNotice) {
         if let Some(sid) = self.runs.get(&run).cloned() {
             self.show_retry(&sid, notice);
         }
@@ -402,7 +410,7 @@ impl Surface for AcpServe {
 
     fn on_compaction_started(
         &mut self,
-        _ctx: &mut Cx<AcpKey>,
+        _ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         trigger: crate::agent::compact::Trigger,
     ) {
@@ -413,7 +421,7 @@ impl Surface for AcpServe {
 
     fn on_tool_start(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         call: &ToolCall,
         confined: bool,
@@ -421,15 +429,15 @@ impl Surface for AcpServe {
         self.place_tool(ctx, run, call, confined)
     }
 
-    fn on_await_input(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {
+    fn on_await_input(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId) {
         self.on_turn_end(ctx, run);
     }
 
-    fn on_finished(&mut self, ctx: &mut Cx<AcpKey>, run: RunId, why: &StopCondition) {
+    fn on_finished(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId, why: &StopCondition) {
         self.on_run_finished(ctx, run, why);
     }
 
-    fn on_stdin(&mut self, ctx: &mut Cx<AcpKey>, item: StdinItem) {
+    fn on_stdin(&mut self, ctx: &mut Cx<AcpKey<H>>, item: StdinItem) {
         match item {
             StdinItem::Line(line) => self.on_line(ctx, &line),
             StdinItem::Oversized => self.reply(
@@ -443,23 +451,104 @@ impl Surface for AcpServe {
         }
     }
 
-    fn on_signal(&mut self, ctx: &mut Cx<AcpKey>, signal: Signal) {
+    fn on_signal(&mut self, ctx: &mut Cx<AcpKey<H>>, signal: Signal) {
         log::info(&format!("{signal:?}: cancelling runs and shutting down"));
         self.shutdown(ctx);
     }
 
-    fn on_timer(&mut self, ctx: &mut Cx<AcpKey>, key: AcpKey) {
+    fn on_timer(&mut self, ctx: &mut Cx<AcpKey<H>>, key: AcpKey<H>) {
         match key {
             AcpKey::Task(key) => self.on_task_deadline(ctx, key),
-            AcpKey::Net(_) => {}
+            AcpKey::Host(_) => {}
         }
     }
 
-    fn after_batch(&mut self, ctx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+    fn after_batch(&mut self, ctx: &mut Cx<AcpKey<H>>, changed: &BTreeSet<RunId>) {
         self.sync_permissions(ctx, changed);
     }
 
     fn write_output(&mut self, out: &mut Vec<u8>) {
         self.outbox.write_to(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The rooms low to high, as the module doc lists them, with their source.
+    const ROOMS: [(&str, &str); 14] = [
+        ("call_ids", include_str!("call_ids.rs")),
+        ("card", include_str!("card.rs")),
+        ("delegate", include_str!("delegate.rs")),
+        ("outbox", include_str!("outbox.rs")),
+        ("convo", include_str!("convo.rs")),
+        ("params", include_str!("params.rs")),
+        ("commands", include_str!("commands.rs")),
+        ("updates", include_str!("updates.rs")),
+        ("permission", include_str!("permission.rs")),
+        ("tasks", include_str!("tasks.rs")),
+        ("prompt", include_str!("prompt.rs")),
+        ("mcp", include_str!("mcp.rs")),
+        ("client", include_str!("client.rs")),
+        ("session", include_str!("session.rs")),
+    ];
+
+    /// Every room this file declares is listed (a new one must take its place in the order).
+    #[test]
+    fn every_room_is_in_the_order() {
+        let declared: Vec<&str> = include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+            .filter(|room| *room != "tests")
+            .collect();
+        let mut listed: Vec<&str> = ROOMS.iter().map(|(room, _)| *room).collect();
+        listed.sort_unstable();
+        assert_eq!(declared, listed);
+    }
+
+    /// The rooms `code` names: `super::room` and `acp::room` paths, and the names in a
+    /// `super::{…}` group.
+    fn named(code: &str) -> Vec<&str> {
+        let mut names = Vec::new();
+        for prefix in ["super::", "acp::"] {
+            for (i, _) in code.match_indices(prefix) {
+                let rest = &code[i + prefix.len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    names.extend(
+                        group
+                            .split(',')
+                            .map(|n| n.trim().split("::").next().unwrap_or_default()),
+                    );
+                } else {
+                    let end = rest
+                        .find(|c: char| c != '_' && !c.is_ascii_alphanumeric())
+                        .unwrap_or(rest.len());
+                    names.push(&rest[..end]);
+                }
+            }
+        }
+        names
+    }
+
+    /// A room names only rooms below it (outside its tests), so the rooms form no cycle;
+    /// all of them build on this file's `AcpServe`.
+    #[test]
+    fn rooms_import_only_rooms_below_them() {
+        for (at, (room, source)) in ROOMS.iter().enumerate() {
+            let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+            let names = named(code);
+            for (other, _) in &ROOMS[at..] {
+                assert!(
+                    !names.contains(other),
+                    "{room} names `{other}`, a room not below it"
+                );
+            }
+        }
+        assert_eq!(
+            named(
+                "use super::{AcpKey, convo};\nsuper::updates::plan(x); crate::surface::acp::card::f"
+            ),
+            ["AcpKey", "convo", "updates", "card"]
+        );
     }
 }

@@ -9,9 +9,10 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::card::{self, OldText};
+use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
 use crate::drive::table::Prompt;
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::permissions::{Action, Mode, Policy, Rule, RuleSource};
@@ -37,13 +38,13 @@ fn always_patterns(tool: &str, input: &Value) -> Vec<String> {
     rules
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Surfaces the core's prompts: one `session/request_permission` per run at a time, and
     /// a `$/cancel_request` for one the core resolved on its own (a timeout, the run ended).
     ///
     /// A prompt an "always" answer already covers (a call queued in the same turn, before
     /// the rule existed) is answered without asking again.
-    pub(super) fn sync_permissions(&mut self, ctx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+    pub(super) fn sync_permissions(&mut self, ctx: &mut Cx<AcpKey<H>>, changed: &BTreeSet<RunId>) {
         for &run in changed {
             let Some(sid) = self.runs.get(&run).cloned() else {
                 continue;
@@ -170,7 +171,7 @@ impl AcpServe {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_permission_answer(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         request: i64,
         sid: &str,
         run: RunId,
@@ -185,30 +186,28 @@ impl AcpServe {
             return;
         }
         session.asked = None;
-        let outcome = answer.as_ref().ok().map(|v| &v["outcome"]);
-        let chosen = outcome
-            .filter(|o| o["outcome"] == "selected")
-            .and_then(|o| o["optionId"].as_str());
         let mut cancel_turn = false;
-        let (allow, reason, always) = match (chosen, &answer) {
-            (Some("allow"), _) => (true, None, None),
-            (Some("allow_always"), _) => (true, None, Some(Action::Allow)),
-            (Some("reject"), _) => (false, Some("the user rejected this tool call".into()), None),
-            (Some("reject_always"), _) => (
+        let (allow, reason, always) = match answer.as_ref().map(Outcome::decode) {
+            Ok(Outcome::Selected("allow")) => (true, None, None),
+            Ok(Outcome::Selected("allow_always")) => (true, None, Some(Action::Allow)),
+            Ok(Outcome::Selected("reject")) => {
+                (false, Some("the user rejected this tool call".into()), None)
+            }
+            Ok(Outcome::Selected("reject_always")) => (
                 false,
                 Some(format!(
                     "the user rejected this tool call, and every {pattern} call in this session"
                 )),
                 Some(Action::Deny),
             ),
-            (Some(other), _) => (
+            Ok(Outcome::Selected(other)) => (
                 false,
                 Some(format!(
                     "the editor answered with an unknown option `{other}`"
                 )),
                 None,
             ),
-            (None, Err(e)) => (
+            Err(e) => (
                 false,
                 Some(format!(
                     "the editor could not ask for permission: {}",
@@ -216,9 +215,9 @@ impl AcpServe {
                 )),
                 None,
             ),
-            (None, Ok(_)) => {
+            Ok(outcome @ (Outcome::Cancelled | Outcome::Unreadable)) => {
                 // `cancelled` is reserved for a cancelled turn: stop it.
-                cancel_turn = outcome.is_some_and(|o| o["outcome"] == "cancelled");
+                cancel_turn = outcome == Outcome::Cancelled;
                 (
                     false,
                     Some("the permission request was cancelled".into()),

@@ -10,10 +10,11 @@
 use serde_json::{Map, Value, json};
 
 use super::commands::{self, Command};
-use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
+use super::params::Prompt;
+use super::{AcpKey, AcpServe, SESSION_FIELD, convo, unknown_session};
 use crate::agent::event::StopCondition;
 use crate::drive::table::{DriveStatus, Inbound, RunSpec};
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
 use crate::mcp_client::Selection;
 use crate::surface::host::Cx;
@@ -53,7 +54,7 @@ pub(super) enum PromptState {
 #[derive(Debug, PartialEq)]
 pub(super) struct Deferred {
     pub(super) request: Id,
-    pub(super) params: Value,
+    pub(super) prompt: Prompt,
 }
 
 /// What to do with a `session/prompt`.
@@ -114,7 +115,7 @@ impl PromptState {
     }
 
     /// A `session/prompt` arrives; while a cancelled turn winds down, one is queued.
-    pub(super) fn admit(&mut self, request: &Id, params: &Value) -> Admit {
+    pub(super) fn admit(&mut self, request: &Id, prompt: &Prompt) -> Admit {
         match self {
             PromptState::Idle => Admit::Start,
             PromptState::Cancelling {
@@ -123,7 +124,7 @@ impl PromptState {
             } => {
                 *queued = Some(Deferred {
                     request: request.clone(),
-                    params: params.clone(),
+                    prompt: prompt.clone(),
                 });
                 Admit::Queued
             }
@@ -221,22 +222,17 @@ impl PromptState {
     }
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Takes a prompt: input at the session's turn boundary, or a new run that continues the
     /// conversation. The answer comes when the turn ends.
     pub(super) fn prompt(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &Id,
-        params: &Value,
+        prompt: Prompt,
     ) -> Result<(), RpcError> {
-        let sid = str_param(params, "sessionId")?.to_owned();
-        let (text, images) = convo::prompt_content(params.get("prompt").unwrap_or(&Value::Null))
-            .map_err(invalid_params)?;
-        if text.trim().is_empty() && images.is_empty() {
-            return Err(invalid_params("session/prompt requires non-empty text"));
-        }
-        let command = commands::parse(&text);
+        let sid = prompt.session_id.clone();
+        let command = commands::parse(&prompt.text);
         let compact = command == Some(Command::Compact);
         if !self.sessions.contains_key(&sid) {
             return Err(unknown_session(&sid));
@@ -257,7 +253,7 @@ impl AcpServe {
             self.reply(id.clone(), Ok(stop_reason("end_turn")));
             return Ok(());
         }
-        match session.prompt.admit(id, params) {
+        match session.prompt.admit(id, &prompt) {
             Admit::Start => {
                 for update in std::mem::take(&mut session.held) {
                     self.outbox.update(&sid, update);
@@ -271,6 +267,7 @@ impl AcpServe {
                 ));
             }
         }
+        let Prompt { text, images, .. } = prompt;
         let live = session.run.filter(|run| ctx.core.is_live(*run));
         match live {
             Some(run) if ctx.core.status(run) == Ok(DriveStatus::AwaitingInput) => {
@@ -370,7 +367,7 @@ impl AcpServe {
     /// `session/cancel`: stops the turn in flight (the run ends; its model stream is dropped
     /// and its tools killed), and the prompt is answered `cancelled` once the run has ended.
     /// A cancel with no turn in flight does nothing, so a stale one never hits the next turn.
-    pub(super) fn cancel_turn(&mut self, ctx: &mut Cx<AcpKey>, sid: &str) {
+    pub(super) fn cancel_turn(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -392,7 +389,7 @@ impl AcpServe {
     }
 
     /// Sends a prompt's answer, then takes the prompt queued behind it.
-    fn send_answer(&mut self, ctx: &mut Cx<AcpKey>, answer: Answer) {
+    fn send_answer(&mut self, ctx: &mut Cx<AcpKey<H>>, answer: Answer) {
         self.reply(answer.request, answer.result);
         if let Some(next) = answer.next {
             self.take_deferred(ctx, next);
@@ -401,14 +398,14 @@ impl AcpServe {
 
     /// Takes a prompt that waited for a cancelled turn to end as if it came now; a refusal
     /// answers it.
-    fn take_deferred(&mut self, ctx: &mut Cx<AcpKey>, deferred: Deferred) {
-        if let Err(e) = self.prompt(ctx, &deferred.request, &deferred.params) {
+    fn take_deferred(&mut self, ctx: &mut Cx<AcpKey<H>>, deferred: Deferred) {
+        if let Err(e) = self.prompt(ctx, &deferred.request, deferred.prompt) {
             self.reply(deferred.request, Err(e));
         }
     }
 
     /// The run waits for input: the turn is over and its prompt is answered.
-    pub(super) fn on_turn_end(&mut self, ctx: &mut Cx<AcpKey>, run: RunId) {
+    pub(super) fn on_turn_end(&mut self, ctx: &mut Cx<AcpKey<H>>, run: RunId) {
         let Some(session) = self
             .runs
             .get(&run)
@@ -424,7 +421,7 @@ impl AcpServe {
     /// The run ended: its prompt, if one is in flight, is answered with the stop reason.
     pub(super) fn on_run_finished(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         why: &StopCondition,
     ) {
@@ -461,7 +458,11 @@ mod tests {
     fn deferred(n: i64) -> Deferred {
         Deferred {
             request: Id::Num(n),
-            params: json!({"sessionId": "s", "n": n}),
+            prompt: Prompt {
+                session_id: "s".into(),
+                text: n.to_string(),
+                images: Vec::new(),
+            },
         }
     }
 
@@ -488,7 +489,7 @@ mod tests {
 
     #[test]
     fn one_prompt_at_a_time_and_one_queued_behind_a_cancel() {
-        let params = deferred(2).params;
+        let params = deferred(2).prompt;
         let mut state = PromptState::Idle;
         assert_eq!(state.admit(&Id::Num(2), &params), Admit::Start);
         assert_eq!(state, PromptState::Idle, "the caller starts it");

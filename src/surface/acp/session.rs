@@ -3,8 +3,8 @@
 //! and configure one: `session/new`, `session/load` (which replays the conversation),
 //! `session/resume`, `session/list`, `session/close`, `session/delete`, `session/set_mode`
 //! and `session/set_config_option` (the permission mode, the model, the thinking effort and
-//! the sandbox of its commands). A session's run carries its model and effort into the next
-//! run it starts.
+//! the sandbox of its commands), and the config options a session shows. A session's run
+//! carries its model and effort into the next run it starts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -12,48 +12,21 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::call_ids::CallIds;
-use super::commands::title_of;
+use super::commands::{EFFORTS, MODES, SANDBOXES, title_of};
+use super::params::{ListSessions, NewSession, OpenSession, SetConfigOption, SetMode};
 use super::permission::Asked;
 use super::prompt::PromptState;
 use super::tasks::Task;
 use super::updates::Card;
-use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
+use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, unknown_session};
 use crate::drive::table::DriveCore;
-use crate::engine::RunId;
+use crate::engine::{HostKey, RunId};
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
+use crate::model::types::Effort;
 use crate::permissions::{Mode, Rule};
 use crate::sandbox::Mode as SandboxMode;
 use crate::surface::host::Cx;
-
-/// The permission modes a session can be switched to, as `session/new` advertises them.
-pub(super) const MODES: [(Mode, &str, &str); 5] = [
-    (
-        Mode::Default,
-        "Default",
-        "Ask before running commands and changing files",
-    ),
-    (
-        Mode::AcceptEdits,
-        "Accept edits",
-        "Change files in the workspace without asking; still ask for commands",
-    ),
-    (
-        Mode::Plan,
-        "Plan",
-        "Read only: look around and plan, change nothing",
-    ),
-    (
-        Mode::DontAsk,
-        "Don't ask",
-        "Run whatever would ask, without asking; deny rules still deny",
-    ),
-    (
-        Mode::BypassPermissions,
-        "Bypass permissions",
-        "Skip every permission check, deny rules included",
-    ),
-];
 
 pub(super) struct Session {
     pub(super) cwd: PathBuf,
@@ -141,30 +114,6 @@ fn modes_json(current: Mode) -> Value {
     })
 }
 
-/// What each sandbox mode lets commands do, as a select option describes it.
-pub(super) const SANDBOXES: [(SandboxMode, &str, &str); 4] = [
-    (
-        SandboxMode::ReadOnly,
-        "Read-only",
-        "Commands read the machine but write nothing",
-    ),
-    (
-        SandboxMode::WorkspaceWrite,
-        "Workspace",
-        "Commands write only in the workspace and temp directories, with no network",
-    ),
-    (
-        SandboxMode::Network,
-        "Workspace and network",
-        "Commands write in the workspace and reach the network over TCP",
-    ),
-    (
-        SandboxMode::Off,
-        "Unsandboxed",
-        "Commands run with your full rights",
-    ),
-];
-
 /// The session's directory (known: the session was just opened).
 fn cwd_of(sessions: &HashMap<String, Session>, id: &str) -> PathBuf {
     sessions
@@ -183,11 +132,55 @@ fn with_instructions(result: &mut Value, core: &DriveCore, cwd: &Path) {
     }
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
+    /// The session's config options: the permission mode, the model (among the configured
+    /// ones, `settings.models`) and the thinking effort. Always the complete list.
+    pub(super) fn config_options(&self, ctx: &Cx<AcpKey<H>>, session: &Session) -> Value {
+        let mut models = ctx.core.config().models.clone();
+        if !models.contains(&session.model) {
+            models.push(session.model.clone());
+        }
+        let effort = session.effort.map_or("off", Effort::as_str);
+        let server = ctx.core.config().policy.sandbox();
+        json!([
+            {
+                "id": "mode", "name": "Mode",
+                "description": "What caliban may do without asking",
+                "category": "mode", "type": "select", "currentValue": session.mode.as_str(),
+                "options": MODES.iter().map(|(mode, name, description)| json!({
+                    "value": mode.as_str(), "name": name, "description": description}))
+                    .collect::<Vec<_>>(),
+            },
+            {
+                "id": "model", "name": "Model", "description": "The model the agent uses",
+                "category": "model", "type": "select", "currentValue": session.model,
+                "options": models.iter().map(|m| json!({"value": m, "name": m}))
+                    .collect::<Vec<_>>(),
+            },
+            {
+                "id": "thought_level", "name": "Thinking",
+                "description": "How much the model thinks before answering",
+                "category": "thought_level", "type": "select", "currentValue": effort,
+                "options": EFFORTS.iter().map(|(value, name)| json!({
+                    "value": value, "name": name})).collect::<Vec<_>>(),
+            },
+            {
+                // The server's sandbox or a stricter one: an editor may narrow it, never
+                // widen it.
+                "id": "sandbox", "name": "Sandbox",
+                "description": "What commands may do once allowed to run",
+                "type": "select", "currentValue": session.sandbox.as_str(),
+                "options": SANDBOXES.iter().filter(|(mode, ..)| mode.is_within(server))
+                    .map(|(mode, name, description)| json!({
+                        "value": mode.as_str(), "name": name, "description": description}))
+                    .collect::<Vec<_>>(),
+            },
+        ])
+    }
+
     /// A session's directory: absolute, existing, inside the workspace caliban serves (its
     /// settings and permission rules are that workspace's).
-    fn session_cwd(core: &DriveCore, params: &Value) -> Result<PathBuf, RpcError> {
-        let raw = str_param(params, "cwd")?;
+    fn session_cwd(core: &DriveCore, raw: &str) -> Result<PathBuf, RpcError> {
         let path = Path::new(raw);
         if !path.is_absolute() {
             return Err(invalid_params(format!(
@@ -210,10 +203,10 @@ impl AcpServe {
 
     pub(super) fn new_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        ctx: &mut Cx<AcpKey<H>>,
+        params: NewSession,
     ) -> Result<Value, RpcError> {
-        let cwd = Self::session_cwd(ctx.core, params)?;
+        let cwd = Self::session_cwd(ctx.core, params.cwd)?;
         let id = crate::auth::new_uuid();
         let mode = ctx.core.config().policy.mode();
         let model = ctx.core.config().run.model.clone();
@@ -221,7 +214,7 @@ impl AcpServe {
         let session = Session::new(cwd, mode, sandbox, None, model);
         let options = self.config_options(ctx, &session);
         self.sessions.insert(id.clone(), session);
-        self.connect_servers(ctx, &id, params);
+        self.connect_servers(ctx, &id, params.mcp_servers);
         let mut result =
             json!({"sessionId": id, "modes": modes_json(mode), "configOptions": options});
         with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
@@ -232,12 +225,12 @@ impl AcpServe {
     /// an earlier one, found by its runs' session headers.
     pub(super) fn open_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        ctx: &mut Cx<AcpKey<H>>,
+        params: OpenSession,
         replay: bool,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let cwd = Self::session_cwd(ctx.core, params)?;
+        let id = params.session_id.to_owned();
+        let cwd = Self::session_cwd(ctx.core, params.cwd)?;
         let newest = match self.sessions.get(&id) {
             Some(session) if !session.prompt.is_idle() => {
                 return Err(RpcError::new(
@@ -298,20 +291,16 @@ impl AcpServe {
             Some(session) => self.config_options(ctx, session),
             None => json!([]),
         };
-        self.connect_servers(ctx, &id, params);
+        self.connect_servers(ctx, &id, params.mcp_servers);
         let mut result = json!({"modes": modes_json(mode), "configOptions": options});
         with_instructions(&mut result, ctx.core, &cwd_of(&self.sessions, &id));
         Ok(result)
     }
 
-    pub(super) fn list_sessions(
-        &mut self,
-        core: &mut DriveCore,
-        params: &Value,
-    ) -> Result<Value, RpcError> {
+    pub(super) fn list_sessions(&mut self, core: &mut DriveCore, params: ListSessions) -> Value {
         core.load_existing();
         // Headers record the canonical directory.
-        let cwd = params.get("cwd").and_then(Value::as_str).map(|c| {
+        let cwd = params.cwd.map(|c| {
             Path::new(c)
                 .canonicalize()
                 .map_or_else(|_| c.to_owned(), |p| p.display().to_string())
@@ -342,19 +331,18 @@ impl AcpServe {
                 json!({"sessionId": id, "cwd": cwd, "title": title, "updatedAt": iso8601(updated)})
             })
             .collect();
-        Ok(json!({"sessions": sessions}))
+        json!({"sessions": sessions})
     }
 
     pub(super) fn close_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        ctx: &mut Cx<AcpKey<H>>,
+        id: &str,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let Some(mut session) = self.sessions.remove(&id) else {
-            return Err(unknown_session(&id));
+        let Some(mut session) = self.sessions.remove(id) else {
+            return Err(unknown_session(id));
         };
-        self.runs.retain(|_, s| *s != id);
+        self.runs.retain(|_, s| s != id);
         if let Some(run) = session.run
             && ctx.core.is_live(run)
         {
@@ -375,29 +363,26 @@ impl AcpServe {
         if let Some(asked) = session.asked.take() {
             self.withdraw(asked.request);
         }
-        self.abandon_tasks(ctx, &id, &mut session);
+        self.abandon_tasks(ctx, id, std::mem::take(&mut session.tasks));
         Self::stop_servers(ctx, std::mem::take(&mut session.mcp));
         Ok(json!({}))
     }
 
     pub(super) fn set_mode(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        ctx: &mut Cx<AcpKey<H>>,
+        params: SetMode,
     ) -> Result<(), RpcError> {
-        let id = str_param(params, "sessionId")?;
-        let mode_id = str_param(params, "modeId")?;
-        self.switch_mode(ctx, id, mode_id)
+        self.switch_mode(ctx, params.session_id, params.mode_id)
     }
 
     pub(super) fn set_config_option(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        ctx: &mut Cx<AcpKey<H>>,
+        params: SetConfigOption,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let option = str_param(params, "configId")?;
-        let value = str_param(params, "value")?;
+        let id = params.session_id.to_owned();
+        let (option, value) = (params.config_id, params.value);
         match option {
             "mode" => self.switch_mode(ctx, &id, value)?,
             "model" => self.set_model(ctx, &id, Some(value), None)?,
@@ -413,7 +398,7 @@ impl AcpServe {
     /// the live run at once and for every run after it.
     fn switch_sandbox(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &str,
         value: &str,
     ) -> Result<(), RpcError> {
@@ -438,7 +423,7 @@ impl AcpServe {
     /// to that run at once.
     fn session_and_live_run(
         &mut self,
-        ctx: &Cx<AcpKey>,
+        ctx: &Cx<AcpKey<H>>,
         id: &str,
     ) -> Result<(&mut Session, Option<RunId>), RpcError> {
         let session = self
@@ -454,18 +439,17 @@ impl AcpServe {
     /// `session/load` finds it again.
     pub(super) fn delete_session(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
-        params: &Value,
+        ctx: &mut Cx<AcpKey<H>>,
+        id: &str,
     ) -> Result<Value, RpcError> {
-        let id = str_param(params, "sessionId")?.to_owned();
-        let open = self.sessions.contains_key(&id);
+        let open = self.sessions.contains_key(id);
         if open {
-            self.close_session(ctx, params)?;
+            self.close_session(ctx, id)?;
         }
         ctx.core.load_existing();
         let runs = ctx.core.find_by_header(SESSION_FIELD, &json!(id));
         if runs.is_empty() && !open {
-            return Err(unknown_session(&id));
+            return Err(unknown_session(id));
         }
         for run in runs {
             ctx.core
@@ -484,7 +468,7 @@ impl AcpServe {
 
     pub(super) fn switch_mode(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         id: &str,
         mode_id: &str,
     ) -> Result<(), RpcError> {

@@ -3,13 +3,14 @@
 //! the terminals killed when nobody waits for them any more. `delegate` is the sans-IO
 //! machine; this is its I/O.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 
 use super::delegate::{self, Advance, ClientCaps, Step};
-use super::session::Session;
 use super::{AcpKey, AcpServe, Pending};
 use crate::agent::run::ToolCall;
-use crate::engine::{HostAction, RunId, ToolPlacement};
+use crate::engine::{HostAction, HostKey, RunId, ToolPlacement};
 use crate::jsonrpc::RpcError;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;
@@ -25,12 +26,12 @@ pub(super) struct Task {
     timer: Option<(TimerId, u64)>,
 }
 
-impl AcpServe {
+impl<H: HostKey> AcpServe<H> {
     /// Shows the call as started and picks where it runs: an MCP server of the session, the
     /// editor (when it can and the call is one it carries out), or here.
     pub(super) fn place_tool(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         run: RunId,
         call: &ToolCall,
         confined: bool,
@@ -83,7 +84,7 @@ impl AcpServe {
 
     fn send_task_request(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         sid: &str,
         tool: &str,
         request: delegate::Request,
@@ -117,7 +118,7 @@ impl AcpServe {
         }
     }
 
-    fn advance(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, tool: &str, next: Advance) {
+    fn advance(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, tool: &str, next: Advance) {
         if let Some(terminal) = next.show_terminal {
             let content = vec![json!({"type": "terminal", "terminalId": terminal})];
             if let Some(card) = self
@@ -163,7 +164,7 @@ impl AcpServe {
 
     pub(super) fn on_tool_answer(
         &mut self,
-        ctx: &mut Cx<AcpKey>,
+        ctx: &mut Cx<AcpKey<H>>,
         request: i64,
         sid: &str,
         tool: &str,
@@ -200,7 +201,7 @@ impl AcpServe {
     }
 
     /// Forgets a call the run no longer waits for; its terminal is killed and released.
-    pub(super) fn drop_task(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, task: Task) {
+    pub(super) fn drop_task(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, task: Task) {
         if let Some((timer, key)) = task.timer {
             ctx.cancel_timer(timer);
             self.timers.remove(&key);
@@ -211,8 +212,14 @@ impl AcpServe {
         }
     }
 
-    pub(super) fn abandon_tasks(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, session: &mut Session) {
-        let mut tasks: Vec<(String, Task)> = session.tasks.drain().collect();
+    /// Drops a session's delegated calls (`drop_task`), in a fixed order.
+    pub(super) fn abandon_tasks(
+        &mut self,
+        ctx: &mut Cx<AcpKey<H>>,
+        sid: &str,
+        tasks: HashMap<String, Task>,
+    ) {
+        let mut tasks: Vec<(String, Task)> = tasks.into_iter().collect();
         tasks.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, task) in tasks {
             self.drop_task(ctx, sid, task);
@@ -220,7 +227,7 @@ impl AcpServe {
     }
 
     /// A delegated call's deadline passed.
-    pub(super) fn on_task_deadline(&mut self, ctx: &mut Cx<AcpKey>, key: u64) {
+    pub(super) fn on_task_deadline(&mut self, ctx: &mut Cx<AcpKey<H>>, key: u64) {
         let Some((sid, tool)) = self.timers.remove(&key) else {
             return;
         };

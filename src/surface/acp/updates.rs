@@ -9,10 +9,9 @@ use super::{AcpKey, AcpServe};
 use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
-use crate::engine::RetryNotice;
+use crate::engine::{HostKey, RetryNotice};
 use crate::model::types::ContentBlock;
 use crate::surface::host::Cx;
-use crate::tools::todo::{Todo, TodoStatus};
 
 /// How a compaction ended, for `show_compaction`.
 #[derive(Debug, PartialEq)]
@@ -35,28 +34,12 @@ pub(super) struct Card {
     pub(super) content: Vec<Value>,
 }
 
-/// A `TodoWrite` plan as ACP's `plan` update: the whole list, which the editor shows in place
-/// of the last one. ACP has no `cancelled` status and upstream's items no priority, so
-/// cancelled items are left out (a plan shows what is still meant to happen) and every
-/// entry is `medium`.
-pub(super) fn plan_update(todos: &[Todo]) -> Value {
-    let entries: Vec<Value> = todos
-        .iter()
-        .filter(|todo| todo.status != TodoStatus::Cancelled)
-        .map(|todo| {
-            json!({"content": todo.content, "priority": "medium",
-                   "status": todo.status.as_str()})
-        })
-        .collect();
-    json!({"sessionUpdate": "plan", "entries": entries})
-}
-
 fn text_content(text: &str) -> Value {
     json!({"type": "content", "content": {"type": "text", "text": text}})
 }
 
-impl AcpServe {
-    pub(super) fn translate(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, event: &TurnEvent) {
+impl<H: HostKey> AcpServe<H> {
+    pub(super) fn translate(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, event: &TurnEvent) {
         let Some(session) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -134,7 +117,7 @@ impl AcpServe {
                     result
                         .iter()
                         .filter(|b| matches!(b, ContentBlock::Image { .. }))
-                        .map(|b| super::convo::image_content(&b.to_json())),
+                        .map(|b| card::image_content(&b.to_json())),
                 );
                 let mut update = json!({
                     "sessionUpdate": "tool_call_update",
@@ -190,9 +173,9 @@ impl AcpServe {
                     }
                     self.outbox.update(sid, update);
                 }
-                if let Some(mut session) = self.sessions.remove(sid) {
-                    self.abandon_tasks(ctx, sid, &mut session);
-                    self.sessions.insert(sid.to_owned(), session);
+                if let Some(session) = self.sessions.get_mut(sid) {
+                    let tasks = std::mem::take(&mut session.tasks);
+                    self.abandon_tasks(ctx, sid, tasks);
                 }
             }
             TurnEvent::TurnEnd { usage, .. } => {
@@ -216,7 +199,9 @@ impl AcpServe {
                 self.show_usage(ctx, sid, *post_tokens);
             }
             TurnEvent::TurnStart { .. } => {}
-            TurnEvent::PlanUpdate { todos, .. } => self.outbox.update(sid, plan_update(todos)),
+            TurnEvent::PlanUpdate { todos, .. } => {
+                self.outbox.update(sid, card::plan_update(todos))
+            }
         }
     }
 
@@ -292,7 +277,7 @@ impl AcpServe {
     /// `usage_update`: the context's size against the model's window, and what the session
     /// cost so far where the model's price is known. Not sent for a model whose window is
     /// unknown (`size` is required).
-    pub(super) fn show_usage(&mut self, ctx: &mut Cx<AcpKey>, sid: &str, used: u64) {
+    pub(super) fn show_usage(&mut self, ctx: &mut Cx<AcpKey<H>>, sid: &str, used: u64) {
         let Some(session) = self.sessions.get(sid) else {
             return;
         };

@@ -19,15 +19,19 @@ use crate::surface::acp::{AcpKey, AcpServe};
 use crate::surface::front::FrontKey;
 use crate::surface::host::{Cx, Surface};
 
-impl From<NetKey> for AcpKey {
-    fn from(key: NetKey) -> AcpKey {
-        AcpKey::Net(key)
+/// The agent's keys: `AcpServe`'s, with the connections' and the idle exit's in its host
+/// slot, handled here before the rest reach `AcpServe`.
+pub(crate) type AgentKey = AcpKey<NetKey>;
+
+impl From<NetKey> for AgentKey {
+    fn from(key: NetKey) -> AgentKey {
+        AcpKey::Host(key)
     }
 }
 
-impl From<FrontKey> for AcpKey {
-    fn from(key: FrontKey) -> AcpKey {
-        AcpKey::Net(NetKey::Front(key))
+impl From<FrontKey> for AgentKey {
+    fn from(key: FrontKey) -> AgentKey {
+        AcpKey::Host(NetKey::Front(key))
     }
 }
 
@@ -47,7 +51,7 @@ pub(super) fn replaced_line() -> Vec<u8> {
 }
 
 pub(crate) struct NetAcp {
-    acp: AcpServe,
+    acp: AcpServe<NetKey>,
     link: Link,
 }
 
@@ -67,7 +71,7 @@ impl Served for NetAcp {
         &mut self.link
     }
 
-    fn start(&mut self, cx: &mut Cx<AcpKey>) -> Result<(), String> {
+    fn start(&mut self, cx: &mut Cx<AgentKey>) -> Result<(), String> {
         self.link
             .start(cx)
             .map_err(|e| format!("cannot listen: {e}"))
@@ -75,7 +79,7 @@ impl Served for NetAcp {
 }
 
 impl NetAcp {
-    fn serve(&mut self, cx: &mut Cx<AcpKey>) {
+    fn serve(&mut self, cx: &mut Cx<AgentKey>) {
         while let Some(event) = self.link.next_event(cx) {
             match event {
                 LinkEvent::Attached(_) | LinkEvent::Writable => {}
@@ -88,23 +92,23 @@ impl NetAcp {
 }
 
 impl Surface for NetAcp {
-    type Key = AcpKey;
+    type Key = AgentKey;
 
-    fn on_event(&mut self, cx: &mut Cx<AcpKey>, run: RunId, event: &TurnEvent) {
+    fn on_event(&mut self, cx: &mut Cx<AgentKey>, run: RunId, event: &TurnEvent) {
         self.acp.on_event(cx, run, event);
     }
 
-    fn on_ask(&mut self, cx: &mut Cx<AcpKey>, run: RunId, call: &ToolCall) {
+    fn on_ask(&mut self, cx: &mut Cx<AgentKey>, run: RunId, call: &ToolCall) {
         self.acp.on_ask(cx, run, call);
     }
 
-    fn on_retry(&mut self, cx: &mut Cx<AcpKey>, run: RunId, notice: &RetryNotice) {
+    fn on_retry(&mut self, cx: &mut Cx<AgentKey>, run: RunId, notice: &RetryNotice) {
         self.acp.on_retry(cx, run, notice);
     }
 
     fn on_tool_start(
         &mut self,
-        cx: &mut Cx<AcpKey>,
+        cx: &mut Cx<AgentKey>,
         run: RunId,
         call: &ToolCall,
         confined: bool,
@@ -112,50 +116,50 @@ impl Surface for NetAcp {
         self.acp.on_tool_start(cx, run, call, confined)
     }
 
-    fn on_await_input(&mut self, cx: &mut Cx<AcpKey>, run: RunId) {
+    fn on_await_input(&mut self, cx: &mut Cx<AgentKey>, run: RunId) {
         self.acp.on_await_input(cx, run);
     }
 
-    fn on_finished(&mut self, cx: &mut Cx<AcpKey>, run: RunId, why: &StopCondition) {
+    fn on_finished(&mut self, cx: &mut Cx<AgentKey>, run: RunId, why: &StopCondition) {
         self.acp.on_finished(cx, run, why);
     }
 
-    fn on_signal(&mut self, cx: &mut Cx<AcpKey>, signal: Signal) {
+    fn on_signal(&mut self, cx: &mut Cx<AgentKey>, signal: Signal) {
         // Runs a client left behind are not the surface's any more; the core knows them.
         cancel_live_runs(cx.core);
         self.acp.on_signal(cx, signal);
     }
 
-    fn on_io(&mut self, cx: &mut Cx<AcpKey>, key: AcpKey) {
+    fn on_io(&mut self, cx: &mut Cx<AgentKey>, key: AgentKey) {
         match key {
-            AcpKey::Net(NetKey::Front(key)) => {
+            AcpKey::Host(NetKey::Front(key)) => {
                 self.link.on_io(cx, key);
                 self.serve(cx);
             }
-            AcpKey::Net(NetKey::Idle | NetKey::Replay) => {}
+            AcpKey::Host(NetKey::Idle | NetKey::Replay) => {}
             other => self.acp.on_io(cx, other),
         }
     }
 
-    fn on_timer(&mut self, cx: &mut Cx<AcpKey>, key: AcpKey) {
+    fn on_timer(&mut self, cx: &mut Cx<AgentKey>, key: AgentKey) {
         match key {
-            AcpKey::Net(NetKey::Front(key)) => {
+            AcpKey::Host(NetKey::Front(key)) => {
                 self.link.on_timer(cx, key);
                 self.serve(cx);
             }
-            AcpKey::Net(NetKey::Idle) => {
+            AcpKey::Host(NetKey::Idle) => {
                 if self.link.idle_expired(cx.core) {
                     // As for a signal: the sessions' MCP servers go with the runs.
                     cancel_live_runs(cx.core);
                     self.acp.shutdown(cx);
                 }
             }
-            AcpKey::Net(NetKey::Replay) => {}
+            AcpKey::Host(NetKey::Replay) => {}
             other => self.acp.on_timer(cx, other),
         }
     }
 
-    fn after_batch(&mut self, cx: &mut Cx<AcpKey>, changed: &BTreeSet<RunId>) {
+    fn after_batch(&mut self, cx: &mut Cx<AgentKey>, changed: &BTreeSet<RunId>) {
         self.serve(cx);
         self.acp.after_batch(cx, changed);
         self.acp.ask_pending(cx);
