@@ -219,7 +219,7 @@ fn agent_setup(
             .system_prompt
             .clone()
             .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
-        tools: std::sync::Arc::new(tools::spec::all()),
+        tools: std::sync::Arc::new(tools::table::specs()),
         interactive,
         context_window: settings.context_window.of(&provider.model),
         effort: None,
