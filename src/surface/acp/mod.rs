@@ -81,21 +81,10 @@ pub enum AcpKey {
 /// `provider_problem` says why no model can be reached (none configured): the agent still
 /// answers `initialize`, lists and loads sessions, and refuses `session/new` and prompts
 /// with that message, so the editor shows it instead of a crashed agent.
-pub fn run(
-    mut engine: Engine<Key<AcpKey>>,
-    core: DriveCore,
-    provider_problem: Option<String>,
-) -> u8 {
+pub fn run(engine: Engine<Key<AcpKey>>, core: DriveCore, provider_problem: Option<String>) -> u8 {
     let mut serve = AcpServe::new();
     serve.provider_problem = provider_problem;
-    let mut server = DriveHost::new(core, serve);
-    match engine.run_loop(&mut server) {
-        Ok(()) => crate::exit::OK,
-        Err(e) => {
-            log::error(&format!("event loop failed: {e}"));
-            crate::exit::RUNTIME
-        }
-    }
+    crate::surface::serve(engine, DriveHost::new(core, serve))
 }
 
 /// What an answer to one of our requests is for.
