@@ -556,11 +556,7 @@ fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint,
 /// (fail closed) before anything binds.
 fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> {
     let Ok(addr) = addr_text.parse::<SocketAddr>() else {
-        let flag = if args.surface == Surface::Mcp {
-            "--listen"
-        } else {
-            "--addr"
-        };
+        let flag = args.surface.command().listen_flag.unwrap_or_default();
         log::error(&format!("invalid {flag} {addr_text}"));
         return Err(exit::USAGE);
     };
