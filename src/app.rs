@@ -238,7 +238,7 @@ fn agent_setup(
             .system_prompt
             .clone()
             .unwrap_or_else(|| agent::default_system_prompt(&workspace_str)),
-        tools: std::sync::Arc::new(tools::spec::all()),
+        tools: std::sync::Arc::new(tools::table::specs()),
         interactive,
         context_window: settings.context_window.of(&provider.model),
         effort: None,
@@ -621,11 +621,7 @@ fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint,
 /// (fail closed) before anything binds.
 fn listen_config(args: &ServeArgs, addr_text: &str) -> Result<ListenConfig, u8> {
     let Ok(addr) = addr_text.parse::<SocketAddr>() else {
-        let flag = if args.surface == Surface::Mcp {
-            "--listen"
-        } else {
-            "--addr"
-        };
+        let flag = args.surface.command().listen_flag.unwrap_or_default();
         log::error(&format!("invalid {flag} {addr_text}"));
         return Err(exit::USAGE);
     };

@@ -1102,7 +1102,6 @@ fn tool_call_end(turn_index: u32, tool_use_id: &str, output: &ToolOutput) -> Tur
 mod tests {
     use super::*;
     use crate::permissions::{Mode, Rule, RuleSource};
-    use crate::tools::spec;
 
     fn run() -> Run {
         let config = RunConfig {
@@ -1110,7 +1109,7 @@ mod tests {
             max_tokens: 100,
             max_turns: 5,
             system: String::new(),
-            tools: Arc::new(spec::all()),
+            tools: Arc::new(table::specs()),
             interactive: false,
             context_window: None,
             effort: None,
@@ -1538,7 +1537,7 @@ mod tests {
     fn the_estimate_counts_the_tools_offered() {
         let mut r = run();
         let bare = r.context_tokens();
-        let specs: usize = spec::all()
+        let specs: usize = table::specs()
             .iter()
             .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
             .sum();
@@ -1608,7 +1607,7 @@ mod tests {
         let request = r.model_request();
         assert_eq!(request.system, compact::SYSTEM);
         assert!(request.tools.iter().any(|t| t.name == "mcp__s__t"));
-        assert_eq!(request.tools.len(), spec::all().len() + 1);
+        assert_eq!(request.tools.len(), table::specs().len() + 1);
         r.on_model_event(text(0, "S"), now);
         let out = r.on_model_complete(now);
         assert!(matches!(

@@ -13,7 +13,7 @@
 //! `Event::Request` with a `Reply` through `reply`, and writes what comes later (a live
 //! stream, a deferred answer) through `conn_mut`. It never registers, times or closes a
 //! socket itself except through `close`. (The agent's surface takes `line::LineEvent`s
-//! the same way.)
+//! the same way: each connection type has its own event, `Wire::Event`.)
 //!
 //! ADMISSION. A connection is *unadmitted* until its peer has proved itself: for HTTP, until
 //! one of its requests passes the gate, which decides on each request's head before a byte
@@ -39,7 +39,8 @@
 //! out once the previous one is answered (`Connection` enforces one at a time); the agent's
 //! preamble, then lines → closed by the peer, a protocol error, the idle timer, the head
 //! deadline, the write-stall deadline, a newcomer taking its slot (unadmitted only) or the
-//! surface → deregistered, timers cancelled, `Event::Closed` hands the payload back.
+//! surface → deregistered, timers cancelled, the wire's closed event (`Wire::closed`) hands
+//! the payload back.
 //!
 //! Architecture Invariant: the accept / map / cap / deadline half (`accept`, `take_in`,
 //! `add`, `close`, `admitted`, `on_idle`, `watch` with `watch_head` and `watch_stall`,
@@ -399,7 +400,8 @@ pub(crate) struct Policy {
     pub public: fn(&Request) -> Option<Response>,
 }
 
-/// Something a surface must act on, in the order it happened.
+/// Something an HTTP surface must act on, in the order it happened (`Wire::Event` of
+/// `Connection`).
 #[derive(Debug)]
 pub(crate) enum Event<P> {
     /// A request that passed the gate: answer it with `Front::reply`. Nothing else comes
@@ -453,7 +455,7 @@ pub(crate) struct Front<P, C: Wire = Connection> {
     unadmitted: BTreeSet<ConnId>,
     /// How many of those each capped peer (`peer_key`) holds.
     unadmitted_by_peer: HashMap<IpAddr, usize>,
-    events: VecDeque<Event<P>>,
+    events: VecDeque<C::Event<P>>,
     /// Connections to look at again: a response completed or the surface wrote, so a
     /// pipelined request may be servable, or the close may be complete.
     dirty: VecDeque<ConnId>,
@@ -719,7 +721,7 @@ impl<P: Default, C: Wire> Front<P, C> {
         self.look_again(id);
     }
 
-    /// Ends a connection at once (queued output is dropped); `Event::Closed` follows.
+    /// Ends a connection at once (queued output is dropped); its closed event follows.
     pub(crate) fn close<K: HostKey + From<FrontKey>>(&mut self, cx: &mut Cx<K>, id: ConnId) {
         let Some(mut slot) = self.slots.remove(&id) else {
             return;
@@ -734,7 +736,7 @@ impl<P: Default, C: Wire> Front<P, C> {
             self.forget_unadmitted(id, slot.remote);
         }
         slot.conn.close();
-        self.events.push_back(Event::Closed(id, slot.state));
+        self.events.push_back(C::closed(id, slot.state));
         if self.accept_paused {
             self.accept(cx);
         }

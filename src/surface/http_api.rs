@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::cli;
 use crate::drive::ops::{self, Dialect, OpError, Problem};
 use crate::drive::table::{DriveCore, DriveError, DriveStatus, MAX_RUNS_PAGE};
 use crate::engine::{Engine, HostAction, RunId};
@@ -32,6 +33,7 @@ use crate::log;
 use crate::reactor::{Signal, TimerId};
 use crate::surface::front::{Event, Front, Keepalive, Policy, Reply, Response};
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
+use crate::surface::{self, Listening, Listens};
 use crate::surface::{ConnId, FrontKey, ListenConfig};
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8730";
@@ -183,33 +185,22 @@ fn drive_error_status(err: &DriveError) -> u16 {
 }
 
 /// Serves HTTP until SIGINT/SIGTERM; runs still going are cancelled on the way out.
-pub fn run(mut engine: Engine<Key<HttpKey>>, core: DriveCore, listen: ListenConfig) -> u8 {
-    let addr = listen.addr;
-    let scheme = if listen.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    let server = match HttpServe::new(listen) {
-        Ok(s) => s,
-        Err(e) => {
-            log::error(&format!("failed to bind {addr}: {e}"));
-            return crate::exit::RUNTIME;
-        }
-    };
-    let mut host = DriveHost::new(core, server);
-    if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |http, cx| http.start(cx))) {
-        log::error(&format!("cannot listen on {addr}: {e}"));
-        return crate::exit::RUNTIME;
+pub fn run(engine: Engine<Key<HttpKey>>, core: DriveCore, listen: ListenConfig) -> u8 {
+    let listening = Listening::new(cli::Surface::Http.name(), &listen, "");
+    match listening.bound(HttpServe::new(listen)) {
+        Ok(server) => surface::serve_listening(engine, DriveHost::new(core, server), &listening),
+        Err(code) => code,
     }
-    let local = host.surface.local_addr().unwrap_or(addr);
-    // One line on stderr that scripts and tests can wait for (stdout stays unused).
-    eprintln!("caliban http serve listening on {scheme}://{local}");
-    if let Err(e) = engine.run_loop(&mut host) {
-        log::error(&format!("event loop failed: {e}"));
-        return crate::exit::RUNTIME;
+}
+
+impl Listens for HttpServe {
+    fn listen(&mut self, cx: &mut Cx<HttpKey>) -> std::io::Result<()> {
+        self.start(cx)
     }
-    crate::exit::OK
+
+    fn bound_addr(&self) -> std::io::Result<SocketAddr> {
+        self.local_addr()
+    }
 }
 
 impl HttpServe {

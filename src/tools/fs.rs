@@ -36,10 +36,9 @@ use serde_json::{Map, Value, json};
 use crate::glob::{Glob, GlobOptions};
 use crate::model::types::{ContentBlock, MAX_IMAGE_BASE64, ToolSpec};
 use crate::sys;
-use crate::tools::ToolOutput;
 use crate::tools::beneath::{self, Beneath, Refusal};
-use crate::tools::spec::closed_object;
 use crate::tools::table::{cap_title, text_field};
+use crate::tools::{ToolOutput, closed_object};
 
 /// Hard cap on the text of any result.
 const MAX_OUTPUT_BYTES: usize = 64 * 1024;

@@ -1,20 +1,21 @@
 //! Tools the model may call. `table` holds one row per built-in tool (its spec, where it
 //! runs, its permission and display facts); each tool's own file holds its spec, its title
 //! and its work: the file tools (run on a worker thread) in `fs`, `Bash` (a child process on
-//! the reactor) in `bash`.
+//! the reactor) in `bash`. What every tool's input schema shares (`closed_object`,
+//! `timeout_seconds`) is here, below them all.
 
 pub mod bash;
 pub(crate) mod beneath;
 pub mod fs;
 pub mod mcp_name;
-pub mod spec;
 pub(crate) mod table;
 pub mod todo;
 pub mod web;
 
 use std::path::Path;
+use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::model::types::{ContentBlock, MAX_IMAGES};
 use crate::sandbox::{self, Mode};
@@ -155,6 +156,36 @@ impl ToolOutput {
             }
         }
         (count, bytes)
+    }
+}
+
+/// A closed object schema, the shape every tool's input takes: unknown fields are not
+/// allowed.
+pub(crate) fn closed_object(properties: Value, required: &[&str]) -> Value {
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// A `timeout_seconds` field: `default` when absent or null, else an integer from 1 to
+/// `max`. The error is the tool's result for the model.
+pub(crate) fn timeout_seconds(
+    input: &Value,
+    tool: &str,
+    default: Duration,
+    max: u64,
+) -> Result<Duration, ToolOutput> {
+    match input.get("timeout_seconds") {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(s) if (1..=max).contains(&s) => Ok(Duration::from_secs(s)),
+            _ => Err(ToolOutput::error(format!(
+                "{tool}: `timeout_seconds` must be an integer from 1 to {max}"
+            ))),
+        },
     }
 }
 

@@ -10,8 +10,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use crate::model::types::ToolSpec;
-use crate::tools::ToolOutput;
-use crate::tools::spec::closed_object;
+use crate::tools::{ToolOutput, closed_object};
 
 /// Upstream's cap on the list.
 pub const MAX_TODOS: usize = 100;

@@ -17,9 +17,8 @@ use serde_json::{Value, json};
 use crate::http::client::{self, Target};
 use crate::http::write;
 use crate::model::types::ToolSpec;
-use crate::tools::ToolOutput;
-use crate::tools::spec::{closed_object, timeout_seconds};
 use crate::tools::table::{cap_title, text_field};
+use crate::tools::{ToolOutput, closed_object, timeout_seconds};
 
 /// The most of a response body read (upstream's 10 MB); past it the fetch stops and the
 /// text is marked cut.

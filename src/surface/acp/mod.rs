@@ -93,20 +93,13 @@ pub enum AcpKey<H> {
 /// `H` is the host slot of the keys (`AcpKey::Host`): nothing comes back on it here, and the
 /// caller picks the one the networked agent uses, so both compile to one engine and one ACP.
 pub fn run<H: HostKey>(
-    mut engine: Engine<Key<AcpKey<H>>>,
+    engine: Engine<Key<AcpKey<H>>>,
     core: DriveCore,
     provider_problem: Option<String>,
 ) -> u8 {
     let mut serve = AcpServe::new();
     serve.provider_problem = provider_problem;
-    let mut server = DriveHost::new(core, serve);
-    match engine.run_loop(&mut server) {
-        Ok(()) => crate::exit::OK,
-        Err(e) => {
-            log::error(&format!("event loop failed: {e}"));
-            crate::exit::RUNTIME
-        }
-    }
+    crate::surface::serve(engine, DriveHost::new(core, serve))
 }
 
 /// What an answer to one of our requests is for.

@@ -42,7 +42,7 @@ use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use mio::{Interest, Registry, Token as MioToken};
 use serde_json::Value;
 
-use super::{Caps, ConnId, Event, Front, FrontKey, Keepalive, Wire, peer_key};
+use super::{Caps, ConnId, Front, FrontKey, Keepalive, Wire, peer_key};
 use crate::auth::Token;
 use crate::engine::HostKey;
 use crate::http::server::LINGER_MAX_BYTES;
@@ -681,6 +681,11 @@ impl LineConn {
 impl Wire for LineConn {
     type Listener = AgentListener;
     type Setup = ();
+    type Event<P> = LineEvent<P>;
+
+    fn closed<P>(id: ConnId, state: P) -> LineEvent<P> {
+        LineEvent::Closed(id, state)
+    }
 
     fn accept(listener: &AgentListener, _: &()) -> io::Result<Result<Self, String>> {
         match listener {
@@ -861,12 +866,9 @@ impl<P: Default> Front<P, LineConn> {
         cx: &mut Cx<K>,
     ) -> Option<LineEvent<P>> {
         loop {
+            // Only the shared half queues events, the closes; the rest come from the lines.
             if let Some(event) = self.events.pop_front() {
-                match event {
-                    Event::Closed(id, state) => return Some(LineEvent::Closed(id, state)),
-                    // Only the shared half queues events here, and it only closes.
-                    Event::Request(..) | Event::Writable(_) | Event::HungUp(_) => continue,
-                }
+                return Some(event);
             }
             let id = *self.dirty.front()?;
             let Some(slot) = self.slots.get_mut(&id) else {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 
-use super::{ListenConfig, Policy, peer_key};
+use super::{ConnId, Event, ListenConfig, Policy, peer_key};
 use crate::auth::Peer;
 use crate::http::server::Connection;
 
@@ -19,6 +19,12 @@ pub(crate) trait Wire: Sized {
     type Listener: mio::event::Source;
     /// What every new connection is set up with (TLS, limits, the gate).
     type Setup;
+    /// What the surface behind connections of this kind acts on (`P` its per-connection
+    /// state): each kind has its own, so no surface matches variants its wire cannot send.
+    /// The shared half makes only one of them, when a connection is gone (`closed`).
+    type Event<P>;
+    /// The event that hands a closed connection's payload back to its surface.
+    fn closed<P>(id: ConnId, state: P) -> Self::Event<P>;
     /// Takes one waiting connection off `listener` and sets it up (TLS, the protocol
     /// machine); socket options are the shared half's (`Front::add`). The outer error is the
     /// listener's (`WouldBlock` once none waits); the inner one is a connection that came but
@@ -88,6 +94,11 @@ pub(crate) struct HttpSetup {
 impl Wire for Connection {
     type Listener = TcpListener;
     type Setup = HttpSetup;
+    type Event<P> = Event<P>;
+
+    fn closed<P>(id: ConnId, state: P) -> Event<P> {
+        Event::Closed(id, state)
+    }
 
     /// The HTTP connection (TLS when configured; `Connection::new` turns Nagle off), whose
     /// every request head comes to the front's gate before its body is read

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::cli;
 use crate::drive::ops::{Op, Problem};
 use crate::drive::table::PollView;
 use crate::drive::table::{DriveCore, DriveError, DriveStatus};
@@ -33,6 +34,7 @@ use crate::log;
 use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 use crate::surface::host::{Cx, DriveHost, Key, Surface};
+use crate::surface::{self, Listening, Listens};
 use crate::surface::{FrontKey, ListenConfig};
 
 /// What we answer `initialize` with when the client asks for something we do not speak.
@@ -174,36 +176,35 @@ pub struct McpHost {
     http: Option<http::HttpSide>,
 }
 
-pub fn run(mut engine: Engine<Key<McpKey>>, core: DriveCore, listen: Option<ListenConfig>) -> u8 {
-    let mut host = DriveHost::new(core, McpHost::new());
-    if let Some(listen) = listen {
-        let addr = listen.addr;
-        let scheme = if listen.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let side = match http::HttpSide::bind(listen) {
-            Ok(side) => side,
-            Err(e) => {
-                log::error(&format!("failed to bind {addr}: {e}"));
-                return crate::exit::RUNTIME;
-            }
-        };
-        let local = side.local_addr().unwrap_or(addr);
-        host.surface.http = Some(side);
-        if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |mcp, cx| mcp.start_http(cx))) {
-            log::error(&format!("cannot listen on {addr}: {e}"));
-            return crate::exit::RUNTIME;
+/// Serves MCP on stdio until stdin closes or a signal arrives; with `listen`, Streamable
+/// HTTP there too, until a signal.
+pub fn run(engine: Engine<Key<McpKey>>, core: DriveCore, listen: Option<ListenConfig>) -> u8 {
+    let mut mcp = McpHost::new();
+    let Some(listen) = listen else {
+        return surface::serve(engine, DriveHost::new(core, mcp));
+    };
+    let listening = Listening::new(cli::Surface::Mcp.name(), &listen, "/mcp");
+    match listening.bound(http::HttpSide::bind(listen)) {
+        Ok(side) => {
+            mcp.http = Some(side);
+            surface::serve_listening(engine, DriveHost::new(core, mcp), &listening)
         }
-        // One line on stderr that scripts and tests can wait for (stdout is protocol).
-        eprintln!("caliban mcp serve listening on {scheme}://{local}/mcp");
+        Err(code) => code,
     }
-    if let Err(e) = engine.run_loop(&mut host) {
-        log::error(&format!("event loop failed: {e}"));
-        return crate::exit::RUNTIME;
+}
+
+/// Listens when it has its Streamable HTTP side (`--listen`).
+impl Listens for McpHost {
+    fn listen(&mut self, cx: &mut Cx<McpKey>) -> std::io::Result<()> {
+        self.start_http(cx)
     }
-    crate::exit::OK
+
+    fn bound_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        match &self.http {
+            Some(side) => side.local_addr(),
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        }
+    }
 }
 
 fn version_for(requested: &str) -> &'static str {
