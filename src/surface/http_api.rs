@@ -26,8 +26,9 @@ use serde_json::{Value, json};
 
 use crate::drive::ops::{self, Dialect, OpError, Problem};
 use crate::drive::table::{DriveCore, DriveError, DriveStatus, MAX_RUNS_PAGE};
-use crate::engine::{Engine, HostAction, RunId};
+use crate::engine::{Engine, HostAction};
 use crate::http::server::Request;
+use crate::ids::RunId;
 use crate::log;
 use crate::reactor::{Signal, TimerId};
 use crate::surface::front::{Event, Front, Keepalive, Policy, Reply, Response};

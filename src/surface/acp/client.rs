@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use super::delegate::ClientCaps;
 use super::prompt::PromptState;
 use super::{AcpKey, AcpServe};
-use crate::engine::RunId;
+use crate::ids::RunId;
 use crate::surface::host::Cx;
 
 impl AcpServe {

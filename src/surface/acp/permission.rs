@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::card::{self, OldText};
 use super::{AcpKey, AcpServe, Pending};
 use crate::drive::table::Prompt;
-use crate::engine::RunId;
+use crate::ids::RunId;
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::permissions::{Action, Mode, Policy, Rule, RuleSource};

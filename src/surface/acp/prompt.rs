@@ -13,7 +13,7 @@ use super::commands::{self, Command};
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
 use crate::agent::event::StopCondition;
 use crate::drive::table::{DriveStatus, Inbound, RunSpec};
-use crate::engine::RunId;
+use crate::ids::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
 use crate::mcp_client::Selection;
 use crate::surface::host::Cx;

@@ -19,7 +19,7 @@ use super::tasks::Task;
 use super::updates::Card;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, str_param, unknown_session};
 use crate::drive::table::DriveCore;
-use crate::engine::RunId;
+use crate::ids::RunId;
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
 use crate::permissions::{Mode, Rule};
