@@ -119,8 +119,8 @@ impl<K: HostKey> Engine<K> {
             return;
         }
         if may_wait && !slot.mcp_gave_up && self.mcp.any_listing(&slot.mcp) {
-            let timer = self.reactor.add_timer(mcp_client::START_WAIT);
-            self.timers.insert(timer, TimerOwner::McpWait(run));
+            let timer = self.io.reactor.add_timer(mcp_client::START_WAIT);
+            self.io.timers.insert(timer, TimerOwner::McpWait(run));
             slot.mcp_wait = McpWait::Waiting(timer);
             return;
         }
@@ -139,7 +139,7 @@ impl<K: HostKey> Engine<K> {
         };
         let provider = &self.config.provider;
         let request = provider.build_request(&slot.run.model_request());
-        let token = self.reactor.token();
+        let token = self.io.reactor.token();
         let mut exchange = Exchange::new(
             token,
             provider.target.clone(),
@@ -153,11 +153,13 @@ impl<K: HostKey> Engine<K> {
             "model request for run {} to {}:{}{}",
             run.0, provider.target.host, provider.target.port, provider.path
         ));
-        let timer = self.reactor.add_timer(self.config.first_byte_timeout);
-        self.timers.insert(timer, TimerOwner::Model(run));
-        let deadline = self.reactor.add_timer(self.config.request_timeout);
-        self.timers.insert(deadline, TimerOwner::ModelDeadline(run));
-        self.owners.insert(token, Owner::Model(run));
+        let timer = self.io.reactor.add_timer(self.config.first_byte_timeout);
+        self.io.timers.insert(timer, TimerOwner::Model(run));
+        let deadline = self.io.reactor.add_timer(self.config.request_timeout);
+        self.io
+            .timers
+            .insert(deadline, TimerOwner::ModelDeadline(run));
+        self.io.owners.insert(token, Owner::Model(run));
         // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
         let key = self.model_key.get_or_insert_with(|| {
             conn_pool::Key::new(
@@ -167,7 +169,7 @@ impl<K: HostKey> Engine<K> {
             )
         });
         let reused = match self.pool.take(key, http_client::idle_alive) {
-            Some(parked) => exchange.reuse(self.reactor.registry(), parked).is_ok(),
+            Some(parked) => exchange.reuse(self.io.reactor.registry(), parked).is_ok(),
             None => false,
         };
         slot.model = ModelState::InFlight(Box::new(ModelCall {
@@ -195,7 +197,7 @@ impl<K: HostKey> Engine<K> {
     /// A model response ended cleanly: its connection waits in the pool for the next
     /// request, if both sides keep it open.
     pub(super) fn park_model(&mut self, call: &mut ModelCall) {
-        let Some(parked) = call.exchange.park(self.reactor.registry()) else {
+        let Some(parked) = call.exchange.park(self.io.reactor.registry()) else {
             return;
         };
         let Some(key) = self.model_key.clone() else {
@@ -203,8 +205,8 @@ impl<K: HostKey> Engine<K> {
         };
         self.pool.put(key, parked, Instant::now());
         if self.pool_timer.is_none() {
-            let timer = self.reactor.add_timer(conn_pool::IDLE_TIMEOUT);
-            self.timers.insert(timer, TimerOwner::PoolIdle);
+            let timer = self.io.reactor.add_timer(conn_pool::IDLE_TIMEOUT);
+            self.io.timers.insert(timer, TimerOwner::PoolIdle);
             self.pool_timer = Some(timer);
         }
     }
@@ -214,8 +216,11 @@ impl<K: HostKey> Engine<K> {
         self.pool_timer = None;
         let now = Instant::now();
         if let Some(due) = self.pool.expire(now) {
-            let timer = self.reactor.add_timer(due.saturating_duration_since(now));
-            self.timers.insert(timer, TimerOwner::PoolIdle);
+            let timer = self
+                .io
+                .reactor
+                .add_timer(due.saturating_duration_since(now));
+            self.io.timers.insert(timer, TimerOwner::PoolIdle);
             self.pool_timer = Some(timer);
         }
     }
@@ -236,7 +241,7 @@ impl<K: HostKey> Engine<K> {
         };
         let mut events = Vec::new();
         call.exchange
-            .on_resolved(self.reactor.registry(), result, &mut events);
+            .on_resolved(self.io.reactor.registry(), result, &mut events);
         self.on_client_events(run, events);
     }
 
@@ -245,7 +250,8 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         let mut events = Vec::new();
-        call.exchange.on_ready(self.reactor.registry(), &mut events);
+        call.exchange
+            .on_ready(self.io.reactor.registry(), &mut events);
         self.on_client_events(run, events);
     }
 
@@ -298,11 +304,11 @@ impl<K: HostKey> Engine<K> {
                         if !call.output_started && model_events.iter().any(ModelEvent::is_output) {
                             // Output started: from now on a gap between events is measured
                             // by the (usually much shorter) idle limit.
-                            self.reactor.cancel_timer(call.timer);
-                            self.timers.remove(&call.timer);
-                            call.timer = self.reactor.add_timer(self.config.idle_timeout);
+                            self.io.reactor.cancel_timer(call.timer);
+                            self.io.timers.remove(&call.timer);
+                            call.timer = self.io.reactor.add_timer(self.config.idle_timeout);
                             call.output_started = true;
-                            self.timers.insert(call.timer, TimerOwner::Model(run));
+                            self.io.timers.insert(call.timer, TimerOwner::Model(run));
                         }
                         for ev in model_events {
                             if let ModelEvent::Error {
@@ -483,9 +489,9 @@ impl<K: HostKey> Engine<K> {
             notice.max_retries,
             delay.as_millis()
         ));
-        let timer = self.reactor.add_timer(delay);
+        let timer = self.io.reactor.add_timer(delay);
         slot.model = ModelState::Backoff(timer);
-        self.timers.insert(timer, TimerOwner::Backoff(run));
+        self.io.timers.insert(timer, TimerOwner::Backoff(run));
         self.notices.push_back((run, notice));
     }
 
@@ -498,11 +504,11 @@ impl<K: HostKey> Engine<K> {
     }
 
     pub(super) fn release_model(&mut self, call: &mut ModelCall) {
-        call.exchange.close(self.reactor.registry());
-        self.owners.remove(&call.exchange.token());
+        call.exchange.close(self.io.reactor.registry());
+        self.io.owners.remove(&call.exchange.token());
         for timer in [call.timer, call.deadline] {
-            self.timers.remove(&timer);
-            self.reactor.cancel_timer(timer);
+            self.io.timers.remove(&timer);
+            self.io.reactor.cancel_timer(timer);
         }
     }
 
@@ -522,9 +528,9 @@ impl<K: HostKey> Engine<K> {
         if quiet < limit {
             // Events since the timer was armed: push the deadline out instead of re-arming
             // a timer per event.
-            let timer = self.reactor.add_timer(limit - quiet);
+            let timer = self.io.reactor.add_timer(limit - quiet);
             call.timer = timer;
-            self.timers.insert(timer, TimerOwner::Model(run));
+            self.io.timers.insert(timer, TimerOwner::Model(run));
             return;
         }
         let secs = limit.as_secs_f64();

@@ -78,7 +78,7 @@ impl<K: HostKey> Engine<K> {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        let token = self.reactor.token();
+        let token = self.io.reactor.token();
         let proxied = proxy.is_some();
         let exchange = Exchange::new(
             token,
@@ -88,10 +88,12 @@ impl<K: HostKey> Engine<K> {
             request.request_bytes(),
         );
         let (host, port) = exchange.dial_target();
-        let deadline = self.reactor.add_timer(request.timeout);
-        self.timers
+        let deadline = self.io.reactor.add_timer(request.timeout);
+        self.io
+            .timers
             .insert(deadline, TimerOwner::Fetch(run, tool_use_id.clone()));
-        self.owners
+        self.io
+            .owners
             .insert(token, Owner::Fetch(run, tool_use_id.clone()));
         slot.fetches.insert(
             tool_use_id.clone(),
@@ -163,7 +165,7 @@ impl<K: HostKey> Engine<K> {
         };
         let mut events = Vec::new();
         task.exchange
-            .on_resolved(self.reactor.registry(), result, &mut events);
+            .on_resolved(self.io.reactor.registry(), result, &mut events);
         self.on_fetch_events(run, id, events);
     }
 
@@ -172,7 +174,8 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         let mut events = Vec::new();
-        task.exchange.on_ready(self.reactor.registry(), &mut events);
+        task.exchange
+            .on_ready(self.io.reactor.registry(), &mut events);
         self.on_fetch_events(run, id, events);
     }
 
@@ -231,10 +234,10 @@ impl<K: HostKey> Engine<K> {
         let Some(mut task) = self.runs.get_mut(&run).and_then(|s| s.fetches.remove(id)) else {
             return false;
         };
-        task.exchange.close(self.reactor.registry());
-        self.owners.remove(&task.exchange.token());
-        self.timers.remove(&task.deadline);
-        self.reactor.cancel_timer(task.deadline);
+        task.exchange.close(self.io.reactor.registry());
+        self.io.owners.remove(&task.exchange.token());
+        self.io.timers.remove(&task.deadline);
+        self.io.reactor.cancel_timer(task.deadline);
         true
     }
 

@@ -120,9 +120,9 @@ impl<K: HostKey> Engine<K> {
         (
             &mut self.mcp,
             McpIo {
-                reactor: &mut self.reactor,
-                owners: &mut self.owners,
-                timers: &mut self.timers,
+                reactor: &mut self.io.reactor,
+                owners: &mut self.io.owners,
+                timers: &mut self.io.timers,
                 lookups: Lookups {
                     pool: &self.dns_workers,
                     tx: &self.tx,
@@ -156,8 +156,8 @@ impl<K: HostKey> Engine<K> {
                 stragglers.join(", ")
             ));
         } else {
-            self.timers.remove(&timer);
-            self.reactor.cancel_timer(timer);
+            self.io.timers.remove(&timer);
+            self.io.reactor.cancel_timer(timer);
         }
         self.request_model_waiting(run, false);
     }
@@ -222,18 +222,18 @@ impl<K: HostKey> Engine<K> {
                 break;
             }
             wakes.clear();
-            self.reactor.wait(&mut wakes, Some(left))?;
+            self.io.reactor.wait(&mut wakes, Some(left))?;
             for wake in wakes.drain(..) {
                 match wake {
                     Wake::Io { token, .. } => {
-                        if let Some(Owner::Mcp(server, source)) = self.owners.get(&token) {
+                        if let Some(Owner::Mcp(server, source)) = self.io.owners.get(&token) {
                             let (server, source) = (*server, *source);
                             let (hub, mut io) = self.mcp_io();
                             hub.on_ready(&mut io, server, source);
                         }
                     }
                     Wake::Timer(id) => {
-                        if let Some(TimerOwner::Mcp(server, alarm)) = self.timers.remove(&id) {
+                        if let Some(TimerOwner::Mcp(server, alarm)) = self.io.timers.remove(&id) {
                             let (hub, mut io) = self.mcp_io();
                             hub.on_timer(&mut io, server, alarm);
                         }

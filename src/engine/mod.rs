@@ -20,6 +20,9 @@ mod fetch;
 mod mcp;
 mod procs;
 
+#[cfg(test)]
+mod fake;
+
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Effect, Run, ToolCall};
 use crate::http::pool as conn_pool;
@@ -41,7 +44,7 @@ use fetch::FetchTask;
 use mcp::{Lookups, McpIo, McpWait};
 use mio::Token;
 use mio::Waker;
-use procs::{BashTask, MAX_LIVE_PROCESSES_PER_RUN, ShellTask, Spawn};
+use procs::Procs;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -359,6 +362,52 @@ pub trait Host {
     }
 }
 
+/// The reactor as an owner (`call`, `procs`, `fetch`) sees it: tokens and timers named by
+/// the work they belong to, which the loop routes back, and the registry its sources join.
+/// Nothing more, so an owner's logic runs in a unit test on a fake (`tests::FakeReach`).
+trait Reach<K> {
+    fn registry(&self) -> &mio::Registry;
+    fn token(&mut self, owner: Owner<K>) -> Token;
+    fn forget(&mut self, token: Token);
+    fn timer(&mut self, after: Duration, owner: TimerOwner<K>) -> TimerId;
+    fn cancel(&mut self, id: TimerId);
+}
+
+/// The reactor and who each of its tokens and timers belongs to: an `Engine` field of its
+/// own, so an owner can be lent it (`Reach`) while the run's slot is borrowed too.
+struct Routing<K> {
+    reactor: Reactor,
+    owners: HashMap<Token, Owner<K>>,
+    timers: HashMap<TimerId, TimerOwner<K>>,
+}
+
+impl<K> Reach<K> for Routing<K> {
+    fn registry(&self) -> &mio::Registry {
+        self.reactor.registry()
+    }
+
+    fn token(&mut self, owner: Owner<K>) -> Token {
+        let token = self.reactor.token();
+        self.owners.insert(token, owner);
+        token
+    }
+
+    fn forget(&mut self, token: Token) {
+        self.owners.remove(&token);
+    }
+
+    fn timer(&mut self, after: Duration, owner: TimerOwner<K>) -> TimerId {
+        let id = self.reactor.add_timer(after);
+        self.timers.insert(id, owner);
+        id
+    }
+
+    fn cancel(&mut self, id: TimerId) {
+        self.timers.remove(&id);
+        self.reactor.cancel_timer(id);
+    }
+}
+
 pub enum ToolPlacement {
     Local,
     Delegated,
@@ -427,12 +476,8 @@ struct RunSlot {
     workspace: PathBuf,
     model: ModelState,
     attempt: u32,
-    bash: HashMap<String, BashTask>,
-    /// Process tool calls waiting for a place (`MAX_LIVE_PROCESSES_PER_RUN`), in call order.
-    waiting: VecDeque<(ToolCall, Spawn)>,
-    shells: BTreeMap<String, ShellTask>,
-    /// Numbers the run's shells: `shell_1`, `shell_2`, …
-    shells_started: u64,
+    /// Its commands, background shells and the process calls waiting for a place.
+    procs: Procs,
     /// `WebFetch` calls in flight, by tool_use_id.
     fetches: HashMap<String, FetchTask>,
     /// The MCP servers whose tools the run is offered.
@@ -446,11 +491,6 @@ struct RunSlot {
 }
 
 impl RunSlot {
-    /// The run's process tools alive now: foreground commands and running shells.
-    fn live_processes(&self) -> usize {
-        self.bash.len() + self.shells.values().filter(|s| !s.job.exited()).count()
-    }
-
     fn new(run: Run, workspace: PathBuf, mcp: Vec<ServerId>, mcp_all: bool) -> RunSlot {
         // The file tools hold this directory from now on, so a command that later renames
         // it and puts a symlink in its place (a workspace in a temp dir it may write) does
@@ -461,10 +501,7 @@ impl RunSlot {
             workspace,
             model: ModelState::Idle,
             attempt: 0,
-            bash: HashMap::new(),
-            waiting: VecDeque::new(),
-            shells: BTreeMap::new(),
-            shells_started: 0,
+            procs: Procs::default(),
             fetches: HashMap::new(),
             mcp,
             mcp_all,
@@ -475,12 +512,10 @@ impl RunSlot {
 }
 
 pub struct Engine<K: HostKey> {
-    reactor: Reactor,
+    io: Routing<K>,
     config: EngineConfig,
     runs: BTreeMap<RunId, RunSlot>,
     next_run: u64,
-    owners: HashMap<Token, Owner<K>>,
-    timers: HashMap<TimerId, TimerOwner<K>>,
     tx: Sender<Completion>,
     rx: Receiver<Completion>,
     waker: Arc<Waker>,
@@ -527,12 +562,14 @@ impl<K: HostKey> Engine<K> {
         );
         let idle_connections = config.idle_connections;
         Ok(Engine {
-            reactor,
+            io: Routing {
+                reactor,
+                owners: HashMap::new(),
+                timers: HashMap::new(),
+            },
             config,
             runs: BTreeMap::new(),
             next_run: 1,
-            owners: HashMap::new(),
-            timers: HashMap::new(),
             tx,
             rx,
             waker,
@@ -560,17 +597,17 @@ impl<K: HostKey> Engine<K> {
     }
 
     pub fn attach_stdin(&mut self) -> std::io::Result<()> {
-        let token = self.reactor.token();
-        let stdin = Stdin::attach(self.reactor.registry(), token, self.reactor.waker())?;
-        self.owners.insert(token, Owner::Stdin);
+        let token = self.io.reactor.token();
+        let stdin = Stdin::attach(self.io.reactor.registry(), token, self.io.reactor.waker())?;
+        self.io.owners.insert(token, Owner::Stdin);
         self.stdin = Some(stdin);
         Ok(())
     }
 
     pub fn attach_stdout(&mut self) {
-        let token = self.reactor.token();
-        self.stdout = Some(Stdout::attach(self.reactor.registry(), token));
-        self.owners.insert(token, Owner::Stdout);
+        let token = self.io.reactor.token();
+        self.stdout = Some(Stdout::attach(self.io.reactor.registry(), token));
+        self.io.owners.insert(token, Owner::Stdout);
     }
 
     /// Adds a run; nothing happens until input arrives through `HostAction::SendInput`.
@@ -591,9 +628,9 @@ impl<K: HostKey> Engine<K> {
 
     fn ctx(&mut self) -> Ctx<'_, K> {
         Ctx {
-            reactor: &mut self.reactor,
-            owners: &mut self.owners,
-            timers: &mut self.timers,
+            reactor: &mut self.io.reactor,
+            owners: &mut self.io.owners,
+            timers: &mut self.io.timers,
             actions: &mut self.actions,
             stats: self.stats,
             mcp: &mut self.mcp,
@@ -616,7 +653,7 @@ impl<K: HostKey> Engine<K> {
         self.drain(host);
         while !self.quit {
             wakes.clear();
-            self.reactor.wait(&mut wakes, None)?;
+            self.io.reactor.wait(&mut wakes, None)?;
             for wake in wakes.drain(..) {
                 self.dispatch(wake, host);
                 self.perform_queued(host);
@@ -645,7 +682,7 @@ impl<K: HostKey> Engine<K> {
 
     fn dispatch(&mut self, wake: Wake, host: &mut impl Host<Key = K>) {
         match wake {
-            Wake::Io { token, .. } => match self.owners.get(&token) {
+            Wake::Io { token, .. } => match self.io.owners.get(&token) {
                 Some(Owner::Model(run)) => {
                     let run = *run;
                     self.on_model_ready(run);
@@ -708,7 +745,7 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         let mut items = Vec::new();
-        stdin.drain(self.reactor.registry(), &mut items);
+        stdin.drain(self.io.reactor.registry(), &mut items);
         for item in items {
             host.on_stdin(&mut self.ctx(), item);
         }
@@ -958,7 +995,7 @@ impl<K: HostKey> Engine<K> {
     }
 
     fn on_timer(&mut self, id: TimerId, host: &mut impl Host<Key = K>) {
-        let Some(owner) = self.timers.remove(&id) else {
+        let Some(owner) = self.io.timers.remove(&id) else {
             return;
         };
         match owner {
@@ -980,17 +1017,7 @@ impl<K: HostKey> Engine<K> {
                     self.start_model(run);
                 }
             }
-            TimerOwner::BashTimeout(run, tool) => {
-                if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(&tool)) {
-                    let secs = task.job.timeout.as_secs();
-                    task.job.kill(if secs == 1 {
-                        "timed out after 1 second; the process group was killed"
-                    } else {
-                        "timed out; the process group was killed"
-                    });
-                    self.reap_children();
-                }
-            }
+            TimerOwner::BashTimeout(run, tool) => self.on_bash_timeout(run, &tool),
             TimerOwner::Fetch(run, id) => {
                 let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(&id)) else {
                     return;
@@ -1002,12 +1029,7 @@ impl<K: HostKey> Engine<K> {
                 ));
                 self.end_fetch(run, &id, output);
             }
-            TimerOwner::BashGrace(run, tool) => {
-                if let Some(task) = self.runs.get_mut(&run).and_then(|s| s.bash.get_mut(&tool)) {
-                    task.job.close_pipes(self.reactor.registry());
-                }
-                self.maybe_finish_bash(run, &tool);
-            }
+            TimerOwner::BashGrace(run, tool) => self.on_bash_grace(run, &tool),
         }
     }
 
@@ -1030,11 +1052,7 @@ impl<K: HostKey> Engine<K> {
         let work = match runs {
             Runs::Worker(work) => work,
             Runs::Process(spawn) => {
-                if slot.live_processes() >= MAX_LIVE_PROCESSES_PER_RUN || !slot.waiting.is_empty() {
-                    slot.waiting.push_back((call, spawn));
-                } else {
-                    self.start_process(run, call, spawn, &workspace);
-                }
+                self.start_process(run, call, spawn);
                 return;
             }
             Runs::Fetch(parse) => {
@@ -1064,7 +1082,7 @@ impl<K: HostKey> Engine<K> {
             }
             Runs::Shell(parse) => {
                 let output = match parse(&call.input) {
-                    Ok(op) => self.shell_op(run, op),
+                    Ok(op) => self.shell_op(run, &call.name, op),
                     Err(refused) => refused,
                 };
                 self.tool_done(run, &call.id, output);
