@@ -1,5 +1,5 @@
 use super::mcp::McpWait;
-use super::{Completion, Engine, Owner, RetryNotice, TimerOwner};
+use super::{Completion, Engine, Owner, Reach, RetryNotice, TimerOwner};
 use crate::agent::event::StopCondition;
 use crate::http::client::{self as http_client, ClientEvent, Exchange};
 use crate::http::pool as conn_pool;
@@ -7,7 +7,7 @@ use crate::http::sse::SseDecoder;
 use crate::ids::{HostKey, RunId};
 use crate::log;
 use crate::mcp_client::{self};
-use crate::model::retry::{self, RetryDecision};
+use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::ModelEvent;
 use crate::model::{self, StreamDecoder};
 use crate::reactor::TimerId;
@@ -24,15 +24,9 @@ pub(super) struct ModelCall {
     pub(super) status: Option<u16>,
     pub(super) headers: Vec<(String, String)>,
     pub(super) error_body: Vec<u8>,
-    /// When the request started: the first-output limit counts from here.
-    pub(super) started: Instant,
-    /// When the last model event arrived, once output started: the idle limit counts from
-    /// here. Keep-alives never move it.
-    pub(super) last_event: Instant,
+    /// How long the model has been quiet; `timer` fires when it may have been too long.
+    pub(super) quiet: Quiet,
     pub(super) timer: TimerId,
-    /// Whether output started, so `timer` measures the idle gap rather than the wait for
-    /// the first output.
-    pub(super) output_started: bool,
     /// `request_timeout` from `started`.
     pub(super) deadline: TimerId,
 }
@@ -103,6 +97,201 @@ pub(super) fn jitter() -> f64 {
     f64::from(nanos % 1000) / 1000.0
 }
 
+/// How long a model request has been quiet. Every request is bounded by the first output
+/// (`first_byte_timeout` from the start) and then by the gap between events
+/// (`idle_timeout`); bytes are not progress (a keep-alive is bytes), model events are.
+pub(super) struct Quiet {
+    /// When the request started: the first-output limit counts from here.
+    started: Instant,
+    /// When the last model event arrived, once output started: the idle limit counts from
+    /// here. Keep-alives never move it.
+    last_event: Instant,
+    /// Whether output started, so the request's timer measures the idle gap rather than
+    /// the wait for the first output.
+    pub(super) output_started: bool,
+}
+
+impl Quiet {
+    pub(super) fn new(now: Instant) -> Quiet {
+        Quiet {
+            started: now,
+            last_event: now,
+            output_started: false,
+        }
+    }
+
+    /// Events decoded at `now`; whether they started the output, so the caller re-arms
+    /// its timer with the (usually much shorter) idle limit.
+    fn heard(&mut self, now: Instant, events: &[ModelEvent]) -> bool {
+        if !events.is_empty() {
+            self.last_event = now;
+        }
+        if self.output_started || !events.iter().any(ModelEvent::is_output) {
+            return false;
+        }
+        self.output_started = true;
+        true
+    }
+
+    /// At the request's timer: how long is left (events came since it was armed), or the
+    /// limit the quiet ran past.
+    fn due(
+        &self,
+        now: Instant,
+        first_byte: Duration,
+        idle: Duration,
+    ) -> Result<Duration, Duration> {
+        let (limit, since) = if self.output_started {
+            (idle, self.last_event)
+        } else {
+            (first_byte, self.started)
+        };
+        let quiet = now.saturating_duration_since(since);
+        if quiet < limit {
+            Ok(limit - quiet)
+        } else {
+            Err(limit)
+        }
+    }
+}
+
+/// A run's retries of its current turn's model request, and what a failure leads to.
+#[derive(Default)]
+pub(super) struct Retries {
+    /// Retries made so far for this turn.
+    attempt: u32,
+}
+
+impl Retries {
+    /// A new turn: its request has all its retries again.
+    pub(super) fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    /// After a failure with no (usable) response: the delay before the next attempt, or
+    /// `None` to give up. Nothing is resent once the turn showed output (`can_retry_turn`).
+    fn after_transport(
+        &self,
+        policy: &RetryPolicy,
+        retryable: bool,
+        can_retry_turn: bool,
+        jitter: f64,
+    ) -> Option<Duration> {
+        if !retryable || !can_retry_turn {
+            return None;
+        }
+        match retry::decide_transport(policy, self.attempt, jitter) {
+            RetryDecision::Retry(delay) => Some(delay),
+            RetryDecision::GiveUp => None,
+        }
+    }
+
+    /// After an error status: the delay the server asked for (`retry-after`) or the
+    /// backoff, or `None` to give up.
+    fn after_status(
+        &self,
+        policy: &RetryPolicy,
+        status: u16,
+        header: &dyn Fn(&str) -> Option<String>,
+        kind: Option<&str>,
+        can_retry_turn: bool,
+        jitter: f64,
+    ) -> Option<Duration> {
+        match retry::decide_status(policy, self.attempt, status, header, kind, jitter) {
+            RetryDecision::Retry(delay) if can_retry_turn => Some(delay),
+            _ => None,
+        }
+    }
+
+    /// Counts a retry and arms the timer that makes it; the notice tells the host.
+    #[allow(clippy::too_many_arguments)]
+    fn schedule<K>(
+        &mut self,
+        reach: &mut impl Reach<K>,
+        run: RunId,
+        policy: &RetryPolicy,
+        delay: Duration,
+        status: Option<u16>,
+        category: &'static str,
+        message: String,
+    ) -> (TimerId, RetryNotice) {
+        self.attempt += 1;
+        let timer = reach.timer(delay, TimerOwner::Backoff(run));
+        let notice = RetryNotice {
+            attempt: self.attempt + 1,
+            max_retries: policy.max_retries,
+            delay,
+            status,
+            category,
+            message,
+        };
+        (timer, notice)
+    }
+}
+
+/// Idle model connections (keep-alive), deregistered, for the next model request of any
+/// run; one timer closes the ones idle too long.
+pub(super) struct Warm<C> {
+    pool: conn_pool::Pool<C>,
+    /// What makes a model connection reusable: the provider's target, proxy and TLS config.
+    /// Built at the first model request, not at start-up (an idle server runs none of it).
+    key: Option<conn_pool::Key>,
+    timer: Option<TimerId>,
+}
+
+impl<C> Warm<C> {
+    /// Keeps up to `per_key` connections (`EngineConfig::idle_connections`).
+    pub(super) fn new(per_key: usize) -> Warm<C> {
+        Warm {
+            pool: conn_pool::Pool::new(conn_pool::Limits {
+                per_key,
+                total: per_key.max(conn_pool::MAX_IDLE),
+                idle: conn_pool::IDLE_TIMEOUT,
+            }),
+            key: None,
+            timer: None,
+        }
+    }
+
+    /// Hands a parked connection that `alive` finds still open to `reuse`; whether the
+    /// request took one. When not, the request dials: a connection the server closed
+    /// while it idled is the exchange's business, never the retry policy's.
+    fn reuse(
+        &mut self,
+        key: impl FnOnce() -> conn_pool::Key,
+        alive: impl FnMut(&mut C) -> bool,
+        reuse: impl FnOnce(conn_pool::Parked<C>) -> bool,
+    ) -> bool {
+        let key = self.key.get_or_insert_with(key);
+        self.pool.take(key, alive).is_some_and(reuse)
+    }
+
+    /// Keeps a connection whose response ended cleanly, and arms the idle timer.
+    fn park<K>(&mut self, reach: &mut impl Reach<K>, parked: conn_pool::Parked<C>, now: Instant) {
+        let Some(key) = self.key.clone() else {
+            return;
+        };
+        self.pool.put(key, parked, now);
+        if self.timer.is_none() {
+            self.timer = Some(reach.timer(conn_pool::IDLE_TIMEOUT, TimerOwner::PoolIdle));
+        }
+    }
+
+    /// The idle timer: close what idled too long, and wake again for the next.
+    pub(super) fn on_timer<K>(&mut self, reach: &mut impl Reach<K>, now: Instant) {
+        self.timer = None;
+        if let Some(due) = self.pool.expire(now) {
+            let after = due.saturating_duration_since(now);
+            self.timer = Some(reach.timer(after, TimerOwner::PoolIdle));
+        }
+    }
+
+    /// Closes every idle connection: nothing is on them, nothing waits.
+    pub(super) fn clear(&mut self) {
+        self.pool.clear();
+    }
+}
+
 impl<K: HostKey> Engine<K> {
     /// A new model request: it waits (bounded) while any of the run's MCP servers is
     /// listing its tools; then it offers the tools they list now, so a server that finished
@@ -161,17 +350,17 @@ impl<K: HostKey> Engine<K> {
             .insert(deadline, TimerOwner::ModelDeadline(run));
         self.io.owners.insert(token, Owner::Model(run));
         // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
-        let key = self.model_key.get_or_insert_with(|| {
+        let key = || {
             conn_pool::Key::new(
                 provider.target.clone(),
                 provider.proxy.clone(),
                 provider.tls.clone(),
             )
-        });
-        let reused = match self.pool.take(key, http_client::idle_alive) {
-            Some(parked) => exchange.reuse(self.io.reactor.registry(), parked).is_ok(),
-            None => false,
         };
+        let registry = self.io.reactor.registry();
+        let reused = self.pool.reuse(key, http_client::idle_alive, |parked| {
+            exchange.reuse(registry, parked).is_ok()
+        });
         slot.model = ModelState::InFlight(Box::new(ModelCall {
             exchange,
             sse: SseDecoder::new(),
@@ -179,10 +368,8 @@ impl<K: HostKey> Engine<K> {
             status: None,
             headers: Vec::new(),
             error_body: Vec::new(),
-            started: Instant::now(),
-            last_event: Instant::now(),
+            quiet: Quiet::new(Instant::now()),
             timer,
-            output_started: false,
             deadline,
         }));
         if reused {
@@ -196,32 +383,9 @@ impl<K: HostKey> Engine<K> {
 
     /// A model response ended cleanly: its connection waits in the pool for the next
     /// request, if both sides keep it open.
-    pub(super) fn park_model(&mut self, call: &mut ModelCall) {
-        let Some(parked) = call.exchange.park(self.io.reactor.registry()) else {
-            return;
-        };
-        let Some(key) = self.model_key.clone() else {
-            return;
-        };
-        self.pool.put(key, parked, Instant::now());
-        if self.pool_timer.is_none() {
-            let timer = self.io.reactor.add_timer(conn_pool::IDLE_TIMEOUT);
-            self.io.timers.insert(timer, TimerOwner::PoolIdle);
-            self.pool_timer = Some(timer);
-        }
-    }
-
-    /// The pool's timer: close what idled too long, and wake again for the next.
-    pub(super) fn on_pool_timer(&mut self) {
-        self.pool_timer = None;
-        let now = Instant::now();
-        if let Some(due) = self.pool.expire(now) {
-            let timer = self
-                .io
-                .reactor
-                .add_timer(due.saturating_duration_since(now));
-            self.io.timers.insert(timer, TimerOwner::PoolIdle);
-            self.pool_timer = Some(timer);
+    fn park_model(&mut self, call: &mut ModelCall) {
+        if let Some(parked) = call.exchange.park(self.io.reactor.registry()) {
+            self.pool.park(&mut self.io, parked, Instant::now());
         }
     }
 
@@ -297,18 +461,12 @@ impl<K: HostKey> Engine<K> {
                             }
                         }
                         let now = Instant::now();
-                        // Bytes are not progress (a keep-alive is bytes); model events are.
-                        if !model_events.is_empty() {
-                            call.last_event = now;
-                        }
-                        if !call.output_started && model_events.iter().any(ModelEvent::is_output) {
+                        if call.quiet.heard(now, &model_events) {
                             // Output started: from now on a gap between events is measured
                             // by the (usually much shorter) idle limit.
-                            self.io.reactor.cancel_timer(call.timer);
-                            self.io.timers.remove(&call.timer);
-                            call.timer = self.io.reactor.add_timer(self.config.idle_timeout);
-                            call.output_started = true;
-                            self.io.timers.insert(call.timer, TimerOwner::Model(run));
+                            self.io.cancel(call.timer);
+                            let idle = self.config.idle_timeout;
+                            call.timer = self.io.timer(idle, TimerOwner::Model(run));
                         }
                         for ev in model_events {
                             if let ModelEvent::Error {
@@ -385,15 +543,6 @@ impl<K: HostKey> Engine<K> {
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        let attempt = self.runs.get(&run).map_or(0, |s| s.attempt);
-        let decision = retry::decide_status(
-            &self.config.retry,
-            attempt,
-            status,
-            &header,
-            Some(err.kind.as_str()),
-            jitter(),
-        );
         let message = err.to_string();
         if err.is_context_overflow()
             && let Some(slot) = self.runs.get_mut(&run)
@@ -415,13 +564,23 @@ impl<K: HostKey> Engine<K> {
             self.schedule_retry(run, Duration::ZERO, Some(status), category, message);
             return;
         }
-        let can_retry = self.runs.get(&run).is_some_and(|s| s.run.can_retry_turn());
-        match decision {
-            RetryDecision::Retry(delay) if can_retry => {
+        let Some(slot) = self.runs.get(&run) else {
+            return;
+        };
+        let delay = slot.retries.after_status(
+            &self.config.retry,
+            status,
+            &header,
+            Some(err.kind.as_str()),
+            slot.run.can_retry_turn(),
+            jitter(),
+        );
+        match delay {
+            Some(delay) => {
                 let category = retry::category_for(status, Some(err.kind.as_str()));
                 self.schedule_retry(run, delay, Some(status), category, message)
             }
-            _ => self.fail_run(run, StopCondition::ProviderError(message)),
+            None => self.fail_run(run, StopCondition::ProviderError(message)),
         }
     }
 
@@ -449,10 +608,10 @@ impl<K: HostKey> Engine<K> {
         let Some(slot) = self.runs.get(&run) else {
             return;
         };
-        if retryable
-            && slot.run.can_retry_turn()
-            && let RetryDecision::Retry(delay) =
-                retry::decide_transport(&self.config.retry, slot.attempt, jitter())
+        let can_retry = slot.run.can_retry_turn();
+        if let Some(delay) =
+            slot.retries
+                .after_transport(&self.config.retry, retryable, can_retry, jitter())
         {
             self.schedule_retry(run, delay, status, retry::CATEGORY_NETWORK, error);
             return;
@@ -472,26 +631,24 @@ impl<K: HostKey> Engine<K> {
             return;
         };
         self.stats.model_retries += 1;
-        slot.attempt += 1;
-        slot.run.reset_turn_for_retry(Instant::now() + delay);
-        let notice = RetryNotice {
-            attempt: slot.attempt + 1,
-            max_retries: self.config.retry.max_retries,
+        let (timer, notice) = slot.retries.schedule(
+            &mut self.io,
+            run,
+            &self.config.retry,
             delay,
             status,
             category,
             message,
-        };
+        );
+        slot.run.reset_turn_for_retry(Instant::now() + delay);
         log::info(&format!(
             "model request failed ({}); retry {} of {} in {} ms",
             notice.message,
-            slot.attempt,
+            notice.attempt - 1,
             notice.max_retries,
             delay.as_millis()
         ));
-        let timer = self.io.reactor.add_timer(delay);
         slot.model = ModelState::Backoff(timer);
-        self.io.timers.insert(timer, TimerOwner::Backoff(run));
         self.notices.push_back((run, notice));
     }
 
@@ -519,22 +676,21 @@ impl<K: HostKey> Engine<K> {
         if call.timer != id {
             return;
         }
-        let (limit, since) = if call.output_started {
-            (self.config.idle_timeout, call.last_event)
-        } else {
-            (self.config.first_byte_timeout, call.started)
+        let limit = match call.quiet.due(
+            Instant::now(),
+            self.config.first_byte_timeout,
+            self.config.idle_timeout,
+        ) {
+            Ok(left) => {
+                // Events since the timer was armed: push the deadline out instead of
+                // re-arming a timer per event.
+                call.timer = self.io.timer(left, TimerOwner::Model(run));
+                return;
+            }
+            Err(limit) => limit,
         };
-        let quiet = since.elapsed();
-        if quiet < limit {
-            // Events since the timer was armed: push the deadline out instead of re-arming
-            // a timer per event.
-            let timer = self.io.reactor.add_timer(limit - quiet);
-            call.timer = timer;
-            self.io.timers.insert(timer, TimerOwner::Model(run));
-            return;
-        }
         let secs = limit.as_secs_f64();
-        let message = if call.output_started {
+        let message = if call.quiet.output_started {
             format!("the model stream was idle for {secs} s")
         } else if call.exchange.got_response_byte() {
             format!("no output from the model within {secs} s (keep-alives do not count)")
@@ -570,5 +726,278 @@ impl<K: HostKey> Engine<K> {
             self.release_model(&mut call);
         }
         self.retry_or_fail(run, message, None, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fake::FakeReach;
+    use super::*;
+    use crate::http::client::Target;
+
+    const RUN: RunId = RunId(3);
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_retries: 6,
+            base: Duration::from_millis(500),
+            max_delay: Duration::from_secs(4),
+        }
+    }
+
+    fn no_headers(_: &str) -> Option<String> {
+        None
+    }
+
+    /// Schedules retries after transport failures until the policy gives up; the delays.
+    fn delays(retries: &mut Retries, reach: &mut FakeReach) -> Vec<Duration> {
+        let mut delays = Vec::new();
+        while let Some(delay) = retries.after_transport(&policy(), true, true, 0.0) {
+            retries.schedule(reach, RUN, &policy(), delay, None, "network", String::new());
+            delays.push(delay);
+        }
+        delays
+    }
+
+    #[test]
+    fn backoff_delays_double_up_to_the_cap_then_the_retries_give_up() {
+        let (mut retries, mut reach) = (Retries::default(), FakeReach::new());
+        let ms = |n| Duration::from_millis(n);
+        let expected = [ms(500), ms(1000), ms(2000), ms(4000), ms(4000), ms(4000)];
+        assert_eq!(delays(&mut retries, &mut reach), expected);
+        assert!(
+            retries
+                .after_transport(&policy(), true, true, 0.0)
+                .is_none()
+        );
+        let status = retries.after_status(&policy(), 503, &no_headers, None, true, 0.0);
+        assert!(status.is_none(), "a status retry counts the same attempts");
+    }
+
+    #[test]
+    fn a_new_turn_has_all_its_retries_again() {
+        let (mut retries, mut reach) = (Retries::default(), FakeReach::new());
+        delays(&mut retries, &mut reach);
+        retries.reset();
+        let first = retries.after_transport(&policy(), true, true, 0.0);
+        assert_eq!(first, Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn a_scheduled_retry_arms_its_backoff_timer_and_numbers_its_attempt() {
+        let (mut retries, mut reach) = (Retries::default(), FakeReach::new());
+        let message = "overloaded".to_owned();
+        let (timer, notice) = retries.schedule(
+            &mut reach,
+            RUN,
+            &policy(),
+            SECOND,
+            Some(529),
+            "overloaded",
+            message,
+        );
+        assert!(matches!(
+            reach.timers.get(&timer),
+            Some((SECOND, TimerOwner::Backoff(RUN)))
+        ));
+        assert_eq!((notice.attempt, notice.max_retries), (2, 6));
+        assert_eq!((notice.status, notice.category), (Some(529), "overloaded"));
+        let (_, second) = retries.schedule(
+            &mut reach,
+            RUN,
+            &policy(),
+            SECOND,
+            None,
+            "network",
+            String::new(),
+        );
+        assert_eq!(second.attempt, 3);
+    }
+
+    #[test]
+    fn retry_after_is_honoured_and_a_client_error_is_not_retried() {
+        let retries = Retries::default();
+        let retry_after = |name: &str| (name == "retry-after").then(|| "3".to_owned());
+        let asked = retries.after_status(&policy(), 429, &retry_after, None, true, 0.9);
+        assert_eq!(
+            asked,
+            Some(Duration::from_secs(3)),
+            "the server's delay, no jitter"
+        );
+        let backoff = retries.after_status(&policy(), 529, &no_headers, None, true, 0.0);
+        assert_eq!(backoff, Some(Duration::from_millis(500)));
+        assert!(
+            retries
+                .after_status(&policy(), 400, &no_headers, None, true, 0.0)
+                .is_none()
+        );
+        let quota = Some("insufficient_quota");
+        assert!(
+            retries
+                .after_status(&policy(), 429, &no_headers, quota, true, 0.0)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn nothing_is_resent_once_the_turn_showed_output_or_the_failure_is_permanent() {
+        let retries = Retries::default();
+        assert!(
+            retries
+                .after_transport(&policy(), true, false, 0.0)
+                .is_none()
+        );
+        assert!(
+            retries
+                .after_transport(&policy(), false, true, 0.0)
+                .is_none()
+        );
+        assert!(
+            retries
+                .after_status(&policy(), 503, &no_headers, None, false, 0.0)
+                .is_none()
+        );
+    }
+
+    fn text(text: &str) -> ModelEvent {
+        ModelEvent::TextDelta {
+            index: 0,
+            text: text.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_first_output_limit_counts_from_the_start_and_ignores_keep_alives() {
+        let t0 = Instant::now();
+        let mut quiet = Quiet::new(t0);
+        let (first_byte, idle) = (10 * SECOND, 2 * SECOND);
+        assert!(
+            !quiet.heard(t0 + 4 * SECOND, &[]),
+            "a keep-alive decodes to nothing"
+        );
+        let start = ModelEvent::Start {
+            message_id: "m".to_owned(),
+            model: "x".to_owned(),
+        };
+        assert!(
+            !quiet.heard(t0 + 5 * SECOND, &[start]),
+            "a start is not output"
+        );
+        assert_eq!(quiet.due(t0 + 6 * SECOND, first_byte, idle), Ok(4 * SECOND));
+        assert_eq!(
+            quiet.due(t0 + 10 * SECOND, first_byte, idle),
+            Err(first_byte)
+        );
+    }
+
+    #[test]
+    fn once_output_started_the_idle_limit_counts_from_the_last_event() {
+        let t0 = Instant::now();
+        let mut quiet = Quiet::new(t0);
+        let (first_byte, idle) = (10 * SECOND, 2 * SECOND);
+        assert!(
+            quiet.heard(t0 + SECOND, &[text("a")]),
+            "output starts: re-arm"
+        );
+        assert!(!quiet.heard(t0 + 2 * SECOND, &[text("b")]), "only once");
+        assert_eq!(quiet.due(t0 + 3 * SECOND, first_byte, idle), Ok(SECOND));
+        assert!(!quiet.heard(t0 + 5 * SECOND, &[]));
+        assert_eq!(quiet.due(t0 + 5 * SECOND, first_byte, idle), Err(idle));
+    }
+
+    fn key() -> conn_pool::Key {
+        let target = Target {
+            tls: false,
+            host: "api.example".to_owned(),
+            port: 80,
+        };
+        conn_pool::Key::new(target, None, None)
+    }
+
+    fn parked(conn: u32) -> conn_pool::Parked<u32> {
+        conn_pool::Parked {
+            conn,
+            addrs: Vec::new(),
+        }
+    }
+
+    /// A pool that saw its first request (so it knows its key) and parked `conns`.
+    fn warm(reach: &mut FakeReach, conns: &[u32]) -> Warm<u32> {
+        let mut warm = Warm::new(4);
+        assert!(!warm.reuse(key, |_| true, |_| true), "nothing parked yet");
+        for conn in conns {
+            warm.park(reach, parked(*conn), Instant::now());
+        }
+        warm
+    }
+
+    #[test]
+    fn a_parked_connection_is_reused_once() {
+        let mut reach = FakeReach::new();
+        let mut warm = warm(&mut reach, &[7]);
+        let mut got = None;
+        assert!(warm.reuse(
+            key,
+            |_| true,
+            |p| {
+                got = Some(p.conn);
+                true
+            }
+        ));
+        assert_eq!(got, Some(7));
+        assert!(
+            !warm.reuse(key, |_| true, |_| true),
+            "the next request dials"
+        );
+    }
+
+    #[test]
+    fn a_connection_the_server_closed_is_dropped_and_the_request_dials() {
+        let mut reach = FakeReach::new();
+        let mut warm = warm(&mut reach, &[1, 2]);
+        let mut offered = Vec::new();
+        let dead = |conn: &mut u32| *conn != 2;
+        assert!(warm.reuse(key, dead, |p| {
+            offered.push(p.conn);
+            true
+        }));
+        assert_eq!(offered, [1], "the live one, newest dead one dropped");
+        assert!(!warm.reuse(key, |_| true, |_| panic!("nothing is left")));
+    }
+
+    #[test]
+    fn a_connection_the_exchange_cannot_take_back_means_a_fresh_dial() {
+        let mut reach = FakeReach::new();
+        let mut warm = warm(&mut reach, &[1]);
+        assert!(!warm.reuse(key, |_| true, |_| false));
+        assert!(warm.pool.is_empty());
+    }
+
+    #[test]
+    fn parking_arms_one_idle_timer_that_rearms_for_the_next_to_expire() {
+        let mut reach = FakeReach::new();
+        let t0 = Instant::now();
+        let mut warm = warm(&mut reach, &[]);
+        warm.park(&mut reach, parked(1), t0);
+        warm.park(&mut reach, parked(2), t0 + 10 * SECOND);
+        let idle: Vec<_> = reach.timers.values().map(|(after, _)| *after).collect();
+        assert_eq!(idle, [conn_pool::IDLE_TIMEOUT], "one timer for the pool");
+        reach.timers.clear();
+        warm.on_timer(&mut reach, t0 + conn_pool::IDLE_TIMEOUT);
+        assert_eq!(warm.pool.len(), 1, "the older one closed");
+        let next: Vec<_> = reach.timers.values().map(|(after, _)| *after).collect();
+        assert_eq!(next, [10 * SECOND]);
+        reach.timers.clear();
+        warm.on_timer(&mut reach, t0 + conn_pool::IDLE_TIMEOUT + 10 * SECOND);
+        assert!(warm.pool.is_empty() && reach.timers.is_empty());
+    }
+
+    #[test]
+    fn nothing_is_parked_before_a_request_named_the_key() {
+        let mut reach = FakeReach::new();
+        let mut warm: Warm<u32> = Warm::new(4);
+        warm.park(&mut reach, parked(1), Instant::now());
+        assert!(warm.pool.is_empty() && reach.timers.is_empty());
     }
 }

@@ -25,7 +25,6 @@ mod fake;
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Effect, Run, ToolCall};
-use crate::http::pool as conn_pool;
 use crate::ids::{HostKey, RunId};
 use crate::mcp_client::{self, Alarm, Hub, Selection, ServerId, Source};
 use crate::model::Provider;
@@ -39,7 +38,7 @@ use crate::tools::bash::Stream;
 use crate::tools::table::{self, Runs};
 use crate::transport::Conn;
 use crate::workers::Pool;
-use call::ModelState;
+use call::{ModelState, Retries, Warm};
 use fetch::FetchTask;
 use mcp::{Lookups, McpIo, McpWait};
 use mio::Token;
@@ -475,7 +474,7 @@ struct RunSlot {
     run: Run,
     workspace: PathBuf,
     model: ModelState,
-    attempt: u32,
+    retries: Retries,
     /// Its commands, background shells and the process calls waiting for a place.
     procs: Procs,
     /// `WebFetch` calls in flight, by tool_use_id.
@@ -500,7 +499,7 @@ impl RunSlot {
             run,
             workspace,
             model: ModelState::Idle,
-            attempt: 0,
+            retries: Retries::default(),
             procs: Procs::default(),
             fetches: HashMap::new(),
             mcp,
@@ -537,13 +536,8 @@ pub struct Engine<K: HostKey> {
     quit: bool,
     /// Every MCP server of the process; runs name theirs in `RunSlot::mcp`.
     mcp: Hub,
-    /// Idle model connections (keep-alive), deregistered, for the next model request; one
-    /// timer (`pool_timer`) closes the ones idle too long.
-    pool: conn_pool::Pool<Conn>,
-    /// What makes a model connection reusable: the provider's target, proxy and TLS config.
-    /// Built at the first model request, not at start-up (an idle server runs none of it).
-    model_key: Option<conn_pool::Key>,
-    pool_timer: Option<TimerId>,
+    /// Idle model connections, for the next model request of any run.
+    pool: Warm<Conn>,
 }
 
 impl<K: HostKey> Engine<K> {
@@ -586,13 +580,7 @@ impl<K: HostKey> Engine<K> {
             stats: Stats::default(),
             quit: false,
             mcp,
-            pool: conn_pool::Pool::new(conn_pool::Limits {
-                per_key: idle_connections,
-                total: idle_connections.max(conn_pool::MAX_IDLE),
-                idle: conn_pool::IDLE_TIMEOUT,
-            }),
-            model_key: None,
-            pool_timer: None,
+            pool: Warm::new(idle_connections),
         })
     }
 
@@ -922,7 +910,7 @@ impl<K: HostKey> Engine<K> {
             Effect::Emit(event) => host.on_event(&mut self.ctx(), run, &event),
             Effect::RequestModel => {
                 if let Some(slot) = self.runs.get_mut(&run) {
-                    slot.attempt = 0;
+                    slot.retries.reset();
                 }
                 self.request_model(run);
             }
@@ -1006,7 +994,7 @@ impl<K: HostKey> Engine<K> {
                 self.on_hub_events(events);
             }
             TimerOwner::McpWait(run) => self.end_mcp_wait(run, true),
-            TimerOwner::PoolIdle => self.on_pool_timer(),
+            TimerOwner::PoolIdle => self.pool.on_timer(&mut self.io, Instant::now()),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
             TimerOwner::Backoff(run) => {
