@@ -1,11 +1,20 @@
-use super::{Completion, Engine, Owner, TimerOwner};
+//! `WebFetch` calls: one GET each (same-site redirects followed), through the proxy the
+//! environment names, with `webfetch.block_private` judged on the URL's host and on every
+//! address it resolves to, and a body kept up to `MAX_FETCH_BODY`. What a reply comes to
+//! is decided by `Reply` and `guard_resolved`, apart from the connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mio::Token;
+
+use super::{Completion, Engine, Owner, Reach, TimerOwner};
 use crate::http::client::{ClientEvent, Exchange};
+use crate::http::head::ResponseHead;
 use crate::ids::{HostKey, RunId};
 use crate::reactor::TimerId;
 use crate::tools::ToolOutput;
 use crate::tools::web::{FetchRequest, MAX_FETCH_BODY};
-use mio::Token;
-use std::sync::Arc;
 
 /// A `WebFetch` call in flight.
 pub(super) struct FetchTask {
@@ -15,14 +24,93 @@ pub(super) struct FetchTask {
     /// dialled directly: through a proxy, only the proxy knows them).
     pub(super) guard_addresses: bool,
     pub(super) deadline: TimerId,
-    pub(super) status: Option<u16>,
-    pub(super) headers: Vec<(String, String)>,
-    pub(super) body: Vec<u8>,
+    reply: Reply,
+}
+
+/// What a fetch's server answered so far.
+#[derive(Default)]
+struct Reply {
+    status: Option<u16>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// What a complete reply comes to.
+enum Next {
+    /// A redirect on the same site: fetch this instead.
+    Follow(FetchRequest),
+    Answer(ToolOutput),
+}
+
+impl Reply {
+    fn on_head(&mut self, head: ResponseHead) {
+        self.status = Some(head.status);
+        self.headers = head.headers;
+    }
+
+    /// Keeps what fits under `MAX_FETCH_BODY`; whether the body was cut there (the rest is
+    /// never read).
+    fn take(&mut self, bytes: &[u8]) -> bool {
+        let room = MAX_FETCH_BODY - self.body.len();
+        self.body.extend_from_slice(&bytes[..room.min(bytes.len())]);
+        bytes.len() > room
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Follows a same-site redirect, or renders the page (`cut` at the cap) for the model.
+    fn next(&self, request: &FetchRequest, cut: bool) -> Next {
+        let status = self.status.unwrap_or(0);
+        if (300..400).contains(&status) && status != 304 {
+            return match request.redirect(status, self.header("location")) {
+                Ok(next) => Next::Follow(next),
+                Err(output) => Next::Answer(output),
+            };
+        }
+        let content_type = self.header("content-type").unwrap_or_default();
+        Next::Answer(request.render(status, content_type, &self.body, cut))
+    }
+}
+
+/// What a fetch that ran out of time answers.
+fn timed_out(request: &FetchRequest) -> ToolOutput {
+    ToolOutput::error(format!(
+        "WebFetch: no complete answer from {} within {} s",
+        request.url,
+        request.timeout.as_secs()
+    ))
+}
+
+/// Judges the addresses `host` resolved to when `guard` says so: what is dialled, so a
+/// name that resolves (or rebinds) to 127.0.0.1 is refused like the address itself.
+fn guard_resolved(
+    host: &str,
+    guard: bool,
+    result: Result<Vec<SocketAddr>, String>,
+) -> Result<Vec<SocketAddr>, String> {
+    let addrs = match result {
+        Ok(addrs) if guard => addrs,
+        other => return other,
+    };
+    let blocked = addrs
+        .iter()
+        .find_map(|a| crate::netaddr::class(a.ip()).map(|class| (a.ip(), class)));
+    match blocked {
+        Some((ip, class)) => Err(format!(
+            "`{host}` resolves to {ip}, a {class} address, which webfetch.block_private refuses"
+        )),
+        None => Ok(addrs),
+    }
 }
 
 /// Why `webfetch.block_private` refuses a URL's host before any lookup: it names this
 /// machine (`localhost`) or spells an address of a refused class in any form.
-pub(super) fn blocked_host(host: &str) -> Option<String> {
+fn blocked_host(host: &str) -> Option<String> {
     if crate::netaddr::is_localhost_name(host) {
         return Some(format!(
             "`{host}` is this machine, which webfetch.block_private refuses"
@@ -33,15 +121,6 @@ pub(super) fn blocked_host(host: &str) -> Option<String> {
     Some(format!(
         "`{host}` is {ip}, a {class} address, which webfetch.block_private refuses"
     ))
-}
-
-impl FetchTask {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
 }
 
 impl<K: HostKey> Engine<K> {
@@ -78,7 +157,7 @@ impl<K: HostKey> Engine<K> {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        let token = self.io.reactor.token();
+        let token = self.io.token(Owner::Fetch(run, tool_use_id.clone()));
         let proxied = proxy.is_some();
         let exchange = Exchange::new(
             token,
@@ -88,13 +167,8 @@ impl<K: HostKey> Engine<K> {
             request.request_bytes(),
         );
         let (host, port) = exchange.dial_target();
-        let deadline = self.io.reactor.add_timer(request.timeout);
-        self.io
-            .timers
-            .insert(deadline, TimerOwner::Fetch(run, tool_use_id.clone()));
-        self.io
-            .owners
-            .insert(token, Owner::Fetch(run, tool_use_id.clone()));
+        let owner = TimerOwner::Fetch(run, tool_use_id.clone());
+        let deadline = self.io.timer(request.timeout, owner);
         slot.fetches.insert(
             tool_use_id.clone(),
             FetchTask {
@@ -102,9 +176,7 @@ impl<K: HostKey> Engine<K> {
                 exchange,
                 guard_addresses: block_private && !proxied,
                 deadline,
-                status: None,
-                headers: Vec::new(),
-                body: Vec::new(),
+                reply: Reply::default(),
             },
         );
         let id = tool_use_id.clone();
@@ -145,24 +217,8 @@ impl<K: HostKey> Engine<K> {
         else {
             return;
         };
-        // Judged on what is dialled, so a name that resolves (or rebinds) to 127.0.0.1 is
-        // refused like the address itself.
-        let result = match result {
-            Ok(addrs) if task.guard_addresses => {
-                let blocked = addrs
-                    .iter()
-                    .find_map(|a| crate::netaddr::class(a.ip()).map(|class| (a.ip(), class)));
-                match blocked {
-                    Some((ip, class)) => Err(format!(
-                        "`{}` resolves to {ip}, a {class} address, which \
-                         webfetch.block_private refuses",
-                        task.request.target.host
-                    )),
-                    None => Ok(addrs),
-                }
-            }
-            other => other,
-        };
+        let host = &task.request.target.host;
+        let result = guard_resolved(host, task.guard_addresses, result);
         let mut events = Vec::new();
         task.exchange
             .on_resolved(self.io.reactor.registry(), result, &mut events);
@@ -185,15 +241,9 @@ impl<K: HostKey> Engine<K> {
                 return;
             };
             match event {
-                ClientEvent::Head(head) => {
-                    task.status = Some(head.status);
-                    task.headers = head.headers;
-                }
+                ClientEvent::Head(head) => task.reply.on_head(head),
                 ClientEvent::Body(bytes) => {
-                    let room = MAX_FETCH_BODY - task.body.len();
-                    task.body.extend_from_slice(&bytes[..room.min(bytes.len())]);
-                    if bytes.len() > room {
-                        // Enough: the rest is never read.
+                    if task.reply.take(&bytes) {
                         return self.finish_fetch(run, id, true);
                     }
                 }
@@ -213,18 +263,12 @@ impl<K: HostKey> Engine<K> {
         let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(id)) else {
             return;
         };
-        let status = task.status.unwrap_or(0);
-        let output = if (300..400).contains(&status) && status != 304 {
-            match task.request.redirect(status, task.header("location")) {
-                Ok(next) => {
-                    self.end_fetch_quietly(run, id);
-                    return self.start_fetch(run, id.to_owned(), next);
-                }
-                Err(output) => output,
+        let output = match task.reply.next(&task.request, cut) {
+            Next::Follow(next) => {
+                self.end_fetch_quietly(run, id);
+                return self.start_fetch(run, id.to_owned(), next);
             }
-        } else {
-            let content_type = task.header("content-type").unwrap_or_default();
-            task.request.render(status, content_type, &task.body, cut)
+            Next::Answer(output) => output,
         };
         self.end_fetch(run, id, output);
     }
@@ -235,9 +279,8 @@ impl<K: HostKey> Engine<K> {
             return false;
         };
         task.exchange.close(self.io.reactor.registry());
-        self.io.owners.remove(&task.exchange.token());
-        self.io.timers.remove(&task.deadline);
-        self.io.reactor.cancel_timer(task.deadline);
+        self.io.forget(task.exchange.token());
+        self.io.cancel(task.deadline);
         true
     }
 
@@ -246,5 +289,154 @@ impl<K: HostKey> Engine<K> {
         if self.end_fetch_quietly(run, id) {
             self.tool_done(run, id, output);
         }
+    }
+
+    /// A fetch's deadline passed before its answer was complete.
+    pub(super) fn on_fetch_timeout(&mut self, run: RunId, id: &str) {
+        if let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(id)) {
+            let output = timed_out(&task.request);
+            self.end_fetch(run, id, output);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn request(url: &str) -> FetchRequest {
+        crate::tools::web::parse_input(&json!({ "url": url })).expect("a fetchable url")
+    }
+
+    fn reply(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+        let mut reply = Reply::default();
+        reply.on_head(ResponseHead {
+            status,
+            reason: String::new(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            minor_version: 1,
+        });
+        assert!(!reply.take(body));
+        reply
+    }
+
+    fn answer(next: Next) -> ToolOutput {
+        match next {
+            Next::Answer(output) => output,
+            Next::Follow(next) => panic!("followed to {}", next.url),
+        }
+    }
+
+    #[test]
+    fn the_body_is_cut_at_the_cap_and_the_rest_never_kept() {
+        let mut reply = Reply::default();
+        let chunk = vec![b'a'; 64 * 1024];
+        let mut cut = false;
+        while !cut {
+            cut = reply.take(&chunk);
+            assert!(reply.body.len() <= MAX_FETCH_BODY);
+        }
+        assert_eq!(reply.body.len(), MAX_FETCH_BODY);
+        assert!(reply.take(b"more"), "a full body takes nothing more");
+        assert_eq!(reply.body.len(), MAX_FETCH_BODY);
+    }
+
+    #[test]
+    fn a_body_that_exactly_fills_the_cap_is_not_cut() {
+        let mut reply = Reply::default();
+        assert!(!reply.take(&vec![b'a'; MAX_FETCH_BODY]));
+        assert!(reply.take(b"x"), "one byte more is");
+    }
+
+    #[test]
+    fn this_machine_and_private_addresses_are_refused_before_any_lookup() {
+        assert_eq!(
+            blocked_host("localhost").as_deref(),
+            Some("`localhost` is this machine, which webfetch.block_private refuses")
+        );
+        let loopback = blocked_host("127.0.0.1").expect("refused");
+        assert!(
+            loopback.starts_with("`127.0.0.1` is 127.0.0.1, a "),
+            "{loopback}"
+        );
+        assert!(blocked_host("10.1.2.3").is_some());
+        assert!(blocked_host("169.254.169.254").is_some(), "cloud metadata");
+        assert!(blocked_host("::1").is_some());
+        assert!(blocked_host("example.com").is_none());
+        assert!(blocked_host("93.184.216.34").is_none());
+    }
+
+    #[test]
+    fn a_name_resolving_to_a_private_address_is_refused_when_guarded() {
+        let private: Vec<SocketAddr> = vec![
+            "93.184.216.34:80".parse().unwrap(),
+            "10.0.0.5:80".parse().unwrap(),
+        ];
+        let refused = guard_resolved("intranet.example", true, Ok(private.clone()));
+        let refused = refused.expect_err("refused");
+        assert!(
+            refused.starts_with("`intranet.example` resolves to 10.0.0.5, a "),
+            "{refused}"
+        );
+        assert!(refused.ends_with(" address, which webfetch.block_private refuses"));
+        assert_eq!(guard_resolved("h", false, Ok(private.clone())), Ok(private));
+        let public: Vec<SocketAddr> = vec!["93.184.216.34:443".parse().unwrap()];
+        assert_eq!(guard_resolved("h", true, Ok(public.clone())), Ok(public));
+        let failed = guard_resolved("h", true, Err("no such host".to_owned()));
+        assert_eq!(failed, Err("no such host".to_owned()));
+    }
+
+    #[test]
+    fn a_same_site_redirect_is_followed_and_another_site_is_named() {
+        let req = request("http://example.com/docs/a");
+        let moved = reply(301, &[("Location", "/docs/b")], b"");
+        match moved.next(&req, false) {
+            Next::Follow(next) => {
+                assert_eq!(next.url, "http://example.com/docs/b");
+                assert_eq!(next.redirects, req.redirects + 1);
+            }
+            Next::Answer(output) => panic!("answered: {}", output.text),
+        }
+        let away = reply(302, &[("location", "https://other.example/x")], b"");
+        let named = answer(away.next(&req, false));
+        assert!(!named.is_error);
+        assert!(
+            named
+                .text
+                .contains("redirects (302) to another site: https://other.example/x")
+        );
+        let nowhere = answer(reply(307, &[], b"").next(&req, false));
+        assert!(nowhere.is_error && nowhere.text.ends_with("answered 307 with no Location"));
+    }
+
+    #[test]
+    fn a_page_is_rendered_with_its_content_type_and_304_is_no_redirect() {
+        let req = request("http://example.com/");
+        let page = reply(200, &[("Content-Type", "text/plain")], b"hello there");
+        let output = answer(page.next(&req, false));
+        assert!(output.text.contains("hello there"), "{}", output.text);
+        let cut = answer(page.next(&req, true));
+        assert!(cut.text.contains(", cut at 10 MB"), "{}", cut.text);
+        let unchanged = reply(304, &[("location", "/elsewhere")], b"");
+        assert!(matches!(unchanged.next(&req, false), Next::Answer(_)));
+    }
+
+    #[test]
+    fn a_fetch_out_of_time_names_its_url_and_limit() {
+        let req = request("http://example.com/slow");
+        let output = timed_out(&req);
+        assert!(output.is_error);
+        assert_eq!(
+            output.text,
+            format!(
+                "WebFetch: no complete answer from http://example.com/slow within {} s",
+                req.timeout.as_secs()
+            )
+        );
     }
 }

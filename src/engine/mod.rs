@@ -1006,17 +1006,7 @@ impl<K: HostKey> Engine<K> {
                 }
             }
             TimerOwner::BashTimeout(run, tool) => self.on_bash_timeout(run, &tool),
-            TimerOwner::Fetch(run, id) => {
-                let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(&id)) else {
-                    return;
-                };
-                let output = ToolOutput::error(format!(
-                    "WebFetch: no complete answer from {} within {} s",
-                    task.request.url,
-                    task.request.timeout.as_secs()
-                ));
-                self.end_fetch(run, &id, output);
-            }
+            TimerOwner::Fetch(run, id) => self.on_fetch_timeout(run, &id),
             TimerOwner::BashGrace(run, tool) => self.on_bash_grace(run, &tool),
         }
     }
