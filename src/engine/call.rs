@@ -1,4 +1,3 @@
-use super::mcp::McpWait;
 use super::{Completion, Engine, Owner, Reach, RetryNotice, TimerOwner};
 use crate::agent::event::StopCondition;
 use crate::http::client::{self as http_client, ClientEvent, Exchange};
@@ -6,7 +5,6 @@ use crate::http::pool as conn_pool;
 use crate::http::sse::SseDecoder;
 use crate::ids::{HostKey, RunId};
 use crate::log;
-use crate::mcp_client::{self};
 use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::ModelEvent;
 use crate::model::{self, StreamDecoder};
@@ -205,9 +203,9 @@ impl Retries {
 
     /// Counts a retry and arms the timer that makes it; the notice tells the host.
     #[allow(clippy::too_many_arguments)]
-    fn schedule<K>(
+    fn schedule(
         &mut self,
-        reach: &mut impl Reach<K>,
+        reach: &mut impl Reach,
         run: RunId,
         policy: &RetryPolicy,
         delay: Duration,
@@ -267,7 +265,7 @@ impl<C> Warm<C> {
     }
 
     /// Keeps a connection whose response ended cleanly, and arms the idle timer.
-    fn park<K>(&mut self, reach: &mut impl Reach<K>, parked: conn_pool::Parked<C>, now: Instant) {
+    fn park(&mut self, reach: &mut impl Reach, parked: conn_pool::Parked<C>, now: Instant) {
         let Some(key) = self.key.clone() else {
             return;
         };
@@ -278,7 +276,7 @@ impl<C> Warm<C> {
     }
 
     /// The idle timer: close what idled too long, and wake again for the next.
-    pub(super) fn on_timer<K>(&mut self, reach: &mut impl Reach<K>, now: Instant) {
+    pub(super) fn on_timer(&mut self, reach: &mut impl Reach, now: Instant) {
         self.timer = None;
         if let Some(due) = self.pool.expire(now) {
             let after = due.saturating_duration_since(now);
@@ -304,17 +302,12 @@ impl<K: HostKey> Engine<K> {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        if let McpWait::Waiting(_) = slot.mcp_wait {
+        let listing = may_wait && self.mcp.any_listing(&slot.mcp.servers);
+        if slot.mcp.wait(&mut self.io, run, listing) {
             return;
         }
-        if may_wait && !slot.mcp_gave_up && self.mcp.any_listing(&slot.mcp) {
-            let timer = self.io.reactor.add_timer(mcp_client::START_WAIT);
-            self.io.timers.insert(timer, TimerOwner::McpWait(run));
-            slot.mcp_wait = McpWait::Waiting(timer);
-            return;
-        }
-        if !slot.mcp.is_empty() {
-            slot.run.set_extra_tools(self.mcp.tools(&slot.mcp));
+        if !slot.mcp.servers.is_empty() {
+            slot.run.set_extra_tools(self.mcp.tools(&slot.mcp.servers));
         }
         self.start_model(run);
     }

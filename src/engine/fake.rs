@@ -31,7 +31,9 @@ impl FakeReach {
     }
 }
 
-impl Reach<()> for FakeReach {
+impl Reach for FakeReach {
+    type Key = ();
+
     fn registry(&self) -> &mio::Registry {
         self.poll.registry()
     }

@@ -1,13 +1,12 @@
-use super::{Completion, Engine, Owner, TimerOwner};
+use super::{Completion, Engine, Owner, Reach, Routing, TimerOwner};
 use crate::agent::run::ToolCall;
 use crate::ids::{HostKey, RunId};
 use crate::log;
 use crate::mcp_client::{self, Alarm, Hub, HubEvent, ServerId, Source};
-use crate::reactor::{Reactor, TimerId, Wake};
+use crate::reactor::{TimerId, Wake};
 use crate::workers::Pool;
 use mio::Token;
 use mio::Waker;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -45,37 +44,30 @@ impl Lookups<'_> {
 }
 
 /// The engine's reactor lent to the MCP hub: its tokens and timers are routed back to it.
-pub(super) struct McpIo<'a, K> {
-    pub(super) reactor: &'a mut Reactor,
-    pub(super) owners: &'a mut HashMap<Token, Owner<K>>,
-    pub(super) timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
+pub(super) struct McpIo<'a, R> {
+    pub(super) reach: &'a mut R,
     pub(super) lookups: Lookups<'a>,
 }
 
-impl<K> mcp_client::Io for McpIo<'_, K> {
+impl<R: Reach> mcp_client::Io for McpIo<'_, R> {
     fn registry(&self) -> &mio::Registry {
-        self.reactor.registry()
+        self.reach.registry()
     }
 
     fn token(&mut self, server: ServerId, source: Source) -> Token {
-        let token = self.reactor.token();
-        self.owners.insert(token, Owner::Mcp(server, source));
-        token
+        self.reach.token(Owner::Mcp(server, source))
     }
 
     fn forget_token(&mut self, token: Token) {
-        self.owners.remove(&token);
+        self.reach.forget(token);
     }
 
     fn add_timer(&mut self, after: Duration, server: ServerId, alarm: Alarm) -> TimerId {
-        let id = self.reactor.add_timer(after);
-        self.timers.insert(id, TimerOwner::Mcp(server, alarm));
-        id
+        self.reach.timer(after, TimerOwner::Mcp(server, alarm))
     }
 
     fn cancel_timer(&mut self, id: TimerId) {
-        self.timers.remove(&id);
-        self.reactor.cancel_timer(id);
+        self.reach.cancel(id);
     }
 
     fn resolve(&mut self, host: String, port: u16, server: ServerId, exchange: u64) {
@@ -97,11 +89,73 @@ impl<K> mcp_client::Io for McpIo<'_, K> {
 /// its tools changed (`tools/list_changed`, usually during the call just answered) sees
 /// the new list.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum McpWait {
+enum McpWait {
     /// No wait in progress.
     Idle,
     /// The request waits; the timer ends the wait.
     Waiting(TimerId),
+}
+
+/// A run's MCP servers, and its model request's wait for their tool lists.
+pub(super) struct RunMcp {
+    /// The MCP servers whose tools the run is offered.
+    pub(super) servers: Vec<ServerId>,
+    /// The run sees every configured server (no per-run list), so a workspace server
+    /// approved while it lives joins it.
+    all: bool,
+    wait: McpWait,
+    /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
+    gave_up: bool,
+}
+
+impl RunMcp {
+    pub(super) fn new(servers: Vec<ServerId>, all: bool) -> RunMcp {
+        RunMcp {
+            servers,
+            all,
+            wait: McpWait::Idle,
+            gave_up: false,
+        }
+    }
+
+    /// Whether the workspace server approved under `name` joins this run.
+    pub(super) fn joins<'n>(&self, name: &str, name_of: impl Fn(ServerId) -> &'n str) -> bool {
+        self.all && !self.servers.iter().any(|id| name_of(*id) == name)
+    }
+
+    /// Whether the model request waits: it already does, or (`listing`) a server of the
+    /// run is listing its tools and no earlier wait of the run ran out, and it starts to.
+    pub(super) fn wait(&mut self, reach: &mut impl Reach, run: RunId, listing: bool) -> bool {
+        if let McpWait::Waiting(_) = self.wait {
+            return true;
+        }
+        if !listing || self.gave_up {
+            return false;
+        }
+        let timer = reach.timer(mcp_client::START_WAIT, TimerOwner::McpWait(run));
+        self.wait = McpWait::Waiting(timer);
+        true
+    }
+
+    /// Whether the hub's servers settling ends this run's wait.
+    fn settled(&self, listing: impl Fn(&[ServerId]) -> bool) -> bool {
+        matches!(self.wait, McpWait::Waiting(_)) && !listing(&self.servers)
+    }
+
+    /// Ends a wait, if one is in progress (and says so): its servers settled, the run's
+    /// work was cancelled, or (`gave_up`, its timer fired) it ran out and this run waits
+    /// no more.
+    pub(super) fn end_wait(&mut self, reach: &mut impl Reach, gave_up: bool) -> bool {
+        let McpWait::Waiting(timer) = self.wait else {
+            return false;
+        };
+        self.wait = McpWait::Idle;
+        self.gave_up |= gave_up;
+        if !gave_up {
+            reach.cancel(timer);
+        }
+        true
+    }
 }
 
 impl<K: HostKey> Engine<K> {
@@ -109,6 +163,7 @@ impl<K: HostKey> Engine<K> {
     pub fn mcp_status(&self, run: RunId) -> Vec<(String, &'static str)> {
         self.runs.get(&run).map_or_else(Vec::new, |slot| {
             slot.mcp
+                .servers
                 .iter()
                 .map(|id| (self.mcp.name(*id).to_owned(), self.mcp.status(*id)))
                 .collect()
@@ -116,13 +171,11 @@ impl<K: HostKey> Engine<K> {
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
-    pub(super) fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
+    pub(super) fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, Routing<K>>) {
         (
             &mut self.mcp,
             McpIo {
-                reactor: &mut self.io.reactor,
-                owners: &mut self.io.owners,
-                timers: &mut self.io.timers,
+                reach: &mut self.io,
                 lookups: Lookups {
                     pool: &self.dns_workers,
                     tx: &self.tx,
@@ -138,14 +191,13 @@ impl<K: HostKey> Engine<K> {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
-        let McpWait::Waiting(timer) = slot.mcp_wait else {
+        if !slot.mcp.end_wait(&mut self.io, gave_up) {
             return;
-        };
-        slot.mcp_wait = McpWait::Idle;
-        slot.mcp_gave_up |= gave_up;
+        }
         if gave_up {
             let stragglers: Vec<&str> = slot
                 .mcp
+                .servers
                 .iter()
                 .filter(|id| self.mcp.any_listing(&[**id]))
                 .map(|id| self.mcp.name(*id))
@@ -155,9 +207,6 @@ impl<K: HostKey> Engine<K> {
                 mcp_client::START_WAIT.as_secs(),
                 stragglers.join(", ")
             ));
-        } else {
-            self.io.timers.remove(&timer);
-            self.io.reactor.cancel_timer(timer);
         }
         self.request_model_waiting(run, false);
     }
@@ -178,10 +227,7 @@ impl<K: HostKey> Engine<K> {
                     let ready: Vec<RunId> = self
                         .runs
                         .iter()
-                        .filter(|(_, s)| {
-                            matches!(s.mcp_wait, McpWait::Waiting(_))
-                                && !self.mcp.any_listing(&s.mcp)
-                        })
+                        .filter(|(_, s)| s.mcp.settled(|ids| self.mcp.any_listing(ids)))
                         .map(|(id, _)| *id)
                         .collect();
                     for run in ready {
@@ -194,7 +240,7 @@ impl<K: HostKey> Engine<K> {
 
     /// Sends an MCP server's tool call; its answer comes back as a `HubEvent::CallDone`.
     pub(super) fn start_mcp_call(&mut self, run: RunId, call: ToolCall) {
-        let Some(servers) = self.runs.get(&run).map(|s| s.mcp.clone()) else {
+        let Some(servers) = self.runs.get(&run).map(|s| s.mcp.servers.clone()) else {
             return;
         };
         let key = mcp_client::client::CallKey {
@@ -256,5 +302,143 @@ impl<K: HostKey> Engine<K> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::channel;
+
+    use mcp_client::Io;
+
+    use super::super::fake::FakeReach;
+    use super::*;
+
+    const RUN: RunId = RunId(5);
+    const SERVER: ServerId = ServerId(2);
+
+    #[test]
+    fn the_hubs_tokens_and_timers_are_routed_back_to_it() {
+        let mut reach = FakeReach::new();
+        let (tx, _rx) = channel();
+        let pool = Pool::new("caliban-test-dns", 1, 1);
+        let waker = Arc::new(Waker::new(reach.registry(), Token(0)).expect("waker"));
+        let lookups = Lookups {
+            pool: &pool,
+            tx: &tx,
+            waker: &waker,
+        };
+        let mut io = McpIo {
+            reach: &mut reach,
+            lookups,
+        };
+        let token = io.token(SERVER, Source::Http(4));
+        let timer = io.add_timer(Duration::from_secs(9), SERVER, Alarm::Listing);
+        assert!(matches!(
+            reach.owners.get(&token),
+            Some(Owner::Mcp(SERVER, Source::Http(4)))
+        ));
+        assert!(matches!(
+            reach.timers.get(&timer),
+            Some((_, TimerOwner::Mcp(SERVER, Alarm::Listing)))
+        ));
+        let mut io = McpIo {
+            reach: &mut reach,
+            lookups,
+        };
+        io.forget_token(token);
+        io.cancel_timer(timer);
+        assert!(reach.owners.is_empty() && reach.timers.is_empty());
+    }
+
+    #[test]
+    fn an_address_literal_is_answered_as_a_completion_without_a_lookup() {
+        let mut reach = FakeReach::new();
+        let (tx, rx) = channel();
+        // Threads start lazily: a literal must not need one.
+        let pool = Pool::new("caliban-test-dns", 1, 1);
+        let waker = Arc::new(Waker::new(reach.registry(), Token(0)).expect("waker"));
+        let lookups = Lookups {
+            pool: &pool,
+            tx: &tx,
+            waker: &waker,
+        };
+        let mut io = McpIo {
+            reach: &mut reach,
+            lookups,
+        };
+        io.resolve("127.0.0.1".to_owned(), 8123, SERVER, 11);
+        match rx.try_recv() {
+            Ok(Completion::McpResolved {
+                server,
+                exchange,
+                result,
+            }) => {
+                assert_eq!((server, exchange), (SERVER, 11));
+                assert_eq!(result, Ok(vec!["127.0.0.1:8123".parse().unwrap()]));
+            }
+            _ => panic!("no completion"),
+        }
+    }
+
+    #[test]
+    fn a_request_waits_once_while_a_server_lists_its_tools() {
+        let mut reach = FakeReach::new();
+        let mut mcp = RunMcp::new(vec![SERVER], true);
+        assert!(!mcp.wait(&mut reach, RUN, false), "nothing is listing");
+        assert!(reach.timers.is_empty());
+        assert!(mcp.wait(&mut reach, RUN, true));
+        assert!(
+            mcp.wait(&mut reach, RUN, false),
+            "a wait in progress goes on"
+        );
+        let waits: Vec<_> = reach.timers.values().collect();
+        assert!(matches!(
+            waits[..],
+            [(after, TimerOwner::McpWait(RUN))] if *after == mcp_client::START_WAIT
+        ));
+    }
+
+    #[test]
+    fn servers_settling_end_the_wait_and_its_timer() {
+        let mut reach = FakeReach::new();
+        let mut mcp = RunMcp::new(vec![SERVER], true);
+        assert!(!mcp.settled(|_| false), "no wait, nothing to end");
+        mcp.wait(&mut reach, RUN, true);
+        assert!(!mcp.settled(|ids| ids == [SERVER]), "still listing");
+        assert!(mcp.settled(|_| false));
+        assert!(mcp.end_wait(&mut reach, false));
+        assert!(reach.timers.is_empty(), "its timer is cancelled");
+        assert!(!mcp.end_wait(&mut reach, false), "only once");
+        assert!(
+            mcp.wait(&mut reach, RUN, true),
+            "a later turn may wait again"
+        );
+    }
+
+    #[test]
+    fn a_wait_that_ran_out_is_never_repeated() {
+        let mut reach = FakeReach::new();
+        let mut mcp = RunMcp::new(vec![SERVER], true);
+        mcp.wait(&mut reach, RUN, true);
+        assert!(mcp.end_wait(&mut reach, true));
+        assert!(
+            reach.cancelled.is_empty(),
+            "a timer that fired is not cancelled"
+        );
+        assert!(
+            !mcp.wait(&mut reach, RUN, true),
+            "a stuck server slows no more turns"
+        );
+    }
+
+    #[test]
+    fn an_approved_server_joins_only_runs_that_see_every_server() {
+        let name_of = |id: ServerId| if id == SERVER { "docs" } else { "other" };
+        let every = RunMcp::new(vec![SERVER], true);
+        assert!(every.joins("tickets", name_of));
+        assert!(!every.joins("docs", name_of), "it has it already");
+        let chosen = RunMcp::new(Vec::new(), false);
+        assert!(!chosen.joins("tickets", name_of), "a run with its own list");
     }
 }

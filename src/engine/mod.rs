@@ -40,7 +40,7 @@ use crate::transport::Conn;
 use crate::workers::Pool;
 use call::{ModelState, Retries, Warm};
 use fetch::FetchTask;
-use mcp::{Lookups, McpIo, McpWait};
+use mcp::{Lookups, McpIo, RunMcp};
 use mio::Token;
 use mio::Waker;
 use procs::Procs;
@@ -212,9 +212,7 @@ pub struct Stats {
 /// What a host may do from inside a callback: register its own sources and timers (a
 /// listener, its connections, a prompt deadline) and queue actions for the engine.
 pub struct Ctx<'a, K> {
-    reactor: &'a mut Reactor,
-    owners: &'a mut HashMap<Token, Owner<K>>,
-    timers: &'a mut HashMap<TimerId, TimerOwner<K>>,
+    io: &'a mut Routing<K>,
     actions: &'a mut VecDeque<HostAction>,
     stats: Stats,
     mcp: &'a mut Hub,
@@ -223,30 +221,25 @@ pub struct Ctx<'a, K> {
 
 impl<K: HostKey> Ctx<'_, K> {
     pub fn registry(&self) -> &mio::Registry {
-        self.reactor.registry()
+        self.io.registry()
     }
 
     /// A token whose readiness is delivered to `Host::on_io(key)`.
     pub fn host_token(&mut self, key: K) -> Token {
-        let token = self.reactor.token();
-        self.owners.insert(token, Owner::Host(key));
-        token
+        self.io.token(Owner::Host(key))
     }
 
     pub fn forget_token(&mut self, token: Token) {
-        self.owners.remove(&token);
+        self.io.forget(token);
     }
 
     /// A timer delivered to `Host::on_timer(key)`.
     pub fn add_timer(&mut self, after: Duration, key: K) -> TimerId {
-        let id = self.reactor.add_timer(after);
-        self.timers.insert(id, TimerOwner::Host(key));
-        id
+        self.io.timer(after, TimerOwner::Host(key))
     }
 
     pub fn cancel_timer(&mut self, id: TimerId) {
-        self.timers.remove(&id);
-        self.reactor.cancel_timer(id);
+        self.io.cancel(id);
     }
 
     pub fn act(&mut self, action: HostAction) {
@@ -303,16 +296,12 @@ impl<K: HostKey> Ctx<'_, K> {
     }
 
     /// The hub and the reactor lent to it, borrowed apart.
-    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, K>) {
-        (
-            &mut *self.mcp,
-            McpIo {
-                reactor: &mut *self.reactor,
-                owners: &mut *self.owners,
-                timers: &mut *self.timers,
-                lookups: self.lookups,
-            },
-        )
+    fn mcp_io(&mut self) -> (&mut Hub, McpIo<'_, Routing<K>>) {
+        let io = McpIo {
+            reach: &mut *self.io,
+            lookups: self.lookups,
+        };
+        (&mut *self.mcp, io)
     }
 }
 
@@ -364,11 +353,13 @@ pub trait Host {
 /// The reactor as an owner (`call`, `procs`, `fetch`) sees it: tokens and timers named by
 /// the work they belong to, which the loop routes back, and the registry its sources join.
 /// Nothing more, so an owner's logic runs in a unit test on a fake (`tests::FakeReach`).
-trait Reach<K> {
+trait Reach {
+    /// The host's key type (`Host::Key`), which `Owner::Host` and `TimerOwner::Host` carry.
+    type Key;
     fn registry(&self) -> &mio::Registry;
-    fn token(&mut self, owner: Owner<K>) -> Token;
+    fn token(&mut self, owner: Owner<Self::Key>) -> Token;
     fn forget(&mut self, token: Token);
-    fn timer(&mut self, after: Duration, owner: TimerOwner<K>) -> TimerId;
+    fn timer(&mut self, after: Duration, owner: TimerOwner<Self::Key>) -> TimerId;
     fn cancel(&mut self, id: TimerId);
 }
 
@@ -380,7 +371,9 @@ struct Routing<K> {
     timers: HashMap<TimerId, TimerOwner<K>>,
 }
 
-impl<K> Reach<K> for Routing<K> {
+impl<K> Reach for Routing<K> {
+    type Key = K;
+
     fn registry(&self) -> &mio::Registry {
         self.reactor.registry()
     }
@@ -479,14 +472,8 @@ struct RunSlot {
     procs: Procs,
     /// `WebFetch` calls in flight, by tool_use_id.
     fetches: HashMap<String, FetchTask>,
-    /// The MCP servers whose tools the run is offered.
-    mcp: Vec<ServerId>,
-    /// The run sees every configured server (no per-run list), so a workspace server
-    /// approved while it lives joins it.
-    mcp_all: bool,
-    mcp_wait: McpWait,
-    /// A wait ran out: this run waits no more (a stuck server must not slow every turn).
-    mcp_gave_up: bool,
+    /// Its MCP servers, and whether its model request waits for their tool lists.
+    mcp: RunMcp,
 }
 
 impl RunSlot {
@@ -502,10 +489,7 @@ impl RunSlot {
             retries: Retries::default(),
             procs: Procs::default(),
             fetches: HashMap::new(),
-            mcp,
-            mcp_all,
-            mcp_wait: McpWait::Idle,
-            mcp_gave_up: false,
+            mcp: RunMcp::new(mcp, mcp_all),
         }
     }
 }
@@ -616,9 +600,7 @@ impl<K: HostKey> Engine<K> {
 
     fn ctx(&mut self) -> Ctx<'_, K> {
         Ctx {
-            reactor: &mut self.io.reactor,
-            owners: &mut self.io.owners,
-            timers: &mut self.io.timers,
+            io: &mut self.io,
             actions: &mut self.actions,
             stats: self.stats,
             mcp: &mut self.mcp,
@@ -810,9 +792,7 @@ impl<K: HostKey> Engine<K> {
                 let runs: Vec<RunId> = self
                     .runs
                     .iter()
-                    .filter(|(_, s)| {
-                        s.mcp_all && !s.mcp.iter().any(|id| self.mcp.name(*id) == name)
-                    })
+                    .filter(|(_, s)| s.mcp.joins(&name, |id| self.mcp.name(id)))
                     .map(|(id, _)| *id)
                     .collect();
                 if runs.is_empty() {
@@ -826,7 +806,7 @@ impl<K: HostKey> Engine<K> {
                 let started = hub.select(&mut io, &only);
                 for run in runs {
                     if let Some(slot) = self.runs.get_mut(&run) {
-                        slot.mcp.extend(started.iter().copied());
+                        slot.mcp.servers.extend(started.iter().copied());
                     }
                 }
             }

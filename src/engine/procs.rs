@@ -11,7 +11,6 @@ use mio::Token;
 use serde_json::Value;
 
 use super::call::ModelState;
-use super::mcp::McpWait;
 use super::{Engine, Owner, Reach, TimerOwner};
 use crate::agent::run::ToolCall;
 use crate::ids::{HostKey, RunId};
@@ -92,9 +91,9 @@ impl Procs {
 
     /// Spawns a call's child in `mode` and watches its pipes and its deadline. A background
     /// shell, or a child that cannot start or be watched, is answered at once (`Some`).
-    fn start<K>(
+    fn start(
         &mut self,
-        reach: &mut impl Reach<K>,
+        reach: &mut impl Reach,
         run: RunId,
         call: &ToolCall,
         job: Result<BashJob, ToolOutput>,
@@ -160,9 +159,9 @@ impl Procs {
 
     /// A foreground command's result (and why the sandbox stopped it, if it did), once it
     /// exited and its pipes are drained or their grace ran out.
-    fn finished<K>(
+    fn finished(
         &mut self,
-        reach: &mut impl Reach<K>,
+        reach: &mut impl Reach,
         run: RunId,
         tool: &str,
     ) -> Option<(ToolOutput, Option<String>)> {
@@ -201,9 +200,9 @@ impl Procs {
 
     /// Keeps a job started with `background: true` as a shell of the run, watching its
     /// pipes; the answer is the call's result.
-    fn start_shell<K>(
+    fn start_shell(
         &mut self,
-        reach: &mut impl Reach<K>,
+        reach: &mut impl Reach,
         run: RunId,
         command: &str,
         mut job: BashJob,
@@ -258,12 +257,7 @@ impl Procs {
     /// Reads what waits in a shell's pipes (one, or both when `None`), and lets its pipes go
     /// once it has exited and they are drained. Whether the shell has exited: its place
     /// may go to a waiting call.
-    fn on_shell_ready<K>(
-        &mut self,
-        reach: &mut impl Reach<K>,
-        id: &str,
-        stream: Option<Stream>,
-    ) -> bool {
+    fn on_shell_ready(&mut self, reach: &mut impl Reach, id: &str, stream: Option<Stream>) -> bool {
         let Some(shell) = self.shells.get_mut(id) else {
             return false;
         };
@@ -281,7 +275,7 @@ impl Procs {
     }
 
     /// Answers `BashOutput` and `KillShell` (`tool` is the call's name, for its messages).
-    fn shell_op<K>(&mut self, reach: &mut impl Reach<K>, tool: &str, op: ShellOp) -> ToolOutput {
+    fn shell_op(&mut self, reach: &mut impl Reach, tool: &str, op: ShellOp) -> ToolOutput {
         let id = match &op {
             ShellOp::Output { shell_id, .. } | ShellOp::Kill { shell_id } => shell_id.clone(),
         };
@@ -359,7 +353,7 @@ impl Procs {
 
     /// Kills every process of the run (cancel or end): its commands, the calls waiting
     /// (they never start) and its shells, which live as long as the run.
-    fn abort<K>(&mut self, reach: &mut impl Reach<K>) {
+    fn abort(&mut self, reach: &mut impl Reach) {
         self.waiting.clear();
         for (_, mut task) in self.bash.drain() {
             task.job.kill("cancelled");
@@ -375,7 +369,7 @@ impl Procs {
     }
 }
 
-fn forget_bash<K>(reach: &mut impl Reach<K>, task: &BashTask) {
+fn forget_bash(reach: &mut impl Reach, task: &BashTask) {
     for token in task.tokens {
         reach.forget(token);
     }
@@ -386,7 +380,7 @@ fn forget_bash<K>(reach: &mut impl Reach<K>, task: &BashTask) {
 }
 
 /// Closes a shell's pipes and forgets their tokens (once).
-fn release_shell<K>(reach: &mut impl Reach<K>, shell: &mut ShellTask) {
+fn release_shell(reach: &mut impl Reach, shell: &mut ShellTask) {
     if shell.released {
         return;
     }
@@ -528,11 +522,8 @@ impl<K: HostKey> Engine<K> {
         };
         let model = std::mem::replace(&mut slot.model, ModelState::Idle);
         let fetches: Vec<String> = slot.fetches.keys().cloned().collect();
-        if let McpWait::Waiting(timer) = slot.mcp_wait {
-            slot.mcp_wait = McpWait::Idle;
-            self.io.cancel(timer);
-        }
-        if !slot.mcp.is_empty() {
+        slot.mcp.end_wait(&mut self.io, false);
+        if !slot.mcp.servers.is_empty() {
             let (hub, mut io) = self.mcp_io();
             hub.cancel_run(&mut io, run.0);
         }
