@@ -1,4 +1,14 @@
+//! Model calls: the exchange of a run's model request (its stream decoded into the run's
+//! events, its three limits), what a failure leads to (`Retries`: backoff, `retry-after`,
+//! never a resend after output), and the idle connections any run's next request may take
+//! (`Warm`). The types reach the reactor only through `Reach`.
+
+use std::time::{Duration, Instant};
+
+use mio::Token;
+
 use super::{Completion, Engine, Owner, Reach, RetryNotice, TimerOwner};
+
 use crate::agent::event::StopCondition;
 use crate::http::client::{self as http_client, ClientEvent, Exchange};
 use crate::http::pool as conn_pool;
@@ -9,24 +19,22 @@ use crate::model::retry::{self, RetryDecision, RetryPolicy};
 use crate::model::types::ModelEvent;
 use crate::model::{self, StreamDecoder};
 use crate::reactor::TimerId;
-use mio::Token;
-use std::time::{Duration, Instant};
 
 /// Error bodies are read for their message and retry hints, never kept whole.
-pub(super) const MAX_ERROR_BODY: usize = 64 * 1024;
+const MAX_ERROR_BODY: usize = 64 * 1024;
 
 pub(super) struct ModelCall {
-    pub(super) exchange: Exchange,
-    pub(super) sse: SseDecoder,
-    pub(super) decoder: StreamDecoder,
-    pub(super) status: Option<u16>,
-    pub(super) headers: Vec<(String, String)>,
-    pub(super) error_body: Vec<u8>,
+    exchange: Exchange,
+    sse: SseDecoder,
+    decoder: StreamDecoder,
+    status: Option<u16>,
+    headers: Vec<(String, String)>,
+    error_body: Vec<u8>,
     /// How long the model has been quiet; `timer` fires when it may have been too long.
-    pub(super) quiet: Quiet,
-    pub(super) timer: TimerId,
+    quiet: Quiet,
+    timer: TimerId,
     /// `request_timeout` from `started`.
-    pub(super) deadline: TimerId,
+    deadline: TimerId,
 }
 
 impl ModelCall {
@@ -321,7 +329,7 @@ impl<K: HostKey> Engine<K> {
         };
         let provider = &self.config.provider;
         let request = provider.build_request(&slot.run.model_request());
-        let token = self.io.reactor.token();
+        let token = self.io.token(Owner::Model(run));
         let mut exchange = Exchange::new(
             token,
             provider.target.clone(),
@@ -335,13 +343,11 @@ impl<K: HostKey> Engine<K> {
             "model request for run {} to {}:{}{}",
             run.0, provider.target.host, provider.target.port, provider.path
         ));
-        let timer = self.io.reactor.add_timer(self.config.first_byte_timeout);
-        self.io.timers.insert(timer, TimerOwner::Model(run));
-        let deadline = self.io.reactor.add_timer(self.config.request_timeout);
-        self.io
-            .timers
-            .insert(deadline, TimerOwner::ModelDeadline(run));
-        self.io.owners.insert(token, Owner::Model(run));
+        let first_byte = self.config.first_byte_timeout;
+        let timer = self.io.timer(first_byte, TimerOwner::Model(run));
+        let deadline = self
+            .io
+            .timer(self.config.request_timeout, TimerOwner::ModelDeadline(run));
         // A warm connection from an earlier turn (of any run) skips DNS, TCP and TLS.
         let key = || {
             conn_pool::Key::new(
@@ -655,11 +661,9 @@ impl<K: HostKey> Engine<K> {
 
     pub(super) fn release_model(&mut self, call: &mut ModelCall) {
         call.exchange.close(self.io.reactor.registry());
-        self.io.owners.remove(&call.exchange.token());
-        for timer in [call.timer, call.deadline] {
-            self.io.timers.remove(&timer);
-            self.io.reactor.cancel_timer(timer);
-        }
+        self.io.forget(call.exchange.token());
+        self.io.cancel(call.timer);
+        self.io.cancel(call.deadline);
     }
 
     pub(super) fn on_model_timer(&mut self, run: RunId, id: TimerId) {

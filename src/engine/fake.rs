@@ -8,6 +8,7 @@ use std::time::Duration;
 use mio::Token;
 
 use super::{Owner, Reach, TimerOwner};
+
 use crate::reactor::TimerId;
 
 pub(super) struct FakeReach {

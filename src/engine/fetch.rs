@@ -9,6 +9,7 @@ use std::sync::Arc;
 use mio::Token;
 
 use super::{Completion, Engine, Owner, Reach, TimerOwner};
+
 use crate::http::client::{ClientEvent, Exchange};
 use crate::http::head::ResponseHead;
 use crate::ids::{HostKey, RunId};

@@ -1,15 +1,22 @@
+//! The MCP glue: the hub's view of the reactor (`McpIo`, over `Reach`), DNS lookups
+//! posted back as completions (`Lookups`), a run's servers and its bounded wait for their
+//! tool lists (`RunMcp`), tool calls sent to the hub, and the session `DELETE`s at exit.
+
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use mio::Token;
+use mio::Waker;
+
 use super::{Completion, Engine, Owner, Reach, Routing, TimerOwner};
+
 use crate::agent::run::ToolCall;
 use crate::ids::{HostKey, RunId};
 use crate::log;
 use crate::mcp_client::{self, Alarm, Hub, HubEvent, ServerId, Source};
 use crate::reactor::{TimerId, Wake};
 use crate::workers::Pool;
-use mio::Token;
-use mio::Waker;
-use std::sync::Arc;
-use std::sync::mpsc::Sender;
-use std::time::{Duration, Instant};
 
 /// What DNS lookups need: the pool, and the way back to the loop.
 #[derive(Clone, Copy)]

@@ -10,10 +10,11 @@
 //! sockets and pipes are non-blocking.
 //!
 //! This file is the loop and effect dispatch; each kind of work has its owner beside it:
-//! `model` (the exchange, retry and backoff, the idle-connection pool), `procs` (`Bash`
-//! processes, background shells, reaping, a run's work cancelled), `fetch` (`WebFetch`) and
-//! `mcp` (the hub's glue). An owner keeps its state in a type of its own and reaches the
-//! reactor only through a narrow view, so its logic is unit-tested without one.
+//! `call` (the model exchange, retry and backoff, the idle-connection pool), `procs`
+//! (`Bash` processes, background shells, reaping, a run's work cancelled), `fetch`
+//! (`WebFetch`) and `mcp` (the hub's glue). An owner keeps its state in a type of its own
+//! and reaches the reactor only through a narrow view (`Reach`; the hub through `McpIo`),
+//! so its logic is unit-tested on a fake (`fake::FakeReach`) without a reactor.
 
 mod call;
 mod fetch;
@@ -22,6 +23,15 @@ mod procs;
 
 #[cfg(test)]
 mod fake;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use mio::Token;
+use mio::Waker;
 
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::{Effect, Run, ToolCall};
@@ -38,17 +48,11 @@ use crate::tools::bash::Stream;
 use crate::tools::table::{self, Runs};
 use crate::transport::Conn;
 use crate::workers::Pool;
+
 use call::{ModelState, Retries, Warm};
 use fetch::FetchTask;
 use mcp::{Lookups, McpIo, RunMcp};
-use mio::Token;
-use mio::Waker;
 use procs::Procs;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, channel};
-use std::time::{Duration, Instant};
 
 /// After a signal, how long a stalled stdout reader may hold up exit.
 const STDOUT_GRACE_AFTER_SIGNAL: Duration = Duration::from_millis(200);
@@ -352,7 +356,7 @@ pub trait Host {
 
 /// The reactor as an owner (`call`, `procs`, `fetch`) sees it: tokens and timers named by
 /// the work they belong to, which the loop routes back, and the registry its sources join.
-/// Nothing more, so an owner's logic runs in a unit test on a fake (`tests::FakeReach`).
+/// Nothing more, so an owner's logic runs in a unit test on a fake (`fake::FakeReach`).
 trait Reach {
     /// The host's key type (`Host::Key`), which `Owner::Host` and `TimerOwner::Host` carry.
     type Key;

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::call::ModelState;
 use super::{Engine, Owner, Reach, TimerOwner};
+
 use crate::agent::run::ToolCall;
 use crate::ids::{HostKey, RunId};
 use crate::reactor::TimerId;
