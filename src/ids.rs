@@ -28,3 +28,26 @@ impl std::fmt::Display for RunId {
 /// choosing, handed back verbatim in `Host::on_io` / `Host::on_timer`.
 pub trait HostKey: Copy + Eq + std::hash::Hash + std::fmt::Debug {}
 impl<K: Copy + Eq + std::hash::Hash + std::fmt::Debug> HostKey for K {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_id_reads_back_what_it_writes() {
+        for n in [0, 7, 42, u64::MAX] {
+            assert_eq!(RunId::parse(&RunId(n).to_string()), Some(RunId(n)));
+        }
+        assert_eq!(RunId(12).to_string(), "run-12");
+    }
+
+    #[test]
+    fn only_the_canonical_spelling_is_a_run_id() {
+        for other in [
+            "run-", "run-07", "run-+7", "run--7", "run-7 ", "Run-7", "7", "run-1e3",
+        ] {
+            assert_eq!(RunId::parse(other), None, "{other:?}");
+        }
+        assert_eq!(RunId::parse("run-18446744073709551616"), None, "past u64");
+    }
+}

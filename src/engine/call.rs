@@ -666,6 +666,16 @@ impl<K: HostKey> Engine<K> {
         self.io.cancel(call.deadline);
     }
 
+    /// A retry's delay is over: the next attempt starts.
+    pub(super) fn on_backoff(&mut self, run: RunId, id: TimerId) {
+        if let Some(slot) = self.runs.get_mut(&run)
+            && matches!(slot.model, ModelState::Backoff(timer) if timer == id)
+        {
+            slot.model = ModelState::Idle;
+            self.start_model(run);
+        }
+    }
+
     pub(super) fn on_model_timer(&mut self, run: RunId, id: TimerId) {
         let Some(call) = self.runs.get_mut(&run).and_then(|s| s.model.call_mut()) else {
             return;

@@ -981,14 +981,7 @@ impl<K: HostKey> Engine<K> {
             TimerOwner::PoolIdle => self.pool.on_timer(&mut self.io, Instant::now()),
             TimerOwner::Model(run) => self.on_model_timer(run, id),
             TimerOwner::ModelDeadline(run) => self.on_model_deadline(run, id),
-            TimerOwner::Backoff(run) => {
-                if let Some(slot) = self.runs.get_mut(&run)
-                    && matches!(slot.model, ModelState::Backoff(timer) if timer == id)
-                {
-                    slot.model = ModelState::Idle;
-                    self.start_model(run);
-                }
-            }
+            TimerOwner::Backoff(run) => self.on_backoff(run, id),
             TimerOwner::BashTimeout(run, tool) => self.on_bash_timeout(run, &tool),
             TimerOwner::Fetch(run, id) => self.on_fetch_timeout(run, &id),
             TimerOwner::BashGrace(run, tool) => self.on_bash_grace(run, &tool),
