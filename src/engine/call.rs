@@ -106,7 +106,7 @@ pub(super) fn jitter() -> f64 {
 /// How long a model request has been quiet. Every request is bounded by the first output
 /// (`first_byte_timeout` from the start) and then by the gap between events
 /// (`idle_timeout`); bytes are not progress (a keep-alive is bytes), model events are.
-pub(super) struct Quiet {
+struct Quiet {
     /// When the request started: the first-output limit counts from here.
     started: Instant,
     /// When the last model event arrived, once output started: the idle limit counts from
@@ -114,11 +114,11 @@ pub(super) struct Quiet {
     last_event: Instant,
     /// Whether output started, so the request's timer measures the idle gap rather than
     /// the wait for the first output.
-    pub(super) output_started: bool,
+    output_started: bool,
 }
 
 impl Quiet {
-    pub(super) fn new(now: Instant) -> Quiet {
+    fn new(now: Instant) -> Quiet {
         Quiet {
             started: now,
             last_event: now,
@@ -320,7 +320,7 @@ impl<K: HostKey> Engine<K> {
         self.start_model(run);
     }
 
-    pub(super) fn start_model(&mut self, run: RunId) {
+    fn start_model(&mut self, run: RunId) {
         if let Some(mut stale) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
             self.release_model(&mut stale);
         }
@@ -418,7 +418,7 @@ impl<K: HostKey> Engine<K> {
         self.on_client_events(run, events);
     }
 
-    pub(super) fn on_client_events(&mut self, run: RunId, events: Vec<ClientEvent>) {
+    fn on_client_events(&mut self, run: RunId, events: Vec<ClientEvent>) {
         for event in events {
             let Some(slot) = self.runs.get_mut(&run) else {
                 return;
@@ -500,7 +500,7 @@ impl<K: HostKey> Engine<K> {
         }
     }
 
-    pub(super) fn model_ended(&mut self, run: RunId) {
+    fn model_ended(&mut self, run: RunId) {
         let Some(slot) = self.runs.get_mut(&run) else {
             return;
         };
@@ -512,7 +512,7 @@ impl<K: HostKey> Engine<K> {
         self.finish_model(run, *call);
     }
 
-    pub(super) fn finish_model(&mut self, run: RunId, call: ModelCall) {
+    fn finish_model(&mut self, run: RunId, call: ModelCall) {
         let status = call.status.unwrap_or(0);
         if (200..300).contains(&status) {
             // Flush a final event that arrived without its blank line only if the decoder
@@ -584,26 +584,14 @@ impl<K: HostKey> Engine<K> {
     }
 
     /// A transport-level or stream-level failure of the current model call.
-    pub(super) fn model_failed(
-        &mut self,
-        run: RunId,
-        error: String,
-        status: Option<u16>,
-        retryable: bool,
-    ) {
+    fn model_failed(&mut self, run: RunId, error: String, status: Option<u16>, retryable: bool) {
         if let Some(mut call) = self.runs.get_mut(&run).and_then(|s| s.model.take_call()) {
             self.release_model(&mut call);
         }
         self.retry_or_fail(run, error, status, retryable);
     }
 
-    pub(super) fn retry_or_fail(
-        &mut self,
-        run: RunId,
-        error: String,
-        status: Option<u16>,
-        retryable: bool,
-    ) {
+    fn retry_or_fail(&mut self, run: RunId, error: String, status: Option<u16>, retryable: bool) {
         let Some(slot) = self.runs.get(&run) else {
             return;
         };
@@ -618,7 +606,7 @@ impl<K: HostKey> Engine<K> {
         self.fail_run(run, StopCondition::ProviderError(error));
     }
 
-    pub(super) fn schedule_retry(
+    fn schedule_retry(
         &mut self,
         run: RunId,
         delay: Duration,
@@ -651,7 +639,7 @@ impl<K: HostKey> Engine<K> {
         self.notices.push_back((run, notice));
     }
 
-    pub(super) fn fail_run(&mut self, run: RunId, condition: StopCondition) {
+    fn fail_run(&mut self, run: RunId, condition: StopCondition) {
         self.stats.model_errors += 1;
         if let Some(slot) = self.runs.get_mut(&run) {
             let effects = slot.run.on_model_failed(condition);

@@ -193,7 +193,7 @@ impl<K: HostKey> Engine<K> {
     }
 
     /// The roots and settings `WebFetch` trusts: the model client's, or loaded once.
-    pub(super) fn web_tls(&mut self) -> Result<Arc<rustls::ClientConfig>, String> {
+    fn web_tls(&mut self) -> Result<Arc<rustls::ClientConfig>, String> {
         if let Some(tls) = self.web_tls.as_ref().or(self.config.provider.tls.as_ref()) {
             return Ok(Arc::clone(tls));
         }
@@ -236,7 +236,7 @@ impl<K: HostKey> Engine<K> {
         self.on_fetch_events(run, id, events);
     }
 
-    pub(super) fn on_fetch_events(&mut self, run: RunId, id: &str, events: Vec<ClientEvent>) {
+    fn on_fetch_events(&mut self, run: RunId, id: &str, events: Vec<ClientEvent>) {
         for event in events {
             let Some(task) = self.runs.get_mut(&run).and_then(|s| s.fetches.get_mut(id)) else {
                 return;
@@ -260,7 +260,7 @@ impl<K: HostKey> Engine<K> {
 
     /// The response is complete (or `cut` at the cap): follow a same-site redirect, or
     /// answer with the page.
-    pub(super) fn finish_fetch(&mut self, run: RunId, id: &str, cut: bool) {
+    fn finish_fetch(&mut self, run: RunId, id: &str, cut: bool) {
         let Some(task) = self.runs.get(&run).and_then(|s| s.fetches.get(id)) else {
             return;
         };
@@ -286,7 +286,7 @@ impl<K: HostKey> Engine<K> {
     }
 
     /// Ends a fetch with its result for the model.
-    pub(super) fn end_fetch(&mut self, run: RunId, id: &str, output: ToolOutput) {
+    fn end_fetch(&mut self, run: RunId, id: &str, output: ToolOutput) {
         if self.end_fetch_quietly(run, id) {
             self.tool_done(run, id, output);
         }

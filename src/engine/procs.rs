@@ -258,7 +258,12 @@ impl Procs {
     /// Reads what waits in a shell's pipes (one, or both when `None`), and lets its pipes go
     /// once it has exited and they are drained. Whether the shell has exited: its place
     /// may go to a waiting call.
-    fn on_shell_ready(&mut self, reach: &mut impl Reach, id: &str, stream: Option<Stream>) -> bool {
+    pub(super) fn on_shell_ready(
+        &mut self,
+        reach: &mut impl Reach,
+        id: &str,
+        stream: Option<Stream>,
+    ) -> bool {
         let Some(shell) = self.shells.get_mut(id) else {
             return false;
         };
@@ -276,7 +281,12 @@ impl Procs {
     }
 
     /// Answers `BashOutput` and `KillShell` (`tool` is the call's name, for its messages).
-    fn shell_op(&mut self, reach: &mut impl Reach, tool: &str, op: ShellOp) -> ToolOutput {
+    pub(super) fn shell_op(
+        &mut self,
+        reach: &mut impl Reach,
+        tool: &str,
+        op: ShellOp,
+    ) -> ToolOutput {
         let id = match &op {
             ShellOp::Output { shell_id, .. } | ShellOp::Kill { shell_id } => shell_id.clone(),
         };
