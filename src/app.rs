@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::cli::{self, Command, InputFormat, PrintArgs, ServeArgs, Surface};
-use crate::engine::{self, Engine, EngineConfig, HostKey};
+use crate::engine::{self, Engine, EngineConfig};
+use crate::ids::{HostKey, RunId};
 use crate::model::retry::RetryPolicy;
 use crate::model::{self, Provider, ProviderKind};
 use crate::permissions::{Mode, Policy};
@@ -557,7 +558,7 @@ fn session_store() -> Result<drive::session::SessionStore, String> {
 
 /// The conversation a print run continues (`--continue`, `--resume`).
 struct ResumePoint {
-    run: engine::RunId,
+    run: RunId,
     history: Vec<model::types::Message>,
     /// The conversation keeps its session id.
     session_id: String,
@@ -583,7 +584,7 @@ fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint,
     let mut core = drive::table::DriveCore::new(session_store()?, config);
     core.load_existing();
     let run = match resume {
-        cli::Resume::Id(id) if engine::RunId::parse(id).is_some() => {
+        cli::Resume::Id(id) if RunId::parse(id).is_some() => {
             core.resolve(id).map_err(|e| e.to_string())?
         }
         cli::Resume::Id(id) => core
@@ -593,7 +594,7 @@ fn resume_point(setup: &AgentSetup, resume: &cli::Resume) -> Result<ResumePoint,
             .ok_or_else(|| format!("--resume {id}: no session with that id or run id"))?,
         cli::Resume::Latest => {
             let cwd = json!(setup.workspace.display().to_string());
-            let print_runs: Vec<engine::RunId> = core
+            let print_runs: Vec<RunId> = core
                 .find_by_header("cwd", &cwd)
                 .into_iter()
                 .filter(|run| core.header(*run).is_ok_and(|h| h["surface"] == "print"))

@@ -19,6 +19,7 @@ mod clock;
 mod drive;
 mod engine;
 mod exit;
+mod ids;
 // Only for the fuzz targets in fuzz/ (cargo-fuzz builds with `--cfg fuzzing`) and the tests
 // that replay their seeds; not an API.
 #[cfg(any(test, fuzzing))]

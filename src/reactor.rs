@@ -27,6 +27,14 @@ const EVENTS_CAPACITY: usize = 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TimerId(u64);
 
+#[cfg(test)]
+impl TimerId {
+    /// A timer id no reactor issued, for the fake reactors of unit tests.
+    pub fn fake(n: u64) -> TimerId {
+        TimerId(n)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {
     Interrupt,

@@ -157,7 +157,7 @@ pub fn default_dir(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf, Stri
 /// Only such ids name files, so an id from a client can never reach outside the directory, and
 /// each number has exactly one id.
 pub fn run_number(run_id: &str) -> Option<u64> {
-    crate::engine::RunId::parse(run_id).map(|id| id.0)
+    crate::ids::RunId::parse(run_id).map(|id| id.0)
 }
 
 /// A past run as `SessionStore::list` reports it (tests only: the drive table pages run

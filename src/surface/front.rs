@@ -66,8 +66,8 @@ use mio::net::TcpListener;
 use mio::{Interest, Token};
 
 use crate::auth::{Decision, Gate};
-use crate::engine::HostKey;
 use crate::http::server::{ConnEvent, Connection, Limits, Request};
+use crate::ids::HostKey;
 use crate::log;
 use crate::reactor::TimerId;
 use crate::surface::host::Cx;

@@ -19,9 +19,8 @@ use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::drive::table::{CoreAction, CoreTimer, DriveCore};
-use crate::engine::{
-    AskReply, Ctx, Host, HostAction, HostKey, RetryNotice, RunId, Stats, ToolPlacement,
-};
+use crate::engine::{AskReply, Ctx, Host, HostAction, RetryNotice, Stats, ToolPlacement};
+use crate::ids::{HostKey, RunId};
 use crate::reactor::{Signal, TimerId};
 use crate::stdio::StdinItem;
 

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use super::delegate::ClientCaps;
 use super::prompt::PromptState;
 use super::{AcpKey, AcpServe};
-use crate::engine::{HostKey, RunId};
+use crate::ids::{HostKey, RunId};
 use crate::surface::host::Cx;
 
 impl<H: HostKey> AcpServe<H> {

@@ -9,7 +9,7 @@
 use serde_json::{Value, json};
 
 use super::{AcpKey, AcpServe, invalid_params, unknown_session};
-use crate::engine::HostKey;
+use crate::ids::HostKey;
 use crate::jsonrpc::{Id, RpcError};
 use crate::model::types::Effort;
 use crate::permissions::Mode;

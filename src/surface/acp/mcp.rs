@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
-use crate::engine::HostKey;
+use crate::ids::HostKey;
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::mcp_client::{Approval, ServerId, config};

@@ -12,7 +12,7 @@ use super::card::{self, OldText};
 use super::params::Outcome;
 use super::{AcpKey, AcpServe, Pending};
 use crate::drive::table::Prompt;
-use crate::engine::{HostKey, RunId};
+use crate::ids::{HostKey, RunId};
 use crate::jsonrpc::RpcError;
 use crate::log;
 use crate::permissions::{Action, Mode, Policy, Rule, RuleSource};

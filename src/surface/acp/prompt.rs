@@ -14,7 +14,7 @@ use super::params::Prompt;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, unknown_session};
 use crate::agent::event::StopCondition;
 use crate::drive::table::{DriveStatus, Inbound, RunSpec};
-use crate::engine::{HostKey, RunId};
+use crate::ids::{HostKey, RunId};
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, Id, RpcError};
 use crate::mcp_client::Selection;
 use crate::surface::host::Cx;

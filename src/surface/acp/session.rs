@@ -20,7 +20,7 @@ use super::tasks::Task;
 use super::updates::Card;
 use super::{AcpKey, AcpServe, SESSION_FIELD, convo, invalid_params, unknown_session};
 use crate::drive::table::DriveCore;
-use crate::engine::{HostKey, RunId};
+use crate::ids::{HostKey, RunId};
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_REQUEST, RpcError};
 use crate::log;
 use crate::model::types::Effort;

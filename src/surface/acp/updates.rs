@@ -9,7 +9,8 @@ use super::{AcpKey, AcpServe};
 use crate::agent::compact::Trigger;
 use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::tool_input::ToolInput;
-use crate::engine::{HostKey, RetryNotice};
+use crate::engine::RetryNotice;
+use crate::ids::HostKey;
 use crate::model::types::ContentBlock;
 use crate::surface::host::Cx;
 

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use crate::auth::Token;
 use crate::drive::table::DriveCore;
-use crate::engine::HostKey;
 use crate::engine::{Engine, EngineConfig};
+use crate::ids::HostKey;
 use crate::log;
 use crate::reactor::TimerId;
 use crate::surface::front::line::{AgentListener, LineConn, LineEvent};

@@ -44,8 +44,8 @@ use serde_json::Value;
 
 use super::{Caps, ConnId, Front, FrontKey, Keepalive, Wire, peer_key};
 use crate::auth::Token;
-use crate::engine::HostKey;
 use crate::http::server::LINGER_MAX_BYTES;
+use crate::ids::HostKey;
 use crate::log;
 use crate::surface::host::Cx;
 use crate::transport::{Conn, READ_BUDGET, ReadStatus};
