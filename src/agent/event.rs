@@ -2,10 +2,11 @@
 //! (`reference/upstream-caliban.md` §6.1): internally tagged by PascalCase `type`, snake_case
 //! fields, `Duration` as `{"secs","nanos"}`, `StopCondition` externally tagged.
 
-use std::io::{self, Write};
+use std::io;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
 
 use crate::agent::compact::Trigger;
 use crate::model::types::{ContentBlock, Message, StopReason, Usage};
@@ -155,54 +156,42 @@ impl TurnEvent {
         )
     }
 
-    /// Writes `to_json`'s JSON into `out`, byte for byte (keys in the same sorted order).
-    /// Deltas are written field by field: building a `Value` tree for each was most of the
-    /// cost of recording a stream.
+    /// Writes the event's JSON into `out`, field by field: building a tree for each delta
+    /// was most of the cost of recording a stream.
     pub fn write_json(&self, out: &mut Vec<u8>) -> io::Result<()> {
-        let ty = self.type_name();
-        match self {
-            TurnEvent::AssistantTextDelta {
-                turn_index,
-                content_block_index,
-                text,
-            }
-            | TurnEvent::AssistantThinkingDelta {
-                turn_index,
-                content_block_index,
-                text,
-            } => {
-                write!(
-                    out,
-                    "{{\"content_block_index\":{content_block_index},\"text\":"
-                )?;
-                serde_json::to_writer(&mut *out, text)?;
-                write!(out, ",\"turn_index\":{turn_index},\"type\":\"{ty}\"}}")?;
-            }
-            TurnEvent::ToolCallInputDelta {
-                turn_index,
-                tool_use_id,
-                partial_json,
-            } => {
-                out.extend_from_slice(b"{\"partial_json\":");
-                serde_json::to_writer(&mut *out, partial_json)?;
-                out.extend_from_slice(b",\"tool_use_id\":");
-                serde_json::to_writer(&mut *out, tool_use_id)?;
-                write!(out, ",\"turn_index\":{turn_index},\"type\":\"{ty}\"}}")?;
-            }
-            _ => serde_json::to_writer(&mut *out, &self.to_json())?,
-        }
+        let mut line = Line { out, first: true };
+        self.fields(&mut line)?;
+        line.out.push(b'}');
         Ok(())
     }
 
+    /// The event's JSON as a tree, for a caller that inspects it before writing it (a session
+    /// log checks how deep it nests).
     pub fn to_json(&self) -> Value {
+        let mut tree = Map::new();
+        // Nothing here can fail: every value is JSON, every key a string.
+        let _ = self.fields(&mut tree);
+        Value::Object(tree)
+    }
+
+    /// The one description of each event's JSON: its fields, in the order of their keys
+    /// (upstream's events are `serde_json::Value` trees, which write their keys sorted: byte
+    /// order, so `turn_index` before `type`). Nested conversation parts (messages, blocks,
+    /// usage) are their own `to_json` trees, as a session file reads them back.
+    fn fields(&self, f: &mut impl Fields) -> io::Result<()> {
         let ty = self.type_name();
+        let values = |items: &[Message]| Value::Array(items.iter().map(Message::to_json).collect());
         match self {
             TurnEvent::TurnStart {
                 turn_index,
                 message_id,
                 model,
             } => {
-                json!({"type": ty, "turn_index": turn_index, "message_id": message_id, "model": model})
+                f.field("message_id", message_id)?;
+                f.field("model", model)?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                Ok(())
             }
             TurnEvent::AssistantTextDelta {
                 turn_index,
@@ -213,21 +202,35 @@ impl TurnEvent {
                 turn_index,
                 content_block_index,
                 text,
-            } => json!({"type": ty, "turn_index": turn_index,
-                        "content_block_index": content_block_index, "text": text}),
+            } => {
+                f.field("content_block_index", content_block_index)?;
+                f.field("text", text)?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                Ok(())
+            }
             TurnEvent::ToolCallStart {
                 turn_index,
                 tool_use_id,
                 name,
             } => {
-                json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id, "name": name})
+                f.field("name", name)?;
+                f.field("tool_use_id", tool_use_id)?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                Ok(())
             }
             TurnEvent::ToolCallInputDelta {
                 turn_index,
                 tool_use_id,
                 partial_json,
-            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
-                        "partial_json": partial_json}),
+            } => {
+                f.field("partial_json", partial_json)?;
+                f.field("tool_use_id", tool_use_id)?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                Ok(())
+            }
             TurnEvent::ToolCallEnd {
                 turn_index,
                 tool_use_id,
@@ -235,10 +238,17 @@ impl TurnEvent {
                 content,
                 result_text,
                 truncated,
-            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
-                        "is_error": is_error,
-                        "content": content.iter().map(ContentBlock::to_json).collect::<Vec<_>>(),
-                        "result_text": result_text, "truncated": truncated}),
+            } => {
+                let content: Vec<Value> = content.iter().map(ContentBlock::to_json).collect();
+                f.tree("content", Value::Array(content))?;
+                f.field("is_error", is_error)?;
+                f.field("result_text", result_text)?;
+                f.field("tool_use_id", tool_use_id)?;
+                f.field("truncated", truncated)?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                Ok(())
+            }
             TurnEvent::TurnEnd {
                 turn_index,
                 assistant_message,
@@ -247,11 +257,17 @@ impl TurnEvent {
                 usage,
                 ttft,
                 tbt,
-            } => json!({"type": ty, "turn_index": turn_index,
-                        "assistant_message": assistant_message.to_json(),
-                        "tool_results": tool_results.iter().map(Message::to_json).collect::<Vec<_>>(),
-                        "stop_reason": stop_reason.as_str(), "usage": usage.to_json(),
-                        "ttft": ttft.map(duration_json), "tbt": tbt.map(duration_json)}),
+            } => {
+                f.tree("assistant_message", assistant_message.to_json())?;
+                f.field("stop_reason", stop_reason.as_str())?;
+                f.tree("tbt", tbt.map_or(Value::Null, duration_json))?;
+                f.tree("tool_results", values(tool_results))?;
+                f.tree("ttft", ttft.map_or(Value::Null, duration_json))?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                f.tree("usage", usage.to_json())?;
+                Ok(())
+            }
             TurnEvent::Compaction {
                 turn_index,
                 trigger,
@@ -262,18 +278,31 @@ impl TurnEvent {
                 summary,
                 messages,
                 usage,
-            } => json!({"type": ty, "turn_index": turn_index, "trigger": trigger.as_str(),
-                        "pre_tokens": pre_tokens, "post_tokens": post_tokens,
-                        "messages_summarized": messages_summarized,
-                        "messages_kept": messages_kept, "summary": summary,
-                        "messages": messages.iter().map(Message::to_json).collect::<Vec<_>>(),
-                        "usage": usage.to_json()}),
+            } => {
+                f.tree("messages", values(messages))?;
+                f.field("messages_kept", messages_kept)?;
+                f.field("messages_summarized", messages_summarized)?;
+                f.field("post_tokens", post_tokens)?;
+                f.field("pre_tokens", pre_tokens)?;
+                f.field("summary", summary)?;
+                f.field("trigger", trigger.as_str())?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                f.tree("usage", usage.to_json())?;
+                Ok(())
+            }
             TurnEvent::PlanUpdate {
                 turn_index,
                 tool_use_id,
                 todos,
-            } => json!({"type": ty, "turn_index": turn_index, "tool_use_id": tool_use_id,
-                        "todos": todos.iter().map(Todo::to_json).collect::<Vec<_>>()}),
+            } => {
+                let todos: Vec<Value> = todos.iter().map(Todo::to_json).collect();
+                f.tree("todos", Value::Array(todos))?;
+                f.field("tool_use_id", tool_use_id)?;
+                f.field("turn_index", turn_index)?;
+                f.field("type", ty)?;
+                Ok(())
+            }
             TurnEvent::RunEnd {
                 final_messages,
                 total_usage,
@@ -281,13 +310,55 @@ impl TurnEvent {
                 stopped_for,
                 turns_without_edit,
                 no_edit_nudge_emitted,
-            } => json!({"type": ty,
-                        "final_messages": final_messages.iter().map(Message::to_json).collect::<Vec<_>>(),
-                        "total_usage": total_usage.to_json(), "turn_count": turn_count,
-                        "stopped_for": stopped_for.to_json(),
-                        "turns_without_edit": turns_without_edit,
-                        "no_edit_nudge_emitted": no_edit_nudge_emitted}),
+            } => {
+                f.tree("final_messages", values(final_messages))?;
+                f.field("no_edit_nudge_emitted", no_edit_nudge_emitted)?;
+                f.tree("stopped_for", stopped_for.to_json())?;
+                f.tree("total_usage", total_usage.to_json())?;
+                f.field("turn_count", turn_count)?;
+                f.field("turns_without_edit", turns_without_edit)?;
+                f.field("type", ty)?;
+                Ok(())
+            }
         }
+    }
+}
+
+/// Where an event's fields go, each once and in key order.
+trait Fields {
+    fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> io::Result<()>;
+
+    /// A nested part already built as a tree, which a tree takes as it is.
+    fn tree(&mut self, key: &'static str, value: Value) -> io::Result<()> {
+        self.field(key, &value)
+    }
+}
+
+/// Fields written as one JSON object, the keys as they stand (they need no escapes).
+struct Line<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl Fields for Line<'_> {
+    fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> io::Result<()> {
+        self.out.push(if self.first { b'{' } else { b',' });
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+        Ok(serde_json::to_writer(&mut *self.out, value)?)
+    }
+}
+
+impl Fields for Map<String, Value> {
+    fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> io::Result<()> {
+        self.tree(key, serde_json::to_value(value)?)
+    }
+
+    fn tree(&mut self, key: &'static str, value: Value) -> io::Result<()> {
+        self.insert(key.to_owned(), value);
+        Ok(())
     }
 }
 
@@ -312,45 +383,126 @@ pub fn result_text(content: &[ContentBlock]) -> (String, bool) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn deltas_are_written_as_to_json_serialises_them() {
-        let awkward = "quote \" backslash \\ newline \n tab \t nul \u{0} é 🦀 \u{2028}";
-        let events = [
+    /// One of every variant, with the fields that change a shape (options, nested lists).
+    fn every_variant() -> Vec<TurnEvent> {
+        use crate::tools::todo::TodoStatus;
+        let usage = Usage {
+            input_tokens: 12,
+            output_tokens: 3,
+            cache_creation_input_tokens: None,
+            cache_read_input_tokens: Some(8),
+        };
+        let assistant = Message {
+            role: crate::model::types::Role::Assistant,
+            content: vec![
+                ContentBlock::text("hé \"q\"\n"),
+                ContentBlock::ToolUse {
+                    id: "toolu_1".into(),
+                    name: "Read".into(),
+                    input: json!({"path": "a.rs", "deep": {"z": [1, 2.5, null]}}),
+                },
+            ],
+        };
+        vec![
+            TurnEvent::TurnStart {
+                turn_index: 0,
+                message_id: "msg_1".into(),
+                model: "claude".into(),
+            },
             TurnEvent::AssistantTextDelta {
-                turn_index: 3,
-                content_block_index: 1,
-                text: awkward.into(),
+                turn_index: 1,
+                content_block_index: 2,
+                text: "quote \" backslash \\ nul \u{0} é 🦀".into(),
             },
             TurnEvent::AssistantThinkingDelta {
                 turn_index: u32::MAX,
                 content_block_index: 0,
                 text: String::new(),
             },
+            TurnEvent::ToolCallStart {
+                turn_index: 1,
+                tool_use_id: "toolu_1".into(),
+                name: "Read".into(),
+            },
             TurnEvent::ToolCallInputDelta {
-                turn_index: 0,
+                turn_index: 1,
                 tool_use_id: "toolu_\"x".into(),
                 partial_json: "{\"path\": \"a\\nb\"".into(),
             },
+            TurnEvent::ToolCallEnd {
+                turn_index: 1,
+                tool_use_id: "toolu_1".into(),
+                is_error: true,
+                content: vec![ContentBlock::text("no")],
+                result_text: "no".into(),
+                truncated: false,
+            },
+            TurnEvent::TurnEnd {
+                turn_index: 1,
+                assistant_message: assistant.clone(),
+                tool_results: vec![Message::user_text("r")],
+                stop_reason: StopReason::ToolUse,
+                usage,
+                ttft: Some(Duration::from_millis(1500)),
+                tbt: None,
+            },
+            TurnEvent::Compaction {
+                turn_index: 2,
+                trigger: Trigger::Manual,
+                pre_tokens: 9000,
+                post_tokens: 800,
+                messages_summarized: 6,
+                messages_kept: 2,
+                summary: "so far".into(),
+                messages: vec![Message::user_text("s")],
+                usage: Usage::default(),
+            },
+            TurnEvent::PlanUpdate {
+                turn_index: 2,
+                tool_use_id: "toolu_2".into(),
+                todos: vec![Todo {
+                    id: "1".into(),
+                    content: "plan".into(),
+                    status: TodoStatus::InProgress,
+                }],
+            },
+            TurnEvent::RunEnd {
+                final_messages: vec![assistant],
+                total_usage: usage,
+                turn_count: 3,
+                stopped_for: StopCondition::StreamIdle(Duration::from_millis(2)),
+                turns_without_edit: 1,
+                no_edit_nudge_emitted: true,
+            },
+        ]
+    }
+
+    /// The bytes of every variant, as upstream's `Value` bodies write them (keys sorted).
+    #[test]
+    fn every_variant_is_written_with_upstream_bytes() {
+        let expected = [
+            r#"{"message_id":"msg_1","model":"claude","turn_index":0,"type":"TurnStart"}"#,
+            r#"{"content_block_index":2,"text":"quote \" backslash \\ nul \u0000 é 🦀","turn_index":1,"type":"AssistantTextDelta"}"#,
+            r#"{"content_block_index":0,"text":"","turn_index":4294967295,"type":"AssistantThinkingDelta"}"#,
+            r#"{"name":"Read","tool_use_id":"toolu_1","turn_index":1,"type":"ToolCallStart"}"#,
+            r#"{"partial_json":"{\"path\": \"a\\nb\"","tool_use_id":"toolu_\"x","turn_index":1,"type":"ToolCallInputDelta"}"#,
+            r#"{"content":[{"text":"no","type":"text"}],"is_error":true,"result_text":"no","tool_use_id":"toolu_1","truncated":false,"turn_index":1,"type":"ToolCallEnd"}"#,
+            r#"{"assistant_message":{"content":[{"text":"hé \"q\"\n","type":"text"},{"id":"toolu_1","input":{"deep":{"z":[1,2.5,null]},"path":"a.rs"},"name":"Read","type":"tool_use"}],"role":"assistant"},"stop_reason":"tool_use","tbt":null,"tool_results":[{"content":[{"text":"r","type":"text"}],"role":"user"}],"ttft":{"nanos":500000000,"secs":1},"turn_index":1,"type":"TurnEnd","usage":{"cache_read_input_tokens":8,"input_tokens":12,"output_tokens":3}}"#,
+            r#"{"messages":[{"content":[{"text":"s","type":"text"}],"role":"user"}],"messages_kept":2,"messages_summarized":6,"post_tokens":800,"pre_tokens":9000,"summary":"so far","trigger":"manual","turn_index":2,"type":"Compaction","usage":{"input_tokens":0,"output_tokens":0}}"#,
+            r#"{"todos":[{"content":"plan","id":"1","status":"in_progress"}],"tool_use_id":"toolu_2","turn_index":2,"type":"PlanUpdate"}"#,
+            r#"{"final_messages":[{"content":[{"text":"hé \"q\"\n","type":"text"},{"id":"toolu_1","input":{"deep":{"z":[1,2.5,null]},"path":"a.rs"},"name":"Read","type":"tool_use"}],"role":"assistant"}],"no_edit_nudge_emitted":true,"stopped_for":{"StreamIdle":{"nanos":2000000,"secs":0}},"total_usage":{"cache_read_input_tokens":8,"input_tokens":12,"output_tokens":3},"turn_count":3,"turns_without_edit":1,"type":"RunEnd"}"#,
         ];
-        for event in &events {
-            assert!(event.is_delta());
-            let mut fast = Vec::new();
-            event.write_json(&mut fast).unwrap();
-            let slow = serde_json::to_vec(&event.to_json()).unwrap();
-            assert_eq!(
-                String::from_utf8(fast).unwrap(),
-                String::from_utf8(slow).unwrap()
-            );
+        let events = every_variant();
+        assert_eq!(events.len(), expected.len());
+        for (event, expected) in events.iter().zip(expected) {
+            let mut written = Vec::new();
+            event.write_json(&mut written).unwrap();
+            assert_eq!(String::from_utf8(written).unwrap(), expected);
+            // The tree is the same JSON, and a `Value` writes its keys sorted: a key written
+            // out of order would show here too.
+            assert_eq!(event.to_json().to_string(), expected);
         }
-        let start = TurnEvent::TurnStart {
-            turn_index: 0,
-            message_id: "m".into(),
-            model: "x".into(),
-        };
-        assert!(!start.is_delta());
-        let mut out = Vec::new();
-        start.write_json(&mut out).unwrap();
-        assert_eq!(out, serde_json::to_vec(&start.to_json()).unwrap());
+        assert!(events[1].is_delta() && events[4].is_delta() && !events[0].is_delta());
     }
 
     #[test]

@@ -12,7 +12,9 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
+use serde::de::{Deserialize, Error as _, Unexpected};
 use serde_json::{Map, Value};
 
 use crate::drive::table::{Inbound, RunSpec};
@@ -31,8 +33,9 @@ pub(crate) enum OpKind {
 }
 
 impl OpKind {
-    /// Upstream's argument struct, which serde names when the arguments are not an object.
-    fn struct_name(self) -> &'static str {
+    /// The title of the operation's argument schema in the MCP tool list: upstream's argument
+    /// struct, which serde names when the arguments are not an object.
+    pub(crate) fn args_title(self) -> &'static str {
         match self {
             OpKind::Run => "RunArgs",
             OpKind::Poll => "PollArgs",
@@ -140,30 +143,25 @@ pub(crate) enum Expected {
     Count,
     /// An array of strings.
     Strings,
-    /// One item of an array of strings.
-    StringsItem,
 }
 
-/// What is wrong with an operation's arguments.
+/// What is wrong with an operation's arguments. `serde` is serde's own refusal, the text the
+/// serde style shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Problem {
-    /// The arguments are not a JSON object; `found` is serde's name for what they are.
+    /// The arguments are not a JSON object; `found` names what they are.
     NotObject {
-        op: OpKind,
         found: String,
+        serde: String,
     },
     Missing {
         field: &'static str,
     },
+    /// A value serde would not take as the field's type (a negative count included).
     WrongType {
         field: &'static str,
         expected: Expected,
-        found: String,
-    },
-    /// A negative integer where a count belongs (serde: an invalid value, not type).
-    Negative {
-        field: &'static str,
-        found: String,
+        serde: String,
     },
     UnknownMode {
         value: String,
@@ -196,26 +194,10 @@ impl fmt::Display for OpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let serde = self.style == Style::Serde;
         match &self.problem {
-            Problem::Missing { field } => write!(f, "missing field `{field}`"),
-            Problem::NotObject { op, found } if serde => {
-                write!(
-                    f,
-                    "invalid type: {found}, expected struct {}",
-                    op.struct_name()
-                )
-            }
+            Problem::Missing { field } => write!(f, "{}", serde_json::Error::missing_field(field)),
+            Problem::NotObject { serde: error, .. } if serde => f.write_str(error),
             Problem::NotObject { found, .. } => write!(f, "expected a JSON object, not {found}"),
-            Problem::WrongType {
-                expected, found, ..
-            } if serde => {
-                let expected = match expected {
-                    Expected::String | Expected::StringsItem => "a string",
-                    Expected::Boolean => "a boolean",
-                    Expected::Count => "usize",
-                    Expected::Strings => "a sequence",
-                };
-                write!(f, "invalid type: {found}, expected {expected}")
-            }
+            Problem::WrongType { serde: error, .. } if serde => f.write_str(error),
             Problem::WrongType {
                 field, expected, ..
             } => {
@@ -223,23 +205,14 @@ impl fmt::Display for OpError {
                     Expected::String => "a string",
                     Expected::Boolean => "a boolean",
                     Expected::Count => "a non-negative integer",
-                    Expected::Strings | Expected::StringsItem => "an array of strings",
+                    Expected::Strings => "an array of strings",
                 };
                 write!(f, "`{field}` must be {expected}")
             }
-            Problem::Negative { found, .. } if serde => {
-                write!(f, "invalid value: {found}, expected usize")
-            }
-            Problem::Negative { field, .. } => {
-                write!(f, "`{field}` must be a non-negative integer")
-            }
             Problem::UnknownMode { value } if serde => {
-                let names: Vec<String> = Mode::ALL.iter().map(|m| format!("`{m}`")).collect();
-                write!(
-                    f,
-                    "unknown variant `{value}`, expected one of {}",
-                    names.join(", ")
-                )
+                static NAMES: LazyLock<Vec<&str>> =
+                    LazyLock::new(|| Mode::ALL.iter().map(|m| m.as_str()).collect());
+                write!(f, "{}", serde_json::Error::unknown_variant(value, &NAMES))
             }
             Problem::UnknownMode { value } => {
                 let names: Vec<&str> = Mode::ALL.iter().map(|m| m.as_str()).collect();
@@ -251,15 +224,13 @@ impl fmt::Display for OpError {
                 )
             }
             Problem::UnknownSandbox { value } if serde => {
-                let names: Vec<String> = crate::sandbox::Mode::ALL
-                    .iter()
-                    .map(|m| format!("`{m}`"))
-                    .collect();
-                write!(
-                    f,
-                    "unknown variant `{value}`, expected one of {}",
-                    names.join(", ")
-                )
+                static NAMES: LazyLock<Vec<&str>> = LazyLock::new(|| {
+                    crate::sandbox::Mode::ALL
+                        .iter()
+                        .map(|m| m.as_str())
+                        .collect()
+                });
+                write!(f, "{}", serde_json::Error::unknown_variant(value, &NAMES))
             }
             Problem::UnknownSandbox { value } => write!(
                 f,
@@ -276,16 +247,29 @@ impl fmt::Display for OpError {
     }
 }
 
-/// serde's name for the kind of a JSON value, as in its `invalid type` errors.
-fn unexpected(value: &Value) -> String {
+/// A JSON value as serde sees it in an `invalid type` error (serde_json names `Unit` null).
+fn unexpected(value: &Value) -> Unexpected<'_> {
+    match value {
+        Value::Null => Unexpected::Unit,
+        Value::Bool(b) => Unexpected::Bool(*b),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(n), _) => Unexpected::Unsigned(n),
+            (None, Some(n)) => Unexpected::Signed(n),
+            (None, None) => Unexpected::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => Unexpected::Str(s),
+        Value::Array(_) => Unexpected::Seq,
+        Value::Object(_) => Unexpected::Map,
+    }
+}
+
+/// What a value is, in the words of our own (plain) refusals: serde's nouns, a string as JSON.
+fn kind(value: &Value) -> String {
     match value {
         Value::Null => "null".to_owned(),
-        Value::Bool(b) => format!("boolean `{b}`"),
         Value::Number(n) if n.is_f64() => format!("floating point `{n}`"),
-        Value::Number(n) => format!("integer `{n}`"),
-        Value::String(s) => format!("string {}", Value::String(s.clone())),
-        Value::Array(_) => "sequence".to_owned(),
-        Value::Object(_) => "map".to_owned(),
+        Value::String(_) => format!("string {value}"),
+        other => unexpected(other).to_string(),
     }
 }
 
@@ -299,13 +283,17 @@ impl<'a> Fields<'a> {
     fn new(args: &'a Value, op: OpKind, dialect: Dialect) -> Result<Fields<'a>, OpError> {
         match args {
             Value::Object(map) => Ok(Fields { map, dialect }),
-            other => Err(OpError {
-                problem: Problem::NotObject {
-                    op,
-                    found: unexpected(other),
-                },
-                style: dialect.style,
-            }),
+            other => {
+                let expected = format!("struct {}", op.args_title());
+                let serde = serde_json::Error::invalid_type(unexpected(other), &expected.as_str());
+                Err(OpError {
+                    problem: Problem::NotObject {
+                        found: kind(other),
+                        serde: serde.to_string(),
+                    },
+                    style: dialect.style,
+                })
+            }
         }
     }
 
@@ -316,11 +304,20 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn wrong(&self, field: &'static str, expected: Expected, found: &Value) -> OpError {
-        self.error(Problem::WrongType {
-            field,
-            expected,
-            found: unexpected(found),
+    /// `value` as the field's type, read by serde: a refusal carries serde's own text, as
+    /// rmcp's `Parameters<T>` would answer with it.
+    fn typed<T: Deserialize<'a>>(
+        &self,
+        field: &'static str,
+        expected: Expected,
+        value: &'a Value,
+    ) -> Result<T, OpError> {
+        T::deserialize(value).map_err(|e| {
+            self.error(Problem::WrongType {
+                field,
+                expected,
+                serde: e.to_string(),
+            })
         })
     }
 
@@ -337,48 +334,38 @@ impl<'a> Fields<'a> {
     fn string(&self, key: &'static str) -> Result<String, OpError> {
         match self.map.get(key) {
             None => Err(self.error(Problem::Missing { field: key })),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(self.wrong(key, Expected::String, other)),
+            Some(value) => self.typed(key, Expected::String, value),
         }
     }
 
     fn opt_string(&self, key: &'static str) -> Result<Option<String>, OpError> {
         match self.map.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(self.wrong(key, Expected::String, other)),
+            Some(value) => self.typed(key, Expected::String, value).map(Some),
         }
     }
 
     fn bool(&self, key: &'static str) -> Result<bool, OpError> {
         match self.map.get(key) {
             None => Err(self.error(Problem::Missing { field: key })),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(self.wrong(key, Expected::Boolean, other)),
+            Some(value) => self.typed(key, Expected::Boolean, value),
         }
     }
 
     fn flag(&self, key: &'static str) -> Result<bool, OpError> {
         match self.optional(key) {
             None => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(self.wrong(key, Expected::Boolean, other)),
+            Some(value) => self.typed(key, Expected::Boolean, value),
         }
     }
 
-    /// A count defaulting to 0.
+    /// A count defaulting to 0 (upstream's `usize`, which is what serde names).
     fn count(&self, key: &'static str) -> Result<u64, OpError> {
         match self.optional(key) {
             None => Ok(0),
-            Some(Value::Number(n)) => match n.as_u64() {
-                Some(v) => Ok(v),
-                None if n.is_i64() => Err(self.error(Problem::Negative {
-                    field: key,
-                    found: format!("integer `{n}`"),
-                })),
-                None => Err(self.wrong(key, Expected::Count, &Value::Number(n.clone()))),
-            },
-            Some(other) => Err(self.wrong(key, Expected::Count, other)),
+            Some(value) => self
+                .typed::<usize>(key, Expected::Count, value)
+                .map(|n| n as u64),
         }
     }
 
@@ -386,14 +373,7 @@ impl<'a> Fields<'a> {
     fn strings(&self, key: &'static str) -> Result<Vec<String>, OpError> {
         match self.map.get(key) {
             None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) => Ok(s.clone()),
-                    other => Err(self.wrong(key, Expected::StringsItem, other)),
-                })
-                .collect(),
-            Some(other) => Err(self.wrong(key, Expected::Strings, other)),
+            Some(value) => self.typed(key, Expected::Strings, value),
         }
     }
 
@@ -404,10 +384,7 @@ impl<'a> Fields<'a> {
             Some(Value::Array(blocks)) => ContentBlock::images_from_json(blocks)
                 .map_err(|error| self.error(Problem::BadImage { error })),
             Some(other) => Err(self.error(Problem::BadImage {
-                error: format!(
-                    "expected an array of image blocks, not {}",
-                    unexpected(other)
-                ),
+                error: format!("expected an array of image blocks, not {}", kind(other)),
             })),
         }
     }
@@ -680,6 +657,51 @@ mod tests {
         assert_eq!(
             run_spec(&json!(["go"]), HTTP).unwrap_err().to_string(),
             "expected a JSON object, not sequence"
+        );
+    }
+
+    #[test]
+    fn serde_style_texts_are_serdes_own() {
+        // A string is named as serde names it (Rust's escapes, not JSON's), as upstream's
+        // `Parameters<RunArgs>` refuses it.
+        assert_eq!(
+            err(
+                OpKind::Run,
+                json!({"prompt": "p", "interactive": "a\u{1}\n"}),
+                MCP
+            ),
+            r#"invalid type: string "a\u{1}\n", expected a boolean"#
+        );
+        assert_eq!(
+            err(OpKind::Poll, json!(null), MCP),
+            "invalid type: null, expected struct PollArgs"
+        );
+        assert_eq!(
+            err(OpKind::Permit, json!(2.5), MCP),
+            "invalid type: floating point `2.5`, expected struct PermitArgs"
+        );
+        assert_eq!(
+            err(OpKind::Run, json!({"prompt": "p", "sandbox": "none"}), MCP),
+            "unknown variant `none`, expected one of `read-only`, `workspace-write`, `network`, `off`"
+        );
+        assert_eq!(
+            err(OpKind::Run, json!({"prompt": "p", "sandbox": "none"}), HTTP),
+            "invalid sandbox `none`: expected read-only, workspace-write, network or off"
+        );
+        // Our own texts keep JSON's spelling of what was sent.
+        assert_eq!(
+            run_spec(&json!("a\u{1}"), HTTP).unwrap_err().to_string(),
+            r#"expected a JSON object, not string "a\u0001""#
+        );
+        assert_eq!(
+            run_spec(&json!(null), HTTP).unwrap_err().to_string(),
+            "expected a JSON object, not null"
+        );
+        assert_eq!(
+            input(&json!({"text": "t", "images": {}}), HTTP)
+                .unwrap_err()
+                .to_string(),
+            "`images`: expected an array of image blocks, not map"
         );
     }
 

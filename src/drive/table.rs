@@ -348,7 +348,9 @@ impl PollView {
     /// Upstream's poll body (MCP text block and HTTP JSON alike), written with sorted keys
     /// as upstream's `serde_json::Value` bodies are: `{"events":[{"event":…,"v":1}],
     /// "next_cursor","permission_request","status"}`. Events are stored as their JSON
-    /// text and spliced in without re-parsing.
+    /// text and spliced in without re-parsing: serde can only embed raw text it has checked
+    /// (`RawValue`), and checking every event of every poll took 7 times the instructions of
+    /// writing the whole body this way (issue 22, bench/RESULTS.md).
     pub fn to_json_text(&self) -> String {
         let mut body = String::from("{\"events\":[");
         for (i, (_, raw)) in self.events.iter().enumerate() {
@@ -1402,6 +1404,29 @@ mod tests {
     struct TempDir {
         root: PathBuf,
         workspace: PathBuf,
+    }
+
+    /// The poll body's bytes: events spliced as stored, the rest as upstream's sorted keys.
+    #[test]
+    fn poll_view_bytes() {
+        let event = r#"{"content_block_index":0,"text":"h\u00e9 \"q\"","turn_index":0,"type":"AssistantTextDelta"}"#;
+        let view = PollView {
+            events: vec![(0, event.into()), (1, r#"{"type":"X"}"#.into())],
+            next_cursor: 2,
+            status: DriveStatus::Failed("disk \"full\"".into()),
+            permission_request: None,
+        };
+        let body = view.to_json_text();
+        assert_eq!(
+            body,
+            format!(
+                r#"{{"events":[{{"event":{event},"v":1}},{{"event":{{"type":"X"}},"v":1}}],"next_cursor":2,"permission_request":null,"status":{{"error":"disk \"full\"","state":"failed"}}}}"#
+            )
+        );
+        // The same JSON a `Value` of it writes (keys sorted there too), so nothing was
+        // spliced out of order.
+        let tree: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(tree.to_string(), body.replace(r"h\u00e9", "h\u{e9}"));
     }
 
     impl TempDir {

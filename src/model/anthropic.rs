@@ -6,9 +6,10 @@
 //! deviations observed on llama-server's `/v1/messages` route (§4.5), which this decoder must
 //! tolerate because it is our offline test server.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 use std::fmt;
 
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -313,9 +314,13 @@ impl StreamDecoder {
         if self.done || ev.data.trim().is_empty() {
             return Ok(());
         }
-        if let Some(event) = fast_block_delta(&ev.data) {
-            out.extend(event);
-            return Ok(());
+        // Nearly every event of a stream is a delta: it is read from its members as raw text,
+        // with no `Value` tree built and only the delta's text copied out. Every other event
+        // (a handful a turn), and anything that is not an object, is read as a `Value`.
+        if let Ok(event) = serde_json::from_str::<Members>(&ev.data)
+            && event.get("type").and_then(text).as_deref() == Some("content_block_delta")
+        {
+            return on_block_delta(&event, out);
         }
         let value: Value = serde_json::from_str(&ev.data).map_err(|e| DecodeError::Json {
             error: e.to_string(),
@@ -335,7 +340,7 @@ impl StreamDecoder {
         match kind {
             "message_start" => self.on_message_start(&value, out),
             "content_block_start" => self.on_block_start(&value, out)?,
-            "content_block_delta" => on_block_delta(&value, out)?,
+            // (`content_block_delta` was read above: any object reads as `Members`.)
             "message_delta" => self.on_message_delta(&value, out),
             "message_stop" => {
                 self.done = true;
@@ -452,65 +457,102 @@ impl StreamDecoder {
     }
 }
 
-fn on_block_delta(value: &Value, out: &mut Vec<ModelEvent>) -> Result<(), DecodeError> {
-    let index = block_index(value, "content_block_delta")?;
-    let delta = value.get("delta").unwrap_or(&Value::Null);
-    let text = |key: &str| {
-        delta
-            .get(key)
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-    };
-    let event = match delta.get("type").and_then(Value::as_str) {
-        Some("text_delta") => text("text").map(|text| ModelEvent::TextDelta { index, text }),
-        Some("thinking_delta") => {
-            text("thinking").map(|text| ModelEvent::ThinkingDelta { index, text })
-        }
-        Some("signature_delta") => {
-            text("signature").map(|signature| ModelEvent::ThinkingSignature { index, signature })
-        }
-        // The first fragment is usually `""`; fragments are not JSON on their own, and the
-        // consumer parses the concatenation when the turn ends.
-        Some("input_json_delta") => {
-            text("partial_json").map(|partial_json| ModelEvent::ToolCallInputDelta {
-                index,
-                partial_json,
-            })
-        }
-        // `citations_delta` and future delta types.
-        _ => None,
-    };
-    out.extend(event);
-    Ok(())
+/// A JSON object's members in their order, each value left as its raw JSON text. An event
+/// has a few: a list is quicker to fill, search and drop than a map.
+#[derive(Default)]
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Members<'a> {
+    /// The member named `key`: the last one, as a `Value` keeps the last of repeated keys.
+    fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
 }
 
-/// A `content_block_delta` as `on_block_delta` reads it (`Some(None)` for one it ignores),
-/// decoded without building a `Value` tree: its fields are borrowed as raw JSON and only the
-/// delta's text is copied out. Nearly every event of a stream is one. `None` for anything
-/// else, or anything this path does not read the ordinary way (escaped keys or type names,
-/// a bad index): the `Value` path decodes those, and reports their errors.
-fn fast_block_delta(data: &str) -> Option<Option<ModelEvent>> {
-    type Fields<'a> = BTreeMap<&'a str, &'a RawValue>;
-    let event: Fields = serde_json::from_str(data).ok()?;
-    if event.get("type")?.get() != "\"content_block_delta\"" {
-        return None;
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Members<'de>, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::with_capacity(4);
+                while let Some((key, value)) = map.next_entry::<Text, &RawValue>()? {
+                    members.push((key.0, value));
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit)
     }
-    let index = serde_json::from_str::<u32>(event.get("index")?.get()).ok()?;
-    let delta: Fields = serde_json::from_str(event.get("delta")?.get()).ok()?;
-    let field = match delta.get("type").map(|t| t.get()) {
-        Some("\"text_delta\"") => "text",
-        Some("\"thinking_delta\"") => "thinking",
-        Some("\"signature_delta\"") => "signature",
-        Some("\"input_json_delta\"") => "partial_json",
-        _ => return None,
+}
+
+/// A JSON string, borrowed from the event's text unless it had escapes to undo.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Text<'de>, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(Visit)
+    }
+}
+
+/// A member's value if it is a string (anything else reads as absent).
+fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let json = raw.get();
+    // Raw values are valid JSON: a string with no escape is its text between the quotes.
+    match json.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        Some(plain) if !plain.contains('\\') => Some(Cow::Borrowed(plain)),
+        _ => serde_json::from_str::<Text>(json).ok().map(|text| text.0),
+    }
+}
+
+/// A `content_block_delta`. A delta that is not an object, an unknown delta type or a text
+/// that is not a string (or is empty) is no event.
+fn on_block_delta(event: &Members, out: &mut Vec<ModelEvent>) -> Result<(), DecodeError> {
+    let index = event
+        .get("index")
+        .and_then(|raw| serde_json::from_str::<u32>(raw.get()).ok())
+        .ok_or(DecodeError::MissingField {
+            event: "content_block_delta",
+            field: "index",
+        })?;
+    let delta: Members = event
+        .get("delta")
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .unwrap_or_default();
+    let field = match delta.get("type").and_then(text).as_deref() {
+        Some("text_delta") => "text",
+        Some("thinking_delta") => "thinking",
+        Some("signature_delta") => "signature",
+        // The first fragment is usually `""`; fragments are not JSON on their own, and the
+        // consumer parses the concatenation when the turn ends.
+        Some("input_json_delta") => "partial_json",
+        // `citations_delta` and future delta types.
+        _ => return Ok(()),
     };
-    // A field that is not a string is ignored, as `on_block_delta` ignores it.
-    let text = delta
+    let Some(text) = delta
         .get(field)
         .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
-        .filter(|text| !text.is_empty());
-    Some(text.map(|text| match field {
+        .filter(|text| !text.is_empty())
+    else {
+        return Ok(());
+    };
+    out.push(match field {
         "text" => ModelEvent::TextDelta { index, text },
         "thinking" => ModelEvent::ThinkingDelta { index, text },
         "signature" => ModelEvent::ThinkingSignature {
@@ -521,7 +563,8 @@ fn fast_block_delta(data: &str) -> Option<Option<ModelEvent>> {
             index,
             partial_json: text,
         },
-    }))
+    });
+    Ok(())
 }
 
 fn block_index(value: &Value, event: &'static str) -> Result<u32, DecodeError> {
@@ -605,58 +648,107 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fast_delta_path_reads_what_the_value_path_reads() {
-        let samples = [
-            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \"there\"\n\u00e9"}}"#,
-            r#"{"type":"content_block_delta","index":2,"delta":{"type":"thinking_delta","thinking":"hmm"}}"#,
-            r#"{"type":"content_block_delta","index":2,"delta":{"type":"signature_delta","signature":"c2ln"}}"#,
-            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#,
-            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
-            r#"{"delta":{"text":"late type","type":"text_delta"},"index":3,"type":"content_block_delta"}"#,
-            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":null}}"#,
-            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","text":"b"}}"#,
-            r#"{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{}}}"#,
-            r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"x"}}"#,
-            r#"{"type":"content_block_delta","index":4294967296,"delta":{"type":"text_delta","text":"x"}}"#,
-            r#"{"type":"content_block_delta","index":1.0,"delta":{"type":"text_delta","text":"x"}}"#,
-            r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"x"}}"#,
-            r#"{"type":"content_block_delta","index":0,"delta":"text"}"#,
-            r#"{"type":"content_block_delta","index":0}"#,
-            r#"{"typ\u0065":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}"#,
-            r#"{"type":"content_block_stop","index":0}"#,
-            r#"[1,2]"#,
+    fn block_deltas_read_from_their_members() {
+        let text = |index, text: &str| {
+            Ok(vec![ModelEvent::TextDelta {
+                index,
+                text: text.into(),
+            }])
+        };
+        let none = || Ok(vec![]);
+        let no_index = || Err("anthropic `content_block_delta` event is missing `index`".into());
+        let cases: [(&str, Result<Vec<ModelEvent>, String>); 19] = [
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \"there\"\n\u00e9"}}"#,
+                text(0, "Hi \"there\"\n\u{e9}"),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":2,"delta":{"type":"thinking_delta","thinking":"hmm"}}"#,
+                Ok(vec![ModelEvent::ThinkingDelta {
+                    index: 2,
+                    text: "hmm".into(),
+                }]),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":2,"delta":{"type":"signature_delta","signature":"c2ln"}}"#,
+                Ok(vec![ModelEvent::ThinkingSignature {
+                    index: 2,
+                    signature: "c2ln".into(),
+                }]),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+                none(),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
+                Ok(vec![ModelEvent::ToolCallInputDelta {
+                    index: 1,
+                    partial_json: "{\"a\":".into(),
+                }]),
+            ),
+            (
+                r#"{"delta":{"text":"late type","type":"text_delta"},"index":3,"type":"content_block_delta"}"#,
+                text(3, "late type"),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":null}}"#,
+                none(),
+            ),
+            // The last of a repeated member counts, as in a `Value`.
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","text":"b"}}"#,
+                text(0, "b"),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{}}}"#,
+                none(),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"x"}}"#,
+                no_index(),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":4294967296,"delta":{"type":"text_delta","text":"x"}}"#,
+                no_index(),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":1.0,"delta":{"type":"text_delta","text":"x"}}"#,
+                no_index(),
+            ),
+            (
+                r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"x"}}"#,
+                no_index(),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":"text"}"#,
+                none(),
+            ),
+            (r#"{"type":"content_block_delta","index":0}"#, none()),
+            // Escaped keys and names are read as what they spell.
+            (
+                r#"{"typ\u0065":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}"#,
+                text(0, "x"),
+            ),
+            (
+                r#"{"type":"content\u005fblock_delta","index":0,"delta":{"t\u0079pe":"text\u005fdelta","text":"y"}}"#,
+                text(0, "y"),
+            ),
+            (r#"{"type":"content_block_stop","index":0}"#, none()),
+            (
+                r#"[1,2]"#,
+                Err("anthropic stream event has no `type`: [1,2]".into()),
+            ),
         ];
-        let mut fast_taken = 0;
-        for data in samples {
-            let slow = serde_json::from_str::<Value>(data).ok().and_then(|value| {
-                (value["type"] == "content_block_delta").then(|| {
-                    let mut out = Vec::new();
-                    on_block_delta(&value, &mut out).map(|()| out)
-                })
-            });
-            let Some(fast) = fast_block_delta(data) else {
-                continue;
-            };
-            fast_taken += 1;
-            let slow = slow
-                .expect("the fast path took a delta")
-                .expect("and read it");
-            assert_eq!(fast.into_iter().collect::<Vec<_>>(), slow, "{data}");
+        for (data, expected) in cases {
+            let mut decoder = StreamDecoder::default();
+            let mut out = Vec::new();
+            let got = decoder
+                .on_event(&sse("content_block_delta", data), &mut out)
+                .map(|()| out)
+                .map_err(|e| e.to_string());
+            assert_eq!(got, expected, "{data}");
         }
-        assert_eq!(fast_taken, 8, "the well-formed deltas go the fast way");
-        // And through the decoder, the same events either way.
-        let mut decoder = StreamDecoder::default();
-        let mut out = Vec::new();
-        decoder
-            .on_event(&sse("content_block_delta", samples[0]), &mut out)
-            .unwrap();
-        assert_eq!(
-            out,
-            vec![ModelEvent::TextDelta {
-                index: 0,
-                text: "Hi \"there\"\n\u{e9}".into()
-            }]
-        );
     }
 
     fn sse(event: &str, data: &str) -> SseEvent {

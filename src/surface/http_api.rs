@@ -826,10 +826,7 @@ fn parse_json_body(request: &Request) -> Result<Value, (u16, String)> {
 /// `text` nor `end`.
 fn op_error(e: OpError) -> (u16, String) {
     let status = match e.problem {
-        Problem::NotObject { .. }
-        | Problem::Missing { .. }
-        | Problem::WrongType { .. }
-        | Problem::Negative { .. } => 422,
+        Problem::NotObject { .. } | Problem::Missing { .. } | Problem::WrongType { .. } => 422,
         Problem::UnknownMode { .. }
         | Problem::UnknownSandbox { .. }
         | Problem::BadRule { .. }

@@ -158,7 +158,7 @@ pub fn list(modern: bool) -> Value {
             "Cancel a run: its model request is dropped and its tool processes are killed; it \
              ends with status done and a RunEnd event whose stopped_for is Cancelled.",
             input_schema(
-                "CancelArgs",
+                OpKind::Cancel.args_title(),
                 json!({"run_id": run_id("The run to cancel.")}),
                 &["run_id"],
             ),
@@ -171,7 +171,7 @@ pub fn list(modern: bool) -> Value {
             "Answer a permission prompt",
             "Answer a run's pending permission prompt (from caliban_poll).",
             input_schema(
-                "PermitArgs",
+                OpKind::Permit.args_title(),
                 json!({
                     "allow": prop("Allow (true) or deny (false) the tool call.", "boolean"),
                     "reason": optional_string("Optional denial reason."),
@@ -192,7 +192,7 @@ pub fn list(modern: bool) -> Value {
             "Fetch new events for a run from `cursor` onward, plus status and any pending \
              permission prompt.",
             input_schema(
-                "PollArgs",
+                OpKind::Poll.args_title(),
                 json!({
                     "cursor": {
                         "default": 0,
@@ -248,7 +248,7 @@ pub fn list(modern: bool) -> Value {
             "Start a caliban run",
             "Start an agent run from a prompt; returns a run_id to poll.",
             input_schema(
-                "RunArgs",
+                OpKind::Run.args_title(),
                 json!({
                     "ask": {
                         "default": [],
@@ -312,7 +312,7 @@ pub fn list(modern: bool) -> Value {
             "Send input to a caliban run",
             "Send a follow-up message to an interactive run, or end its input.",
             input_schema(
-                "SendInputArgs",
+                OpKind::SendInput.args_title(),
                 json!({
                     "compact": {
                         "default": false,
@@ -344,7 +344,7 @@ pub fn list(modern: bool) -> Value {
             "Read a caliban run's status",
             "Read a run's current lifecycle status.",
             input_schema(
-                "StatusArgs",
+                OpKind::Status.args_title(),
                 json!({"run_id": run_id("The run to query.")}),
                 &["run_id"],
             ),
