@@ -64,38 +64,49 @@ pub(crate) fn serve_listening<S: Listens>(
     host: DriveHost<S>,
     listening: &Listening,
 ) -> u8 {
-    serve_after(engine, host, |engine, host| {
-        if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |surface, cx| surface.listen(cx))) {
-            log::error(&format!("cannot listen on {}: {e}", listening.addr));
-            return Err(exit::RUNTIME);
-        }
-        let local = host.surface.bound_addr().unwrap_or(listening.addr);
-        let scheme = if listening.tls { "https" } else { "http" };
-        // One line on stderr that scripts and tests can wait for: stdout is the stdio
-        // surfaces' protocol, and unused by the others.
-        eprintln!(
-            "caliban {} listening on {scheme}://{local}{}",
-            listening.command, listening.path
-        );
-        Ok(())
-    })
+    serve_after(
+        engine,
+        host,
+        |engine, host| {
+            if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |surface, cx| surface.listen(cx)))
+            {
+                log::error(&format!("cannot listen on {}: {e}", listening.addr));
+                return Err(exit::RUNTIME);
+            }
+            let local = host.surface.bound_addr().unwrap_or(listening.addr);
+            let scheme = if listening.tls { "https" } else { "http" };
+            // One line on stderr that scripts and tests can wait for: stdout is the stdio
+            // surfaces' protocol, and unused by the others.
+            eprintln!(
+                "caliban {} listening on {scheme}://{local}{}",
+                listening.command, listening.path
+            );
+            Ok(())
+        },
+        |_| {},
+    )
 }
 
 /// Runs the engine's loop over `host` until it ends (SIGINT/SIGTERM, stdin closing for a
 /// stdio surface); the engine cancels the runs still going on the way out. The exit code.
 pub(crate) fn serve<S: Surface>(engine: Engine<Key<S::Key>>, host: DriveHost<S>) -> u8 {
-    serve_after(engine, host, |_, _| Ok(()))
+    serve_after(engine, host, |_, _| Ok(()), |_| {})
 }
 
-fn serve_after<S: Surface>(
+/// `serve` with a `start` step before the loop (a failure is the exit code, and the loop
+/// never runs) and a `finish` step after it, whichever way the loop ended.
+pub(crate) fn serve_after<S: Surface>(
     mut engine: Engine<Key<S::Key>>,
     mut host: DriveHost<S>,
     start: impl FnOnce(&mut Engine<Key<S::Key>>, &mut DriveHost<S>) -> Result<(), u8>,
+    finish: impl FnOnce(&mut DriveHost<S>),
 ) -> u8 {
     if let Err(code) = start(&mut engine, &mut host) {
         return code;
     }
-    match engine.run_loop(&mut host) {
+    let result = engine.run_loop(&mut host);
+    finish(&mut host);
+    match result {
         Ok(()) => exit::OK,
         Err(e) => {
             log::error(&format!("event loop failed: {e}"));

@@ -457,28 +457,27 @@ trait Served: Surface {
 /// Runs an agent surface until it quits (SIGTERM/SIGINT or the idle exit): the engine, the
 /// drive host, the surface's start, the line scripts wait for, the loop, the socket cleanup.
 fn run_served<S: Served>(engine_config: EngineConfig, core: DriveCore, surface: S) -> u8 {
-    let mut engine: Engine<Key<S::Key>> = match Engine::new(engine_config) {
+    let engine: Engine<Key<S::Key>> = match Engine::new(engine_config) {
         Ok(e) => e,
         Err(e) => {
             log::error(&format!("cannot start the event loop: {e}"));
             return crate::exit::RUNTIME;
         }
     };
-    let mut host = DriveHost::new(core, surface);
-    if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |s, cx| s.start(cx))) {
-        log::error(&e);
-        return crate::exit::RUNTIME;
-    }
-    announce(host.surface.link(), S::PROTOCOL);
-    let result = engine.run_loop(&mut host);
-    host.surface.link().shut();
-    match result {
-        Ok(()) => crate::exit::OK,
-        Err(e) => {
-            log::error(&format!("event loop failed: {e}"));
-            crate::exit::RUNTIME
-        }
-    }
+    crate::surface::serve_after(
+        engine,
+        DriveHost::new(core, surface),
+        |engine, host| {
+            if let Err(e) = engine.with_ctx(|ctx| host.with(ctx, |s, cx| s.start(cx))) {
+                log::error(&e);
+                return Err(crate::exit::RUNTIME);
+            }
+            announce(host.surface.link(), S::PROTOCOL);
+            Ok(())
+        },
+        // The last bytes are offered and the socket file removed, however the loop ended.
+        |host| host.surface.link().shut(),
+    )
 }
 
 /// Serves the spec's protocol until SIGTERM/SIGINT or the idle exit.
