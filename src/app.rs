@@ -539,14 +539,20 @@ impl Drop for Scratch {
 }
 
 fn scratch_store() -> Result<(drive::session::SessionStore, Scratch), String> {
-    let dir = std::env::temp_dir().join(format!(
-        "caliban-print-{}-{}",
-        std::process::id(),
-        crate::clock::now_ms()
-    ));
-    drive::session::SessionStore::open(dir.clone())
-        .map(|store| (store, Scratch(dir)))
-        .map_err(|e| format!("cannot keep the run even in a scratch directory: {e}"))
+    use std::os::unix::fs::DirBuilderExt;
+    let failed =
+        |e: std::io::Error| format!("cannot keep the run even in a scratch directory: {e}");
+    // A name nobody can guess, made here or not at all: the temporary directory is shared,
+    // and one another user made first would be handed the conversation.
+    let dir = std::env::temp_dir().join(format!("caliban-print-{}", auth::new_uuid()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(failed)?;
+    let scratch = Scratch(dir.clone());
+    drive::session::SessionStore::open(dir)
+        .map(|store| (store, scratch))
+        .map_err(failed)
 }
 
 /// The session files' store: `$XDG_STATE_HOME/caliban/sessions`.
