@@ -359,7 +359,7 @@ fn stand_in_provider(model: Option<String>) -> Provider {
     let kind = ProviderKind::Anthropic;
     Provider {
         kind,
-        target: http::client::Target {
+        target: http::target::Target {
             tls: false,
             host: "127.0.0.1".to_owned(),
             port: 9,

@@ -26,8 +26,6 @@ const PENDING_CYCLES: &[(&str, &str)] = &[
         "tools",
         "none yet: `spec` (vestigial, issue 22's smaller points) and the title helpers",
     ),
-    // `client` parks connections in `pool` (`Parked`), which keys them by `client::Target`.
-    ("http", "none yet: `Target` and `Proxy` in a leaf both use"),
     // `approval` fingerprints `config::ServerConfig`; `config`'s merge asks `Approvals`.
     (
         "mcp_client",

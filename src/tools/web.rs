@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::http::client::{self, Target};
+use crate::http::client;
+use crate::http::target::Target;
 use crate::http::write;
 use crate::model::types::ToolSpec;
 use crate::tools::table::{cap_title, text_field};
