@@ -20,12 +20,6 @@ const PENDING: &[(&str, &str, &str)] = &[];
 /// test came: (the folder they lie in, who removes them, or "none yet" and the likely fix).
 /// A cycle in any other folder fails; an entry with no cycle left fails too.
 const PENDING_CYCLES: &[(&str, &str)] = &[
-    // `table` names each tool's functions; the tools take `cap_title` and `text_field` from
-    // `table` and their schema helpers from `spec`, which reads `table`.
-    (
-        "tools",
-        "none yet: `spec` (vestigial, issue 22's smaller points) and the title helpers",
-    ),
     // `approval` fingerprints `config::ServerConfig`; `config`'s merge asks `Approvals`.
     (
         "mcp_client",
