@@ -293,8 +293,8 @@ fn agent_setup(
 }
 
 /// The configured MCP servers: `--mcp-config` files, the settings files' `mcpServers` and
-/// the workspace's `.mcp.json` (precedence in `mcp_client::config::load`), with the
-/// workspace's own servers only once approved (`mcp_client::approval`).
+/// the workspace's `.mcp.json` (precedence in `mcp_client::config::merge`), with the
+/// workspace's own servers only once approved (`mcp_client::approval::Approvals::admit`).
 fn mcp_setup(
     args: &PrintArgs,
     settings: &settings::Settings,
@@ -319,14 +319,9 @@ fn mcp_setup(
             (origin, servers.clone())
         })
         .collect();
-    let (servers, unapproved, warnings) = config::load(
-        workspace,
-        &args.mcp_config,
-        &from_settings,
-        &approvals,
-        &env_var,
-    )
-    .map_err(|e| config_error(&e))?;
+    let configured = config::merge(workspace, &args.mcp_config, &from_settings, &env_var)
+        .map_err(|e| config_error(&e))?;
+    let (servers, unapproved, warnings) = approvals.admit(workspace, configured);
     for warning in &warnings {
         log::warn(warning);
     }
@@ -359,7 +354,7 @@ fn stand_in_provider(model: Option<String>) -> Provider {
     let kind = ProviderKind::Anthropic;
     Provider {
         kind,
-        target: http::client::Target {
+        target: http::target::Target {
             tls: false,
             host: "127.0.0.1".to_owned(),
             port: 9,

@@ -16,25 +16,6 @@ use std::path::{Path, PathBuf};
 /// file, the unit it reaches, whose change removes it). The lead empties this on merge; an
 /// entry that no longer matches any reference fails the test, so none outlives its fix.
 const PENDING: &[(&str, &str, &str)] = &[];
-/// Cycles among sibling files (`sibling_files_form_no_cycle`) that were there when this
-/// test came: (the folder they lie in, who removes them, or "none yet" and the likely fix).
-/// A cycle in any other folder fails; an entry with no cycle left fails too.
-const PENDING_CYCLES: &[(&str, &str)] = &[
-    // `table` names each tool's functions; the tools take `cap_title` and `text_field` from
-    // `table` and their schema helpers from `spec`, which reads `table`.
-    (
-        "tools",
-        "none yet: `spec` (vestigial, issue 22's smaller points) and the title helpers",
-    ),
-    // `client` parks connections in `pool` (`Parked`), which keys them by `client::Target`.
-    ("http", "none yet: `Target` and `Proxy` in a leaf both use"),
-    // `approval` fingerprints `config::ServerConfig`; `config`'s merge asks `Approvals`.
-    (
-        "mcp_client",
-        "none yet: the merge's approval step above both",
-    ),
-];
-
 /// Modules that are not part of the product and so not on the map.
 const OFF_THE_MAP: &[&str] = &[
     // This test.
@@ -550,7 +531,7 @@ fn climbs(map: &Map, sources: &[Source], pending: &[(&str, &str, &str)]) -> Vec<
 /// descendants aside (a child uses its parent's types, a parent re-exports its children):
 /// between units the table already forbids them, so these are the ones inside a unit,
 /// between sibling files (`acp::prompt` and `acp::session`, say).
-fn sibling_cycles(sources: &[Source], pending: &[(&str, &str)]) -> Vec<String> {
+fn sibling_cycles(sources: &[Source]) -> Vec<String> {
     let files: Vec<&Vec<String>> = sources.iter().map(|s| &s.module).collect();
     // Each file's edges to the files it names, with the first place it names each.
     let mut edges: BTreeMap<&Vec<String>, BTreeMap<&Vec<String>, String>> = BTreeMap::new();
@@ -597,17 +578,8 @@ fn sibling_cycles(sources: &[Source], pending: &[(&str, &str)]) -> Vec<String> {
         }
     }
     let mut problems = Vec::new();
-    let mut pending_seen = BTreeSet::new();
     for members in cycles {
         let name = |m: &Vec<String>| m.join("::");
-        let known = pending.iter().find(|(folder, _)| {
-            let folder: Vec<String> = folder.split("::").map(str::to_owned).collect();
-            members.iter().all(|m| m.starts_with(&folder))
-        });
-        if let Some((folder, _)) = known {
-            pending_seen.insert(*folder);
-            continue;
-        }
         let mut lines = vec![format!(
             "a cycle among {}:",
             members
@@ -624,13 +596,6 @@ fn sibling_cycles(sources: &[Source], pending: &[(&str, &str)]) -> Vec<String> {
             }
         }
         problems.push(lines.join("\n"));
-    }
-    for (folder, owner) in pending {
-        if !pending_seen.contains(folder) {
-            problems.push(format!(
-                "PENDING_CYCLES lists `{folder}` ({owner}), which has no cycle left: remove it"
-            ));
-        }
     }
     problems
 }
@@ -654,7 +619,7 @@ fn no_module_uses_one_in_its_own_row_or_above() {
 
 #[test]
 fn sibling_files_form_no_cycle() {
-    let problems = sibling_cycles(&read_crate(root()), PENDING_CYCLES);
+    let problems = sibling_cycles(&read_crate(root()));
     assert!(
         problems.is_empty(),
         "the files of a module must not use each other in a cycle (move what both need \
@@ -775,11 +740,10 @@ fn a_cycle_between_sibling_files_fails_and_a_parent_is_no_sibling() {
         source("src/n/d.rs", "n::d", &[]),
     ];
     assert_eq!(
-        sibling_cycles(&sources, &[]),
+        sibling_cycles(&sources),
         [
             "a cycle among `m::a`, `m::b`:\n  src/m/a.rs:1: `m::a` uses `m::b`\n  \
           src/m/b.rs:1: `m::b` uses `m::a`"
         ]
     );
-    assert!(sibling_cycles(&sources, &[("m", "someone")]).is_empty());
 }

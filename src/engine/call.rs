@@ -728,7 +728,7 @@ impl<K: HostKey> Engine<K> {
 mod tests {
     use super::super::fake::FakeReach;
     use super::*;
-    use crate::http::client::Target;
+    use crate::http::target::Target;
 
     const RUN: RunId = RunId(3);
     const SECOND: Duration = Duration::from_secs(1);

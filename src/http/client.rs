@@ -23,51 +23,11 @@ use rustls::ClientConfig;
 use crate::http::body::BodyDecoder;
 use crate::http::head::{self, BodyKind, Parsed, ResponseHead};
 use crate::http::pool::Parked;
+use crate::http::target::{Proxy, Target};
 use crate::transport::{Conn, ReadBuf};
 
 /// Largest response body we will hold (error bodies) or stream (model output).
 pub const MAX_STREAM_BODY: u64 = 256 * 1024 * 1024;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-}
-
-impl Target {
-    /// The host as it appears in a URL authority: IPv6 literals in brackets.
-    fn url_host(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        }
-    }
-
-    /// `Host` header value: the port only when it is not the scheme's default.
-    pub fn host_header(&self) -> String {
-        let default = if self.tls { 443 } else { 80 };
-        if self.port == default {
-            self.url_host()
-        } else {
-            format!("{}:{}", self.url_host(), self.port)
-        }
-    }
-
-    /// `host:port` for a CONNECT request line: the port always, IPv6 literals in brackets
-    /// (RFC 9110 §9.3.6), so `::1` port 443 is `[::1]:443`, not the unparseable `::1:443`.
-    pub fn authority(&self) -> String {
-        format!("{}:{}", self.url_host(), self.port)
-    }
-}
-
-/// An HTTP proxy reached with CONNECT (`HTTPS_PROXY=http://host:port`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Proxy {
-    pub host: String,
-    pub port: u16,
-}
 
 #[derive(Debug)]
 pub enum ClientEvent {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rustls::ClientConfig;
 
-use crate::http::client::{Proxy, Target};
+use crate::http::target::{Proxy, Target};
 
 /// Idle connections kept per key, at least. A working run holds its model connection only
 /// while it streams; between turns (a tool running) the connection waits here for the run's

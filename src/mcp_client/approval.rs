@@ -28,10 +28,15 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use super::config::{Fingerprint, ServerConfig};
+use super::config::{Fingerprint, Origin, Parsed, ServerConfig};
 
 /// Largest approvals file read; it holds a line per approved server.
 const MAX_APPROVALS_BYTES: u64 = 1 << 20;
+
+/// What `Approvals::admit` leaves of the configured servers: those to start, the
+/// workspace's servers still awaiting the user's approval (an ACP editor is asked about
+/// them), and warnings to log.
+pub type Admitted = (Vec<ServerConfig>, Vec<ServerConfig>, Vec<String>);
 
 #[derive(Debug, Default)]
 pub struct Approvals {
@@ -215,6 +220,52 @@ impl Approvals {
         }
     }
 
+    /// Which configured servers (`config::merge`: precedence order, with its warnings) start:
+    /// the user's own, and the workspace's once approved, pinned to what was approved
+    /// (`ServerConfig::pin`); the rest wait for approval or, rejected for good, stay out, each
+    /// with a warning. This is everything `app` hands the engine about MCP servers.
+    pub fn admit(&self, workspace: &Path, (configured, mut warnings): Parsed) -> Admitted {
+        let mut servers = Vec::new();
+        let mut unapproved = Vec::new();
+        for mut server in configured {
+            if server.origin == Origin::Project
+                && !self.approves(workspace, &server)
+                && self.rejects(workspace, &server)
+            {
+                warnings.push(format!(
+                    "MCP server `{}` ({}) comes from the workspace and was rejected for it, so it \
+                     is not started; approve it with `--approve-mcp {}` if you changed your mind",
+                    server.name,
+                    server.describe(),
+                    server.name
+                ));
+                continue;
+            }
+            if server.origin == Origin::Project && !self.approves(workspace, &server) {
+                let why = self
+                    .stale(workspace, &server)
+                    .map(|why| format!(" ({why})"))
+                    .unwrap_or_default();
+                warnings.push(format!(
+                    "MCP server `{}` ({}) comes from the workspace and is not approved{why}, so \
+                     it is not started; approve it with `--approve-mcp {}` (remembered for this \
+                     workspace), or list it in `enabledMcpjsonServers` in your user settings \
+                     (`acp serve` asks the editor when a session opens)",
+                    server.name,
+                    server.describe(),
+                    server.name
+                ));
+                unapproved.push(server);
+                continue;
+            }
+            if server.origin == Origin::Project {
+                server.pin(workspace);
+            }
+            servers.push(server);
+        }
+        (servers, unapproved, warnings)
+    }
+
     /// Records the approvals `--approve-mcp` gave for `servers` of `workspace`, so the next
     /// start needs no flag. Failing to write is a warning: this start goes ahead.
     pub fn record(&mut self, workspace: &Path, servers: &[ServerConfig]) -> Result<(), String> {
@@ -283,7 +334,12 @@ impl Approvals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp_client::config::{Origin, Transport};
+    use crate::mcp_client::config::{Transport, merge};
+
+    /// No variable is set: the servers of these tests name none.
+    fn env(_: &str) -> Option<String> {
+        None
+    }
 
     fn server(name: &str, command: &str) -> ServerConfig {
         ServerConfig {
@@ -409,5 +465,66 @@ mod tests {
         let user = Approvals::new(vec![], vec!["two".into()], false, None);
         assert!(user.approves(ws, &server("two", "x")));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sources_merge_by_precedence_and_workspace_servers_need_approval() {
+        let ws = std::env::temp_dir().join(format!("caliban-mcp-config-{}", std::process::id()));
+        std::fs::create_dir_all(&ws).unwrap();
+        let stdio = |c: &str| json!({"command": c});
+        std::fs::write(
+            ws.join(".mcp.json"),
+            json!({"mcpServers": {"a": stdio("json-a"), "b": stdio("json-b"), "c": stdio("json-c")}})
+                .to_string(),
+        )
+        .unwrap();
+        let cli = ws.join("cli.json");
+        std::fs::write(
+            &cli,
+            json!({"mcpServers": {"a": stdio("cli-a")}}).to_string(),
+        )
+        .unwrap();
+        let object = |v: Value| v.as_object().unwrap().clone();
+        let settings = vec![
+            (Origin::Project, object(json!({"b": stdio("project-b")}))),
+            (
+                Origin::User,
+                object(json!({"c": stdio("user-c"), "d": stdio("user-d")})),
+            ),
+        ];
+        let command = |servers: &[ServerConfig], name: &str| {
+            servers
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| match &s.transport {
+                    Transport::Stdio { command, .. } => command.clone(),
+                    _ => String::new(),
+                })
+        };
+        let none = Approvals::new(vec![], vec![], false, None);
+        let merged = || merge(&ws, std::slice::from_ref(&cli), &settings, &env).unwrap();
+        let (servers, unapproved, warnings) = none.admit(&ws, merged());
+        let waiting: Vec<&str> = unapproved.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(waiting, ["b", "c"]);
+        // `a` from --mcp-config (user's own), `d` from user settings; `b` (project settings
+        // over .mcp.json) and `c` (.mcp.json over user settings) wait for approval.
+        assert_eq!(command(&servers, "a").as_deref(), Some("cli-a"));
+        assert_eq!(command(&servers, "d").as_deref(), Some("user-d"));
+        assert_eq!(command(&servers, "b"), None);
+        assert_eq!(command(&servers, "c"), None);
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("not approved"))
+                .count(),
+            2
+        );
+        let all = Approvals::new(vec!["all".into()], vec![], false, None);
+        let (servers, unapproved, _) = all.admit(&ws, merged());
+        assert!(unapproved.is_empty());
+        assert_eq!(command(&servers, "b").as_deref(), Some("project-b"));
+        assert_eq!(command(&servers, "c").as_deref(), Some("json-c"));
+        assert!(merge(&ws, &[ws.join("missing.json")], &[], &env).is_err());
+        let _ = std::fs::remove_dir_all(&ws);
     }
 }

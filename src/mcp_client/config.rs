@@ -510,19 +510,15 @@ impl Configured {
     }
 }
 
-/// What `load` found: the servers to start, the workspace's servers still awaiting the
-/// user's approval (an ACP editor is asked about them), and warnings to log.
-pub type Loaded = (Vec<ServerConfig>, Vec<ServerConfig>, Vec<String>);
-
-/// Everything `app` hands the engine about MCP servers: every configured server in
-/// precedence order, with approvals already applied.
-pub fn load(
+/// Every configured server, one per name by precedence (`Configured`), and a warning for
+/// each one skipped. Which of them may start is not decided here: the workspace's wait for
+/// the user's approval (`approval::Approvals::admit`).
+pub fn merge(
     workspace: &Path,
     cli_files: &[PathBuf],
     settings_servers: &[(Origin, Map<String, Value>)],
-    approval: &crate::mcp_client::approval::Approvals,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Loaded, String> {
+) -> Result<Parsed, String> {
     let mut configured = Configured::default();
     let mut warnings = Vec::new();
     // `--mcp-config` files: the last one named wins a name clash, as a later flag should.
@@ -550,45 +546,7 @@ pub fn load(
     if !mcp_json_done {
         add_mcp_json(workspace, env, &mut configured, &mut warnings)?;
     }
-    let mut servers = Vec::new();
-    let mut unapproved = Vec::new();
-    for mut server in configured.into_vec() {
-        if server.origin == Origin::Project
-            && !approval.approves(workspace, &server)
-            && approval.rejects(workspace, &server)
-        {
-            warnings.push(format!(
-                "MCP server `{}` ({}) comes from the workspace and was rejected for it, so it \
-                 is not started; approve it with `--approve-mcp {}` if you changed your mind",
-                server.name,
-                server.describe(),
-                server.name
-            ));
-            continue;
-        }
-        if server.origin == Origin::Project && !approval.approves(workspace, &server) {
-            let why = approval
-                .stale(workspace, &server)
-                .map(|why| format!(" ({why})"))
-                .unwrap_or_default();
-            warnings.push(format!(
-                "MCP server `{}` ({}) comes from the workspace and is not approved{why}, so \
-                 it is not started; approve it with `--approve-mcp {}` (remembered for this \
-                 workspace), or list it in `enabledMcpjsonServers` in your user settings \
-                 (`acp serve` asks the editor when a session opens)",
-                server.name,
-                server.describe(),
-                server.name
-            ));
-            unapproved.push(server);
-            continue;
-        }
-        if server.origin == Origin::Project {
-            server.pin(workspace);
-        }
-        servers.push(server);
-    }
-    Ok((servers, unapproved, warnings))
+    Ok((configured.into_vec(), warnings))
 }
 
 fn add_mcp_json(
@@ -706,68 +664,6 @@ mod tests {
         assert!(
             matches!(&configs[1].transport, Transport::Http { headers, .. } if headers[0].1 == "y")
         );
-    }
-
-    #[test]
-    fn sources_merge_by_precedence_and_workspace_servers_need_approval() {
-        use crate::mcp_client::approval::Approvals;
-        let ws = std::env::temp_dir().join(format!("caliban-mcp-config-{}", std::process::id()));
-        std::fs::create_dir_all(&ws).unwrap();
-        let stdio = |c: &str| json!({"command": c});
-        std::fs::write(
-            ws.join(".mcp.json"),
-            json!({"mcpServers": {"a": stdio("json-a"), "b": stdio("json-b"), "c": stdio("json-c")}})
-                .to_string(),
-        )
-        .unwrap();
-        let cli = ws.join("cli.json");
-        std::fs::write(
-            &cli,
-            json!({"mcpServers": {"a": stdio("cli-a")}}).to_string(),
-        )
-        .unwrap();
-        let object = |v: Value| v.as_object().unwrap().clone();
-        let settings = vec![
-            (Origin::Project, object(json!({"b": stdio("project-b")}))),
-            (
-                Origin::User,
-                object(json!({"c": stdio("user-c"), "d": stdio("user-d")})),
-            ),
-        ];
-        let command = |servers: &[ServerConfig], name: &str| {
-            servers
-                .iter()
-                .find(|s| s.name == name)
-                .map(|s| match &s.transport {
-                    Transport::Stdio { command, .. } => command.clone(),
-                    _ => String::new(),
-                })
-        };
-        let none = Approvals::new(vec![], vec![], false, None);
-        let (servers, unapproved, warnings) =
-            load(&ws, std::slice::from_ref(&cli), &settings, &none, &env).unwrap();
-        let waiting: Vec<&str> = unapproved.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(waiting, ["b", "c"]);
-        // `a` from --mcp-config (user's own), `d` from user settings; `b` (project settings
-        // over .mcp.json) and `c` (.mcp.json over user settings) wait for approval.
-        assert_eq!(command(&servers, "a").as_deref(), Some("cli-a"));
-        assert_eq!(command(&servers, "d").as_deref(), Some("user-d"));
-        assert_eq!(command(&servers, "b"), None);
-        assert_eq!(command(&servers, "c"), None);
-        assert_eq!(
-            warnings
-                .iter()
-                .filter(|w| w.contains("not approved"))
-                .count(),
-            2
-        );
-        let all = Approvals::new(vec!["all".into()], vec![], false, None);
-        let (servers, unapproved, _) = load(&ws, &[cli], &settings, &all, &env).unwrap();
-        assert!(unapproved.is_empty());
-        assert_eq!(command(&servers, "b").as_deref(), Some("project-b"));
-        assert_eq!(command(&servers, "c").as_deref(), Some("json-c"));
-        assert!(load(&ws, &[ws.join("missing.json")], &[], &none, &env).is_err());
-        let _ = std::fs::remove_dir_all(&ws);
     }
 
     #[test]

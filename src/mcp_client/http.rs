@@ -30,8 +30,9 @@ use serde_json::{Value, json};
 
 use super::client::{Client, Event};
 use super::{Alarm, Io, ServerId, Source};
-use crate::http::client::{self as http_client, ClientEvent, Exchange, Proxy, Target};
+use crate::http::client::{self as http_client, ClientEvent, Exchange};
 use crate::http::sse::SseDecoder;
+use crate::http::target::{Proxy, Target};
 use crate::http::write;
 use crate::jsonrpc;
 

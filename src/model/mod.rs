@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use rustls::ClientConfig;
 
-use crate::http::client::{self, Proxy, Target};
+use crate::http::client;
 use crate::http::sse::SseEvent;
+use crate::http::target::{Proxy, Target};
 use crate::http::write;
 use types::{ModelEvent, ModelRequest};
 

@@ -22,8 +22,7 @@ use crate::model::types::ToolSpec;
 use crate::reaper::{self, CallTag, Sweep};
 use crate::sandbox::{self, Mode};
 use crate::sys;
-use crate::tools::table::{cap_title, text_field};
-use crate::tools::{ToolOutput, closed_object, timeout_seconds};
+use crate::tools::{ToolOutput, cap_title, closed_object, text_field, timeout_seconds};
 
 /// Upstream keeps 30 KiB of each stream; the rest is drained and counted so the child never
 /// blocks on a full pipe.

@@ -2,7 +2,8 @@
 //! runs, its permission and display facts); each tool's own file holds its spec, its title
 //! and its work: the file tools (run on a worker thread) in `fs`, `Bash` (a child process on
 //! the reactor) in `bash`. What every tool's input schema shares (`closed_object`,
-//! `timeout_seconds`) is here, below them all.
+//! `timeout_seconds`) and what their titles share (`text_field`, `cap_title`) is here, below
+//! them all, so `table` names the tools and no tool reaches back into `table`.
 
 pub mod bash;
 pub(crate) mod beneath;
@@ -187,6 +188,19 @@ pub(crate) fn timeout_seconds(
             ))),
         },
     }
+}
+
+/// Titles are labels, not documents: a longer command or search is cut here.
+pub(crate) const MAX_TITLE_CHARS: usize = 400;
+
+/// A string field of a call's input for a title, empty when absent or not a string.
+pub(crate) fn text_field<'v>(input: &'v Value, key: &str) -> &'v str {
+    input.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// `text` cut to `MAX_TITLE_CHARS`.
+pub(crate) fn cap_title(text: &str) -> String {
+    crate::text::cap_chars(text, MAX_TITLE_CHARS)
 }
 
 fn image_len(block: &ContentBlock) -> usize {

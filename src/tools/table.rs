@@ -34,9 +34,6 @@ use crate::tools::mcp_name;
 use crate::tools::todo::{self, Todo};
 use crate::tools::web::{self, FetchRequest};
 
-/// Titles are labels, not documents: a longer command or search is cut here.
-pub(crate) const MAX_TITLE_CHARS: usize = 400;
-
 /// One built-in tool.
 #[derive(Debug)]
 pub(crate) struct Tool {
@@ -496,19 +493,10 @@ impl Subject {
     }
 }
 
-/// A string field of a call's input for a title, empty when absent or not a string.
-pub(crate) fn text_field<'v>(input: &'v Value, key: &str) -> &'v str {
-    input.get(key).and_then(Value::as_str).unwrap_or_default()
-}
-
-/// `text` cut to `MAX_TITLE_CHARS`.
-pub(crate) fn cap_title(text: &str) -> String {
-    crate::text::cap_chars(text, MAX_TITLE_CHARS)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::MAX_TITLE_CHARS;
 
     #[test]
     fn rows_in_offer_order() {
@@ -579,6 +567,26 @@ mod tests {
         assert_eq!(placement("WebFetch"), "fetch");
         assert_eq!(placement("TodoWrite"), "plan");
         assert_eq!(placement("NotebookEdit"), "none");
+    }
+
+    #[test]
+    fn file_rows_name_their_own_workers() {
+        // `fs`'s tests call these functions by name, so the row is what ties a name to one.
+        type Work = fn(&Value, &Path) -> ToolOutput;
+        let workers: [(&str, Work); 6] = [
+            ("Read", fs::run_read),
+            ("Write", fs::run_write),
+            ("Edit", fs::run_edit),
+            ("MultiEdit", fs::run_multi_edit),
+            ("Glob", fs::run_glob),
+            ("Grep", fs::run_grep),
+        ];
+        for (name, work) in workers {
+            let Some(Runs::Worker(row)) = lookup(name).map(|tool| tool.runs) else {
+                panic!("`{name}` does not run on the worker pool");
+            };
+            assert!(std::ptr::fn_addr_eq(row, work), "{name}");
+        }
     }
 
     #[test]

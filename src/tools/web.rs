@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::http::client::{self, Target};
+use crate::http::client;
+use crate::http::target::Target;
 use crate::http::write;
 use crate::model::types::ToolSpec;
-use crate::tools::table::{cap_title, text_field};
-use crate::tools::{ToolOutput, closed_object, timeout_seconds};
+use crate::tools::{ToolOutput, cap_title, closed_object, text_field, timeout_seconds};
 
 /// The most of a response body read (upstream's 10 MB); past it the fetch stops and the
 /// text is marked cut.

@@ -11,7 +11,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::tools::fs::resolve_path;
-use crate::tools::table::{self, Diff, Kind, text_field};
+use crate::tools::table::{self, Diff, Kind};
+use crate::tools::text_field;
 use crate::tools::todo::{Todo, TodoStatus};
 
 /// A diff larger than this (old and new text together) is left out of the card: the result
