@@ -14,7 +14,8 @@
 //! (`Bash` processes, background shells, reaping, a run's work cancelled), `fetch`
 //! (`WebFetch`) and `mcp` (the hub's glue). An owner keeps its state in a type of its own
 //! and reaches the reactor only through a narrow view (`Reach`; the hub through `McpIo`),
-//! so its logic is unit-tested on a fake (`fake::FakeReach`) without a reactor.
+//! so its logic is unit-tested on a fake (`fake::FakeReach`) without a reactor. The loop
+//! itself is tested whole (`loop_tests`): a real reactor, a recording host, loopback models.
 
 mod call;
 mod fetch;
@@ -1129,3 +1130,6 @@ impl<K: HostKey> Drop for Engine<K> {
         self.shutdown();
     }
 }
+
+#[cfg(test)]
+mod loop_tests;
