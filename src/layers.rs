@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// References that climb today and that another part of issue 22 removes: (the referring
-/// file, the unit it reaches, whose change removes it). The lead empties this on merge; an
+/// Climbing references let through while a change that removes them is under way: (the
+/// referring file, the unit it reaches, whose change removes it). Empty since issue 22; an
 /// entry that no longer matches any reference fails the test, so none outlives its fix.
 const PENDING: &[(&str, &str, &str)] = &[];
 /// Modules that are not part of the product and so not on the map.
