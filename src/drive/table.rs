@@ -188,6 +188,10 @@ pub enum Inbound {
         text: String,
         images: Vec<ContentBlock>,
     },
+    /// A message as blocks whose order is the sender's (print mode's stream-json lines): the
+    /// model is sent them as they are, the session file records their text and images as it
+    /// records a `UserMessage`.
+    Blocks(Vec<ContentBlock>),
     EndInput,
     /// Compact the conversation now (not upstream's): the run summarises it and waits for
     /// input again.
@@ -209,6 +213,13 @@ impl Inbound {
             Inbound::UserMessage { text, images } => {
                 text.len() + images.iter().map(image_size).sum::<usize>()
             }
+            Inbound::Blocks(blocks) => blocks
+                .iter()
+                .map(|block| match block {
+                    ContentBlock::Text { text } => text.len(),
+                    _ => image_size(block),
+                })
+                .sum(),
             Inbound::EndInput | Inbound::Compact => 0,
         }
     }
@@ -221,10 +232,30 @@ impl Inbound {
             }
             Inbound::UserMessage { text, images } => json!({"type": "user_message", "text": text,
                 "images": images.iter().map(ContentBlock::to_json).collect::<Vec<_>>()}),
+            Inbound::Blocks(blocks) => {
+                let (text, images) = text_and_images(blocks);
+                Inbound::UserMessage { text, images }.to_json()
+            }
             Inbound::EndInput => json!({"type": "end_input"}),
             Inbound::Compact => json!({"type": "compact"}),
         }
     }
+}
+
+/// A message's text (its text blocks joined) and its images: what a session file records of
+/// it, and a drive client sends.
+pub fn text_and_images(content: &[ContentBlock]) -> (String, Vec<ContentBlock>) {
+    let images = content
+        .iter()
+        .filter(|b| matches!(b, ContentBlock::Image { .. }))
+        .cloned()
+        .collect();
+    let text = Message {
+        role: crate::model::types::Role::User,
+        content: content.to_vec(),
+    }
+    .text();
+    (text, images)
 }
 
 /// A request to start a run. Optional fields may only narrow the server's configuration.
@@ -262,6 +293,11 @@ pub struct RunSpec {
     /// file that cannot be written costs only resuming it: the run is warned about once and
     /// goes on unrecorded, where a driven run would be stopped.
     pub record_best_effort: bool,
+    /// The first message as blocks in the sender's order (print mode's first stream-json
+    /// line), sent to the model as they are, even empty: it was not asked for as a drive
+    /// client's `prompt` is, so it is the model's to refuse. `prompt` and `images` are then
+    /// its `text_and_images`, which the header records.
+    pub message: Option<Vec<ContentBlock>>,
 }
 
 /// The server-wide template every run starts from.
@@ -568,7 +604,11 @@ impl DriveCore {
     // ---- operations for surfaces ---------------------------------------------------------
 
     pub fn start_run(&mut self, spec: RunSpec) -> Result<RunId, DriveError> {
-        if spec.prompt.trim().is_empty() && spec.images.is_empty() && !spec.compact_first {
+        if spec.prompt.trim().is_empty()
+            && spec.images.is_empty()
+            && !spec.compact_first
+            && spec.message.is_none()
+        {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
         let live = self.runs.values().filter(|r| r.live);
@@ -668,10 +708,29 @@ impl DriveCore {
         if !instructions.is_empty() {
             header.insert("instructions".into(), instructions.to_json());
         }
-        let mut log = self
-            .store
-            .create(header)
-            .map_err(|e| DriveError::Build(format!("cannot create the session file: {e}")))?;
+        let mut recording = if spec.record_best_effort {
+            Recording::BestEffort
+        } else {
+            Recording::Required
+        };
+        // A run whose output reaches its client another way goes on unrecorded, as when an
+        // append fails later: only resuming it is lost.
+        let unrecorded_header = (recording == Recording::BestEffort).then(|| header.clone());
+        let mut log = match (self.store.create(header), unrecorded_header) {
+            (Ok(log), _) => log,
+            (Err(e), Some(header)) => {
+                log::warn(&format!(
+                    "cannot write the session file ({e}); this run will not be resumable"
+                ));
+                recording = Recording::Stopped;
+                self.store.unrecorded(header)
+            }
+            (Err(e), None) => {
+                return Err(DriveError::Build(format!(
+                    "cannot create the session file: {e}"
+                )));
+            }
+        };
         let Some(id) = RunId::parse(log.run_id()) else {
             return Err(DriveError::Build(format!("bad run id {}", log.run_id())));
         };
@@ -690,10 +749,11 @@ impl DriveCore {
         if spec.compact_first {
             self.act(HostAction::Compact(id));
         } else {
-            self.act(HostAction::SendInput(
-                id,
-                user_content(spec.prompt.clone(), spec.images.clone()),
-            ));
+            let content = match &spec.message {
+                Some(blocks) => blocks.clone(),
+                None => user_content(spec.prompt.clone(), spec.images.clone()),
+            };
+            self.act(HostAction::SendInput(id, content));
         }
         self.runs.insert(
             id,
@@ -708,11 +768,7 @@ impl DriveCore {
                 inputs: VecDeque::new(),
                 ended: false,
                 write_error: None,
-                recording: if spec.record_best_effort {
-                    Recording::BestEffort
-                } else {
-                    Recording::Required
-                },
+                recording,
                 abandoned_prompt: None,
                 created_ms,
                 prompt: spec.prompt,
@@ -1052,6 +1108,11 @@ impl DriveCore {
                 rec.status = DriveStatus::Running;
                 let _ = rec.log.append_status(&rec.status.to_json());
                 self.act(HostAction::SendInput(id, user_content(text, images)));
+            }
+            Inbound::Blocks(blocks) => {
+                rec.status = DriveStatus::Running;
+                let _ = rec.log.append_status(&rec.status.to_json());
+                self.act(HostAction::SendInput(id, blocks));
             }
             Inbound::EndInput => self.act(HostAction::EndInput(id)),
             Inbound::Compact => {
@@ -2440,6 +2501,50 @@ mod tests {
         // The file keeps what was written before the failure, and nothing after it.
         assert_eq!(core.event_count(printed), Ok(1));
         assert!(actions(&mut core).is_empty());
+    }
+
+    /// A session file that cannot be created refuses a driven run; a best-effort one starts
+    /// unrecorded, under a run id of its own, and runs to its end.
+    #[test]
+    fn a_file_that_cannot_be_created_refuses_only_a_driven_run() {
+        let tmp = TempDir::new("uncreated");
+        let mut core = tmp.core();
+        // A header the store refuses, as a full disk or a header past the line cap would be.
+        let too_deep = (0..200).fold(json!(0), |inner, _| json!([inner]));
+        let unwritable = |best_effort| RunSpec {
+            record_best_effort: best_effort,
+            extra_header: Map::from_iter([("deep".to_owned(), too_deep.clone())]),
+            ..spec("hi", false)
+        };
+        assert!(matches!(
+            core.start_run(unwritable(false)),
+            Err(DriveError::Build(_))
+        ));
+        assert!(actions(&mut core).is_empty());
+        let first = core.start_run(unwritable(true)).expect("an unrecorded run");
+        let second = core.start_run(unwritable(true)).expect("another");
+        assert_ne!(first, second);
+        assert_eq!(
+            actions(&mut core).len(),
+            4,
+            "each is started and sent its prompt"
+        );
+        assert_eq!(core.header(first).expect("a header")["prompt"], "hi");
+        for id in [first, second] {
+            core.on_event(id, &delta(0));
+            core.after_batch();
+            core.on_event(id, &run_end(StopCondition::EndOfTurn));
+            core.on_finished(id, &StopCondition::EndOfTurn);
+            assert_eq!(core.status(id), Ok(DriveStatus::Done));
+            assert_eq!(core.event_count(id), Ok(0));
+        }
+        let files = fs::read_dir(tmp.sessions()).expect("the store");
+        assert!(
+            !files
+                .flatten()
+                .any(|f| f.path().extension().is_some_and(|e| e == "jsonl")),
+            "no run file"
+        );
     }
 
     #[test]
