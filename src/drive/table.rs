@@ -242,19 +242,18 @@ impl Inbound {
     }
 }
 
-/// A message's text (its text blocks joined) and its images: what a session file records of
-/// it, and a drive client sends.
+/// A message's text (its text blocks joined, as `Message::text`) and its images: the shape a
+/// drive client sends a message in, and a session file records it in.
 pub fn text_and_images(content: &[ContentBlock]) -> (String, Vec<ContentBlock>) {
-    let images = content
-        .iter()
-        .filter(|b| matches!(b, ContentBlock::Image { .. }))
-        .cloned()
-        .collect();
-    let text = Message {
-        role: crate::model::types::Role::User,
-        content: content.to_vec(),
+    let mut text = String::new();
+    let mut images = Vec::new();
+    for block in content {
+        match block {
+            ContentBlock::Text { text: part } => text.push_str(part),
+            ContentBlock::Image { .. } => images.push(block.clone()),
+            _ => {}
+        }
     }
-    .text();
     (text, images)
 }
 
@@ -2197,6 +2196,41 @@ mod tests {
         assert_eq!(
             core.send_input(id, Inbound::EndInput),
             Err(DriveError::Input(ENDED.into()))
+        );
+    }
+
+    /// Blocks reach the engine in the sender's order; the file records them as a client's
+    /// message, their text and then their images.
+    #[test]
+    fn blocks_are_sent_in_order_and_recorded_as_text_and_images() {
+        let tmp = TempDir::new("blocks");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", true);
+        core.on_await_input(id);
+        let image = ContentBlock::from_json(&json!({"type": "image", "source":
+            {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}))
+        .expect("an image block");
+        let blocks = vec![
+            ContentBlock::text("look ".to_owned()),
+            image.clone(),
+            ContentBlock::text("here".to_owned()),
+        ];
+        core.send_input(id, Inbound::Blocks(blocks)).unwrap();
+        let image_text = format!("{:?}", image.to_json());
+        assert_eq!(
+            actions(&mut core),
+            [format!("input run-1 look |{image_text}|here")]
+        );
+        let file = fs::read_to_string(tmp.sessions().join("run-1.jsonl")).unwrap();
+        let inputs: Vec<Value> = file
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["kind"] == "input")
+            .map(|v| v["input"].clone())
+            .collect();
+        assert_eq!(
+            inputs,
+            [json!({"type": "user_message", "text": "look here", "images": [image.to_json()]})]
         );
     }
 
