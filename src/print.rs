@@ -17,7 +17,7 @@ use crate::agent::event::{StopCondition, TurnEvent};
 use crate::agent::run::ToolCall;
 use crate::agent::tool_input::{StreamedCall, ToolInputs};
 use crate::cli::{InputFormat, OutputFormat};
-use crate::drive::table::{DriveCore, Inbound, RunSpec};
+use crate::drive::table::{DriveCore, Inbound, RunSpec, text_and_images};
 use crate::engine::{AskReply, HostAction, RetryNotice};
 use crate::exit;
 use crate::ids::RunId;
@@ -397,18 +397,18 @@ impl Printer {
         }
     }
 
-    /// Starts the run in the core with its first input: the message is the session's
-    /// `prompt` (its text) and `images`; a compaction first starts it with none, compacting
-    /// what `--continue` or `--resume` brought.
+    /// Starts the run in the core with its first input: the message goes to the model as it
+    /// came, empty or not, and is the session's `prompt` (its text) and `images`; a
+    /// compaction first starts it with none, compacting what `--continue` or `--resume`
+    /// brought.
     fn start(&mut self, core: &mut DriveCore, first: Queued) -> Result<(), String> {
         let Some(mut spec) = self.spec.take() else {
             return Err("the print run was already started".into());
         };
         match first {
             Queued::Message(content) => {
-                let (text, images) = split_message(content);
-                spec.prompt = text;
-                spec.images = images;
+                (spec.prompt, spec.images) = text_and_images(&content);
+                spec.message = Some(content);
             }
             Queued::Compact => spec.compact_first = true,
         }
@@ -435,17 +435,16 @@ impl Printer {
             self.awaiting_input = false;
             let Some(run) = self.run else {
                 if let Err(e) = self.start(cx.core, queued) {
-                    // A runtime error, as the model's refusal of an empty message would be.
+                    // The core takes any first message (even an empty one is the model's to
+                    // refuse); should it refuse one, that is a runtime error, as the model's
+                    // refusal would be.
                     let why = StopCondition::ProviderError(format!("cannot start the run: {e}"));
                     self.end_unstarted(cx, &why);
                 }
                 return;
             };
             let input = match queued {
-                Queued::Message(content) => {
-                    let (text, images) = split_message(content);
-                    Inbound::UserMessage { text, images }
-                }
+                Queued::Message(content) => Inbound::Blocks(content),
                 Queued::Compact => Inbound::Compact,
             };
             if let Err(e) = cx.core.send_input(run, input) {
@@ -485,21 +484,6 @@ impl Printer {
         self.result(why);
         cx.act(HostAction::Quit);
     }
-}
-
-/// A message as the drive core takes and records it: its text, and its images.
-fn split_message(content: Vec<ContentBlock>) -> (String, Vec<ContentBlock>) {
-    let images = content
-        .iter()
-        .filter(|b| matches!(b, ContentBlock::Image { .. }))
-        .cloned()
-        .collect();
-    let text = Message {
-        role: crate::model::types::Role::User,
-        content,
-    }
-    .text();
-    (text, images)
 }
 
 impl Surface for Printer {
@@ -765,19 +749,6 @@ mod tests {
         assert_eq!(printer.exit_code, exit::USAGE);
     }
 
-    #[test]
-    fn a_message_is_taken_as_its_text_and_its_images() {
-        let image = ContentBlock::from_json(&json!({"type": "image", "source":
-            {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}))
-        .expect("an image block");
-        let (text, images) = split_message(vec![
-            ContentBlock::text("look ".to_owned()),
-            image.clone(),
-            ContentBlock::text("here".to_owned()),
-        ]);
-        assert_eq!((text.as_str(), images), ("look here", vec![image]));
-    }
-
     /// A fresh sessions directory and workspace under the temp dir, removed on drop.
     struct Scratch(std::path::PathBuf);
 
@@ -874,6 +845,47 @@ mod tests {
             printer.start_text(&mut core, "again".into()).is_err(),
             "one run per printer"
         );
+    }
+
+    /// The model is sent the first message's blocks in their order, and an empty one too;
+    /// the header records its text and its images.
+    #[test]
+    fn a_first_message_goes_to_the_model_as_it_came() {
+        let image = ContentBlock::from_json(&json!({"type": "image", "source":
+            {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}))
+        .expect("an image block");
+        let blocks = vec![
+            image.clone(),
+            ContentBlock::text("look ".to_owned()),
+            image.clone(),
+            ContentBlock::text("here".to_owned()),
+        ];
+        for (message, prompt, images) in [
+            (blocks, "look here", vec![image.to_json(), image.to_json()]),
+            (vec![ContentBlock::text(String::new())], "", Vec::new()),
+        ] {
+            let scratch = Scratch::new("first");
+            let mut core = scratch.core();
+            let mut printer = printer(OutputFormat::StreamJson, false);
+            printer
+                .start(&mut core, Queued::Message(message.clone()))
+                .expect("started");
+            let sent: Vec<Vec<ContentBlock>> = core
+                .take_actions()
+                .into_iter()
+                .filter_map(|action| match action {
+                    CoreAction::Engine(HostAction::SendInput(_, content)) => Some(content),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(sent, [message]);
+            let header = core.header(printer.run.expect("a run")).expect("a header");
+            assert_eq!(header["prompt"], prompt);
+            assert_eq!(
+                header.get("images").cloned(),
+                (!images.is_empty()).then(|| json!(images))
+            );
+        }
     }
 
     #[test]

@@ -1354,6 +1354,84 @@ fn stream_json_refuses_images_it_cannot_send() {
     assert!(stub.requests().is_empty(), "nothing reached the model");
 }
 
+const STREAM_JSON: [&str; 5] = [
+    "-p",
+    "--input-format",
+    "stream-json",
+    "--output-format",
+    "stream-json",
+];
+
+/// The user messages of a request, each as its blocks: `image`, or `text:` and the text.
+fn user_blocks(request: &Value) -> Vec<Vec<String>> {
+    let messages = request["body"]["messages"].as_array().expect("messages");
+    messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| {
+            let blocks = m["content"].as_array().expect("content blocks");
+            blocks
+                .iter()
+                .map(|b| match b["type"].as_str() {
+                    Some("text") => format!("text:{}", b["text"].as_str().unwrap_or_default()),
+                    other => other.unwrap_or_default().to_owned(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A stream-json message reaches the model with its blocks in the order given, the first
+/// line's and a later one's alike: text is not gathered ahead of the images.
+#[test]
+fn stream_json_blocks_reach_the_model_in_the_order_given() {
+    let ws = Workspace::new("print-block-order");
+    let stub = Stub::start(&ws, &script([Turn::text("first"), Turn::text("second")]));
+    let image = image_block("image/png", PNG);
+    let user = |content: Value| json!({"type": "user", "content": content});
+    let first = user(json!([image, {"type": "text", "text": "look "}, image,
+                            {"type": "text", "text": "here"}]));
+    let later = user(json!([{"type": "text", "text": "a"}, image, {"type": "text", "text": "b"}]));
+    let out = run_stub(&ws, &stub, &STREAM_JSON, &format!("{first}\n{later}\n"));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(
+        user_blocks(&requests[1]),
+        [
+            vec!["image", "text:look ", "image", "text:here"],
+            vec!["text:a", "image", "text:b"]
+        ]
+    );
+}
+
+/// An empty first stream-json message starts the run like any other: it goes to the model,
+/// and the model's refusal is the run's end (a runtime error), not print mode's.
+#[test]
+fn an_empty_first_stream_json_message_goes_to_the_model() {
+    let ws = Workspace::new("print-empty-first");
+    let stub = Stub::start(&ws, &script([Turn::text("never")]));
+    let out = run_stub(
+        &ws,
+        &stub,
+        &STREAM_JSON,
+        "{\"type\":\"user\",\"content\":\"\"}\n",
+    );
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let frames = out.frames();
+    let kinds: Vec<&Value> = frames.iter().map(|f| &f["type"]).collect();
+    assert_eq!(kinds, ["system", "result"], "{out:?}");
+    let result = out.result();
+    assert_eq!(
+        (&result["subtype"], &result["num_turns"], &result["error"]),
+        (
+            &json!("error"),
+            &json!(0),
+            &json!("invalid_request_error (http 400): messages: at least one message is required")
+        )
+    );
+}
+
 /// A model that refuses a request as too long for its window (one caliban thought would
 /// fit) gets a summary request instead, then the request again, compacted.
 #[test]

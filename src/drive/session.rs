@@ -343,6 +343,27 @@ impl SessionStore {
         }
     }
 
+    /// A log for a run whose file `create` could not make, for a run that may go on
+    /// unrecorded (print mode's): it takes the next run id, holds the header in memory only
+    /// and refuses every append, so the run is driven as any other. It names no path: nothing
+    /// it does can touch a file, another process's run of that number included.
+    pub fn unrecorded(&mut self, mut header: Map<String, Value>) -> EventLog {
+        let run_id = format!("run-{}", self.next_run);
+        self.next_run = self.next_run.saturating_add(1);
+        let mut full = Map::new();
+        full.insert("kind".into(), json!("header"));
+        full.insert("v".into(), json!(FORMAT_VERSION));
+        full.insert("run_id".into(), json!(run_id));
+        for reserved in ["kind", "v", "run_id"] {
+            header.remove(reserved);
+        }
+        full.append(&mut header);
+        let mut log = EventLog::new(run_id, PathBuf::new(), Access::Detached, Tail::live());
+        log.header = Value::Object(full);
+        log.stop_appending();
+        log
+    }
+
     /// Every run file in the directory, sorted by run number. A file that cannot be read (or has
     /// a format version this build does not know) is left out rather than failing the list.
     #[cfg(test)]

@@ -188,6 +188,10 @@ pub enum Inbound {
         text: String,
         images: Vec<ContentBlock>,
     },
+    /// A message as blocks whose order is the sender's (print mode's stream-json lines): the
+    /// model is sent them as they are, the session file records their text and images as it
+    /// records a `UserMessage`.
+    Blocks(Vec<ContentBlock>),
     EndInput,
     /// Compact the conversation now (not upstream's): the run summarises it and waits for
     /// input again.
@@ -209,6 +213,13 @@ impl Inbound {
             Inbound::UserMessage { text, images } => {
                 text.len() + images.iter().map(image_size).sum::<usize>()
             }
+            Inbound::Blocks(blocks) => blocks
+                .iter()
+                .map(|block| match block {
+                    ContentBlock::Text { text } => text.len(),
+                    _ => image_size(block),
+                })
+                .sum(),
             Inbound::EndInput | Inbound::Compact => 0,
         }
     }
@@ -221,10 +232,29 @@ impl Inbound {
             }
             Inbound::UserMessage { text, images } => json!({"type": "user_message", "text": text,
                 "images": images.iter().map(ContentBlock::to_json).collect::<Vec<_>>()}),
+            Inbound::Blocks(blocks) => {
+                let (text, images) = text_and_images(blocks);
+                Inbound::UserMessage { text, images }.to_json()
+            }
             Inbound::EndInput => json!({"type": "end_input"}),
             Inbound::Compact => json!({"type": "compact"}),
         }
     }
+}
+
+/// A message's text (its text blocks joined, as `Message::text`) and its images: the shape a
+/// drive client sends a message in, and a session file records it in.
+pub fn text_and_images(content: &[ContentBlock]) -> (String, Vec<ContentBlock>) {
+    let mut text = String::new();
+    let mut images = Vec::new();
+    for block in content {
+        match block {
+            ContentBlock::Text { text: part } => text.push_str(part),
+            ContentBlock::Image { .. } => images.push(block.clone()),
+            _ => {}
+        }
+    }
+    (text, images)
 }
 
 /// A request to start a run. Optional fields may only narrow the server's configuration.
@@ -262,6 +292,11 @@ pub struct RunSpec {
     /// file that cannot be written costs only resuming it: the run is warned about once and
     /// goes on unrecorded, where a driven run would be stopped.
     pub record_best_effort: bool,
+    /// The first message as blocks in the sender's order (print mode's first stream-json
+    /// line), sent to the model as they are, even empty: it was not asked for as a drive
+    /// client's `prompt` is, so it is the model's to refuse. `prompt` and `images` are then
+    /// its `text_and_images`, which the header records.
+    pub message: Option<Vec<ContentBlock>>,
 }
 
 /// The server-wide template every run starts from.
@@ -568,7 +603,11 @@ impl DriveCore {
     // ---- operations for surfaces ---------------------------------------------------------
 
     pub fn start_run(&mut self, spec: RunSpec) -> Result<RunId, DriveError> {
-        if spec.prompt.trim().is_empty() && spec.images.is_empty() && !spec.compact_first {
+        if spec.prompt.trim().is_empty()
+            && spec.images.is_empty()
+            && !spec.compact_first
+            && spec.message.is_none()
+        {
             return Err(DriveError::BadRequest("`prompt` must not be empty".into()));
         }
         let live = self.runs.values().filter(|r| r.live);
@@ -668,10 +707,29 @@ impl DriveCore {
         if !instructions.is_empty() {
             header.insert("instructions".into(), instructions.to_json());
         }
-        let mut log = self
-            .store
-            .create(header)
-            .map_err(|e| DriveError::Build(format!("cannot create the session file: {e}")))?;
+        let mut recording = if spec.record_best_effort {
+            Recording::BestEffort
+        } else {
+            Recording::Required
+        };
+        // A run whose output reaches its client another way goes on unrecorded, as when an
+        // append fails later: only resuming it is lost.
+        let unrecorded_header = (recording == Recording::BestEffort).then(|| header.clone());
+        let mut log = match (self.store.create(header), unrecorded_header) {
+            (Ok(log), _) => log,
+            (Err(e), Some(header)) => {
+                log::warn(&format!(
+                    "cannot write the session file ({e}); this run will not be resumable"
+                ));
+                recording = Recording::Stopped;
+                self.store.unrecorded(header)
+            }
+            (Err(e), None) => {
+                return Err(DriveError::Build(format!(
+                    "cannot create the session file: {e}"
+                )));
+            }
+        };
         let Some(id) = RunId::parse(log.run_id()) else {
             return Err(DriveError::Build(format!("bad run id {}", log.run_id())));
         };
@@ -690,10 +748,11 @@ impl DriveCore {
         if spec.compact_first {
             self.act(HostAction::Compact(id));
         } else {
-            self.act(HostAction::SendInput(
-                id,
-                user_content(spec.prompt.clone(), spec.images.clone()),
-            ));
+            let content = match &spec.message {
+                Some(blocks) => blocks.clone(),
+                None => user_content(spec.prompt.clone(), spec.images.clone()),
+            };
+            self.act(HostAction::SendInput(id, content));
         }
         self.runs.insert(
             id,
@@ -708,11 +767,7 @@ impl DriveCore {
                 inputs: VecDeque::new(),
                 ended: false,
                 write_error: None,
-                recording: if spec.record_best_effort {
-                    Recording::BestEffort
-                } else {
-                    Recording::Required
-                },
+                recording,
                 abandoned_prompt: None,
                 created_ms,
                 prompt: spec.prompt,
@@ -1052,6 +1107,11 @@ impl DriveCore {
                 rec.status = DriveStatus::Running;
                 let _ = rec.log.append_status(&rec.status.to_json());
                 self.act(HostAction::SendInput(id, user_content(text, images)));
+            }
+            Inbound::Blocks(blocks) => {
+                rec.status = DriveStatus::Running;
+                let _ = rec.log.append_status(&rec.status.to_json());
+                self.act(HostAction::SendInput(id, blocks));
             }
             Inbound::EndInput => self.act(HostAction::EndInput(id)),
             Inbound::Compact => {
@@ -2139,6 +2199,41 @@ mod tests {
         );
     }
 
+    /// Blocks reach the engine in the sender's order; the file records them as a client's
+    /// message, their text and then their images.
+    #[test]
+    fn blocks_are_sent_in_order_and_recorded_as_text_and_images() {
+        let tmp = TempDir::new("blocks");
+        let mut core = tmp.core();
+        let id = start(&mut core, "p", true);
+        core.on_await_input(id);
+        let image = ContentBlock::from_json(&json!({"type": "image", "source":
+            {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}))
+        .expect("an image block");
+        let blocks = vec![
+            ContentBlock::text("look ".to_owned()),
+            image.clone(),
+            ContentBlock::text("here".to_owned()),
+        ];
+        core.send_input(id, Inbound::Blocks(blocks)).unwrap();
+        let image_text = format!("{:?}", image.to_json());
+        assert_eq!(
+            actions(&mut core),
+            [format!("input run-1 look |{image_text}|here")]
+        );
+        let file = fs::read_to_string(tmp.sessions().join("run-1.jsonl")).unwrap();
+        let inputs: Vec<Value> = file
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["kind"] == "input")
+            .map(|v| v["input"].clone())
+            .collect();
+        assert_eq!(
+            inputs,
+            [json!({"type": "user_message", "text": "look here", "images": [image.to_json()]})]
+        );
+    }
+
     #[test]
     fn finished_runs_past_the_cap_are_evicted_and_read_back_from_disk() {
         let tmp = TempDir::new("evict");
@@ -2440,6 +2535,50 @@ mod tests {
         // The file keeps what was written before the failure, and nothing after it.
         assert_eq!(core.event_count(printed), Ok(1));
         assert!(actions(&mut core).is_empty());
+    }
+
+    /// A session file that cannot be created refuses a driven run; a best-effort one starts
+    /// unrecorded, under a run id of its own, and runs to its end.
+    #[test]
+    fn a_file_that_cannot_be_created_refuses_only_a_driven_run() {
+        let tmp = TempDir::new("uncreated");
+        let mut core = tmp.core();
+        // A header the store refuses, as a full disk or a header past the line cap would be.
+        let too_deep = (0..200).fold(json!(0), |inner, _| json!([inner]));
+        let unwritable = |best_effort| RunSpec {
+            record_best_effort: best_effort,
+            extra_header: Map::from_iter([("deep".to_owned(), too_deep.clone())]),
+            ..spec("hi", false)
+        };
+        assert!(matches!(
+            core.start_run(unwritable(false)),
+            Err(DriveError::Build(_))
+        ));
+        assert!(actions(&mut core).is_empty());
+        let first = core.start_run(unwritable(true)).expect("an unrecorded run");
+        let second = core.start_run(unwritable(true)).expect("another");
+        assert_ne!(first, second);
+        assert_eq!(
+            actions(&mut core).len(),
+            4,
+            "each is started and sent its prompt"
+        );
+        assert_eq!(core.header(first).expect("a header")["prompt"], "hi");
+        for id in [first, second] {
+            core.on_event(id, &delta(0));
+            core.after_batch();
+            core.on_event(id, &run_end(StopCondition::EndOfTurn));
+            core.on_finished(id, &StopCondition::EndOfTurn);
+            assert_eq!(core.status(id), Ok(DriveStatus::Done));
+            assert_eq!(core.event_count(id), Ok(0));
+        }
+        let files = fs::read_dir(tmp.sessions()).expect("the store");
+        assert!(
+            !files
+                .flatten()
+                .any(|f| f.path().extension().is_some_and(|e| e == "jsonl")),
+            "no run file"
+        );
     }
 
     #[test]
