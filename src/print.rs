@@ -8,7 +8,7 @@
 //! itself (always "deny, here is how to allow it": nobody can be asked). It holds no agent
 //! logic.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
 use serde_json::{Value, json};
@@ -72,6 +72,12 @@ pub struct Printer {
     turns_without_edit: u32,
     /// The run's permission policy, to tell the model how an Ask could be allowed.
     policy: Policy,
+    /// Why print mode ends without a run (`end_unstarted`): the result waits for the end of
+    /// the batch, so the rest of a stdin batch still counts (an input error after an
+    /// interrupt outranks it), as it would for a run cancelled in that batch.
+    unstarted_end: Option<StopCondition>,
+    /// The result frame is written: nothing more is.
+    ended: bool,
     pub exit_code: u8,
 }
 
@@ -108,6 +114,8 @@ impl Printer {
             turns: 0,
             usage: Usage::default(),
             input_error: None,
+            unstarted_end: None,
+            ended: false,
             interrupts: 0,
             out: Vec::new(),
             got_input: false,
@@ -428,7 +436,7 @@ impl Printer {
     }
 
     fn feed_pending(&mut self, cx: &mut Cx<()>) {
-        if !self.awaiting_input {
+        if !self.awaiting_input || self.unstarted_end.is_some() {
             return;
         }
         if let Some(queued) = self.queued.pop_front() {
@@ -439,7 +447,7 @@ impl Printer {
                     // refuse); should it refuse one, that is a runtime error, as the model's
                     // refusal would be.
                     let why = StopCondition::ProviderError(format!("cannot start the run: {e}"));
-                    self.end_unstarted(cx, &why);
+                    self.end_unstarted(&why);
                 }
                 return;
             };
@@ -461,7 +469,7 @@ impl Printer {
                     }
                 }
                 // Nothing ever started a run: the result says why (no input).
-                None => self.end_unstarted(cx, &StopCondition::EndOfTurn),
+                None => self.end_unstarted(&StopCondition::EndOfTurn),
             }
         }
     }
@@ -473,16 +481,25 @@ impl Printer {
             Some(run) => {
                 let _ = cx.core.cancel(run);
             }
-            None => self.end_unstarted(cx, &StopCondition::Cancelled),
+            None => self.end_unstarted(&StopCondition::Cancelled),
         }
     }
 
     /// The end of a print run that never started (stdin ended or was refused before its
-    /// first line): the same result a run started with nothing would report.
-    fn end_unstarted(&mut self, cx: &mut Cx<()>, why: &StopCondition) {
+    /// first line): the same result a run started with nothing would report, once, at the
+    /// end of the batch (`after_batch`). The first reason stands.
+    fn end_unstarted(&mut self, why: &StopCondition) {
         self.spec = None;
-        self.result(why);
-        cx.act(HostAction::Quit);
+        self.unstarted_end.get_or_insert_with(|| why.clone());
+    }
+
+    /// The one result frame, and the end of print mode.
+    fn finish(&mut self, cx: &mut Cx<()>, why: &StopCondition) {
+        if !self.ended {
+            self.ended = true;
+            self.result(why);
+            cx.act(HostAction::Quit);
+        }
     }
 }
 
@@ -522,12 +539,17 @@ impl Surface for Printer {
     }
 
     fn on_finished(&mut self, cx: &mut Cx<()>, _run: RunId, why: &StopCondition) {
-        self.result(why);
-        cx.act(HostAction::Quit);
+        self.finish(cx, why);
+    }
+
+    fn after_batch(&mut self, cx: &mut Cx<()>, _changed: &BTreeSet<RunId>) {
+        if let Some(why) = self.unstarted_end.take() {
+            self.finish(cx, &why);
+        }
     }
 
     fn on_stdin(&mut self, cx: &mut Cx<()>, item: StdinItem) {
-        if self.input != InputFormat::StreamJson {
+        if self.input != InputFormat::StreamJson || self.ended {
             return;
         }
         match item {

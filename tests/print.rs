@@ -1555,3 +1555,51 @@ fn print_runs_are_recorded_with_the_drive_cores_lifecycle() {
         (&json!("one"), &json!(true), &out.result()["session_id"])
     );
 }
+
+/// However many lines follow a line that ends print mode before its run started, the run
+/// reports one result, and the exit code is that of the input's first problem.
+#[test]
+fn a_print_run_that_never_started_reports_one_result() {
+    let ws = Workspace::new("print-one-result");
+    let stub = Stub::start(&ws, &script([Turn::text("x")]));
+    let stream = [
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+    ];
+    let user = "{\"type\":\"user\",\"content\":\"hello\"}\n";
+    let interrupt = "{\"type\":\"control\",\"subtype\":\"interrupt\"}\n";
+    let cases = [
+        (format!("garbage\n{user}{user}{user}"), 64),
+        (format!("{interrupt}{user}"), 124),
+        (interrupt.to_owned(), 66),
+    ];
+    for (input, code) in cases {
+        let out = run_stub(&ws, &stub, &stream, &input);
+        assert_eq!(out.code, Some(code), "{input:?}: {out:?}");
+        let results = out
+            .frames()
+            .iter()
+            .filter(|f| f["type"] == "result")
+            .count();
+        assert_eq!(results, 1, "{input:?}: {}", out.stdout);
+    }
+    // `--output-format json` is one JSON document on stdout, whatever followed.
+    let out = run_stub(
+        &ws,
+        &stub,
+        &[
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "json",
+        ],
+        &format!("garbage\n{user}"),
+    );
+    assert_eq!(out.code, Some(64), "{out:?}");
+    let doc: Value = serde_json::from_str(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["subtype"], "error", "{doc}");
+}
