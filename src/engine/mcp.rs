@@ -318,7 +318,7 @@ impl<K: HostKey> Engine<K> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc::channel;
+    use std::sync::mpsc::{Receiver, channel};
 
     use mcp_client::Io;
 
@@ -328,21 +328,43 @@ mod tests {
     const RUN: RunId = RunId(5);
     const SERVER: ServerId = ServerId(2);
 
+    /// What the engine lends the hub besides the reactor: a DNS pool (its threads start
+    /// lazily), the completion channel and the waker.
+    struct Lent {
+        pool: Pool,
+        tx: Sender<Completion>,
+        rx: Receiver<Completion>,
+        waker: Arc<Waker>,
+    }
+
+    impl Lent {
+        fn new(reach: &FakeReach) -> Lent {
+            let (tx, rx) = channel();
+            Lent {
+                pool: Pool::new("caliban-test-dns", 1, 1),
+                tx,
+                rx,
+                waker: Arc::new(Waker::new(reach.registry(), Token(0)).expect("waker")),
+            }
+        }
+
+        fn io<'a>(&'a self, reach: &'a mut FakeReach) -> McpIo<'a, FakeReach> {
+            McpIo {
+                reach,
+                lookups: Lookups {
+                    pool: &self.pool,
+                    tx: &self.tx,
+                    waker: &self.waker,
+                },
+            }
+        }
+    }
+
     #[test]
     fn the_hubs_tokens_and_timers_are_routed_back_to_it() {
         let mut reach = FakeReach::new();
-        let (tx, _rx) = channel();
-        let pool = Pool::new("caliban-test-dns", 1, 1);
-        let waker = Arc::new(Waker::new(reach.registry(), Token(0)).expect("waker"));
-        let lookups = Lookups {
-            pool: &pool,
-            tx: &tx,
-            waker: &waker,
-        };
-        let mut io = McpIo {
-            reach: &mut reach,
-            lookups,
-        };
+        let lent = Lent::new(&reach);
+        let mut io = lent.io(&mut reach);
         let token = io.token(SERVER, Source::Http(4));
         let timer = io.add_timer(Duration::from_secs(9), SERVER, Alarm::Listing);
         assert!(matches!(
@@ -353,10 +375,7 @@ mod tests {
             reach.timers.get(&timer),
             Some((_, TimerOwner::Mcp(SERVER, Alarm::Listing)))
         ));
-        let mut io = McpIo {
-            reach: &mut reach,
-            lookups,
-        };
+        let mut io = lent.io(&mut reach);
         io.forget_token(token);
         io.cancel_timer(timer);
         assert!(reach.owners.is_empty() && reach.timers.is_empty());
@@ -365,21 +384,11 @@ mod tests {
     #[test]
     fn an_address_literal_is_answered_as_a_completion_without_a_lookup() {
         let mut reach = FakeReach::new();
-        let (tx, rx) = channel();
-        // Threads start lazily: a literal must not need one.
-        let pool = Pool::new("caliban-test-dns", 1, 1);
-        let waker = Arc::new(Waker::new(reach.registry(), Token(0)).expect("waker"));
-        let lookups = Lookups {
-            pool: &pool,
-            tx: &tx,
-            waker: &waker,
-        };
-        let mut io = McpIo {
-            reach: &mut reach,
-            lookups,
-        };
-        io.resolve("127.0.0.1".to_owned(), 8123, SERVER, 11);
-        match rx.try_recv() {
+        // The pool's threads start lazily: a literal must not need one.
+        let lent = Lent::new(&reach);
+        lent.io(&mut reach)
+            .resolve("127.0.0.1".to_owned(), 8123, SERVER, 11);
+        match lent.rx.try_recv() {
             Ok(Completion::McpResolved {
                 server,
                 exchange,
