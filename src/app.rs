@@ -539,7 +539,9 @@ fn scratch_store() -> Result<(drive::session::SessionStore, Scratch), String> {
         |e: std::io::Error| format!("cannot keep the run even in a scratch directory: {e}");
     // A name nobody can guess, made here or not at all: the temporary directory is shared,
     // and one another user made first would be handed the conversation.
-    let dir = std::env::temp_dir().join(format!("caliban-print-{}", auth::new_uuid()));
+    let temp = std::env::temp_dir();
+    std::fs::create_dir_all(&temp).map_err(failed)?;
+    let dir = temp.join(format!("caliban-print-{}", auth::new_uuid()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)

@@ -1603,3 +1603,19 @@ fn a_print_run_that_never_started_reports_one_result() {
     let doc: Value = serde_json::from_str(&out.stdout).expect("one JSON document");
     assert_eq!(doc["subtype"], "error", "{doc}");
 }
+
+/// With no session store to open, a print run still runs and answers, unrecorded, even when
+/// the temporary directory it would keep the run in does not exist yet.
+#[test]
+fn a_print_run_with_no_session_store_still_answers() {
+    let ws = Workspace::new("print-no-store");
+    let stub = Stub::start(&ws, &script([Turn::text("answered anyway")]));
+    std::fs::write(ws.path("state-file"), "not a directory").expect("state file");
+    let mut cmd = caliban_stub(&ws, &stub, &["-p", "hi", "--output-format", "json"]);
+    cmd.env("XDG_STATE_HOME", ws.path("state-file/below"))
+        .env("TMPDIR", ws.path("tmp-not-made-yet"));
+    let out = run(cmd, "");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.result()["result"], "answered anyway", "{out:?}");
+    assert!(out.stderr.contains("not recorded"), "{}", out.stderr);
+}
