@@ -4,6 +4,23 @@ use serde_json::{Value, json};
 
 use crate::util::*;
 
+/// Print mode reading and writing stream-json.
+const STREAM_JSON: &[&str] = &[
+    "-p",
+    "--input-format",
+    "stream-json",
+    "--output-format",
+    "stream-json",
+];
+/// Print mode reading stream-json and answering with one JSON result.
+const STREAM_JSON_IN_JSON_OUT: &[&str] = &[
+    "-p",
+    "--input-format",
+    "stream-json",
+    "--output-format",
+    "json",
+];
+
 /// All tool_result blocks the model was sent, in order, from the stub's request log.
 fn tool_results_sent(stub: &Stub) -> Vec<Value> {
     let mut out = Vec::new();
@@ -514,17 +531,7 @@ fn stream_json_input_continues_the_conversation() {
         &ws,
         &script([Turn::text("first answer"), Turn::text("second answer")]),
     );
-    let cmd = caliban_stub(
-        &ws,
-        &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "stream-json",
-        ],
-    );
+    let cmd = caliban_stub(&ws, &stub, STREAM_JSON);
     let input = "{\"type\":\"user\",\"content\":\"one\"}\n{\"type\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"two\"}]}\n";
     let out = run(cmd, input);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -542,13 +549,7 @@ fn malformed_stream_json_input_exits_64() {
     let out = run_stub(
         &ws,
         &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "json",
-        ],
+        STREAM_JSON_IN_JSON_OUT,
         "{\"type\":\"user\",\"message\":{}}\n",
     );
     assert_eq!(out.code, Some(64), "{out:?}");
@@ -632,17 +633,7 @@ fn stream_json_input_from_a_regular_file() {
     let ws = Workspace::new("filestdin");
     let stub = Stub::start(&ws, &script([Turn::text("from a file")]));
     ws.write("input.jsonl", "{\"type\":\"user\",\"content\":\"hi\"}\n");
-    let mut cmd = caliban_stub(
-        &ws,
-        &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "json",
-        ],
-    );
+    let mut cmd = caliban_stub(&ws, &stub, STREAM_JSON_IN_JSON_OUT);
     cmd.stdin(std::fs::File::open(ws.path("input.jsonl")).expect("open input"))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -735,18 +726,7 @@ fn connection_refused_is_retried_then_fails_clearly() {
 fn stream_json_input_with_no_message_exits_66() {
     let ws = Workspace::new("nomsg");
     let stub = Stub::start(&ws, &script([Turn::text("x")]));
-    let out = run_stub(
-        &ws,
-        &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "json",
-        ],
-        "",
-    );
+    let out = run_stub(&ws, &stub, STREAM_JSON_IN_JSON_OUT, "");
     assert_eq!(out.code, Some(66), "{out:?}");
     assert!(stub.requests().is_empty());
 }
@@ -1195,17 +1175,7 @@ fn stream_json_control_compact_and_its_failure() {
             Turn::bare().fault(Fault::Status(400)),
         ]),
     );
-    let cmd = caliban_stub(
-        &ws,
-        &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "stream-json",
-        ],
-    );
+    let cmd = caliban_stub(&ws, &stub, STREAM_JSON);
     let compact = r#"{"type":"control","subtype":"compact"}"#;
     let input = format!(
         "{{\"type\":\"user\",\"content\":\"one\"}}\n{compact}\n{{\"type\":\"user\",\"content\":\"two\"}}\n{{\"type\":\"user\",\"content\":\"three\"}}\n{compact}\n"
@@ -1331,17 +1301,7 @@ fn stream_json_refuses_images_it_cannot_send() {
             "image too large",
         ),
     ] {
-        let cmd = caliban_stub(
-            &ws,
-            &stub,
-            &[
-                "-p",
-                "--input-format",
-                "stream-json",
-                "--output-format",
-                "stream-json",
-            ],
-        );
+        let cmd = caliban_stub(&ws, &stub, STREAM_JSON);
         let line = json!({"type": "user", "content": [block]});
         let out = run(cmd, &format!("{line}\n"));
         assert_eq!(out.code, Some(64), "{out:?}");
@@ -1353,14 +1313,6 @@ fn stream_json_refuses_images_it_cannot_send() {
     }
     assert!(stub.requests().is_empty(), "nothing reached the model");
 }
-
-const STREAM_JSON: [&str; 5] = [
-    "-p",
-    "--input-format",
-    "stream-json",
-    "--output-format",
-    "stream-json",
-];
 
 /// The user messages of a request, each as its blocks: `image`, or `text:` and the text.
 fn user_blocks(request: &Value) -> Vec<Vec<String>> {
@@ -1392,7 +1344,7 @@ fn stream_json_blocks_reach_the_model_in_the_order_given() {
     let first = user(json!([image, {"type": "text", "text": "look "}, image,
                             {"type": "text", "text": "here"}]));
     let later = user(json!([{"type": "text", "text": "a"}, image, {"type": "text", "text": "b"}]));
-    let out = run_stub(&ws, &stub, &STREAM_JSON, &format!("{first}\n{later}\n"));
+    let out = run_stub(&ws, &stub, STREAM_JSON, &format!("{first}\n{later}\n"));
     assert_eq!(out.code, Some(0), "{out:?}");
     let requests = stub.requests();
     assert_eq!(requests.len(), 2, "{requests:?}");
@@ -1414,7 +1366,7 @@ fn an_empty_first_stream_json_message_goes_to_the_model() {
     let out = run_stub(
         &ws,
         &stub,
-        &STREAM_JSON,
+        STREAM_JSON,
         "{\"type\":\"user\",\"content\":\"\"}\n",
     );
     assert_eq!(out.code, Some(1), "{out:?}");
@@ -1513,18 +1465,7 @@ fn print_runs_are_recorded_with_the_drive_cores_lifecycle() {
     );
     let input =
         "{\"type\":\"user\",\"content\":\"one\"}\n{\"type\":\"user\",\"content\":\"two\"}\n";
-    let out = run_stub(
-        &ws,
-        &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "json",
-        ],
-        input,
-    );
+    let out = run_stub(&ws, &stub, STREAM_JSON_IN_JSON_OUT, input);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(
         session_records(&ws, "run-2"),
@@ -1562,13 +1503,6 @@ fn print_runs_are_recorded_with_the_drive_cores_lifecycle() {
 fn a_print_run_that_never_started_reports_one_result() {
     let ws = Workspace::new("print-one-result");
     let stub = Stub::start(&ws, &script([Turn::text("x")]));
-    let stream = [
-        "-p",
-        "--input-format",
-        "stream-json",
-        "--output-format",
-        "stream-json",
-    ];
     let user = "{\"type\":\"user\",\"content\":\"hello\"}\n";
     let interrupt = "{\"type\":\"control\",\"subtype\":\"interrupt\"}\n";
     let cases = [
@@ -1577,7 +1511,7 @@ fn a_print_run_that_never_started_reports_one_result() {
         (interrupt.to_owned(), 66),
     ];
     for (input, code) in cases {
-        let out = run_stub(&ws, &stub, &stream, &input);
+        let out = run_stub(&ws, &stub, STREAM_JSON, &input);
         assert_eq!(out.code, Some(code), "{input:?}: {out:?}");
         let results = out
             .frames()
@@ -1590,13 +1524,7 @@ fn a_print_run_that_never_started_reports_one_result() {
     let out = run_stub(
         &ws,
         &stub,
-        &[
-            "-p",
-            "--input-format",
-            "stream-json",
-            "--output-format",
-            "json",
-        ],
+        STREAM_JSON_IN_JSON_OUT,
         &format!("garbage\n{user}"),
     );
     assert_eq!(out.code, Some(64), "{out:?}");
